@@ -1,0 +1,103 @@
+"""Attention over the paged KV cache. Every reduction is request-local: no split-KV anywhere.
+
+Two implementations of the same math:
+- per-request (CPU, and prefill everywhere): each request's queries against its own KV, one SDPA call per
+  request, so the shapes a request sees depend only on that request (its chunk length and context length);
+- fixed-window (CUDA decode, inside the captured graph): one query token per row against the row's own blocks
+  over a window of a fixed number of blocks; positions past the row's context get exactly zero weight. At a
+  fixed (rows, window) shape a row's result does not depend on what the other rows hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class RequestSegment:
+    """One request's query tokens (a prompt chunk, or a single decode token) inside a flattened batch."""
+
+    query_start: int
+    num_query_tokens: int
+    context_len: int
+    """Tokens of this request in the KV cache once this step's tokens are written."""
+    block_table: torch.Tensor  # [num_blocks_of_request] int64
+
+
+@dataclass
+class AttentionMetadata:
+    """Where a step's tokens write KV and what each reads.
+
+    Rows covered by neither the fixed window nor a segment are padding: they read and write only the null block
+    and their attention output is zero.
+    """
+
+    slot_blocks: torch.Tensor  # [num_tokens] int64; padding rows point at the null block
+    slot_offsets: torch.Tensor  # [num_tokens] int64
+    num_window_rows: int = 0
+    """Rows [0, num_window_rows) use the fixed-window decode kernel."""
+    window_block_tables: torch.Tensor | None = None  # [num_window_rows, window_blocks] int64
+    window_context_lens: torch.Tensor | None = None  # [num_window_rows] int64
+    segments: tuple[RequestSegment, ...] = ()
+
+
+def write_kv(k_cache, v_cache, k, v, meta: AttentionMetadata) -> None:
+    """k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim]."""
+    k_cache[meta.slot_blocks, meta.slot_offsets] = k
+    v_cache[meta.slot_blocks, meta.slot_offsets] = v
+
+
+def fixed_window_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float):
+    """q: [rows, heads, head_dim] -> [rows, heads, head_dim]; every row reads the whole window."""
+    num_rows, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    keys = k_cache[block_tables].flatten(1, 2)  # [rows, window, kv_heads, head_dim]
+    values = v_cache[block_tables].flatten(1, 2)
+    q = q.view(num_rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.matmul(q, keys.permute(0, 2, 3, 1)) * scale  # [rows, kv_heads, group, window]
+    positions = torch.arange(keys.shape[1], device=q.device)
+    masked = positions[None, :] >= context_lens[:, None]  # [rows, window]
+    scores = scores.masked_fill(masked[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    out = torch.matmul(probs, values.permute(0, 2, 1, 3))  # [rows, kv_heads, group, head_dim]
+    return out.reshape(num_rows, num_heads, head_dim)
+
+
+def request_attention(q, k, v, k_cache, v_cache, segment: RequestSegment, scale: float):
+    """q: [tokens, heads, head_dim]; k, v: this step's [tokens, kv_heads, head_dim] (already in the cache)."""
+    num_new = segment.num_query_tokens
+    num_prior = segment.context_len - num_new
+    mask, causal = None, False
+    if num_prior == 0:
+        keys, values, causal = k, v, True
+    else:
+        keys = k_cache[segment.block_table].flatten(0, 1)[: segment.context_len]
+        values = v_cache[segment.block_table].flatten(0, 1)[: segment.context_len]
+        if num_new > 1:
+            rows = torch.arange(num_new, device=q.device)[:, None] + num_prior
+            mask = torch.arange(segment.context_len, device=q.device)[None, :] <= rows  # [tokens, context]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
+    )  # [heads, tokens, head_dim]
+    return out.transpose(0, 1)
+
+
+def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    """q: [num_tokens, heads, head_dim]; writes k, v to the cache, returns [num_tokens, heads, head_dim]."""
+    write_kv(k_cache, v_cache, k, v, meta)
+    if meta.num_window_rows == q.shape[0]:
+        return fixed_window_decode_attention(
+            q, k_cache, v_cache, meta.window_block_tables, meta.window_context_lens, scale)
+    out = torch.zeros_like(q)
+    if meta.num_window_rows:
+        rows = slice(0, meta.num_window_rows)
+        out[rows] = fixed_window_decode_attention(
+            q[rows], k_cache, v_cache, meta.window_block_tables, meta.window_context_lens, scale)
+    for seg in meta.segments:
+        rows = slice(seg.query_start, seg.query_start + seg.num_query_tokens)
+        out[rows] = request_attention(q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale)
+    return out

@@ -1,0 +1,74 @@
+"""Engine configuration: one frozen dataclass per concern, validated once when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["corun", "standard"]
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    mode: Mode = "corun"
+    """corun: isolated prefill + fixed-shape decode. standard: vLLM-style continuous batching."""
+    max_num_seqs: int = 32
+    """N: the most requests running at once; in corun mode every decode step computes exactly N rows."""
+    max_model_len: int = 1024
+    """Longest sequence (prompt + generated tokens) a request may reach."""
+    prefill_chunk_size: int = 512
+    """Prompts longer than this are prefilled in chunks of exactly this many tokens (the last one shorter)."""
+    max_num_batched_tokens: int = 2048
+    """standard mode only: token budget of one mixed prefill+decode step."""
+
+    def __post_init__(self):
+        if self.mode not in ("corun", "standard"):
+            raise ValueError(f"mode must be 'corun' or 'standard', got {self.mode!r}")
+        for name in ("max_num_seqs", "max_model_len", "prefill_chunk_size", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    """Tokens per KV block."""
+    num_blocks: int | None = None
+    """Number of KV blocks; when None it is derived from memory_budget_bytes."""
+    memory_budget_bytes: int = 512 * 2**20
+    """KV cache memory when num_blocks is not given."""
+
+    def __post_init__(self):
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.memory_budget_bytes < 1:
+            raise ValueError("memory_budget_bytes must be >= 1")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    """Directory of an HF-format checkpoint (config.json, *.safetensors, tokenizer.json)."""
+    dtype: DType = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    """Base seed for requests that bring none (their seed is derived from it and the request id)."""
+    max_logprobs: int = 20
+    """Top-k alternatives computed for every sampled row (a fixed width keeps the sampler shape fixed)."""
+    use_cuda_graph: bool = True
+    """On CUDA, capture the N-row decode step once and replay it."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+    def __post_init__(self):
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.max_logprobs < 0:
+            raise ValueError("max_logprobs must be >= 0")
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.scheduler.max_model_len // self.cache.block_size)

@@ -1,0 +1,85 @@
+"""The colocated engine. step() = schedule -> run -> postprocess.
+
+Lifecycle of a request (queues of the scheduler):
+  waiting --admit (slot + KV blocks for prompt + max_tokens free)--> running (prefilling, chunk by chunk)
+  running (prefilled; token 1 sampled) --decode steps--> finished (stop token or max_tokens) -> blocks freed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corun.block_manager import BlockManager
+from corun.config import EngineConfig
+from corun.model_runner import ModelRunner, SampledToken
+from corun.request import Request
+from corun.sampling_params import SamplingParams
+from corun.scheduler import RequestRejected, ScheduledBatch, make_scheduler
+from corun.seeding import seed_from_request_id
+
+
+@dataclass
+class EngineStats:
+    num_prefill_forwards: int = 0
+    num_decode_steps: int = 0
+    num_mixed_steps: int = 0
+    num_generated_tokens: int = 0
+    max_prefill_batch: int = 0
+    """Most requests whose prompt tokens shared one forward (1 in corun mode, by construction)."""
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.runner = ModelRunner(config)
+        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.cache.block_size)
+        self.scheduler = make_scheduler(config.scheduler, self.block_manager)
+        self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)
+        self.stats = EngineStats()
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+        """Queue a request; raises RequestRejected if it can never run here."""
+        vocab = self.runner.model.cfg.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise RequestRejected(f"request {request_id}: prompt token ids must be in [0, {vocab})")
+        seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        request = Request(request_id, list(prompt_token_ids), params, seed, stops)
+        self.scheduler.add(request)
+        return request
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[SampledToken]:
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        sampled = self.run(batch)
+        self.postprocess(sampled)
+        return sampled
+
+    def run(self, batch: ScheduledBatch) -> list[SampledToken]:
+        self.stats.max_prefill_batch = max(self.stats.max_prefill_batch, len(batch.prefill_chunks))
+        if self.config.scheduler.mode == "standard":
+            self.stats.num_mixed_steps += 1
+            return self.runner.run_mixed(batch)
+        if batch.prefill_chunks:
+            self.stats.num_prefill_forwards += 1
+            return self.runner.run_prefill(batch.prefill_chunks[0])
+        self.stats.num_decode_steps += 1
+        return self.runner.run_decode(batch.decode_requests)
+
+    def postprocess(self, sampled: list[SampledToken]) -> None:
+        for item in sampled:
+            request = item.request
+            request.output_token_ids.append(item.token_id)
+            if item.logprobs is not None:
+                request.output_logprobs.append(item.logprobs)
+            # NOTE: every token but the newest has its KV in the cache (the newest is the next step's input).
+            request.num_computed_tokens = request.num_tokens - 1
+            self.stats.num_generated_tokens += 1
+            if item.token_id in request.stop_token_ids:
+                self.scheduler.finish(request, "stop")
+            elif len(request.output_token_ids) >= request.params.max_tokens:
+                self.scheduler.finish(request, "length")

@@ -1,0 +1,36 @@
+"""The paged KV cache: one tensor, block-major, so a request's block is one contiguous region.
+
+Layout [num_blocks, num_layers, 2 (k, v), block_size, num_kv_heads, head_dim]: moving a block between nodes
+is one descriptor (transfer/), and each layer's K or V is a strided view of it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from corun.config import CacheConfig
+from corun.models.config import ModelArchConfig
+
+
+def bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return arch.num_layers * 2 * block_size * arch.num_kv_heads * arch.head_dim * elem
+
+
+def num_blocks_for(arch: ModelArchConfig, cache: CacheConfig, dtype: torch.dtype) -> int:
+    if cache.num_blocks is not None:
+        return cache.num_blocks
+    return cache.memory_budget_bytes // bytes_per_block(arch, cache.block_size, dtype)
+
+
+class PagedKVCache:
+    def __init__(self, arch: ModelArchConfig, cache: CacheConfig, dtype: torch.dtype, device: str):
+        self.block_size = cache.block_size
+        self.num_blocks = num_blocks_for(arch, cache, dtype)
+        shape = (self.num_blocks, arch.num_layers, 2, cache.block_size, arch.num_kv_heads, arch.head_dim)
+        self.data = torch.zeros(shape, dtype=dtype, device=device)
+        self.layers = [(self.data[:, i, 0], self.data[:, i, 1]) for i in range(arch.num_layers)]
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.data[0].numel() * self.data.element_size()

@@ -1,0 +1,66 @@
+"""Offline API in the style of vLLM's `LLM.generate(prompts, SamplingParams)`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+from corun.engine import LLMEngine
+from corun.outputs import CompletionOutput, RequestOutput
+from corun.request import Request
+from corun.sampling_params import SamplingParams
+from corun.tokenizer import load_tokenizer
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    def __init__(self, model: str, *, mode: str = "corun", max_num_seqs: int = 32, max_model_len: int = 1024,
+                 prefill_chunk_size: int = 512, max_num_batched_tokens: int = 2048, block_size: int = 16,
+                 num_blocks: int | None = None, dtype: str = "float32", device: str = "cpu", seed: int = 0,
+                 use_cuda_graph: bool = True):
+        self.config = EngineConfig(
+            model=model, dtype=dtype, device=device, seed=seed, use_cuda_graph=use_cuda_graph,
+            scheduler=SchedulerConfig(mode=mode, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                      prefill_chunk_size=prefill_chunk_size,
+                                      max_num_batched_tokens=max_num_batched_tokens),
+            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks))
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = load_tokenizer(model)
+        self.request_counter = itertools.count()
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order."""
+        prompts = [prompts] if _is_single_prompt(prompts) else list(prompts)
+        params = _params_per_prompt(sampling_params, len(prompts))
+        requests = [self.add(prompt, p) for prompt, p in zip(prompts, params)]
+        while self.engine.has_unfinished():
+            self.engine.step()
+        return [self.to_output(r, p if isinstance(p, str) else None) for r, p in zip(requests, prompts)]
+
+    def add(self, prompt: Prompt, params: SamplingParams) -> Request:
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return self.engine.add_request(str(next(self.request_counter)), token_ids, params)
+
+    def to_output(self, request: Request, prompt: str | None) -> RequestOutput:
+        logprobs = request.output_logprobs if request.params.logprobs is not None else None
+        completion = CompletionOutput(0, self.tokenizer.decode(request.output_token_ids),
+                                      list(request.output_token_ids), logprobs, request.finish_reason)
+        return RequestOutput(request.request_id, prompt, request.prompt_token_ids, [completion], request.seed,
+                             finished=request.finish_reason is not None)
+
+
+def _is_single_prompt(prompts) -> bool:
+    return isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
+
+
+def _params_per_prompt(params, num_prompts: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * num_prompts
+    if isinstance(params, SamplingParams):
+        return [params] * num_prompts
+    if len(params) != num_prompts:
+        raise ValueError(f"got {len(params)} sampling params for {num_prompts} prompts")
+    return list(params)

@@ -1,0 +1,100 @@
+"""Architecture of a dense decoder (Qwen3, Llama, ...) read from an HF config.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SUPPORTED_ARCHITECTURES = {
+    "Qwen3ForCausalLM": "qwen3",
+    "LlamaForCausalLM": "llama",
+}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class ModelArchConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qk_norm: bool
+    """Qwen3 normalises q and k per head before RoPE."""
+    attention_bias: bool
+    rope_theta: float
+    rope_type: str
+    rope_scaling: tuple[tuple[str, float], ...]
+    """Extra rope parameters (factor, low_freq_factor, ...) as sorted (name, value) pairs."""
+    eos_token_ids: tuple[int, ...]
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} not divisible by kv heads {self.num_kv_heads}")
+        if self.rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope type {self.rope_type!r} not supported (have {SUPPORTED_ROPE_TYPES})")
+
+    @property
+    def rope_params(self) -> dict[str, float]:
+        return dict(self.rope_scaling)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "ModelArchConfig":
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json in {model_dir}")
+        return cls.from_hf_dict(json.loads(path.read_text()))
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict) -> "ModelArchConfig":
+        architecture = (hf.get("architectures") or ["?"])[0]
+        if architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"architecture {architecture!r} not supported (have {list(SUPPORTED_ARCHITECTURES)})")
+        num_heads = hf["num_attention_heads"]
+        rope = _rope_settings(hf)
+        return cls(
+            architecture=architecture,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            qk_norm=SUPPORTED_ARCHITECTURES[architecture] == "qwen3",
+            attention_bias=hf.get("attention_bias", False),
+            rope_theta=float(rope.pop("rope_theta")),
+            rope_type=rope.pop("rope_type"),
+            rope_scaling=tuple(sorted((k, float(v)) for k, v in rope.items() if _is_number(v))),
+            eos_token_ids=_as_tuple(hf.get("eos_token_id")),
+        )
+
+
+def _rope_settings(hf: dict) -> dict:
+    """Merge transformers v5 `rope_parameters` and v4 `rope_theta` + `rope_scaling` into one dict."""
+    rope = dict(hf.get("rope_parameters") or {})
+    rope.update(hf.get("rope_scaling") or {})
+    rope.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+    rope["rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
+    rope.pop("type", None)
+    return rope
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _as_tuple(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (int(value),)

@@ -1,0 +1,81 @@
+"""Load an HF-format checkpoint (config.json + *.safetensors) into a DecoderLM, fusing projections."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from corun.models.config import ModelArchConfig
+from corun.models.decoder import DecoderLM
+from corun.models.rope import cos_sin_table
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def safetensors_files(model_dir: str | Path) -> list[Path]:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    return files
+
+
+def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for path in safetensors_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def fuse_projections(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF names -> DecoderLM names: q/k/v and gate/up concatenated along the output dimension."""
+    fused = dict(tensors)
+    for name in list(tensors):
+        for target, parts in FUSED.items():
+            for suffix in ("weight", "bias"):
+                if name.endswith(f"{parts[0]}.{suffix}"):
+                    prefix = name[: -len(f"{parts[0]}.{suffix}")]
+                    pieces = [fused.pop(f"{prefix}{p}.{suffix}") for p in parts]
+                    fused[f"{prefix}{target}.{suffix}"] = torch.cat(pieces, dim=0)
+    return {name.removeprefix("model."): t for name, t in fused.items()}
+
+
+def load_model(model_dir: str | Path, dtype: str, device: str, max_positions: int) -> DecoderLM:
+    cfg = ModelArchConfig.from_dir(model_dir)
+    with torch.device("meta"):
+        model = DecoderLM(cfg, max_positions)
+    state = fuse_projections(read_checkpoint(model_dir))
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {n for n, _ in model.named_parameters()}
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    if missing or unexpected:
+        raise ValueError(f"checkpoint mismatch in {model_dir}: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    model.load_state_dict(state, assign=True, strict=False)
+    # NOTE: the rope tables were built on the meta device with the module; build them for real. They stay
+    # float32 (the forward casts the rows it uses), as transformers keeps them.
+    model.rope_cos, model.rope_sin = cos_sin_table(cfg, max_positions)
+    model = model.to(device=device, dtype=DTYPES[dtype])
+    model.rope_cos, model.rope_sin = cos_sin_table(cfg, max_positions)
+    model.rope_cos, model.rope_sin = model.rope_cos.to(device), model.rope_sin.to(device)
+    return model.eval().requires_grad_(False)
+
+
+def model_digest(model_dir: str | Path) -> str:
+    """sha256 over config.json and the weight files: part of every compatibility hash and fingerprint."""
+    digest = hashlib.sha256()
+    for path in [Path(model_dir) / "config.json", *safetensors_files(model_dir)]:
+        digest.update(path.name.encode())
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,37 @@
+"""What an engine returns per request (torch-free: shared with the wire protocol and the router)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    """Log-probability of the sampled token under the model's raw distribution."""
+    top: tuple[tuple[int, float], ...] = ()
+    """The most likely (token id, logprob) pairs, most likely first."""
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None
+    finish_reason: str | None
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        return None if self.logprobs is None else sum(lp.logprob for lp in self.logprobs)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    seed: int
+    finished: bool

@@ -1,0 +1,56 @@
+"""A request's state inside an engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from corun.outputs import TokenLogprobs
+from corun.sampling_params import SamplingParams
+
+
+class RequestStatus(IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    """The request's RNG key: noise for the token at position p is f(seed, p, vocab index)."""
+    stop_token_ids: frozenset[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    """Tokens whose KV is in the cache."""
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+    @property
+    def max_num_tokens(self) -> int:
+        """The whole configured sequence: what admission reserves KV for."""
+        return self.num_prompt_tokens + self.params.max_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids

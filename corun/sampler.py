@@ -1,0 +1,197 @@
+"""Stateless sampler: greedy, temperature, top-k, top-p, then Gumbel-max with request-keyed noise.
+
+The noise of a token is a pure function of (request seed, absolute token position, vocab index), computed
+with integer tensor ops: no torch.Generator, no global RNG state. A request therefore samples the same token
+whichever node, slot (row) or batch samples it, and a failover re-run continues exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from corun.sampling_params import SamplingParams
+
+MASK32 = 0xFFFFFFFF
+NOISE_BITS = 23
+"""Uniform noise has 23 random bits: (2 * bits + 1) / 2**24 is then exact in float32 and lies in (0, 1)."""
+
+# NOTE: MurmurHash3_x86_32 constants; the hash is exactly murmur3 of the 16-byte little-endian key
+# (seed_lo, seed_hi, position, vocab_index) with murmur seed 0, so a pure-Python reference can pin it.
+_C1, _C2 = 0xCC9E2D51, 0x1B873593
+_FMIX1, _FMIX2 = 0x85EBCA6B, 0xC2B2AE35
+_KEY_BYTES = 16
+
+
+def _mul32(x: Tensor, constant: int) -> Tensor:
+    """(x * constant) mod 2**32 for int64 x in [0, 2**32).
+
+    NOTE: a full 32x32-bit product overflows int64, so the constant is split into 16-bit halves; every
+    partial product stays below 2**48.
+    """
+    low = x * (constant & 0xFFFF)
+    high = ((x * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & MASK32
+
+
+def _rotl32(x: Tensor, r: int) -> Tensor:
+    return ((x << r) | (x >> (32 - r))) & MASK32
+
+
+def _scramble(word: Tensor) -> Tensor:
+    return _mul32(_rotl32(_mul32(word, _C1), 15), _C2)
+
+
+def _absorb(h: Tensor, word: Tensor) -> Tensor:
+    h = _rotl32(h ^ _scramble(word), 13)
+    return (h * 5 + 0xE6546B64) & MASK32
+
+
+def _fmix32(h: Tensor) -> Tensor:
+    h = _mul32(h ^ (h >> 16), _FMIX1)
+    h = _mul32(h ^ (h >> 13), _FMIX2)
+    return h ^ (h >> 16)
+
+
+def noise_hash(seeds: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
+    """32-bit hash of (seed, position, vocab index) in an int64 tensor [rows, vocab], values in [0, 2**32).
+
+    seeds, positions: int64 [rows]. Only exact integer ops, so the bits are the same on CPU and CUDA.
+    """
+    seeds = seeds.to(torch.int64)[:, None]  # [rows, 1]
+    vocab_ids = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device)[None, :]  # [1, vocab]
+    h = torch.zeros_like(seeds)  # [rows, 1]
+    # NOTE: the per-row words are absorbed on [rows, 1] and the vocab word is scrambled on [1, vocab];
+    # only the last absorb and the finaliser run on the full [rows, vocab].
+    for word in (seeds & MASK32, (seeds >> 32) & MASK32, positions.to(torch.int64)[:, None] & MASK32):
+        h = _absorb(h, word)
+    h = _absorb(h, vocab_ids)  # [rows, vocab]
+    return _fmix32(h ^ _KEY_BYTES)
+
+
+def request_noise(seeds: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
+    """Uniform noise in (0, 1), float32 [rows, vocab]: a pure function of (seed, position, vocab index)."""
+    bits = noise_hash(seeds, positions, vocab_size) >> (32 - NOISE_BITS)  # [rows, vocab]
+    # NOTE: 2 * bits + 1 < 2**24 converts to float32 exactly; scaling by a power of two is exact too.
+    return (bits * 2 + 1).to(torch.float32) * 2.0 ** -(NOISE_BITS + 1)
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """Per-row sampling inputs of one step; padding rows are greedy and their outputs are ignored."""
+
+    temperatures: Tensor  # [rows] float32
+    """0 means greedy."""
+    top_ks: Tensor  # [rows] int64
+    """0 disables top-k."""
+    top_ps: Tensor  # [rows] float32
+    """1 disables top-p."""
+    seeds: Tensor  # [rows] int64
+    positions: Tensor  # [rows] int64
+    """Absolute position of the token being sampled (= number of tokens in the sequence before it)."""
+    all_greedy: bool = False
+    """Host-side hint: skip the noise entirely (no device sync needed to know it)."""
+    needs_top_k_top_p: bool = True
+    """Host-side hint: some sampled row uses top-k or top-p, so the sort is needed."""
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int],
+        positions: Sequence[int],
+        num_rows: int,
+        device: torch.device | str,
+    ) -> SamplingBatch:
+        if not len(params) == len(seeds) == len(positions) <= num_rows:
+            raise ValueError(
+                f"{len(params)} params, {len(seeds)} seeds, {len(positions)} positions, "
+                f"{num_rows} rows: need equal lengths of at most num_rows"
+            )
+        num_padding = num_rows - len(params)
+        sampled = [p for p in params if not p.is_greedy]
+
+        def column(values: list, dtype: torch.dtype, pad_value) -> Tensor:
+            return torch.tensor(values + [pad_value] * num_padding, dtype=dtype, device=device)
+
+        return cls(
+            temperatures=column([p.temperature for p in params], torch.float32, 0.0),
+            top_ks=column([p.top_k for p in params], torch.int64, 0),
+            top_ps=column([p.top_p for p in params], torch.float32, 1.0),
+            seeds=column(list(seeds), torch.int64, 0),
+            positions=column(list(positions), torch.int64, 0),
+            all_greedy=not sampled,
+            needs_top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in sampled),
+        )
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: Tensor  # [rows] int64
+    logprobs: Tensor  # [rows] float32
+    """Raw logprob (before temperature, top-k, top-p) of the sampled token."""
+    topk_ids: Tensor  # [rows, num_logprobs] int64
+    topk_logprobs: Tensor  # [rows, num_logprobs] float32
+
+
+def top_k_top_p_mask(logits: Tensor, top_ks: Tensor, top_ps: Tensor) -> Tensor:
+    """Bool [rows, vocab]: the tokens that survive top-k then top-p; ties go to the lower vocab index.
+
+    NOTE: the stable sort makes the kept set a function of the row alone, ties included; the most likely
+    token is always kept. A row with top_k = 0 and top_p = 1 keeps every token, so its result does not
+    depend on whether a co-row made this function run.
+    """
+    vocab_size = logits.shape[-1]
+    sorted_logits, sorted_ids = torch.sort(logits, dim=-1, descending=True, stable=True)  # [rows, vocab]
+    ranks = torch.arange(vocab_size, device=logits.device)[None, :]  # [1, vocab]
+    top_ks = torch.where(top_ks > 0, top_ks, vocab_size)[:, None]  # [rows, 1]
+    keep = ranks < top_ks  # [rows, vocab], in sorted order
+    probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+    mass_before = F.pad(probs.cumsum(dim=-1)[:, :-1], (1, 0))  # [rows, vocab], exclusive prefix sum
+    top_ps = top_ps[:, None]  # [rows, 1]
+    # NOTE: top_p = 1 keeps all explicitly: a float32 cumsum can reach 1 before the tail of tiny probs.
+    keep &= (mass_before < top_ps) | (top_ps >= 1.0) | (ranks == 0)
+    return torch.zeros_like(keep).scatter(1, sorted_ids, keep)
+
+
+def gumbel_noise(seeds: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
+    """Standard Gumbel noise, float32 [rows, vocab]."""
+    return -torch.log(-torch.log(request_noise(seeds, positions, vocab_size)))
+
+
+def sample_token_ids(logits: Tensor, batch: SamplingBatch) -> Tensor:
+    """int64 [rows]: argmax for greedy rows, Gumbel-max over the scaled, masked logits for the others."""
+    greedy_ids = logits.argmax(dim=-1)  # [rows]
+    if batch.all_greedy:
+        return greedy_ids
+    is_greedy = batch.temperatures == 0.0  # [rows]
+    # NOTE: greedy rows divide by 1 (not 0) and their sampled id is discarded below.
+    temperatures = torch.where(is_greedy, 1.0, batch.temperatures)[:, None]  # [rows, 1]
+    scaled = logits / temperatures  # [rows, vocab]
+    if batch.needs_top_k_top_p:
+        keep = top_k_top_p_mask(scaled, batch.top_ks, batch.top_ps)
+        scaled = scaled.masked_fill(~keep, float("-inf"))
+    noise = gumbel_noise(batch.seeds, batch.positions, logits.shape[-1])  # [rows, vocab]
+    sampled_ids = (scaled + noise).argmax(dim=-1)  # [rows]
+    return torch.where(is_greedy, greedy_ids, sampled_ids)
+
+
+class Sampler:
+    """Stateless: the same (logits row, seed, position, params) always gives the same output row."""
+
+    def __call__(self, logits: Tensor, batch: SamplingBatch, num_logprobs: int) -> SamplerOutput:
+        logits = logits.float()  # [rows, vocab]
+        # NOTE: logprobs are of the raw logits (vLLM's default "raw_logprobs"), not the sampling distribution.
+        raw_logprobs = torch.log_softmax(logits, dim=-1)  # [rows, vocab]
+        token_ids = sample_token_ids(logits, batch)  # [rows]
+        topk_logprobs, topk_ids = raw_logprobs.topk(num_logprobs, dim=-1)  # [rows, num_logprobs]
+        return SamplerOutput(
+            token_ids=token_ids,
+            logprobs=raw_logprobs.gather(1, token_ids[:, None]).squeeze(1),
+            topk_ids=topk_ids,
+            topk_logprobs=topk_logprobs,
+        )

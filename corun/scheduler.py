@@ -1,0 +1,131 @@
+"""Schedulers: which requests run in the next step.
+
+corun (paper Algorithms 1 and 2): finish a chunked prefill first; else admit the head of the waiting queue
+alone, while running < N and its whole configured sequence (prompt + max_tokens) fits in the KV cache; else
+one decode step over every running request. A prefill never shares a forward with anything else, and since
+KV for the whole sequence is reserved at admission nothing is ever preempted.
+
+standard (vLLM's default, to show the problem and price determinism): one mixed step under a token budget:
+running decodes, then running chunked prefills, then newly admitted prompts, all in one batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from corun.block_manager import BlockManager
+from corun.config import SchedulerConfig
+from corun.request import Request, RequestStatus
+
+
+class RequestRejected(ValueError):
+    """The request can never run on this engine (too long for the model or the KV cache)."""
+
+
+@dataclass
+class PrefillChunk:
+    request: Request
+    start: int
+    num_tokens: int
+
+    @property
+    def is_last(self) -> bool:
+        return self.start + self.num_tokens == self.request.num_prompt_tokens
+
+
+@dataclass
+class ScheduledBatch:
+    decode_requests: list[Request] = field(default_factory=list)
+    prefill_chunks: list[PrefillChunk] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, block_manager: BlockManager):
+        self.cfg = cfg
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.check_fits_ever(request)
+        self.waiting.append(request)
+
+    def check_fits_ever(self, request: Request) -> None:
+        if request.num_prompt_tokens == 0:
+            raise RequestRejected(f"request {request.request_id}: the prompt is empty")
+        if request.max_num_tokens > self.cfg.max_model_len:
+            raise RequestRejected(
+                f"request {request.request_id}: prompt ({request.num_prompt_tokens} tokens) + max_tokens "
+                f"({request.params.max_tokens}) = {request.max_num_tokens} exceeds max_model_len "
+                f"{self.cfg.max_model_len}")
+        num_blocks = self.block_manager.blocks_needed(request.max_num_tokens)
+        if num_blocks > self.block_manager.num_usable_blocks:
+            raise RequestRejected(
+                f"request {request.request_id}: needs {num_blocks} KV blocks, the cache has "
+                f"{self.block_manager.num_usable_blocks}")
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, request: Request, reason: str) -> None:
+        request.status, request.finish_reason = RequestStatus.FINISHED, reason
+        self.running.remove(request)
+        self.block_manager.free(request.block_ids)
+        request.block_ids = []
+
+    def admit_head(self) -> Request | None:
+        """Move the head of waiting to running if a slot and blocks for its whole sequence are free."""
+        if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
+            return None
+        block_ids = self.block_manager.allocate(self.waiting[0].max_num_tokens)
+        if block_ids is None:
+            return None
+        request = self.waiting.popleft()
+        request.block_ids, request.status = block_ids, RequestStatus.RUNNING
+        self.running.append(request)
+        return request
+
+    def next_chunk(self, request: Request, max_tokens: int) -> PrefillChunk:
+        start = request.num_computed_tokens
+        return PrefillChunk(request, start, min(request.num_prompt_tokens - start, max_tokens))
+
+    def schedule(self) -> ScheduledBatch | None:
+        raise NotImplementedError
+
+
+class CoRunScheduler(Scheduler):
+    def schedule(self) -> ScheduledBatch | None:
+        request = self.find_prefill_request()
+        if request is not None:
+            return ScheduledBatch(prefill_chunks=[self.next_chunk(request, self.cfg.prefill_chunk_size)])
+        if self.running:
+            return ScheduledBatch(decode_requests=list(self.running))
+        return None
+
+    def find_prefill_request(self) -> Request | None:
+        """Algorithm 1: a chunked prefill in progress, else an admissible waiting request."""
+        for request in self.running:
+            if request.is_prefilling:
+                return request
+        return self.admit_head()
+
+
+class StandardScheduler(Scheduler):
+    def schedule(self) -> ScheduledBatch | None:
+        budget = self.cfg.max_num_batched_tokens
+        decodes = [r for r in self.running if not r.is_prefilling][:budget]
+        budget -= len(decodes)
+        chunks = []
+        for request in [r for r in self.running if r.is_prefilling]:
+            if budget > 0:
+                chunks.append(self.next_chunk(request, budget))
+                budget -= chunks[-1].num_tokens
+        while budget > 0 and (request := self.admit_head()) is not None:
+            chunks.append(self.next_chunk(request, budget))
+            budget -= chunks[-1].num_tokens
+        return ScheduledBatch(decodes, chunks) if decodes or chunks else None
+
+
+def make_scheduler(cfg: SchedulerConfig, block_manager: BlockManager) -> Scheduler:
+    return (CoRunScheduler if cfg.mode == "corun" else StandardScheduler)(cfg, block_manager)

@@ -1,0 +1,92 @@
+"""Turn scheduled requests into one forward's tensors: token ids, positions, KV slots, attention metadata.
+
+Row order: decode rows first (one token per request, then padding rows up to num_decode_rows), then prompt
+chunks. Padding rows hold token 0 at position 0 and point at the null block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from corun.attention import AttentionMetadata, RequestSegment
+from corun.block_manager import NULL_BLOCK
+from corun.request import Request
+from corun.scheduler import PrefillChunk
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    meta: AttentionMetadata
+
+    def to(self, device) -> "StepInputs":
+        return StepInputs(self.input_ids.to(device), self.positions.to(device), self.meta)
+
+
+@dataclass
+class WindowDecodeInputs:
+    """The fixed-window decode step's inputs, all [rows] or [rows, window_blocks]: graph-capturable."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_blocks: torch.Tensor
+    slot_offsets: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+
+    def metadata(self) -> AttentionMetadata:
+        return AttentionMetadata(self.slot_blocks, self.slot_offsets, len(self.input_ids),
+                                 self.block_tables, self.context_lens)
+
+    def copy_to(self, static: "WindowDecodeInputs") -> None:
+        for f in fields(self):
+            getattr(static, f.name).copy_(getattr(self, f.name), non_blocking=True)
+
+    def to(self, device) -> "WindowDecodeInputs":
+        return WindowDecodeInputs(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+
+def decode_slot(request: Request, block_size: int) -> tuple[int, int, int, int]:
+    """(input token, position, KV block, offset) of a request's next decode token."""
+    position = request.num_tokens - 1
+    return request.last_token_id, position, request.block_ids[position // block_size], position % block_size
+
+
+def build_window_decode(requests: list[Request], num_rows: int, window_blocks: int,
+                        block_size: int) -> WindowDecodeInputs:
+    rows = [decode_slot(r, block_size) for r in requests]
+    rows += [(0, 0, NULL_BLOCK, 0)] * (num_rows - len(requests))
+    tables = torch.full((num_rows, window_blocks), NULL_BLOCK, dtype=torch.int64)
+    for row, request in enumerate(requests):
+        num_blocks = min(len(request.block_ids), window_blocks)
+        tables[row, :num_blocks] = torch.tensor(request.block_ids[:num_blocks])
+    context_lens = [r.num_tokens for r in requests] + [1] * (num_rows - len(requests))
+    ids, positions, blocks, offsets = (torch.tensor(col, dtype=torch.int64) for col in zip(*rows))
+    return WindowDecodeInputs(ids, positions, blocks, offsets, tables, torch.tensor(context_lens))
+
+
+def build_step(decode_requests: list[Request], num_decode_rows: int, chunks: list[PrefillChunk],
+               block_size: int, device) -> StepInputs:
+    """Per-request attention for every row: decode rows as one-token segments, chunks as segments."""
+    rows = [decode_slot(r, block_size) for r in decode_requests]
+    rows += [(0, 0, NULL_BLOCK, 0)] * (num_decode_rows - len(decode_requests))
+    segments = [_segment(row, r.num_tokens, r, block_size, device) for row, r in enumerate(decode_requests)]
+    start = num_decode_rows
+    for chunk in chunks:
+        request, end = chunk.request, chunk.start + chunk.num_tokens
+        for position in range(chunk.start, end):
+            token = request.prompt_token_ids[position]
+            rows.append((token, position, request.block_ids[position // block_size], position % block_size))
+        segments.append(_segment(start, end, request, block_size, device, chunk.num_tokens))
+        start += chunk.num_tokens
+    ids, positions, blocks, offsets = (torch.tensor(col, dtype=torch.int64, device=device) for col in zip(*rows))
+    return StepInputs(ids, positions, AttentionMetadata(blocks, offsets, segments=tuple(segments)))
+
+
+def _segment(start: int, context_len: int, request: Request, block_size: int, device,
+             num_query_tokens: int = 1) -> RequestSegment:
+    table = torch.tensor(request.block_ids[: -(-context_len // block_size)], dtype=torch.int64, device=device)
+    return RequestSegment(start, num_query_tokens, context_len, table)

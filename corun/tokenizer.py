@@ -1,0 +1,124 @@
+"""Tokenizer of an HF checkpoint: the `tokenizers` backend plus its jinja2 chat template.
+
+Deliberately not transformers' AutoTokenizer: that imports torch, and the router process must never do so.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+import tokenizers
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Stop tokens of ChatML models (Qwen): ending a turn and ending a document both end generation.
+CHATML_STOP_TOKENS = ("<|endoftext|>", "<|im_end|>")
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+class Tokenizer:
+    """Encode, decode and render chats the way transformers does for the same checkpoint."""
+
+    def __init__(self, backend: tokenizers.Tokenizer, tokenizer_config: dict, chat_template: str | None,
+                 generation_eos_ids: list[int]):
+        self._backend = backend
+        self._special_tokens = {key: token_text(tokenizer_config.get(key)) for key in SPECIAL_TOKEN_KEYS}
+        self._chat_template = compile_chat_template(chat_template) if chat_template else None
+        self._generation_eos_ids = generation_eos_ids
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, without BOS/EOS; special-token text such as <|im_start|> maps to its id."""
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self._chat_template is None:
+            raise ValueError("this tokenizer has no chat template")
+        special_tokens = {key: text for key, text in self._special_tokens.items() if text is not None}
+        return self._chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                          **special_tokens)
+
+    @property
+    def eos_token_id(self) -> int:
+        eos_text = self._special_tokens["eos_token"]
+        eos_id = self._backend.token_to_id(eos_text) if eos_text else None
+        if eos_id is None and not self._generation_eos_ids:
+            raise ValueError("tokenizer names no eos_token and generation_config.json no eos_token_id")
+        return eos_id if eos_id is not None else self._generation_eos_ids[0]
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the tokenizer knows, added ones included (the model's embedding may be padded beyond)."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """EOS plus generation_config.json's eos ids, or, without those, ChatML's end tokens."""
+        extra_ids = self._generation_eos_ids or [self._backend.token_to_id(t) for t in CHATML_STOP_TOKENS]
+        ids = [self.eos_token_id, *(i for i in extra_ids if i is not None)]
+        return tuple(dict.fromkeys(ids))
+
+
+def load_tokenizer(model_dir: str | Path) -> Tokenizer:
+    """Read tokenizer.json, tokenizer_config.json, chat_template.jinja and generation_config.json."""
+    model_dir = Path(model_dir)
+    tokenizer_file = model_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise FileNotFoundError(f"no tokenizer.json in {model_dir}")
+    tokenizer_config = read_json(model_dir / "tokenizer_config.json")
+    return Tokenizer(
+        backend=tokenizers.Tokenizer.from_file(str(tokenizer_file)),
+        tokenizer_config=tokenizer_config,
+        chat_template=find_chat_template(model_dir, tokenizer_config),
+        generation_eos_ids=as_id_list(read_json(model_dir / "generation_config.json").get("eos_token_id")),
+    )
+
+
+def find_chat_template(model_dir: Path, tokenizer_config: dict) -> str | None:
+    """As transformers does: chat_template.jinja wins over the template in tokenizer_config.json."""
+    template_file = model_dir / "chat_template.jinja"
+    if template_file.is_file():
+        return template_file.read_text()
+    template = tokenizer_config.get("chat_template")
+    if isinstance(template, list):
+        # Older checkpoints store several named templates; the default one is for plain chat.
+        named = {entry["name"]: entry["template"] for entry in template}
+        return named.get("default")
+    return template
+
+
+def compile_chat_template(template: str) -> jinja2.Template:
+    """Compile with the environment transformers uses, so templates from the Hub render identically."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = template_tojson
+    env.globals["raise_exception"] = raise_template_error
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def template_tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    # Jinja's own tojson escapes HTML characters, which would change tool schemas inside prompts.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def raise_template_error(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def token_text(entry) -> str | None:
+    """A special token in tokenizer_config.json is a string or an AddedToken dict with its `content`."""
+    return entry.get("content") if isinstance(entry, dict) else entry
+
+
+def as_id_list(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}

@@ -1,0 +1,89 @@
+"""The CoRun determinism contract on CPU float32, and its inverse: standard dynamic batching diverges.
+
+bs1 vs bsN and needle follow vLLM's tests/v1/determinism/test_batch_invariance.py: identical token ids and
+bitwise-equal logprobs (sampled token and top-k alternatives) at every step.
+"""
+
+import random
+
+import pytest
+
+from corun import LLM, SamplingParams
+from tests.conftest import varied_prompts
+
+N = 32
+ENGINE = dict(max_num_seqs=N, max_model_len=512, prefill_chunk_size=64)
+PARAMS = SamplingParams(temperature=0.6, seed=42, max_tokens=16, logprobs=5)
+
+
+def completions(outputs):
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outputs]
+
+
+def first_difference(alone, together):
+    """None when bitwise identical, else a description of the first differing prompt and step."""
+    for i, ((ids_a, lps_a), (ids_b, lps_b)) in enumerate(zip(alone, together)):
+        for step, (a, b) in enumerate(zip(lps_a, lps_b)):
+            if a != b:
+                return f"prompt {i} step {step}: alone {a} vs batched {b}"
+        if ids_a != ids_b:
+            return f"prompt {i}: token ids {ids_a} vs {ids_b}"
+    return None
+
+
+def bs1_vs_bsn(llm: LLM):
+    prompts = varied_prompts(N, seed=0)
+    alone = [completions(llm.generate([p], PARAMS))[0] for p in prompts]
+    together = completions(llm.generate(prompts, PARAMS))
+    assert all(len(ids) == PARAMS.max_tokens or lps[-1].token_id in llm.engine.eos_token_ids
+               for ids, lps in alone)
+    return first_difference(alone, together)
+
+
+def needle(llm: LLM, num_trials: int = 4):
+    """One prompt alone, then at a random position of a random-size batch of random co-runners."""
+    rng = random.Random(7)
+    target = varied_prompts(1, seed=99, min_words=40, max_words=80)[0]
+    reference = completions(llm.generate([target], PARAMS))
+    differences = []
+    for trial in range(num_trials):
+        size = rng.randint(2, N)
+        others = varied_prompts(size - 1, seed=1000 + trial)
+        position = rng.randrange(size)
+        prompts = others[:position] + [target] + others[position:]
+        # co-runners with other seeds, temperatures and lengths, so rows finish (and move) at random times
+        params = [SamplingParams(temperature=rng.choice([0.0, 0.6, 1.0]), seed=rng.randrange(2**31),
+                                 max_tokens=rng.randint(1, 24), logprobs=2) for _ in prompts]
+        params[position] = PARAMS
+        out = completions(llm.generate(prompts, params))
+        differences.append(first_difference(reference, [out[position]]))
+    return differences
+
+
+@pytest.fixture(scope="module")
+def corun_llm(tiny_model_dir):
+    return LLM(tiny_model_dir, mode="corun", **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def standard_llm(tiny_model_dir):
+    return LLM(tiny_model_dir, mode="standard", max_num_batched_tokens=4096, **ENGINE)
+
+
+def test_bs1_vs_bsn_bitwise_identical(corun_llm):
+    assert bs1_vs_bsn(corun_llm) is None
+    assert corun_llm.engine.stats.max_prefill_batch == 1
+
+
+def test_needle_bitwise_identical(corun_llm):
+    assert needle(corun_llm) == [None] * 4
+
+
+def test_inverse_standard_batching_diverges_bs1_vs_bsn(standard_llm):
+    """Proves the comparisons above can fail on this machine: dynamic batch shapes change the bits."""
+    assert bs1_vs_bsn(standard_llm) is not None
+    assert standard_llm.engine.stats.max_prefill_batch > 1
+
+
+def test_inverse_standard_batching_diverges_needle(standard_llm):
+    assert any(d is not None for d in needle(standard_llm))
