@@ -60,6 +60,9 @@ class EngineConfig:
     """Top-k alternatives computed for every sampled row (a fixed width keeps the sampler shape fixed)."""
     use_cuda_graph: bool = True
     """On CUDA, capture the N-row decode step once and replay it."""
+    num_threads: int | None = None
+    """CPU compute threads (torch.set_num_threads); None keeps torch's default. Results are reproducible for a
+    fixed thread count; nodes sharing a small host do better with 1 each than with spinning thread pools."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
 
@@ -68,6 +71,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_logprobs < 0:
             raise ValueError("max_logprobs must be >= 0")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
 
     @property
     def max_blocks_per_seq(self) -> int:

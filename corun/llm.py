@@ -19,9 +19,9 @@ class LLM:
     def __init__(self, model: str, *, mode: str = "corun", max_num_seqs: int = 32, max_model_len: int = 1024,
                  prefill_chunk_size: int = 512, max_num_batched_tokens: int = 2048, block_size: int = 16,
                  num_blocks: int | None = None, dtype: str = "float32", device: str = "cpu", seed: int = 0,
-                 use_cuda_graph: bool = True):
+                 use_cuda_graph: bool = True, num_threads: int | None = None):
         self.config = EngineConfig(
-            model=model, dtype=dtype, device=device, seed=seed, use_cuda_graph=use_cuda_graph,
+            model=model, dtype=dtype, device=device, seed=seed, use_cuda_graph=use_cuda_graph, num_threads=num_threads,
             scheduler=SchedulerConfig(mode=mode, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       prefill_chunk_size=prefill_chunk_size,
                                       max_num_batched_tokens=max_num_batched_tokens),

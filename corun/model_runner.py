@@ -32,6 +32,8 @@ class SampledToken:
 class ModelRunner:
     def __init__(self, config: EngineConfig):
         self.config = config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
         self.block_size = config.cache.block_size
         self.num_rows = config.scheduler.max_num_seqs

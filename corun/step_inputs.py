@@ -22,7 +22,7 @@ class StepInputs:
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
 
-    def to(self, device) -> "StepInputs":
+    def to(self, device) -> StepInputs:
         return StepInputs(self.input_ids.to(device), self.positions.to(device), self.meta)
 
 
@@ -41,11 +41,11 @@ class WindowDecodeInputs:
         return AttentionMetadata(self.slot_blocks, self.slot_offsets, len(self.input_ids),
                                  self.block_tables, self.context_lens)
 
-    def copy_to(self, static: "WindowDecodeInputs") -> None:
+    def copy_to(self, static: WindowDecodeInputs) -> None:
         for f in fields(self):
             getattr(static, f.name).copy_(getattr(self, f.name), non_blocking=True)
 
-    def to(self, device) -> "WindowDecodeInputs":
+    def to(self, device) -> WindowDecodeInputs:
         return WindowDecodeInputs(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 

@@ -46,14 +46,14 @@ class ModelArchConfig:
         return dict(self.rope_scaling)
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "ModelArchConfig":
+    def from_dir(cls, model_dir: str | Path) -> ModelArchConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in {model_dir}")
         return cls.from_hf_dict(json.loads(path.read_text()))
 
     @classmethod
-    def from_hf_dict(cls, hf: dict) -> "ModelArchConfig":
+    def from_hf_dict(cls, hf: dict) -> ModelArchConfig:
         architecture = (hf.get("architectures") or ["?"])[0]
         if architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"architecture {architecture!r} not supported (have {list(SUPPORTED_ARCHITECTURES)})")

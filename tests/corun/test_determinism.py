@@ -13,7 +13,8 @@ from tests.conftest import varied_prompts
 
 N = 32
 ENGINE = dict(max_num_seqs=N, max_model_len=512, prefill_chunk_size=64)
-PARAMS = SamplingParams(temperature=0.6, seed=42, max_tokens=16, logprobs=5)
+# NOTE: ignore_eos, because the random-weight tiny model often predicts <|endoftext|>; every step is compared.
+PARAMS = SamplingParams(temperature=0.6, seed=42, max_tokens=16, logprobs=5, ignore_eos=True)
 
 
 def completions(outputs):
@@ -35,8 +36,7 @@ def bs1_vs_bsn(llm: LLM):
     prompts = varied_prompts(N, seed=0)
     alone = [completions(llm.generate([p], PARAMS))[0] for p in prompts]
     together = completions(llm.generate(prompts, PARAMS))
-    assert all(len(ids) == PARAMS.max_tokens or lps[-1].token_id in llm.engine.eos_token_ids
-               for ids, lps in alone)
+    assert all(len(ids) == PARAMS.max_tokens for ids, _ in alone)
     return first_difference(alone, together)
 
 

@@ -6,10 +6,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.model_runner import ModelRunner
-from corun.step_inputs import build_step, build_window_decode
 from corun.request import Request
 from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
+from corun.step_inputs import build_step, build_window_decode
 
 SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)

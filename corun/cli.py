@@ -1,0 +1,104 @@
+"""The `corun` command: make-tiny-model, generate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="corun", description="Deterministic LLM inference (CoRun).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_make_tiny_model(commands)
+    add_generate(commands)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"corun {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def add_make_tiny_model(commands) -> None:
+    cmd = commands.add_parser("make-tiny-model", help="write the built-in tiny random-weight Qwen3 (HF format)")
+    cmd.add_argument("dir", type=Path)
+    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    cmd.set_defaults(run=run_make_tiny_model)
+
+
+def run_make_tiny_model(args) -> int:
+    from corun.models.tiny import make_tiny_model
+
+    print(make_tiny_model(args.dir, seed=args.seed, dtype=args.dtype))
+    return 0
+
+
+def add_generate(commands) -> None:
+    cmd = commands.add_parser("generate", help="offline generation for a file of prompts (one per line)")
+    cmd.add_argument("--model", required=True, help="HF-format checkpoint directory")
+    cmd.add_argument("--prompts", required=True, help="text file, one prompt per line ('-' for stdin)")
+    cmd.add_argument("--max-tokens", type=int, default=16)
+    cmd.add_argument("--seed", type=int, default=None, help="request seed (default: derived from request ids)")
+    cmd.add_argument("--temperature", type=float, default=1.0)
+    cmd.add_argument("--top-p", type=float, default=1.0)
+    cmd.add_argument("--top-k", type=int, default=0)
+    cmd.add_argument("--logprobs", type=int, default=None)
+    cmd.add_argument("--ignore-eos", action="store_true")
+    cmd.add_argument("--mode", default="corun", choices=["corun", "standard"])
+    cmd.add_argument("--max-num-seqs", type=int, default=32)
+    cmd.add_argument("--max-model-len", type=int, default=1024)
+    cmd.add_argument("--prefill-chunk-size", type=int, default=512)
+    cmd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    cmd.add_argument("--device", default="cpu")
+    cmd.add_argument("--num-threads", type=int, default=None, help="CPU compute threads (default: torch's)")
+    cmd.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    cmd.set_defaults(run=run_generate)
+
+
+def read_prompts(path: str) -> list[str]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"no prompts in {path}")
+    return prompts
+
+
+def run_generate(args) -> int:
+    from corun.llm import LLM
+    from corun.sampling_params import SamplingParams
+
+    prompts = read_prompts(args.prompts)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed, logprobs=args.logprobs,
+                            ignore_eos=args.ignore_eos)
+    llm = LLM(args.model, mode=args.mode, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+              prefill_chunk_size=args.prefill_chunk_size, dtype=args.dtype, device=args.device,
+              num_threads=args.num_threads)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    for output in outputs:
+        print(json.dumps(output_record(output)) if args.json else f"{output.prompt!r} -> {output.outputs[0].text!r}")
+    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    print(f"{len(outputs)} requests, {num_tokens} tokens in {elapsed:.2f} s "
+          f"({num_tokens / elapsed:.0f} tok/s, mode {args.mode})", file=sys.stderr)
+    return 0
+
+
+def output_record(output) -> dict:
+    completion = output.outputs[0]
+    logprobs = None
+    if completion.logprobs is not None:
+        logprobs = [{"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+                    for lp in completion.logprobs]
+    return {"request_id": output.request_id, "prompt": output.prompt, "seed": output.seed,
+            "text": completion.text, "token_ids": completion.token_ids, "logprobs": logprobs,
+            "finish_reason": completion.finish_reason}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

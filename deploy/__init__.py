@@ -1,0 +1,1 @@
+"""Launch: local (`corun serve`) and multi-node on Ray; the prefill:decode capacity planner."""

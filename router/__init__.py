@@ -1,0 +1,1 @@
+"""The HTTP front door (OpenAI-compatible): request ids, request-bound seeds, instance choice. Never imports torch."""
