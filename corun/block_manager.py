@@ -19,6 +19,7 @@ class BlockManager:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.free_block_ids: deque[int] = deque(range(1, num_blocks))
+        self.allocated_block_ids: set[int] = set()
 
     @property
     def num_free_blocks(self) -> int:
@@ -38,9 +39,15 @@ class BlockManager:
         """Blocks for num_tokens tokens, or None when they do not fit now."""
         if not self.can_allocate(num_tokens):
             return None
-        return [self.free_block_ids.popleft() for _ in range(self.blocks_needed(num_tokens))]
+        block_ids = [self.free_block_ids.popleft() for _ in range(self.blocks_needed(num_tokens))]
+        self.allocated_block_ids.update(block_ids)
+        return block_ids
 
     def free(self, block_ids: list[int]) -> None:
         if NULL_BLOCK in block_ids:
             raise ValueError("the null block is never allocated, so it cannot be freed")
+        not_allocated = set(block_ids) - self.allocated_block_ids
+        if not_allocated or len(set(block_ids)) != len(block_ids):
+            raise ValueError(f"double free or unknown blocks: {sorted(not_allocated) or block_ids}")
+        self.allocated_block_ids.difference_update(block_ids)
         self.free_block_ids.extend(block_ids)

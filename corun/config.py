@@ -77,3 +77,54 @@ class EngineConfig:
     @property
     def max_blocks_per_seq(self) -> int:
         return -(-self.scheduler.max_model_len // self.cache.block_size)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """A prefill or decode server process."""
+
+    role: Literal["prefill", "decode"]
+    node_id: str
+    """Unique in the cluster; also the node's NIXL agent name."""
+    engine: EngineConfig
+    host: str = "127.0.0.1"
+    port: int = 0
+    """zmq ROUTER control port (router requests, decode->prefill handshakes and claims)."""
+    kv_lease_seconds: float = 60.0
+    """prefill: how long a finished prefill's KV blocks wait to be claimed by a decode node before being freed."""
+
+    def __post_init__(self):
+        if self.role not in ("prefill", "decode"):
+            raise ValueError(f"role must be 'prefill' or 'decode', got {self.role!r}")
+        if self.kv_lease_seconds <= 0:
+            raise ValueError("kv_lease_seconds must be > 0")
+
+    @property
+    def address(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """The HTTP front door."""
+
+    model: str
+    """Checkpoint directory: the router reads only its tokenizer files and config.json."""
+    prefill_addresses: tuple[str, ...]
+    decode_addresses: tuple[str, ...]
+    served_model_name: str = "corun-tiny"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_model_len: int = 1024
+    """Must equal the nodes' max_model_len: prompt + max_tokens longer than this is a 400."""
+    max_pending_requests: int = 256
+    """Requests in flight (queued or running) beyond this get 429 with Retry-After."""
+    request_timeout_s: float = 600.0
+    base_seed: int = 0
+    """Seeds of requests that bring none are derived from it and the request id."""
+
+    def __post_init__(self):
+        if not self.prefill_addresses or not self.decode_addresses:
+            raise ValueError("the router needs at least one prefill and one decode address")
+        if self.max_pending_requests < 1:
+            raise ValueError("max_pending_requests must be >= 1")

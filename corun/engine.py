@@ -48,6 +48,9 @@ class LLMEngine:
         self.scheduler.add(request)
         return request
 
+    def abort_request(self, request: Request) -> None:
+        self.scheduler.abort(request)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

@@ -35,7 +35,14 @@ class LLM:
         """Run every prompt to completion; outputs come back in prompt order."""
         prompts = [prompts] if _is_single_prompt(prompts) else list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts))
-        requests = [self.add(prompt, p) for prompt, p in zip(prompts, params)]
+        requests = []
+        try:
+            for prompt, p in zip(prompts, params):
+                requests.append(self.add(prompt, p))
+        except ValueError:
+            for request in requests:  # NOTE: all or nothing, so no orphan runs in the next call
+                self.engine.abort_request(request)
+            raise
         while self.engine.has_unfinished():
             self.engine.step()
         return [self.to_output(r, p if isinstance(p, str) else None) for r, p in zip(requests, prompts)]

@@ -74,6 +74,14 @@ class Scheduler:
         self.block_manager.free(request.block_ids)
         request.block_ids = []
 
+    def abort(self, request: Request) -> None:
+        """Drop a request wherever it is; its blocks (if any) return to the pool."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+            request.status, request.finish_reason = RequestStatus.FINISHED, "abort"
+        elif request in self.running:
+            self.finish(request, "abort")
+
     def admit_head(self) -> Request | None:
         """Move the head of waiting to running if a slot and blocks for its whole sequence are free."""
         if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:

@@ -50,7 +50,13 @@ class ModelArchConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in {model_dir}")
-        return cls.from_hf_dict(json.loads(path.read_text()))
+        hf = json.loads(path.read_text())
+        # NOTE: like vLLM, generation_config.json's eos ids (often a list) count as EOS too.
+        generation = Path(model_dir) / "generation_config.json"
+        if generation.is_file():
+            extra = _as_tuple(json.loads(generation.read_text()).get("eos_token_id"))
+            hf["eos_token_id"] = sorted(set(_as_tuple(hf.get("eos_token_id")) + extra))
+        return cls.from_hf_dict(hf)
 
     @classmethod
     def from_hf_dict(cls, hf: dict) -> ModelArchConfig:

@@ -104,3 +104,14 @@ def test_freeing_the_null_block_raises_and_frees_nothing():
     with pytest.raises(ValueError, match="null block"):
         bm.free(blocks + [NULL_BLOCK])
     assert list(bm.free_block_ids) == free_before
+
+
+def test_double_free_and_unknown_blocks_are_refused():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    block_ids = manager.allocate(8)
+    manager.free(block_ids)
+    with pytest.raises(ValueError, match="double free"):
+        manager.free(block_ids)
+    with pytest.raises(ValueError, match="double free"):
+        manager.free([5])
+    assert manager.num_free_blocks == 7

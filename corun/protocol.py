@@ -1,0 +1,199 @@
+"""Every message between router, prefill nodes and decode nodes, defined once (msgpack on zmq), versioned.
+
+Torch-free: the router imports this. A message is a frozen dataclass; on the wire it is the msgpack map
+{"v": PROTOCOL_VERSION, "type": class name, **fields}. A peer speaking another version is refused.
+
+Version history:
+  1: first version (prefill/decode/handshake/claim/token events/ping).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from corun.outputs import TokenLogprobs
+from corun.sampling_params import SamplingParams
+
+PROTOCOL_VERSION = 1
+
+
+class ProtocolError(ValueError):
+    """A message that is not ours: bad encoding, unknown type or another protocol version."""
+
+
+@dataclass(frozen=True)
+class KVHandle:
+    """Where a prefilled request's KV lives: enough for a decode node to claim and pull it."""
+
+    engine_id: str
+    """The prefill node's id, also its NIXL agent name."""
+    address: str
+    """The prefill node's zmq control address (handshake and claims)."""
+    block_ids: tuple[int, ...]
+    num_tokens: int
+    compat_hash: str
+
+
+# --- router -> prefill -> router -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefillRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    request_id: str
+    first_token_id: int
+    first_logprobs: TokenLogprobs | None
+    kv: KVHandle
+
+
+# --- router -> decode -> router ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecodeRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    first_token_id: int
+    first_logprobs: TokenLogprobs | None
+    kv: KVHandle
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """New tokens of one request from one decode step (the first event also carries the prefill's token)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    request_id: str
+    status: int
+    """HTTP-like: 400 bad request, 503 no capacity or peer unusable, 500 internal."""
+    message: str
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Ping:
+    nonce: int
+
+
+@dataclass(frozen=True)
+class Pong:
+    nonce: int
+    node_id: str
+    role: str
+    fingerprint: str
+    """Hash of everything on this node that determines outputs (model digest, engine config, versions)."""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+# --- decode -> prefill ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HandshakeRequest:
+    engine_id: str
+    compat: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class HandshakeReply:
+    engine_id: str
+    compat: dict[str, Any]
+    compat_hash: str
+    agent_metadata: bytes
+    kv_base_address: int
+    num_blocks: int
+    block_nbytes: int
+    memory_type: str
+    """NIXL memory segment: "DRAM" or "VRAM"."""
+
+
+@dataclass(frozen=True)
+class ClaimKV:
+    """Decode asks to pull a request's KV; the prefill node pins the lease so it cannot expire mid-transfer."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class ClaimReply:
+    request_id: str
+    ok: bool
+    block_ids: tuple[int, ...] = ()
+    reason: str = ""
+
+
+MESSAGE_TYPES = {cls.__name__: cls for cls in (
+    PrefillRequest, PrefillResult, DecodeRequest, TokenEvent, ErrorReply, Abort, Ping, Pong,
+    HandshakeRequest, HandshakeReply, ClaimKV, ClaimReply)}
+
+
+def encode(message) -> bytes:
+    body = {f.name: _to_wire(getattr(message, f.name)) for f in dataclasses.fields(message)}
+    return msgpack.packb({"v": PROTOCOL_VERSION, "type": type(message).__name__, **body}, use_bin_type=True)
+
+
+def decode(data: bytes):
+    try:
+        body = msgpack.unpackb(data, raw=False)
+        version, type_name = body.pop("v"), body.pop("type")
+    except Exception as error:
+        raise ProtocolError(f"undecodable message: {error}") from error
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version} received, this node speaks {PROTOCOL_VERSION}")
+    if type_name not in MESSAGE_TYPES:
+        raise ProtocolError(f"unknown message type {type_name!r}")
+    try:
+        return MESSAGE_TYPES[type_name](**{name: _from_wire(name, value) for name, value in body.items()})
+    except TypeError as error:
+        raise ProtocolError(f"malformed {type_name}: {error}") from error
+
+
+def _to_wire(value):
+    if isinstance(value, TokenLogprobs):
+        return [value.token_id, value.logprob, [list(t) for t in value.top]]
+    if isinstance(value, list) and value and isinstance(value[0], TokenLogprobs):
+        return [_to_wire(v) for v in value]
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _token_logprobs(wire) -> TokenLogprobs | None:
+    if wire is None:
+        return None
+    token_id, logprob, top = wire
+    return TokenLogprobs(token_id, logprob, tuple((int(t), float(lp)) for t, lp in top))
+
+
+_FIELD_DECODERS = {
+    "params": lambda d: SamplingParams(**d),
+    "kv": lambda d: KVHandle(**{**d, "block_ids": tuple(d["block_ids"])}),
+    "first_logprobs": _token_logprobs,
+    "logprobs": lambda items: None if items is None else [_token_logprobs(i) for i in items],
+    "block_ids": tuple,
+}
+
+
+def _from_wire(name: str, value):
+    decoder = _FIELD_DECODERS.get(name)
+    return value if decoder is None or value is None else decoder(value)

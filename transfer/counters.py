@@ -1,0 +1,27 @@
+"""Counters of the KV data plane, exported by the nodes in their stats (Pong) and metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass
+class TransferCounters:
+    reads_started: int = 0
+    """decode: READs posted (start_read calls)."""
+    reads_completed: int = 0
+    """decode: READs that finished with every byte in place."""
+    read_failures: int = 0
+    """decode: READs that failed, at post time or later."""
+    bytes_read: int = 0
+    """decode: bytes of completed READs."""
+    blocks_read: int = 0
+    """decode: KV blocks of completed READs."""
+    kv_released: int = 0
+    """prefill: leases freed after a decode node's completion notification (counted by the prefill node)."""
+    lease_expiries: int = 0
+    """prefill: leases freed because no decode node claimed or finished them in time (counted by the prefill node)."""
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,69 @@
+"""What the NIXL agent and the fake agent share: the read handle, block-id checks and the counting of reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from transfer.counters import TransferCounters
+
+XferState = Literal["DONE", "PROC", "ERR"]
+MemoryType = Literal["DRAM", "VRAM"]
+NULL_BLOCK_ID = 0
+"""corun's null block: padding rows read and write it, so it never holds a request's KV and is never moved."""
+
+
+@dataclass
+class ReadHandle:
+    """One posted READ of a request's blocks from a peer; poll it until its state leaves "PROC"."""
+
+    peer: str
+    num_blocks: int
+    num_bytes: int
+    state: XferState
+    backend_handle: Any
+    """The backend's transfer handle; None once released."""
+
+
+def memory_type_of(kv_data: torch.Tensor) -> MemoryType:
+    return "VRAM" if kv_data.is_cuda else "DRAM"
+
+
+def block_nbytes_of(kv_data: torch.Tensor) -> int:
+    """Bytes of one block of a block-major KV tensor [num_blocks, ...]."""
+    return kv_data[0].numel() * kv_data.element_size()
+
+
+def check_kv_data(kv_data: torch.Tensor) -> None:
+    if not kv_data.is_contiguous() or kv_data.dim() < 2 or kv_data.shape[0] < 2:
+        raise ValueError(f"KV data must be one contiguous block-major tensor with >= 2 blocks, got {kv_data.shape}")
+
+
+def check_block_ids(remote_block_ids: Sequence[int], local_block_ids: Sequence[int],
+                    num_remote_blocks: int, num_local_blocks: int) -> None:
+    if len(remote_block_ids) != len(local_block_ids) or not local_block_ids:
+        raise ValueError(f"a read needs as many local as remote block ids (and at least one), "
+                         f"got {len(remote_block_ids)} remote and {len(local_block_ids)} local")
+    _check_range("remote", remote_block_ids, num_remote_blocks)
+    _check_range("local", local_block_ids, num_local_blocks)
+    if len(set(local_block_ids)) != len(local_block_ids):
+        raise ValueError(f"local block ids repeat: {list(local_block_ids)}")
+
+
+def _check_range(side: str, block_ids: Sequence[int], num_blocks: int) -> None:
+    bad = [b for b in block_ids if not NULL_BLOCK_ID < b < num_blocks]
+    if bad:
+        raise ValueError(f"{side} block ids {bad} are not in 1..{num_blocks - 1} (block 0 is the null block)")
+
+
+def count_finished(counters: TransferCounters, handle: ReadHandle) -> None:
+    """Count a read that just left "PROC" (once per read)."""
+    if handle.state == "DONE":
+        counters.reads_completed += 1
+        counters.bytes_read += handle.num_bytes
+        counters.blocks_read += handle.num_blocks
+    else:
+        counters.read_failures += 1
