@@ -8,12 +8,17 @@ import sys
 import time
 from pathlib import Path
 
+from corun.engine_args import add_engine_args, engine_config_from_args
 
-def main(argv: list[str] | None = None) -> int:
+
+def main(argv: list[str] | None = None, extra_commands=()) -> int:
+    """extra_commands: functions adding subcommands of packages above the core (deploy's serve)."""
     parser = argparse.ArgumentParser(prog="corun", description="Deterministic LLM inference (CoRun).")
     commands = parser.add_subparsers(dest="command", required=True)
     add_make_tiny_model(commands)
     add_generate(commands)
+    for add in extra_commands:
+        add(commands)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -39,22 +44,16 @@ def run_make_tiny_model(args) -> int:
 
 def add_generate(commands) -> None:
     cmd = commands.add_parser("generate", help="offline generation for a file of prompts (one per line)")
-    cmd.add_argument("--model", required=True, help="HF-format checkpoint directory")
+    add_engine_args(cmd)
     cmd.add_argument("--prompts", required=True, help="text file, one prompt per line ('-' for stdin)")
     cmd.add_argument("--max-tokens", type=int, default=16)
-    cmd.add_argument("--seed", type=int, default=None, help="request seed (default: derived from request ids)")
+    cmd.add_argument("--seed", type=int, default=None,
+                     help="request seed for every prompt (default: derived from --base-seed and each request id)")
     cmd.add_argument("--temperature", type=float, default=1.0)
     cmd.add_argument("--top-p", type=float, default=1.0)
     cmd.add_argument("--top-k", type=int, default=0)
     cmd.add_argument("--logprobs", type=int, default=None)
     cmd.add_argument("--ignore-eos", action="store_true")
-    cmd.add_argument("--mode", default="corun", choices=["corun", "standard"])
-    cmd.add_argument("--max-num-seqs", type=int, default=32)
-    cmd.add_argument("--max-model-len", type=int, default=1024)
-    cmd.add_argument("--prefill-chunk-size", type=int, default=512)
-    cmd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    cmd.add_argument("--device", default="cpu")
-    cmd.add_argument("--num-threads", type=int, default=None, help="CPU compute threads (default: torch's)")
     cmd.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     cmd.set_defaults(run=run_generate)
 
@@ -75,9 +74,7 @@ def run_generate(args) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed, logprobs=args.logprobs,
                             ignore_eos=args.ignore_eos)
-    llm = LLM(args.model, mode=args.mode, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              prefill_chunk_size=args.prefill_chunk_size, dtype=args.dtype, device=args.device,
-              num_threads=args.num_threads)
+    llm = LLM.from_config(engine_config_from_args(args))
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start

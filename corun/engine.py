@@ -75,14 +75,7 @@ class LLMEngine:
 
     def postprocess(self, sampled: list[SampledToken]) -> None:
         for item in sampled:
-            request = item.request
-            request.output_token_ids.append(item.token_id)
-            if item.logprobs is not None:
-                request.output_logprobs.append(item.logprobs)
-            # NOTE: every token but the newest has its KV in the cache (the newest is the next step's input).
-            request.num_computed_tokens = request.num_tokens - 1
+            finish_reason = item.request.append_token(item.token_id, item.logprobs)
             self.stats.num_generated_tokens += 1
-            if item.token_id in request.stop_token_ids:
-                self.scheduler.finish(request, "stop")
-            elif len(request.output_token_ids) >= request.params.max_tokens:
-                self.scheduler.finish(request, "length")
+            if finish_reason is not None:
+                self.scheduler.finish(item.request, finish_reason)

@@ -26,8 +26,18 @@ class LLM:
                                       prefill_chunk_size=prefill_chunk_size,
                                       max_num_batched_tokens=max_num_batched_tokens),
             cache=CacheConfig(block_size=block_size, num_blocks=num_blocks))
+        self._start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm.config = config
+        llm._start()
+        return llm
+
+    def _start(self) -> None:
         self.engine = LLMEngine(self.config)
-        self.tokenizer = load_tokenizer(model)
+        self.tokenizer = load_tokenizer(self.config.model)
         self.request_counter = itertools.count()
 
     def generate(self, prompts: Prompt | Sequence[Prompt],

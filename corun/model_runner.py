@@ -30,7 +30,8 @@ class SampledToken:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, capture_decode_graph: bool = True):
+        """capture_decode_graph: False on prefill-only nodes, which never run the decode step."""
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
@@ -41,13 +42,16 @@ class ModelRunner:
         self.model = load_model(config.model, config.dtype, config.device, config.scheduler.max_model_len)
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.sampler = Sampler()
+        self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.decode_graph = None
-        if self.device.type == "cuda" and config.use_cuda_graph and config.scheduler.mode == "corun":
+        if capture_decode_graph and self.device.type == "cuda" and config.use_cuda_graph \
+                and config.scheduler.mode == "corun":
             self.decode_graph = DecodeGraph(self)
 
     def run_prefill(self, chunk: PrefillChunk) -> list[SampledToken]:
         """One request's chunk, alone, at its natural length; samples token 1 after the last chunk."""
         hidden = self.forward(build_step([], 0, [chunk], self.block_size, self.device))
+        self.num_prefill_forwards += 1
         chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
         if not chunk.is_last:
             return []
@@ -55,6 +59,7 @@ class ModelRunner:
 
     def run_decode(self, requests: list[Request]) -> list[SampledToken]:
         """The fixed-shape step: exactly N rows whatever len(requests) is."""
+        self.num_decode_forwards += 1
         if self.decode_graph is not None:
             inputs = build_window_decode(requests, self.num_rows, self.window_blocks, self.block_size)
             return self.sample(self.decode_graph.replay(inputs), requests)
@@ -65,6 +70,7 @@ class ModelRunner:
         """standard mode: decodes and prompt chunks of several requests in one forward, no padding."""
         decodes, chunks = batch.decode_requests, batch.prefill_chunks
         hidden = self.forward(build_step(decodes, len(decodes), chunks, self.block_size, self.device))
+        self.num_mixed_forwards += 1
         rows, requests, end = list(range(len(decodes))), list(decodes), len(decodes)
         for chunk in chunks:
             end += chunk.num_tokens
@@ -75,6 +81,10 @@ class ModelRunner:
         if not requests:
             return []
         return self.sample(self.model.compute_logits(hidden[rows]), requests)
+
+    def forward_counts(self) -> dict[str, int]:
+        return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,
+                "num_mixed_forwards": self.num_mixed_forwards}
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:

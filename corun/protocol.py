@@ -52,7 +52,9 @@ class PrefillResult:
     request_id: str
     first_token_id: int
     first_logprobs: TokenLogprobs | None
-    kv: KVHandle
+    kv: KVHandle | None
+    """None when the request already finished with its first token (then no decode is needed)."""
+    finish_reason: str | None = None
 
 
 # --- router -> decode -> router ------------------------------------------------------------------------------

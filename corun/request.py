@@ -54,3 +54,16 @@ class Request:
 
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def append_token(self, token_id: int, logprobs: TokenLogprobs | None) -> str | None:
+        """Record a sampled token; returns the finish reason ("stop" or "length") if the request is done."""
+        self.output_token_ids.append(token_id)
+        if logprobs is not None:
+            self.output_logprobs.append(logprobs)
+        # NOTE: every token but the newest has its KV in the cache (the newest is the next step's input).
+        self.num_computed_tokens = self.num_tokens - 1
+        if token_id in self.stop_token_ids:
+            return "stop"
+        if len(self.output_token_ids) >= self.params.max_tokens:
+            return "length"
+        return None

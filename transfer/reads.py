@@ -26,6 +26,8 @@ class ReadHandle:
     state: XferState
     backend_handle: Any
     """The backend's transfer handle; None once released."""
+    error: str = ""
+    """Why the read failed (state "ERR")."""
 
 
 def memory_type_of(kv_data: torch.Tensor) -> MemoryType:

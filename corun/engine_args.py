@@ -1,0 +1,52 @@
+"""Command-line flags for an EngineConfig, shared by `corun generate`, the node servers and `corun serve`."""
+
+from __future__ import annotations
+
+import argparse
+
+from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="HF-format checkpoint directory")
+    parser.add_argument("--mode", default="corun", choices=["corun", "standard"])
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="N: decode rows per step")
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--prefill-chunk-size", type=int, default=512)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="standard mode token budget")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: from --kv-cache-mib)")
+    parser.add_argument("--kv-cache-mib", type=int, default=512)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--base-seed", type=int, default=0, help="seeds of requests without one derive from it")
+    parser.add_argument("--num-threads", type=int, default=None, help="CPU compute threads (default: torch's)")
+    parser.add_argument("--no-cuda-graph", action="store_true")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, dtype=args.dtype, device=args.device, seed=args.base_seed, num_threads=args.num_threads,
+        use_cuda_graph=not args.no_cuda_graph,
+        scheduler=SchedulerConfig(mode=args.mode, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                                  prefill_chunk_size=args.prefill_chunk_size,
+                                  max_num_batched_tokens=args.max_num_batched_tokens),
+        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                          memory_budget_bytes=args.kv_cache_mib * 2**20))
+
+
+def engine_args_to_argv(config: EngineConfig) -> list[str]:
+    """The flags that rebuild `config` in another process (used by the launchers)."""
+    sched, cache = config.scheduler, config.cache
+    argv = ["--model", config.model, "--mode", sched.mode, "--max-num-seqs", str(sched.max_num_seqs),
+            "--max-model-len", str(sched.max_model_len), "--prefill-chunk-size", str(sched.prefill_chunk_size),
+            "--max-num-batched-tokens", str(sched.max_num_batched_tokens), "--block-size", str(cache.block_size),
+            "--kv-cache-mib", str(cache.memory_budget_bytes // 2**20), "--dtype", config.dtype,
+            "--device", config.device, "--base-seed", str(config.seed)]
+    if cache.num_blocks is not None:
+        argv += ["--num-blocks", str(cache.num_blocks)]
+    if config.num_threads is not None:
+        argv += ["--num-threads", str(config.num_threads)]
+    if not config.use_cuda_graph:
+        argv.append("--no-cuda-graph")
+    return argv

@@ -1,0 +1,128 @@
+"""Pieces every node server shares: its control sockets and the fingerprint of what determines its outputs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import signal
+
+import torch
+import zmq
+
+from corun import protocol
+from corun.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+
+def engine_fingerprint(config: EngineConfig, model_digest: str) -> str:
+    """Everything that determines outputs: weights, engine config (N, dtype, chunking...), software versions."""
+    engine = dataclasses.asdict(config)
+    engine.pop("model")  # NOTE: the path does not matter, the digest of what is in it does
+    engine.pop("num_threads")  # set per process; results are compared per fixed thread count
+    facts = {"model_digest": model_digest, "engine": engine, "torch": torch.__version__,
+             "protocol": protocol.PROTOCOL_VERSION}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class NodeSockets:
+    """A ROUTER socket for requests (router, peers) plus DEALER sockets to peers, under one poller."""
+
+    def __init__(self, bind_address: str):
+        self.context = zmq.Context.instance()
+        self.server = self.context.socket(zmq.ROUTER)
+        self.server.setsockopt(zmq.LINGER, 0)
+        self.server.bind(bind_address)
+        self.poller = zmq.Poller()
+        self.poller.register(self.server, zmq.POLLIN)
+        self.peers: dict[str, zmq.Socket] = {}
+
+    def connect_peer(self, address: str) -> zmq.Socket:
+        if address not in self.peers:
+            socket = self.context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(address)
+            self.poller.register(socket, zmq.POLLIN)
+            self.peers[address] = socket
+        return self.peers[address]
+
+    def poll(self, timeout_ms: int) -> list[tuple[bytes | str, object]]:
+        """Messages received: (client identity, message) from the server socket, (peer address, message) else."""
+        received = []
+        for socket, _ in self.poller.poll(timeout_ms):
+            while True:
+                try:
+                    frames = socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                source = frames[0] if socket is self.server else self._address_of(socket)
+                message = self._decode(frames[-1])
+                if message is not None:
+                    received.append((source, message))
+        return received
+
+    def reply(self, identity: bytes, message) -> None:
+        self.server.send_multipart([identity, protocol.encode(message)])
+
+    def send_peer(self, address: str, message) -> None:
+        self.connect_peer(address).send(protocol.encode(message))
+
+    def close(self) -> None:
+        for socket in [self.server, *self.peers.values()]:
+            socket.close(linger=0)
+
+    def _address_of(self, socket) -> str:
+        return next(address for address, s in self.peers.items() if s is socket)
+
+    @staticmethod
+    def _decode(data: bytes):
+        try:
+            return protocol.decode(data)
+        except protocol.ProtocolError as error:
+            logger.warning("dropping message: %s", error)
+            return None
+
+
+def compat_fields(config: EngineConfig, arch, model_digest: str) -> dict:
+    """The engine's share of the KV compatibility check (transfer.compat.compat_info takes these)."""
+    return {"model_digest": model_digest, "dtype": config.dtype, "num_layers": arch.num_layers,
+            "num_kv_heads": arch.num_kv_heads, "head_dim": arch.head_dim, "block_size": config.cache.block_size,
+            "max_num_seqs": config.scheduler.max_num_seqs, "prefill_chunk_size": config.scheduler.prefill_chunk_size,
+            "max_model_len": config.scheduler.max_model_len}
+
+
+def node_arg_parser(role: str) -> argparse.ArgumentParser:
+    from corun.engine_args import add_engine_args
+
+    parser = argparse.ArgumentParser(prog=f"{role}_node", description=f"CoRun {role} server")
+    parser.add_argument("--node-id", required=True, help="unique in the cluster; also the NIXL agent name")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--kv-lease-seconds", type=float, default=60.0)
+    add_engine_args(parser)
+    return parser
+
+
+def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
+    """Parse flags, build the server, loop step() until SIGTERM/SIGINT."""
+    from corun.config import NodeConfig
+    from corun.engine_args import engine_config_from_args
+
+    args = node_arg_parser(role).parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.node_id} %(levelname)s %(message)s")
+    config = NodeConfig(role=role, node_id=args.node_id, engine=engine_config_from_args(args), host=args.host,
+                        port=args.port, kv_lease_seconds=args.kv_lease_seconds)
+    server = server_factory(config)
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(True))
+    logger.info("%s node %s serving on %s", role, config.node_id, config.address)
+    try:
+        while not stopping:
+            server.step()
+    finally:
+        server.close()
+    return 0

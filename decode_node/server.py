@@ -1,0 +1,267 @@
+"""Decode server: N fixed slots, KV pulled over NIXL from prefill nodes, one fixed-shape decode step, streaming.
+
+Lifecycle of a request (queues):
+  waiting (FIFO DecodeRequests) --a slot and KV blocks for prompt + max_tokens free--> claiming
+  claiming (handshake with the prefill node first, if new; ClaimKV) --ClaimReply ok--> transferring
+  transferring (NIXL READ of its blocks into ours, polled each turn) --DONE; NIXL notifies the prefill node,
+      which frees its copy; token 1 (sampled by prefill) streamed--> running
+  running (the N-row decode step; a TokenEvent per token) --stop / length / abort--> finished: slot + blocks free
+  refused handshake, refused claim (lease expired) or failed READ --> ErrorReply(503) to the router, blocks free
+Slots in use = claiming + transferring + running <= N, so an admitted request always has a decode row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from corun import protocol
+from corun.block_manager import BlockManager
+from corun.config import NodeConfig
+from corun.model_runner import ModelRunner, SampledToken
+from corun.models.loader import model_digest
+from corun.request import Request
+from corun.serving import NodeSockets, compat_fields, engine_fingerprint
+from transfer.agent import KVTransferAgent
+from transfer.compat import IncompatiblePeer, check_compatible, compat_hash, compat_info
+from transfer.reads import ReadHandle
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeJob:
+    router: bytes
+    request: Request
+    kv: protocol.KVHandle
+    read: ReadHandle | None = None
+    aborted: bool = False
+
+
+@dataclass
+class PrefillPeer:
+    address: str
+    ready: bool = False
+    jobs_waiting: list[DecodeJob] = field(default_factory=list)
+    """Jobs admitted before the handshake with this peer completed."""
+
+
+class DecodeServer:
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        self.num_slots = config.engine.scheduler.max_num_seqs
+        self.runner = ModelRunner(config.engine)
+        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.engine.cache.block_size)
+        self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)
+        digest = model_digest(config.engine.model)
+        self.fingerprint = engine_fingerprint(config.engine, digest)
+        self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest))
+        self.agent = KVTransferAgent(config.node_id, self.runner.kv_cache.data)
+        self.sockets = NodeSockets(config.address)
+        self.peers: dict[str, PrefillPeer] = {}
+        self.waiting: deque[DecodeJob] = deque()
+        self.claiming: dict[str, DecodeJob] = {}
+        self.transferring: dict[str, DecodeJob] = {}
+        self.running: list[DecodeJob] = []
+        self.num_decode_steps = 0
+        self.num_finished = 0
+
+    # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
+    def step(self) -> None:
+        self.receive(timeout_ms=0 if (self.running or self.transferring) else 5)
+        self.admit()
+        self.poll_transfers()
+        if self.running:
+            sampled = self.runner.run_decode([job.request for job in self.running])
+            self.num_decode_steps += 1
+            self.postprocess(sampled)
+
+    def admit(self) -> None:
+        while self.waiting and self.num_slots_used < self.num_slots:
+            block_ids = self.block_manager.allocate(self.waiting[0].request.max_num_tokens)
+            if block_ids is None:
+                return
+            job = self.waiting.popleft()
+            job.request.block_ids = block_ids
+            self.claim(job)
+
+    @property
+    def num_slots_used(self) -> int:
+        return len(self.claiming) + len(self.transferring) + len(self.running)
+
+    def postprocess(self, sampled: list[SampledToken]) -> None:
+        jobs = {job.request.request_id: job for job in self.running}
+        for item in sampled:
+            job = jobs[item.request.request_id]
+            finish_reason = item.request.append_token(item.token_id, item.logprobs)
+            self.send_tokens(job, [item.token_id], item.logprobs, finish_reason)
+            if finish_reason is not None:
+                self.finish(job)
+
+    # --- pulling KV ---------------------------------------------------------------------------------------------
+    def claim(self, job: DecodeJob) -> None:
+        self.claiming[job.request.request_id] = job
+        peer = self.peers.get(job.kv.engine_id)
+        if peer is None:
+            peer = self.peers[job.kv.engine_id] = PrefillPeer(job.kv.address)
+            self.sockets.send_peer(peer.address, protocol.HandshakeRequest(self.config.node_id, self.compat))
+        if peer.ready:
+            self.sockets.send_peer(peer.address, protocol.ClaimKV(job.request.request_id))
+        else:
+            peer.jobs_waiting.append(job)
+
+    def on_handshake_reply(self, address: str, reply: protocol.HandshakeReply) -> None:
+        peer = self.peers[reply.engine_id]
+        try:
+            check_compatible(self.compat, reply.compat, reply.engine_id)
+            self.agent.add_peer(reply.engine_id, reply.agent_metadata, reply.kv_base_address, reply.num_blocks,
+                                reply.block_nbytes, reply.memory_type)
+        except IncompatiblePeer as error:
+            self.fail_peer(reply.engine_id, str(error))
+            return
+        peer.ready = True
+        for job in peer.jobs_waiting:
+            self.sockets.send_peer(address, protocol.ClaimKV(job.request.request_id))
+        peer.jobs_waiting.clear()
+
+    def on_claim_reply(self, address: str, reply: protocol.ClaimReply) -> None:
+        job = self.claiming.pop(reply.request_id, None)
+        if job is None:
+            return
+        if not reply.ok or job.aborted:
+            self.fail(job, f"KV of {reply.request_id} could not be claimed: {reply.reason or 'aborted'}")
+            return
+        if job.kv.compat_hash != compat_hash(self.compat):
+            self.fail(job, f"KV of {reply.request_id} was made under compat hash {job.kv.compat_hash}")
+            return
+        local = job.request.block_ids[: len(reply.block_ids)]
+        job.read = self.agent.start_read(job.kv.engine_id, reply.block_ids, local,
+                                         b"done:" + reply.request_id.encode())
+        self.transferring[reply.request_id] = job
+
+    def poll_transfers(self) -> None:
+        for request_id, job in list(self.transferring.items()):
+            state = self.agent.poll(job.read)
+            if state == "PROC":
+                continue
+            del self.transferring[request_id]
+            if state == "ERR":
+                self.agent.remove_peer(job.kv.engine_id)  # NOTE: likely a restarted peer: handshake again
+                self.peers.pop(job.kv.engine_id, None)
+                self.fail(job, f"NIXL read of {request_id}'s KV from {job.kv.engine_id} failed")
+            elif job.aborted:
+                self.release(job)
+            else:
+                self.start_running(job)
+
+    def start_running(self, job: DecodeJob) -> None:
+        request = job.request
+        self.running.append(job)
+        first_logprobs = request.output_logprobs[0] if request.output_logprobs else None
+        self.send_tokens(job, [request.output_token_ids[0]], first_logprobs, None)
+
+    # --- messages -----------------------------------------------------------------------------------------------
+    def receive(self, timeout_ms: int) -> None:
+        for source, message in self.sockets.poll(timeout_ms):
+            handler = self.handlers.get(type(message))
+            if handler is None:
+                logger.warning("decode %s: unexpected %s", self.config.node_id, type(message).__name__)
+            else:
+                handler(self, source, message)
+
+    def on_decode(self, identity: bytes, message: protocol.DecodeRequest) -> None:
+        request = self.new_request(message)
+        error = self.admission_error(request, message)
+        if error:
+            self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, error))
+        else:
+            self.waiting.append(DecodeJob(identity, request, message.kv))
+
+    def new_request(self, message: protocol.DecodeRequest) -> Request:
+        stops = frozenset(message.params.stop_token_ids)
+        if not message.params.ignore_eos:
+            stops |= self.eos_token_ids
+        request = Request(message.request_id, list(message.prompt_token_ids), message.params, message.seed, stops)
+        request.output_token_ids.append(message.first_token_id)
+        if message.first_logprobs is not None:
+            request.output_logprobs.append(message.first_logprobs)
+        request.num_computed_tokens = request.num_prompt_tokens
+        return request
+
+    def admission_error(self, request: Request, message: protocol.DecodeRequest) -> str | None:
+        max_model_len = self.config.engine.scheduler.max_model_len
+        if message.kv is None or message.kv.num_tokens != request.num_prompt_tokens:
+            return f"request {request.request_id}: no KV handle matching its {request.num_prompt_tokens}-token prompt"
+        if request.max_num_tokens > max_model_len:
+            return f"request {request.request_id}: {request.max_num_tokens} tokens exceed max_model_len {max_model_len}"
+        if self.block_manager.blocks_needed(request.max_num_tokens) > self.block_manager.num_usable_blocks:
+            return f"request {request.request_id}: needs more KV blocks than this node has"
+        return None
+
+    def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
+        request_id = message.request_id
+        for job in list(self.waiting):
+            if job.request.request_id == request_id:
+                self.waiting.remove(job)
+        for job in [*self.claiming.values(), *self.transferring.values()]:
+            if job.request.request_id == request_id:
+                job.aborted = True  # NOTE: blocks are freed once the claim or read in flight ends
+        for job in list(self.running):
+            if job.request.request_id == request_id:
+                self.finish(job)
+
+    def on_error_reply(self, source, reply: protocol.ErrorReply) -> None:
+        """From a prefill peer: its handshake refused us (incompatible)."""
+        engine_id = next((e for e, p in self.peers.items() if p.address == source), None)
+        if engine_id is not None:
+            self.fail_peer(engine_id, reply.message)
+
+    def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
+        self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, "decode", self.fingerprint,
+                                                   self.stats()))
+
+    handlers = {protocol.DecodeRequest: on_decode, protocol.Abort: on_abort, protocol.Ping: on_ping,
+                protocol.HandshakeReply: on_handshake_reply, protocol.ClaimReply: on_claim_reply,
+                protocol.ErrorReply: on_error_reply}
+
+    # --- endings ------------------------------------------------------------------------------------------------
+    def send_tokens(self, job: DecodeJob, token_ids, logprobs, finish_reason) -> None:
+        wire_logprobs = None if logprobs is None else [logprobs]
+        self.sockets.reply(job.router, protocol.TokenEvent(job.request.request_id, token_ids, wire_logprobs,
+                                                           finish_reason))
+
+    def finish(self, job: DecodeJob) -> None:
+        self.running.remove(job)
+        self.release(job)
+        self.num_finished += 1
+
+    def fail(self, job: DecodeJob, message: str) -> None:
+        logger.error("decode %s: %s", self.config.node_id, message)
+        self.release(job)
+        if not job.aborted:
+            self.sockets.reply(job.router, protocol.ErrorReply(job.request.request_id, 503, message))
+
+    def fail_peer(self, engine_id: str, message: str) -> None:
+        peer = self.peers.pop(engine_id, None) or PrefillPeer("")
+        logger.error("decode %s: prefill peer %s refused: %s", self.config.node_id, engine_id, message)
+        for job in peer.jobs_waiting:
+            self.claiming.pop(job.request.request_id, None)
+            self.fail(job, message)
+
+    def release(self, job: DecodeJob) -> None:
+        if job.request.block_ids:
+            self.block_manager.free(job.request.block_ids)
+            job.request.block_ids = []
+
+    def stats(self) -> dict:
+        graph = self.runner.decode_graph
+        return {"num_running": len(self.running), "num_waiting": len(self.waiting),
+                "num_transferring": len(self.transferring), "num_decode_steps": self.num_decode_steps,
+                "num_finished": self.num_finished, **self.runner.forward_counts(),
+                "num_graph_replays": 0 if graph is None else graph.num_replays,
+                "num_free_blocks": self.block_manager.num_free_blocks, **self.agent.counters.as_dict()}
+
+    def close(self) -> None:
+        self.sockets.close()
+        self.agent.close()

@@ -1,0 +1,205 @@
+"""Prefill server: isolated prefill, one request per forward, FIFO; token 1 sampled here; KV leased to decode.
+
+Lifecycle of a request (queues):
+  waiting (FIFO) --KV blocks for the prompt free--> prefilling (alone; one chunk per loop turn)
+  prefilling --last chunk: token 1 sampled, PrefillResult to the router--> leased (blocks kept until a deadline)
+  leased --ClaimKV from a decode node--> claimed (deadline lifted: it cannot expire mid-transfer)
+  claimed --NIXL notification b"done:<id>" from the reading decode node--> freed (kv_released += 1)
+  leased --deadline passes--> freed (lease_expiries += 1); a later claim is refused and the router re-prefills
+  A request finished by token 1 (stop token or max_tokens == 1) is freed at once and returns kv=None.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from corun import protocol
+from corun.block_manager import BlockManager
+from corun.config import NodeConfig
+from corun.model_runner import ModelRunner
+from corun.models.loader import model_digest
+from corun.request import Request
+from corun.scheduler import PrefillChunk, RequestRejected
+from corun.serving import NodeSockets, compat_fields, engine_fingerprint
+from transfer.agent import KVTransferAgent
+from transfer.compat import IncompatiblePeer, check_compatible, compat_hash, compat_info
+
+logger = logging.getLogger(__name__)
+DONE_PREFIX = b"done:"
+
+
+@dataclass
+class PendingPrefill:
+    router: bytes
+    request: Request
+
+
+@dataclass
+class Lease:
+    request: Request
+    deadline: float | None
+    """None once claimed."""
+
+
+class PrefillServer:
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        self.runner = ModelRunner(config.engine, capture_decode_graph=False)
+        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.engine.cache.block_size)
+        self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)
+        digest = model_digest(config.engine.model)
+        self.fingerprint = engine_fingerprint(config.engine, digest)
+        self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest))
+        self.compat_hash = compat_hash(self.compat)
+        self.agent = KVTransferAgent(config.node_id, self.runner.kv_cache.data)
+        self.sockets = NodeSockets(config.address)
+        self.waiting: deque[PendingPrefill] = deque()
+        self.current: PendingPrefill | None = None
+        self.leases: dict[str, Lease] = {}
+        self.num_prefills = 0
+
+    # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
+    def step(self) -> None:
+        self.receive(timeout_ms=0 if (self.current or self.waiting) else 5)
+        chunk = self.schedule()
+        if chunk is not None:
+            sampled = self.runner.run_prefill(chunk)
+            self.postprocess(sampled)
+        self.release_notified()
+        self.expire_leases()
+
+    def schedule(self) -> PrefillChunk | None:
+        """Continue the request being prefilled, else admit the head of waiting if its blocks fit."""
+        if self.current is None and self.waiting:
+            block_ids = self.block_manager.allocate(self.waiting[0].request.num_prompt_tokens)
+            if block_ids is None:
+                return None
+            self.current = self.waiting.popleft()
+            self.current.request.block_ids = block_ids
+        if self.current is None:
+            return None
+        request = self.current.request
+        start = request.num_computed_tokens
+        size = min(request.num_prompt_tokens - start, self.config.engine.scheduler.prefill_chunk_size)
+        return PrefillChunk(request, start, size)
+
+    def postprocess(self, sampled) -> None:
+        if not sampled:
+            return  # NOTE: an intermediate chunk of a long prompt; the next turn continues it
+        item, pending, self.current = sampled[0], self.current, None
+        request = pending.request
+        finish_reason = request.append_token(item.token_id, item.logprobs)
+        self.num_prefills += 1
+        kv = None
+        if finish_reason is None:
+            kv = protocol.KVHandle(self.config.node_id, self.config.address, tuple(request.block_ids),
+                                   request.num_prompt_tokens, self.compat_hash)
+            self.leases[request.request_id] = Lease(request, time.monotonic() + self.config.kv_lease_seconds)
+        else:
+            self.free(request)
+        self.sockets.reply(pending.router, protocol.PrefillResult(
+            request.request_id, item.token_id, item.logprobs, kv, finish_reason))
+
+    # --- messages -----------------------------------------------------------------------------------------------
+    def receive(self, timeout_ms: int) -> None:
+        for identity, message in self.sockets.poll(timeout_ms):
+            handler = self.handlers.get(type(message))
+            if handler is None:
+                logger.warning("prefill %s: unexpected %s", self.config.node_id, type(message).__name__)
+            else:
+                handler(self, identity, message)
+
+    def on_prefill(self, identity: bytes, message: protocol.PrefillRequest) -> None:
+        stops = frozenset(message.params.stop_token_ids)
+        if not message.params.ignore_eos:
+            stops |= self.eos_token_ids
+        request = Request(message.request_id, list(message.prompt_token_ids), message.params, message.seed, stops)
+        try:
+            self.check_admissible(request)
+        except RequestRejected as error:
+            self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, str(error)))
+            return
+        self.waiting.append(PendingPrefill(identity, request))
+
+    def check_admissible(self, request: Request) -> None:
+        scheduler = self.config.engine.scheduler
+        vocab = self.runner.model.cfg.vocab_size
+        if not request.prompt_token_ids or any(not 0 <= t < vocab for t in request.prompt_token_ids):
+            raise RequestRejected(f"request {request.request_id}: prompt must be non-empty token ids in [0, {vocab})")
+        if request.max_num_tokens > scheduler.max_model_len:
+            raise RequestRejected(f"request {request.request_id}: {request.max_num_tokens} tokens exceed "
+                                  f"max_model_len {scheduler.max_model_len}")
+        if self.block_manager.blocks_needed(request.num_prompt_tokens) > self.block_manager.num_usable_blocks:
+            raise RequestRejected(f"request {request.request_id}: prompt needs more KV blocks than this node has")
+
+    def on_handshake(self, identity: bytes, message: protocol.HandshakeRequest) -> None:
+        try:
+            check_compatible(self.compat, message.compat, message.engine_id)
+        except IncompatiblePeer as error:
+            logger.error("prefill %s: refusing %s", self.config.node_id, error)
+            self.sockets.reply(identity, protocol.ErrorReply("", 409, str(error)))
+            return
+        agent = self.agent
+        self.sockets.reply(identity, protocol.HandshakeReply(
+            self.config.node_id, self.compat, self.compat_hash, agent.metadata(), agent.kv_base_address,
+            agent.num_blocks, agent.block_nbytes, agent.memory_type))
+
+    def on_claim(self, identity: bytes, message: protocol.ClaimKV) -> None:
+        lease = self.leases.get(message.request_id)
+        if lease is None:
+            reply = protocol.ClaimReply(message.request_id, False, reason="unknown or expired KV lease")
+        else:
+            lease.deadline = None
+            reply = protocol.ClaimReply(message.request_id, True, tuple(lease.request.block_ids))
+        self.sockets.reply(identity, reply)
+
+    def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
+        for pending in list(self.waiting):
+            if pending.request.request_id == message.request_id:
+                self.waiting.remove(pending)
+        lease = self.leases.pop(message.request_id, None)
+        if lease is not None:
+            self.free(lease.request)
+
+    def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
+        self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, "prefill", self.fingerprint,
+                                                   self.stats()))
+
+    handlers = {protocol.PrefillRequest: on_prefill, protocol.HandshakeRequest: on_handshake,
+                protocol.ClaimKV: on_claim, protocol.Abort: on_abort, protocol.Ping: on_ping}
+
+    # --- KV leases ------------------------------------------------------------------------------------------------
+    def release_notified(self) -> None:
+        for _peer, message in self.agent.new_notifications():
+            if not message.startswith(DONE_PREFIX):
+                continue
+            lease = self.leases.pop(message[len(DONE_PREFIX):].decode(), None)
+            if lease is not None:
+                self.free(lease.request)
+                self.agent.counters.kv_released += 1
+
+    def expire_leases(self) -> None:
+        now = time.monotonic()
+        for request_id, lease in list(self.leases.items()):
+            if lease.deadline is not None and lease.deadline < now:
+                del self.leases[request_id]
+                self.free(lease.request)
+                self.agent.counters.lease_expiries += 1
+                logger.warning("prefill %s: KV lease of %s expired", self.config.node_id, request_id)
+
+    def free(self, request: Request) -> None:
+        if request.block_ids:
+            self.block_manager.free(request.block_ids)
+            request.block_ids = []
+
+    def stats(self) -> dict:
+        return {"num_prefills": self.num_prefills, "num_waiting": len(self.waiting), "num_leased": len(self.leases),
+                "num_free_blocks": self.block_manager.num_free_blocks, **self.runner.forward_counts(),
+                **self.agent.counters.as_dict()}
+
+    def close(self) -> None:
+        self.sockets.close()
+        self.agent.close()

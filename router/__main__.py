@@ -1,0 +1,74 @@
+"""`python -m router --model DIR --prefill ADDR ... --decode ADDR ... --port P`: the HTTP front door."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from corun.config import RouterConfig
+from router.app import create_app, start_site
+
+logger = logging.getLogger("router")
+
+
+def parse_config(argv: list[str] | None = None) -> RouterConfig:
+    defaults = {field.name: field.default for field in dataclasses.fields(RouterConfig)}
+    parser = argparse.ArgumentParser(prog="python -m router", description="CoRun router (OpenAI-compatible).")
+    parser.add_argument("--model", required=True, help="checkpoint directory (tokenizer files, config.json)")
+    parser.add_argument("--prefill", action="append", required=True, metavar="ADDR",
+                        help="prefill node zmq address, e.g. tcp://10.0.0.1:7001 (repeat for more)")
+    parser.add_argument("--decode", action="append", required=True, metavar="ADDR",
+                        help="decode node zmq address (repeat for more)")
+    parser.add_argument("--host", default=defaults["host"])
+    parser.add_argument("--port", type=int, default=defaults["port"])
+    parser.add_argument("--served-model-name", default=defaults["served_model_name"])
+    parser.add_argument("--max-model-len", type=int, default=defaults["max_model_len"])
+    parser.add_argument("--max-pending-requests", type=int, default=defaults["max_pending_requests"])
+    parser.add_argument("--request-timeout-s", type=float, default=defaults["request_timeout_s"])
+    parser.add_argument("--base-seed", type=int, default=defaults["base_seed"])
+    args = parser.parse_args(argv)
+    return RouterConfig(
+        model=args.model, prefill_addresses=tuple(args.prefill), decode_addresses=tuple(args.decode),
+        served_model_name=args.served_model_name, host=args.host, port=args.port,
+        max_model_len=args.max_model_len, max_pending_requests=args.max_pending_requests,
+        request_timeout_s=args.request_timeout_s, base_seed=args.base_seed,
+    )
+
+
+async def serve(app: web.Application, config: RouterConfig) -> None:
+    """Serve until SIGTERM or SIGINT, then close connections and node clients."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    runner = await start_site(app, config.host, config.port)
+    logger.info("router listening on http://%s:%d (prefill %s, decode %s)", config.host, config.port,
+                ", ".join(config.prefill_addresses), ", ".join(config.decode_addresses))
+    try:
+        await stop.wait()
+    finally:
+        logger.info("router shutting down")
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = parse_config(argv)
+        app = create_app(config)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"python -m router: error: {error}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(app, config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The router's aiohttp application: routes, error/metrics middleware, node pool lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from corun.config import RouterConfig
+from corun.tokenizer import load_tokenizer
+from router.errors import RequestError, error_body
+from router.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
+from router.metrics import RouterMetrics
+from router.nodes import NodePool
+from router.openai_api import ModelInfo
+from router.pipeline import GenerationError
+from router.state import Admission, RouterState
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 2**20
+"""Long prompts sent as token-id lists are several bytes per token; aiohttp's 1 MiB default is too small."""
+
+
+def create_app(config: RouterConfig) -> web.Application:
+    """The router app; its node clients and ping loop start with the app and close with it."""
+    app = web.Application(middlewares=[error_and_metrics_middleware], client_max_size=MAX_BODY_BYTES)
+    app[STATE_KEY] = build_state(config)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.on_startup.append(start_pool)
+    app.on_cleanup.append(close_pool)
+    return app
+
+
+def build_state(config: RouterConfig) -> RouterState:
+    tokenizer = load_tokenizer(config.model)
+    model = ModelInfo(config.served_model_name, config.max_model_len, read_vocab_size(config.model, tokenizer),
+                      tokenizer)
+    pool = NodePool(config)
+    admission = Admission(config.max_pending_requests)
+    return RouterState(config, model, pool, admission, RouterMetrics(pool.statuses, lambda: admission.in_flight))
+
+
+def read_vocab_size(model_dir: str, tokenizer) -> int:
+    """The model's embedding rows (config.json), which may exceed the tokenizer's vocabulary."""
+    config_file = Path(model_dir) / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    return int(config.get("vocab_size") or tokenizer.vocab_size)
+
+
+async def start_site(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Serve app on host:port (port 0: any free one, see runner.addresses); returns the runner to clean up."""
+    # NOTE: handler_cancellation: a client that hangs up cancels its handler, which aborts its decode.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+async def start_pool(app: web.Application) -> None:
+    await app[STATE_KEY].pool.start()
+
+
+async def close_pool(app: web.Application) -> None:
+    await app[STATE_KEY].pool.close()
+
+
+@web.middleware
+async def error_and_metrics_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Every failure becomes an OpenAI-shaped JSON error; every answer is counted by endpoint and status."""
+    try:
+        response = await handler(request)
+    except RequestError as error:
+        response = error_response(error.status, error.message, error.param, error.headers)
+    except GenerationError as error:
+        response = error_response(error.status, error.message)
+    except web.HTTPException as error:
+        response = error_response(error.status, error.reason)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("internal error on %s %s", request.method, request.path)
+        response = error_response(500, "internal server error")
+    if not response.prepared:
+        response.headers.update(request.get(RESPONSE_HEADERS_KEY, {}))
+    request.app[STATE_KEY].metrics.requests.labels(endpoint_label(request), str(response.status)).inc()
+    return response
+
+
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(error_body(status, message, param), status=status, headers=headers)
+
+
+def endpoint_label(request: web.Request) -> str:
+    # NOTE: the route's path, never the raw one: random URLs must not grow the label set without bound.
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "other"
+
+
+async def list_models(request: web.Request) -> web.Response:
+    config = request.app[STATE_KEY].config
+    model = {"id": config.served_model_name, "object": "model", "created": int(time.time()), "owned_by": "corun",
+             "root": config.model, "max_model_len": config.max_model_len}
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 when every node answered a ping in the last few seconds, else 503; lists the nodes either way."""
+    statuses = request.app[STATE_KEY].pool.statuses()
+    nodes = [{"role": s.role, "index": s.index, "address": s.address, "healthy": s.healthy,
+              "node_id": s.pong.node_id if s.pong else None, "fingerprint": s.pong.fingerprint if s.pong else None,
+              "seconds_since_pong": None if s.seconds_since_pong is None else round(s.seconds_since_pong, 3)}
+             for s in statuses]
+    healthy = all(s.healthy for s in statuses)
+    return web.json_response({"status": "ok" if healthy else "unavailable", "nodes": nodes},
+                             status=200 if healthy else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE_KEY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -1,0 +1,51 @@
+"""Chat messages: validated, flattened to plain text content, rendered with the checkpoint's chat template."""
+
+from __future__ import annotations
+
+import jinja2
+
+from corun.tokenizer import Tokenizer
+from router.errors import bad_request
+
+CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
+ROLES = ("system", "user", "assistant")
+MESSAGE_KEYS = frozenset({"role", "content", "name"})
+
+
+def render_chat(messages, tokenizer: Tokenizer) -> str:
+    """The prompt text of a chat, ending with the assistant's generation prompt."""
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of messages", param="messages")
+    plain = [plain_message(message, i) for i, message in enumerate(messages)]
+    try:
+        return tokenizer.apply_chat_template(plain, add_generation_prompt=True)
+    except (jinja2.TemplateError, ValueError) as error:
+        raise bad_request(f"the chat template refused these messages: {error}", param="messages") from None
+
+
+def plain_message(message, index: int) -> dict:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise bad_request(f"'{where}' must be an object with 'role' and 'content'", param="messages")
+    unknown = sorted(set(message) - MESSAGE_KEYS)
+    if unknown:
+        raise bad_request(f"unknown field(s) in '{where}': {', '.join(map(repr, unknown))}", param="messages")
+    role = message.get("role")
+    if role not in ROLES:
+        raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}", param="messages")
+    return {"role": role, "content": content_text(message.get("content"), where)}
+
+
+def content_text(content, where: str) -> str:
+    """A string, or a list of {"type": "text", "text": ...} parts joined by newlines (as vLLM does)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(is_text_part(part) for part in content):
+        return "\n".join(part["text"] for part in content)
+    raise bad_request(f"'{where}.content' must be a string or a list of text parts "
+                      "({\"type\": \"text\", \"text\": ...})", param="messages")
+
+
+def is_text_part(part) -> bool:
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) \
+        and set(part) <= {"type", "text"}

@@ -1,0 +1,75 @@
+"""Incremental detokenisation with stop strings, one token at a time.
+
+NOTE: one token at a time, so that where a stop string cuts the output does not depend on how the decode node
+grouped tokens into events: streaming and non-streaming, fast and slow nodes, all give the same text and ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corun.tokenizer import Tokenizer
+
+REPLACEMENT_CHAR = "\ufffd"
+"""What decoding yields for an incomplete UTF-8 sequence: the next token may complete it."""
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+    """Newly visible text (may be empty while an incomplete character or a possible stop string is held back)."""
+    num_tokens: int
+    """How many of the offered tokens belong to the output (fewer when a stop string ended it)."""
+    stopped: bool
+    """A stop string matched: the output ends before it, and generation must be aborted."""
+
+
+class IncrementalDetokenizer:
+    """Decodes the whole output so far and emits the new suffix, holding back what may still change."""
+
+    def __init__(self, tokenizer: Tokenizer, stop_strings: tuple[str, ...] = ()):
+        self._tokenizer = tokenizer
+        self._stop_strings = stop_strings
+        # NOTE: a possible stop string's beginning is held back, or it could be streamed before it matched.
+        self._hold_back = max((len(s) for s in stop_strings), default=1) - 1
+        self._token_ids: list[int] = []
+        self._emitted = ""
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        return self._emitted
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._token_ids)
+
+    def add(self, token_ids: list[int], finished: bool) -> TextDelta:
+        """Offer new tokens; finished means the node ended the output after them (flush everything)."""
+        start = len(self._emitted)
+        for count, token_id in enumerate(token_ids, start=1):
+            self._token_ids.append(token_id)
+            is_last = finished and count == len(token_ids)
+            if self._advance(is_last):
+                return TextDelta(self._emitted[start:], count, stopped=True)
+        return TextDelta(self._emitted[start:], len(token_ids), stopped=False)
+
+    def _advance(self, is_last: bool) -> bool:
+        """Take in the newest token; True when a stop string matched."""
+        text = self._tokenizer.decode(self._token_ids)
+        if not is_last:
+            text = text.rstrip(REPLACEMENT_CHAR)
+        stop_at = self._find_stop(text)
+        if stop_at is not None:
+            self._emitted, self.stopped = text[:stop_at], True
+            return True
+        visible = text if is_last else text[:max(len(self._emitted), len(text) - self._hold_back)]
+        if visible.startswith(self._emitted):
+            self._emitted = visible
+        return False
+
+    def _find_stop(self, text: str) -> int | None:
+        # NOTE: earlier text held no match (we would have stopped), so only its last few characters can start one.
+        search_from = max(0, len(self._emitted) - self._hold_back)
+        positions = [p for p in (text.find(s, search_from) for s in self._stop_strings) if p >= 0]
+        return min(positions, default=None)

@@ -1,0 +1,138 @@
+"""POST /v1/completions and /v1/chat/completions: id and seed binding, admission, full or streamed responses."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from corun.seeding import seed_from_request_id
+from router.errors import bad_request, error_body
+from router.openai_api import GenerationRequest, ModelInfo, bind_seed, parse_chat_request, parse_completion_request
+from router.pipeline import GenerationError
+from router.responses import (
+    ChoiceDelta,
+    ChoiceTotal,
+    ResponseContext,
+    chunk_body,
+    response_body,
+    role_chunk,
+    usage_chunk,
+)
+from router.state import RouterState
+from router.streams import merge, prompt_deltas
+
+logger = logging.getLogger(__name__)
+
+STATE_KEY = web.AppKey("router_state", RouterState)
+RESPONSE_HEADERS_KEY = web.RequestKey("corun_response_headers", dict)
+"""Headers every answer to this request carries, errors included (set as soon as they are known)."""
+MAX_REQUEST_ID_LEN = 128
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await serve_generation(request, parse_completion_request)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await serve_generation(request, parse_chat_request)
+
+
+async def serve_generation(request: web.Request,
+                           parse: Callable[[object, ModelInfo], GenerationRequest]) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    request_id = read_request_id(request)
+    request[RESPONSE_HEADERS_KEY] = {"X-Request-Id": request_id}
+    generation = parse(await read_json_body(request), state.model)
+    seed = generation.client_seed
+    if seed is None:
+        seed = seed_from_request_id(request_id, state.config.base_seed)
+    request[RESPONSE_HEADERS_KEY]["X-CoRun-Seed"] = str(seed)
+    ctx = ResponseContext(generation.kind, request_id, int(time.time()), state.config.served_model_name,
+                          state.system_fingerprint(), seed, generation.params.logprobs, state.model.tokenizer)
+    with state.admission.admit(len(generation.prompts)):
+        deltas = merge([prompt_deltas(state.pool, state.model.tokenizer, state.metrics, i, f"{request_id}-{i}",
+                                      list(prompt), bind_seed(generation, seed), generation.stop_strings)
+                        for i, prompt in enumerate(generation.prompts)])
+        try:
+            if generation.stream:
+                return await stream_response(request, ctx, generation, deltas)
+            return await full_response(request, ctx, generation, deltas)
+        finally:
+            await deltas.aclose()
+
+
+def read_request_id(request: web.Request) -> str:
+    """The client's X-Request-Id (printable ASCII, at most 128 characters), else a fresh uuid4 hex."""
+    request_id = request.headers.get("X-Request-Id")
+    if request_id is None:
+        return uuid.uuid4().hex
+    if not (0 < len(request_id) <= MAX_REQUEST_ID_LEN and request_id.isascii() and request_id.isprintable()):
+        raise bad_request(f"X-Request-Id must be 1 to {MAX_REQUEST_ID_LEN} printable ASCII characters")
+    return request_id
+
+
+async def read_json_body(request: web.Request):
+    try:
+        return json.loads(await request.read())
+    except ValueError as error:
+        raise bad_request(f"the request body is not valid JSON: {error}") from None
+
+
+async def full_response(request: web.Request, ctx: ResponseContext, generation: GenerationRequest,
+                        deltas: AsyncIterator[ChoiceDelta]) -> web.Response:
+    totals = [ChoiceTotal(index) for index in range(len(generation.prompts))]
+    async for delta in deltas:
+        totals[delta.index].add(delta)
+    body = response_body(ctx, totals, sum(len(prompt) for prompt in generation.prompts))
+    return web.json_response(body, headers=request[RESPONSE_HEADERS_KEY])
+
+
+async def stream_response(request: web.Request, ctx: ResponseContext, generation: GenerationRequest,
+                          deltas: AsyncIterator[ChoiceDelta]) -> web.StreamResponse:
+    """Server-sent events. The response starts with the first delta, so that a request failing before any
+    token still gets its real HTTP status."""
+    first_delta = await anext(deltas)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **request[RESPONSE_HEADERS_KEY]})
+    await response.prepare(request)
+    try:
+        num_completion_tokens = await write_deltas(response, ctx, with_first(first_delta, deltas))
+        if generation.include_usage:
+            num_prompt_tokens = sum(len(prompt) for prompt in generation.prompts)
+            await send_event(response, usage_chunk(ctx, num_prompt_tokens, num_completion_tokens))
+    except GenerationError as error:
+        # NOTE: the status line is gone already; the error travels as an event, as vLLM sends it.
+        logger.warning("request %s failed mid-stream: %s", ctx.request_id, error.message)
+        await send_event(response, error_body(error.status, error.message))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def write_deltas(response: web.StreamResponse, ctx: ResponseContext,
+                       deltas: AsyncIterator[ChoiceDelta]) -> int:
+    """Send each delta as a chunk (a chat choice opens with its role); returns the completion tokens sent."""
+    text_offsets: dict[int, int] = {}
+    num_tokens = 0
+    async for delta in deltas:
+        if ctx.kind == "chat" and delta.index not in text_offsets:
+            await send_event(response, role_chunk(ctx, delta.index))
+        chunk, text_offsets[delta.index] = chunk_body(ctx, delta, text_offsets.get(delta.index, 0))
+        await send_event(response, chunk)
+        num_tokens += len(delta.token_ids)
+    return num_tokens
+
+
+async def with_first(first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta]) -> AsyncIterator[ChoiceDelta]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+async def send_event(response: web.StreamResponse, body: dict) -> None:
+    await response.write(b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n")

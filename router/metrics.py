@@ -1,0 +1,77 @@
+"""Prometheus metrics of the router, plus every numeric stat of each node's latest Pong as a gauge."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from router.nodes import NodeStatus
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+NODE_LABELS = ("node_id", "role", "address")
+
+
+class RouterMetrics:
+    """One registry per router (never the global one: tests build many routers in one process)."""
+
+    def __init__(self, node_statuses: Callable[[], list[NodeStatus]], count_in_flight: Callable[[], int]):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("corun_router_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.in_flight = Gauge("corun_router_requests_in_flight", "Prompts admitted and not finished",
+                               registry=self.registry)
+        self.in_flight.set_function(count_in_flight)
+        self.time_to_first_token = Histogram("corun_router_time_to_first_token_seconds",
+                                             "From a prompt's start to its first token", buckets=LATENCY_BUCKETS_S,
+                                             registry=self.registry)
+        self.request_latency = Histogram("corun_router_e2e_request_latency_seconds",
+                                         "From a prompt's start to its last token", buckets=LATENCY_BUCKETS_S,
+                                         registry=self.registry)
+        self.generated_tokens = Counter("corun_router_generation_tokens", "Tokens returned to clients",
+                                        registry=self.registry)
+        self.registry.register(NodeStatsCollector(node_statuses))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class NodeStatsCollector(Collector):
+    """Reads the nodes' latest Pongs at scrape time: corun_router_node_up and corun_node_<stat> gauges."""
+
+    def __init__(self, node_statuses: Callable[[], list[NodeStatus]]):
+        self._node_statuses = node_statuses
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        statuses = self._node_statuses()
+        up = GaugeMetricFamily("corun_router_node_up", "1 when the node answered a recent ping", labels=NODE_LABELS)
+        stat_families: dict[str, GaugeMetricFamily] = {}
+        for status in statuses:
+            labels = node_labels(status)
+            up.add_metric(labels, 1.0 if status.healthy else 0.0)
+            for key, value in numeric_stats(status).items():
+                name = "corun_node_" + metric_name(key)
+                family = stat_families.setdefault(name, GaugeMetricFamily(name, f"Node stat {key!r}",
+                                                                          labels=NODE_LABELS))
+                family.add_metric(labels, float(value))
+        yield up
+        yield from stat_families.values()
+
+
+def node_labels(status: NodeStatus) -> list[str]:
+    node_id = status.pong.node_id if status.pong else f"{status.role}-{status.index}"
+    return [node_id, status.role, status.address]
+
+
+def numeric_stats(status: NodeStatus) -> dict[str, float]:
+    if status.pong is None:
+        return {}
+    return {key: value for key, value in status.pong.stats.items() if isinstance(value, (int, float))}
+
+
+def metric_name(key: str) -> str:
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", str(key))
+    return name if not name[:1].isdigit() else "_" + name

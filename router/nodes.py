@@ -1,0 +1,195 @@
+"""Connections to prefill and decode nodes: one zmq DEALER per node, replies demultiplexed by request id.
+
+Instance choice is least outstanding work (prefill: prompt tokens not yet answered; decode: requests not yet
+finished), ties to the lowest index. Nodes that answered a recent ping are preferred over silent ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import zmq
+import zmq.asyncio
+
+from corun.config import RouterConfig
+from corun.protocol import Ping, Pong, ProtocolError, decode, encode
+
+logger = logging.getLogger(__name__)
+
+Role = Literal["prefill", "decode"]
+PING_INTERVAL_S = 1.0
+FIRST_PING_INTERVAL_S = 0.1
+"""Until every node has answered once (connections come up asynchronously), ping faster: /health turns 200
+within a fraction of a second of the nodes being up."""
+HEALTHY_WITHIN_S = 3.0
+"""A node is healthy when its latest Pong is at most this old (three missed pings make it unhealthy)."""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What /health and /metrics report about one node."""
+
+    index: int
+    role: Role
+    address: str
+    healthy: bool
+    pong: Pong | None
+    """The latest Pong (node id, fingerprint, stats), None before the first one."""
+    seconds_since_pong: float | None
+
+
+class NodeClient:
+    """One node: a DEALER socket, a receive loop routing replies to per-request queues, and a work count."""
+
+    def __init__(self, context: zmq.asyncio.Context, role: Role, index: int, address: str):
+        self.role, self.index, self.address = role, index, address
+        self.outstanding_work = 0
+        self._socket = context.socket(zmq.DEALER)
+        self._request_queues: dict[str, asyncio.Queue] = {}
+        self._latest_pong: Pong | None = None
+        self._latest_pong_time: float | None = None
+        self._receive_task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        # NOTE: linger 0: closing never waits for a dead node. IMMEDIATE: messages queue only on a live
+        # connection, so a request sent while a node is down waits (and times out) instead of reaching the
+        # node minutes later, after its client has given up.
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.IMMEDIATE, 1)
+        self._socket.connect(self.address)
+        self._receive_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.address}")
+
+    async def close(self) -> None:
+        if self._receive_task is not None:
+            self._receive_task.cancel()
+            await asyncio.gather(self._receive_task, return_exceptions=True)
+        self._socket.close()
+
+    async def send(self, message) -> None:
+        """Send, waiting while the node is unreachable (callers bound the wait)."""
+        await self._socket.send(encode(message))
+
+    def post(self, message) -> None:
+        """Send without waiting (pings, aborts; usable in `finally` of a cancelled task); dropped if the node
+        cannot take it now."""
+        self._socket.send(encode(message), flags=zmq.NOBLOCK).add_done_callback(self._log_if_dropped)
+
+    def _log_if_dropped(self, future: asyncio.Future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            logger.debug("dropped a message to %s: %s", self.address, future.exception())
+
+    @contextlib.contextmanager
+    def open_request(self, request_id: str, work: int) -> Iterator[asyncio.Queue]:
+        """Route this request's replies to a fresh queue and count its work until the block ends."""
+        if request_id in self._request_queues:
+            raise ValueError(f"request id {request_id!r} is already in flight on {self.address}")
+        queue: asyncio.Queue = asyncio.Queue()
+        self._request_queues[request_id] = queue
+        self.outstanding_work += work
+        try:
+            yield queue
+        finally:
+            self.outstanding_work -= work
+            del self._request_queues[request_id]
+
+    def status(self, now: float | None = None) -> NodeStatus:
+        now = time.monotonic() if now is None else now
+        age = None if self._latest_pong_time is None else now - self._latest_pong_time
+        return NodeStatus(self.index, self.role, self.address, age is not None and age <= HEALTHY_WITHIN_S,
+                          self._latest_pong, age)
+
+    @property
+    def healthy(self) -> bool:
+        return self.status().healthy
+
+    async def _receive_loop(self) -> None:
+        while True:
+            frames = await self._socket.recv_multipart()
+            # NOTE: the payload is the last frame, whether or not the node's ROUTER added an empty delimiter.
+            try:
+                self._dispatch(decode(frames[-1]))
+            except ProtocolError as error:
+                logger.warning("dropped a message from %s: %s", self.address, error)
+
+    def _dispatch(self, message) -> None:
+        if isinstance(message, Pong):
+            self._latest_pong, self._latest_pong_time = message, time.monotonic()
+            return
+        queue = self._request_queues.get(getattr(message, "request_id", None))
+        if queue is None:
+            # NOTE: late replies of aborted or timed-out requests land here; nobody waits for them.
+            logger.debug("no request waits for %s from %s", type(message).__name__, self.address)
+            return
+        queue.put_nowait(message)
+
+
+class NodePool:
+    """Every node of the cluster, their ping loop and the instance choice."""
+
+    def __init__(self, config: RouterConfig):
+        self.request_timeout_s = config.request_timeout_s
+        self._context = zmq.asyncio.Context()
+        self.prefill_nodes = [NodeClient(self._context, "prefill", index, address)
+                              for index, address in enumerate(config.prefill_addresses)]
+        self.decode_nodes = [NodeClient(self._context, "decode", index, address)
+                             for index, address in enumerate(config.decode_addresses)]
+        self._ping_task: asyncio.Task | None = None
+        self._nonces = itertools.count()
+
+    @property
+    def nodes(self) -> list[NodeClient]:
+        return [*self.prefill_nodes, *self.decode_nodes]
+
+    async def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        self._ping_task = asyncio.create_task(self._ping_loop(), name="ping nodes")
+
+    async def close(self) -> None:
+        if self._ping_task is not None:
+            self._ping_task.cancel()
+            await asyncio.gather(self._ping_task, return_exceptions=True)
+        await asyncio.gather(*(node.close() for node in self.nodes))
+        self._context.term()
+
+    def choose_prefill(self) -> NodeClient:
+        return least_loaded(self.prefill_nodes)
+
+    def choose_decode(self) -> NodeClient:
+        return least_loaded(self.decode_nodes)
+
+    def statuses(self) -> list[NodeStatus]:
+        now = time.monotonic()
+        return [node.status(now) for node in self.nodes]
+
+    def node_fingerprints(self) -> set[str]:
+        return {status.pong.fingerprint for status in self.statuses() if status.pong is not None}
+
+    async def wait_until_healthy(self, timeout_s: float) -> None:
+        """For direct (non-HTTP) users: wait for every node's first Pong."""
+        await asyncio.wait_for(self._until_all_healthy(), timeout_s)
+
+    async def _until_all_healthy(self) -> None:
+        while not all(node.healthy for node in self.nodes):
+            await asyncio.sleep(0.05)
+
+    async def _ping_loop(self) -> None:
+        while True:
+            nonce = next(self._nonces)
+            for node in self.nodes:
+                node.post(Ping(nonce))
+            all_answered = all(node.status().pong is not None for node in self.nodes)
+            await asyncio.sleep(PING_INTERVAL_S if all_answered else FIRST_PING_INTERVAL_S)
+
+
+def least_loaded(nodes: list[NodeClient]) -> NodeClient:
+    """Least outstanding work among healthy nodes (all nodes when none is), ties to the lowest index."""
+    candidates = [node for node in nodes if node.healthy] or nodes
+    return min(candidates, key=lambda node: (node.outstanding_work, node.index))

@@ -1,0 +1,184 @@
+"""OpenAI request bodies (completions and chat) parsed and validated into a GenerationRequest.
+
+Everything a client can get wrong is a RequestError (400/404) raised here, before any node sees the request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from corun.sampling_params import SamplingParams
+from corun.seeding import SEED_BOUND
+from corun.tokenizer import Tokenizer
+from router.chat import CHAT_FIELDS, render_chat
+from router.errors import RequestError, bad_request
+from router.fields import (
+    bool_field,
+    int_field,
+    is_int,
+    is_int_list,
+    is_number,
+    is_str_list,
+    only_value_field,
+    read_field,
+    reject_unknown_fields,
+)
+
+Kind = Literal["completion", "chat"]
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 4
+SAMPLING_FIELDS = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
+    "stop_token_ids", "ignore_eos", "logprobs", "n", "user", "presence_penalty", "frequency_penalty", "logit_bias"})
+COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "best_of", "suffix"}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What validation needs to know about the served model."""
+
+    served_model_name: str
+    max_model_len: int
+    vocab_size: int
+    """The model's (config.json) vocabulary: token ids must be below it."""
+    tokenizer: Tokenizer
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    kind: Kind
+    prompts: tuple[tuple[int, ...], ...]
+    """Token ids of each prompt; a list of prompts gives one choice per prompt."""
+    params: SamplingParams
+    """Without a seed: the seed is bound per HTTP request (client's or derived from the request id)."""
+    client_seed: int | None
+    stop_strings: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def parse_completion_request(body, model: ModelInfo) -> GenerationRequest:
+    body = checked_body(body, COMPLETION_FIELDS, model)
+    only_value_field(body, "echo", "false", lambda v: v is False)
+    only_value_field(body, "best_of", "1", lambda v: v == 1 and is_int(v))
+    only_value_field(body, "suffix", "null", lambda v: False)
+    prompts = read_prompts(body, model.tokenizer)
+    logprobs = int_field(body, "logprobs", None, 0, MAX_LOGPROBS)
+    max_tokens = int_field(body, "max_tokens", 16, 1)
+    return build_request("completion", body, prompts, max_tokens, logprobs, model)
+
+
+def parse_chat_request(body, model: ModelInfo) -> GenerationRequest:
+    body = checked_body(body, SAMPLING_FIELDS | CHAT_FIELDS, model)
+    prompt = tuple(model.tokenizer.encode(render_chat(body.get("messages"), model.tokenizer)))
+    wants_logprobs = bool_field(body, "logprobs", False)
+    top_logprobs = int_field(body, "top_logprobs", 0, 0, MAX_LOGPROBS)
+    if top_logprobs and not wants_logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    # NOTE: as vLLM, a chat without a length limit may fill the context.
+    max_tokens = int_field(body, "max_completion_tokens", None, 1)
+    max_tokens = int_field(body, "max_tokens", max_tokens, 1) or max(1, model.max_model_len - len(prompt))
+    return build_request("chat", body, (prompt,), max_tokens, top_logprobs if wants_logprobs else None, model)
+
+
+def checked_body(body, known_fields: frozenset[str], model: ModelInfo) -> dict:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    reject_unknown_fields(body, known_fields)
+    requested = read_field(body, "model", model.served_model_name, lambda v: isinstance(v, str), "a string")
+    if requested != model.served_model_name:
+        raise RequestError(404, f"The model `{requested}` does not exist.", param="model")
+    return body
+
+
+def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], max_tokens: int,
+                  logprobs: int | None, model: ModelInfo) -> GenerationRequest:
+    reject_unsupported_sampling(body)
+    for prompt in prompts:
+        check_prompt(prompt, max_tokens, model)
+    params = SamplingParams(
+        temperature=float(read_field(body, "temperature", 1.0, lambda v: is_number(v) and v >= 0, "a number >= 0")),
+        top_p=float(read_field(body, "top_p", 1.0, lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")),
+        top_k=int_field(body, "top_k", 0, -1),
+        max_tokens=max_tokens,
+        stop_token_ids=tuple(read_token_ids(body, "stop_token_ids", model.vocab_size)),
+        ignore_eos=bool_field(body, "ignore_eos", False),
+        logprobs=logprobs,
+    )
+    stream = bool_field(body, "stream", False)
+    return GenerationRequest(kind, prompts, params, read_seed(body), read_stop_strings(body), stream,
+                             read_include_usage(body, stream))
+
+
+def reject_unsupported_sampling(body: dict) -> None:
+    only_value_field(body, "n", "1", lambda v: v == 1 and is_int(v))
+    only_value_field(body, "presence_penalty", "0", lambda v: is_number(v) and v == 0)
+    only_value_field(body, "frequency_penalty", "0", lambda v: is_number(v) and v == 0)
+    only_value_field(body, "logit_bias", "{}", lambda v: v == {})
+    read_field(body, "user", None, lambda v: isinstance(v, str), "a string")
+
+
+def read_prompts(body: dict, tokenizer: Tokenizer) -> tuple[tuple[int, ...], ...]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return (tuple(tokenizer.encode(prompt)),)
+    if isinstance(prompt, list) and prompt:
+        if is_str_list(prompt):
+            return tuple(tuple(tokenizer.encode(text)) for text in prompt)
+        if is_int_list(prompt):
+            return (tuple(prompt),)
+        if all(is_int_list(item) for item in prompt):
+            return tuple(tuple(item) for item in prompt)
+    if prompt is None or prompt == []:
+        raise bad_request("'prompt' must not be empty", param="prompt")
+    raise bad_request("'prompt' must be a string, a list of strings, a list of token ids or a list of lists of "
+                      "token ids", param="prompt")
+
+
+def check_prompt(prompt: tuple[int, ...], max_tokens: int, model: ModelInfo) -> None:
+    if not prompt:
+        raise bad_request("the prompt must not be empty", param="prompt")
+    out_of_vocab = [t for t in prompt if not 0 <= t < model.vocab_size]
+    if out_of_vocab:
+        raise bad_request(f"token id {out_of_vocab[0]} in the prompt is outside the vocabulary "
+                          f"[0, {model.vocab_size})", param="prompt")
+    if len(prompt) + max_tokens > model.max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {model.max_model_len} tokens. However, you requested "
+            f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, {max_tokens} for the completion).",
+            param="max_tokens" if len(prompt) < model.max_model_len else "prompt")
+
+
+def read_token_ids(body: dict, name: str, vocab_size: int) -> list[int]:
+    expected = f"a list of token ids in [0, {vocab_size})"
+    return read_field(body, name, [], lambda v: is_int_list(v) and all(0 <= t < vocab_size for t in v), expected)
+
+
+def read_seed(body: dict) -> int | None:
+    return read_field(body, "seed", None, lambda v: is_int(v) and 0 <= v < SEED_BOUND, "an integer in [0, 2**63)")
+
+
+def read_stop_strings(body: dict) -> tuple[str, ...]:
+    def is_valid(v) -> bool:
+        strings = [v] if isinstance(v, str) else v
+        return is_str_list(strings) and len(strings) <= MAX_STOP_STRINGS and all(strings)
+    expected = f"a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
+    stop = read_field(body, "stop", [], is_valid, expected)
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def read_include_usage(body: dict, stream: bool) -> bool:
+    options = read_field(body, "stream_options", None, lambda v: isinstance(v, dict), "an object")
+    if options is None:
+        return False
+    if not stream:
+        raise bad_request("'stream_options' is only allowed with 'stream': true", param="stream_options")
+    reject_unknown_fields(options, frozenset({"include_usage"}))
+    return bool_field(options, "include_usage", False)
+
+
+def bind_seed(request: GenerationRequest, seed: int) -> SamplingParams:
+    """The request's sampling parameters carrying its bound seed (the nodes get it in both places)."""
+    return dataclasses.replace(request.params, seed=seed)

@@ -1,0 +1,154 @@
+"""Response bodies and stream chunks of /v1/completions and /v1/chat/completions (OpenAI format, vLLM extras).
+
+Extras: `seed` (the request's bound seed) at the top level and `token_ids` in every choice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from corun.outputs import TokenLogprobs
+from corun.tokenizer import Tokenizer
+from router.openai_api import Kind
+
+LOWEST_LOGPROB = -9999.0
+"""JSON has no -inf: as vLLM, impossible tokens get this logprob."""
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """What one prompt produced since its last delta."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] | None
+    finish_reason: str | None
+
+
+@dataclass
+class ChoiceTotal:
+    """A choice's deltas added up (non-streaming responses, usage)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None
+
+    def add(self, delta: ChoiceDelta) -> None:
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        if delta.logprobs is not None:
+            self.logprobs = [*(self.logprobs or []), *delta.logprobs]
+        self.finish_reason = delta.finish_reason or self.finish_reason
+
+
+@dataclass(frozen=True)
+class ResponseContext:
+    """What every body and chunk of one response repeats."""
+
+    kind: Kind
+    request_id: str
+    created: int
+    model: str
+    system_fingerprint: str
+    seed: int
+    num_top_logprobs: int | None
+    tokenizer: Tokenizer
+
+    def envelope(self, streaming: bool) -> dict:
+        if self.kind == "completion":
+            response_id, object_name = f"cmpl-{self.request_id}", "text_completion"
+        else:
+            response_id = f"chatcmpl-{self.request_id}"
+            object_name = "chat.completion.chunk" if streaming else "chat.completion"
+        return {"id": response_id, "object": object_name, "created": self.created, "model": self.model,
+                "system_fingerprint": self.system_fingerprint, "seed": self.seed}
+
+
+def response_body(ctx: ResponseContext, totals: list[ChoiceTotal], num_prompt_tokens: int) -> dict:
+    choices = [choice_body(ctx, total.index, total.text, total.token_ids, total.logprobs, total.finish_reason)
+               for total in totals]
+    num_completion_tokens = sum(len(total.token_ids) for total in totals)
+    return {**ctx.envelope(streaming=False), "choices": choices,
+            "usage": usage(num_prompt_tokens, num_completion_tokens)}
+
+
+def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs, finish_reason) -> dict:
+    formatted = None if logprobs is None else format_logprobs(ctx, logprobs, text_offset=0)[0]
+    if ctx.kind == "completion":
+        return {"index": index, "text": text, "logprobs": formatted, "finish_reason": finish_reason,
+                "stop_reason": None, "token_ids": list(token_ids)}
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": formatted,
+            "finish_reason": finish_reason, "stop_reason": None, "token_ids": list(token_ids)}
+
+
+def chunk_body(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int) -> tuple[dict, int]:
+    """A stream chunk for one delta, and the text offset after it (completions logprobs count from it)."""
+    formatted, end_offset = None, text_offset
+    if delta.logprobs is not None:
+        formatted, end_offset = format_logprobs(ctx, delta.logprobs, text_offset)
+    choice = {"index": delta.index, "logprobs": formatted, "finish_reason": delta.finish_reason,
+              "token_ids": list(delta.token_ids)}
+    if ctx.kind == "completion":
+        choice["text"] = delta.text
+    else:
+        choice["delta"] = {"content": delta.text}
+    return {**ctx.envelope(streaming=True), "choices": [choice], "usage": None}, end_offset
+
+
+def role_chunk(ctx: ResponseContext, index: int) -> dict:
+    """A chat stream opens each choice with the assistant role, as OpenAI's does."""
+    choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+              "finish_reason": None}
+    return {**ctx.envelope(streaming=True), "choices": [choice], "usage": None}
+
+
+def usage_chunk(ctx: ResponseContext, num_prompt_tokens: int, num_completion_tokens: int) -> dict:
+    return {**ctx.envelope(streaming=True), "choices": [], "usage": usage(num_prompt_tokens, num_completion_tokens)}
+
+
+def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict:
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
+            "total_tokens": num_prompt_tokens + num_completion_tokens}
+
+
+def format_logprobs(ctx: ResponseContext, logprobs, text_offset: int) -> tuple[dict, int]:
+    if ctx.kind == "chat":
+        return {"content": [chat_token_logprob(ctx, lp) for lp in logprobs]}, text_offset
+    return completion_logprobs(ctx, logprobs, text_offset)
+
+
+def completion_logprobs(ctx: ResponseContext, logprobs, text_offset: int) -> tuple[dict, int]:
+    """{tokens, token_logprobs, top_logprobs (token text -> logprob, chosen token included), text_offset}."""
+    body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for lp in logprobs:
+        token = token_text(ctx.tokenizer, lp.token_id)
+        top = {token_text(ctx.tokenizer, t): json_logprob(v) for t, v in lp.top[:ctx.num_top_logprobs]}
+        body["tokens"].append(token)
+        body["token_logprobs"].append(json_logprob(lp.logprob))
+        body["top_logprobs"].append({**top, token: json_logprob(lp.logprob)})
+        body["text_offset"].append(text_offset)
+        text_offset += len(token)
+    return body, text_offset
+
+
+def chat_token_logprob(ctx: ResponseContext, lp: TokenLogprobs) -> dict:
+    top = [token_entry(ctx.tokenizer, t, v) for t, v in lp.top[:ctx.num_top_logprobs]]
+    return {**token_entry(ctx.tokenizer, lp.token_id, lp.logprob), "top_logprobs": top}
+
+
+def token_entry(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict:
+    token = token_text(tokenizer, token_id)
+    return {"token": token, "logprob": json_logprob(logprob), "bytes": list(token.encode("utf-8"))}
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    # NOTE: special tokens are shown (a logprob entry must name its token even if the text hides it).
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def json_logprob(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else LOWEST_LOGPROB

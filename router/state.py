@@ -1,0 +1,53 @@
+"""What every handler shares: config, model facts, node pool, metrics and the in-flight limit."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from corun.config import RouterConfig
+from router.errors import RequestError
+from router.metrics import RouterMetrics
+from router.nodes import NodePool
+from router.openai_api import ModelInfo
+
+RETRY_AFTER_S = 1
+
+
+class Admission:
+    """Counts prompts in flight; refuses (429) what would exceed the limit instead of queueing without bound."""
+
+    def __init__(self, max_in_flight: int):
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+
+    @contextlib.contextmanager
+    def admit(self, num_prompts: int) -> Iterator[None]:
+        if num_prompts > self.max_in_flight:
+            raise RequestError(400, f"at most {self.max_in_flight} prompts per request", param="prompt")
+        if self.in_flight + num_prompts > self.max_in_flight:
+            raise RequestError(429, f"the router has {self.in_flight} requests in flight (at most "
+                               f"{self.max_in_flight}); retry later", headers={"Retry-After": str(RETRY_AFTER_S)})
+        self.in_flight += num_prompts
+        try:
+            yield
+        finally:
+            self.in_flight -= num_prompts
+
+
+@dataclass(frozen=True)
+class RouterState:
+    config: RouterConfig
+    model: ModelInfo
+    pool: NodePool
+    admission: Admission
+    metrics: RouterMetrics
+
+    def system_fingerprint(self) -> str:
+        """Changes whenever anything that determines outputs changes: a node's fingerprint, the model, the length."""
+        identity = {"node_fingerprints": sorted(self.pool.node_fingerprints()),
+                    "served_model_name": self.config.served_model_name, "max_model_len": self.config.max_model_len}
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

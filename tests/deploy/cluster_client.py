@@ -1,0 +1,68 @@
+"""Helpers for end-to-end tests: start `corun serve`-style clusters and call them with the official client."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+from deploy.local import LocalCluster, LocalClusterConfig, free_port
+
+N = 32
+MAX_MODEL_LEN = 512
+CHUNK = 64
+
+
+def engine_config(model_dir: str, **scheduler) -> EngineConfig:
+    sched = {"max_num_seqs": N, "max_model_len": MAX_MODEL_LEN, "prefill_chunk_size": CHUNK, **scheduler}
+    return EngineConfig(model=model_dir, scheduler=SchedulerConfig(**sched),
+                        cache=CacheConfig(memory_budget_bytes=64 * 2**20))
+
+
+def start_cluster(model_dir: str, num_prefill: int, num_decode: int) -> LocalCluster:
+    config = LocalClusterConfig(engine_config(model_dir), num_prefill=num_prefill, num_decode=num_decode,
+                                port=free_port("127.0.0.1"))
+    return LocalCluster(config).start()
+
+
+def client(cluster: LocalCluster) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="none", timeout=120, max_retries=0)
+
+
+def complete(api: openai.OpenAI, prompt: str, params: dict, headers: dict | None = None, stream: bool = False):
+    """(token ids, per-step (logprob, top logprobs)) of one completion."""
+    extra_body = {"ignore_eos": params.get("ignore_eos", True)}
+    args = dict(model="corun-tiny", prompt=prompt, max_tokens=params["max_tokens"], temperature=params["temperature"],
+                seed=params.get("seed"), logprobs=params.get("logprobs"), extra_body=extra_body,
+                extra_headers=headers or {})
+    if not stream:
+        choice = api.completions.create(**args).choices[0]
+        return completion_record(choice.model_extra["token_ids"], choice.logprobs)
+    token_ids, logprobs, tops = [], [], []
+    for chunk in api.completions.create(stream=True, **args):
+        for choice in chunk.choices:
+            token_ids += choice.model_extra.get("token_ids") or []
+            if choice.logprobs is not None:
+                logprobs += choice.logprobs.token_logprobs
+                tops += choice.logprobs.top_logprobs
+    return token_ids, list(zip(logprobs, [sorted(t.items()) for t in tops], strict=True))
+
+
+def completion_record(token_ids, logprobs):
+    pairs = list(zip(logprobs.token_logprobs, [sorted(t.items()) for t in logprobs.top_logprobs], strict=True))
+    return list(token_ids), pairs
+
+
+def complete_all_concurrently(api, prompts, params) -> list:
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        return list(pool.map(lambda p: complete(api, p, params), prompts))
+
+
+def node_stats(cluster: LocalCluster) -> dict[str, dict]:
+    """node id -> its latest stats, read from the router's /health."""
+    with urllib.request.urlopen(f"{cluster.url}/health", timeout=10) as response:
+        body = json.loads(response.read())
+    return {node["node_id"]: node["stats"] for node in body["nodes"]}

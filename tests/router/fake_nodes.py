@@ -1,0 +1,170 @@
+"""In-process fake prefill and decode nodes: zmq.asyncio ROUTER servers speaking corun.protocol.
+
+Their tokens are a pure function of (prompt, seed, position) over a list of candidate token ids, so a test can
+compute the exact expected output with `expected_token_ids`. The decode node groups tokens into events of 1-3
+tokens at random, which must not change anything the router returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from corun.outputs import TokenLogprobs
+from corun.protocol import (
+    Abort,
+    DecodeRequest,
+    ErrorReply,
+    KVHandle,
+    Ping,
+    Pong,
+    PrefillRequest,
+    PrefillResult,
+    TokenEvent,
+    decode,
+    encode,
+)
+from corun.sampling_params import SamplingParams
+
+FAKE_FINGERPRINT = "fake-node-fingerprint-v1"
+
+
+def fake_token_id(candidate_ids: list[int], prompt_token_ids: list[int], seed: int, position: int) -> int:
+    digest = hashlib.blake2b(repr((list(prompt_token_ids), seed, position)).encode(), digest_size=8).digest()
+    return candidate_ids[int.from_bytes(digest, "little") % len(candidate_ids)]
+
+
+def fake_logprobs(candidate_ids: list[int], token_id: int, position: int, k: int | None) -> TokenLogprobs | None:
+    if k is None:
+        return None
+    top = tuple((candidate_ids[(position + i) % len(candidate_ids)], -0.5 * (i + 1)) for i in range(k))
+    return TokenLogprobs(token_id, -0.25 - (position % 5) * 0.5, top)
+
+
+def expected_token_ids(candidate_ids: list[int], prompt_token_ids: list[int], seed: int,
+                       params: SamplingParams) -> list[int]:
+    """What the fake cluster generates: max_tokens tokens, or fewer when a stop token id comes up."""
+    token_ids: list[int] = []
+    for position in range(len(prompt_token_ids), len(prompt_token_ids) + params.max_tokens):
+        token_ids.append(fake_token_id(candidate_ids, prompt_token_ids, seed, position))
+        if token_ids[-1] in params.stop_token_ids:
+            break
+    return token_ids
+
+
+@dataclass(frozen=True)
+class FakeBehaviour:
+    event_delay_s: float = 0.0
+    """decode: pause before each token event (a slow node)."""
+    silent: bool = False
+    """Take requests and never answer them (pings are still answered)."""
+    error: tuple[int, str] | None = None
+    """Answer every request with ErrorReply(status, message)."""
+
+
+class FakeNode:
+    def __init__(self, role: str, node_id: str, candidate_ids: list[int], behaviour: FakeBehaviour):
+        self.role, self.node_id, self.candidate_ids, self.behaviour = role, node_id, candidate_ids, behaviour
+        self.received: list = []
+        self.address = ""
+        self._socket: zmq.asyncio.Socket | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self, context: zmq.asyncio.Context) -> str:
+        self._socket = context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        port = self._socket.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"tcp://127.0.0.1:{port}"
+        self._spawn(self._serve())
+        return self.address
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._socket.close()
+
+    def request_ids(self, message_type: type) -> list[str]:
+        return [m.request_id for m in self.received if isinstance(m, message_type)]
+
+    def _spawn(self, coroutine) -> asyncio.Task:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _serve(self) -> None:
+        while True:
+            identity, payload = await self._socket.recv_multipart()
+            message = decode(payload)
+            self.received.append(message)
+            if isinstance(message, Ping):
+                await self._reply(identity, Pong(message.nonce, self.node_id, self.role, FAKE_FINGERPRINT,
+                                                 self.stats()))
+            elif self.behaviour.error is not None and hasattr(message, "params"):
+                await self._reply(identity, ErrorReply(message.request_id, *self.behaviour.error))
+            elif not self.behaviour.silent:
+                await self.handle(identity, message)
+
+    async def _reply(self, identity: bytes, message) -> None:
+        await self._socket.send_multipart([identity, encode(message)])
+
+    def stats(self) -> dict:
+        # NOTE: "engine" is not numeric: the router must skip it, not fail on it.
+        return {"num_background_tasks": len(self._tasks), "kv_usage": 0.25,
+                "num_requests_received": len(self.received), "engine": "fake"}
+
+    async def handle(self, identity: bytes, message) -> None:
+        raise NotImplementedError
+
+
+class FakePrefill(FakeNode):
+    async def handle(self, identity: bytes, message: PrefillRequest) -> None:
+        position = len(message.prompt_token_ids)
+        token_id = fake_token_id(self.candidate_ids, message.prompt_token_ids, message.seed, position)
+        kv = KVHandle(self.node_id, self.address, (0, 1), position, "fake-compat")
+        logprobs = fake_logprobs(self.candidate_ids, token_id, position, message.params.logprobs)
+        await self._reply(identity, PrefillResult(message.request_id, token_id, logprobs, kv))
+
+
+class FakeDecode(FakeNode):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._streams: dict[str, asyncio.Task] = {}
+
+    async def handle(self, identity: bytes, message) -> None:
+        if isinstance(message, DecodeRequest):
+            self._streams[message.request_id] = self._spawn(self._stream(identity, message))
+        elif isinstance(message, Abort) and message.request_id in self._streams:
+            self._streams.pop(message.request_id).cancel()
+
+    async def _stream(self, identity: bytes, request: DecodeRequest) -> None:
+        remaining = self.output(request)
+        # NOTE: unseeded on purpose: event grouping differs from run to run and must not matter.
+        grouping = random.Random()
+        while remaining:
+            size = grouping.randint(1, 3)
+            group, remaining = remaining[:size], remaining[size:]
+            token_ids = [token_id for token_id, _ in group]
+            finish_reason = None
+            if not remaining:
+                finish_reason = "stop" if token_ids[-1] in request.params.stop_token_ids else "length"
+            logprobs = None if request.params.logprobs is None else [lp for _, lp in group]
+            await asyncio.sleep(self.behaviour.event_delay_s)
+            await self._reply(identity, TokenEvent(request.request_id, token_ids, logprobs, finish_reason))
+        self._streams.pop(request.request_id, None)
+
+    def output(self, request: DecodeRequest) -> list[tuple[int, TokenLogprobs | None]]:
+        """The prefill's token, then one per position until max_tokens or a stop token id."""
+        params, position = request.params, len(request.prompt_token_ids)
+        items = [(request.first_token_id, request.first_logprobs)]
+        while len(items) < params.max_tokens and items[-1][0] not in params.stop_token_ids:
+            position += 1
+            token_id = fake_token_id(self.candidate_ids, request.prompt_token_ids, request.seed, position)
+            items.append((token_id, fake_logprobs(self.candidate_ids, token_id, position, params.logprobs)))
+        return items

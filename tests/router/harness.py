@@ -1,0 +1,128 @@
+"""Fake nodes plus the router app on a free port, in one background event loop; HTTP helpers for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import zmq.asyncio
+from multidict import CIMultiDict
+
+from corun.config import RouterConfig
+from router.app import create_app, start_site
+from router.handlers import STATE_KEY
+from router.state import RouterState
+from tests.router.fake_nodes import FakeBehaviour, FakeDecode, FakePrefill
+
+CALL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    status: int
+    headers: Mapping[str, str]
+    """Case-insensitive."""
+    body: object
+    """Parsed JSON, or the text when the body is not JSON."""
+
+
+class RouterHarness:
+    """`with RouterHarness(model_dir, candidate_ids) as router:` serves at router.base_url until the block ends."""
+
+    def __init__(self, model_dir: str, candidate_ids: list[int], *, num_prefill: int = 2, num_decode: int = 2,
+                 prefill: FakeBehaviour = FakeBehaviour(), decode: FakeBehaviour = FakeBehaviour(), **config):
+        self.prefill_nodes = [FakePrefill("prefill", f"fake-prefill-{i}", candidate_ids, prefill)
+                              for i in range(num_prefill)]
+        self.decode_nodes = [FakeDecode("decode", f"fake-decode-{i}", candidate_ids, decode)
+                             for i in range(num_decode)]
+        self._model_dir, self._config_overrides = model_dir, config
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="router-harness", daemon=True)
+        self.base_url = ""
+        self.state: RouterState | None = None
+
+    def __enter__(self) -> RouterHarness:
+        self._thread.start()
+        self.call(self._start)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            self.call(self._stop)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def call(self, async_fn: Callable[[], Awaitable], timeout_s: float = CALL_TIMEOUT_S):
+        """Run async_fn() on the harness's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(async_fn(), self._loop).result(timeout_s)
+
+    def wait_until_healthy(self) -> None:
+        self.call(lambda: self.state.pool.wait_until_healthy(timeout_s=5.0))
+
+    @property
+    def nodes(self):
+        return [*self.prefill_nodes, *self.decode_nodes]
+
+    async def _start(self) -> None:
+        self._context = zmq.asyncio.Context()
+        prefill_addresses = [await node.start(self._context) for node in self.prefill_nodes]
+        decode_addresses = [await node.start(self._context) for node in self.decode_nodes]
+        config = RouterConfig(model=self._model_dir, prefill_addresses=tuple(prefill_addresses),
+                              decode_addresses=tuple(decode_addresses), port=0, **self._config_overrides)
+        app = create_app(config)
+        self.state = app[STATE_KEY]
+        self._runner = await start_site(app, "127.0.0.1", 0)
+        host, port = self._runner.addresses[0][:2]
+        self.base_url = f"http://{host}:{port}"
+
+    async def _stop(self) -> None:
+        await self._runner.cleanup()
+        await asyncio.gather(*(node.close() for node in self.nodes))
+        self._context.term()
+
+
+async def http_request(method: str, url: str, body=None, *, raw: bytes | None = None,
+                       headers: dict[str, str] | None = None) -> HttpReply:
+    """One request with a fresh session; body is sent as JSON, raw as given."""
+    timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.request(method, url, data=data, headers={"Content-Type": "application/json",
+                                                                       **(headers or {})}) as response:
+            text = await response.text()
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = text
+            return HttpReply(response.status, CIMultiDict(response.headers), parsed)
+
+
+def post(url: str, body=None, **kwargs) -> HttpReply:
+    return asyncio.run(http_request("POST", url, body, **kwargs))
+
+
+def get(url: str, **kwargs) -> HttpReply:
+    return asyncio.run(http_request("GET", url, **kwargs))
+
+
+def sse_events(text: str) -> list:
+    """The JSON events of a server-sent-event body, then "[DONE]" as a string."""
+    events = []
+    for block in text.strip().split("\n\n"):
+        assert block.startswith("data: "), block
+        payload = block[len("data: "):]
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)

@@ -1,0 +1,121 @@
+"""Bad input gets a 400/404 in the OpenAI error shape, never a 500, and the router keeps serving."""
+
+import json
+
+import pytest
+
+from tests.router.harness import get, post
+
+pytestmark = pytest.mark.timeout(30)
+VALID = {"model": "corun-tiny", "prompt": "the cat", "max_tokens": 4, "seed": 1}
+
+
+def completions(router, body=None, **kwargs):
+    return post(router.base_url + "/v1/completions", body, **kwargs)
+
+
+def assert_error(reply, status: int, *message_parts: str) -> None:
+    assert reply.status == status, reply.body
+    error = reply.body["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
+    for part in message_parts:
+        assert part in error["message"], error["message"]
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"\xff\xfe", b""])
+def test_a_body_that_is_not_json_is_a_400(router, raw):
+    assert_error(completions(router, raw=raw), 400, "not valid JSON")
+
+
+@pytest.mark.parametrize("body", [[1, 2], "prompt", 3, None])
+def test_a_body_that_is_not_an_object_is_a_400(router, body):
+    assert_error(completions(router, raw=json.dumps(body).encode()), 400, "JSON object")
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("temperature", "hot", "'temperature' must be a number >= 0"),
+    ("temperature", -0.5, "'temperature' must be a number >= 0"),
+    ("top_p", 0, "'top_p' must be a number in (0, 1]"),
+    ("top_k", -2, "'top_k' must be an integer >= -1"),
+    ("max_tokens", 0, "'max_tokens' must be an integer >= 1"),
+    ("max_tokens", 2.5, "'max_tokens'"),
+    ("max_tokens", True, "'max_tokens'"),
+    ("seed", -1, "'seed' must be an integer in [0, 2**63)"),
+    ("seed", 2**63, "'seed'"),
+    ("logprobs", 21, "'logprobs' must be an integer in [0, 20]"),
+    ("stream", "yes", "'stream' must be a boolean"),
+    ("stop", ["a", "b", "c", "d", "e"], "'stop'"),
+    ("stop", "", "'stop'"),
+    ("stop_token_ids", [1, 999999], "'stop_token_ids'"),
+    ("n", 2, "'n' must be 1"),
+    ("echo", True, "'echo'"),
+    ("best_of", 3, "'best_of'"),
+    ("suffix", "tail", "'suffix'"),
+    ("presence_penalty", 0.5, "'presence_penalty'"),
+    ("logit_bias", {"5": 10}, "'logit_bias'"),
+    ("stream_options", {"include_usage": True}, "'stream_options'"),
+    ("prompt", [["a"]], "'prompt' must be"),
+    ("prompt", {"text": "a"}, "'prompt' must be"),
+])
+def test_a_field_of_the_wrong_type_or_range_is_a_400_naming_it(router, field, value, message):
+    reply = completions(router, {**VALID, field: value})
+    assert_error(reply, 400, message)
+    assert reply.body["error"]["param"] == field
+
+
+def test_unknown_fields_are_named(router):
+    assert_error(completions(router, {**VALID, "temprature": 1, "foo": 2}), 400, "'foo'", "'temprature'")
+
+
+@pytest.mark.parametrize("prompt", ["", [], [[]], [[1], []]])
+def test_an_empty_prompt_is_a_400(router, prompt):
+    assert_error(completions(router, {**VALID, "prompt": prompt}), 400, "empty")
+
+
+def test_token_ids_outside_the_vocabulary_are_a_400(router):
+    assert_error(completions(router, {**VALID, "prompt": [1, 2, 2048]}), 400, "2048", "vocabulary")
+    assert_error(completions(router, {**VALID, "prompt": [-1]}), 400, "-1")
+
+
+def test_a_prompt_too_long_for_the_context_is_a_400_saying_so(router):
+    reply = completions(router, {**VALID, "prompt": [5] * 1084, "max_tokens": 16})
+    assert_error(reply, 400, "This model's maximum context length is 1024 tokens. However, you requested 1100 "
+                             "tokens (1084 in the prompt, 16 for the completion).")
+
+
+def test_an_unknown_model_is_a_404(router):
+    assert_error(completions(router, {**VALID, "model": "gpt-4"}), 404, "gpt-4")
+
+
+def test_an_unknown_route_is_a_404_in_the_same_shape(router):
+    assert_error(get(router.base_url + "/v1/engines"), 404)
+
+
+@pytest.mark.parametrize("request_id", ["x" * 129, "tab\there"])
+def test_a_bad_request_id_is_a_400(router, request_id):
+    assert_error(completions(router, VALID, headers={"X-Request-Id": request_id}), 400, "X-Request-Id")
+
+
+@pytest.mark.parametrize(("messages", "message"), [
+    ([], "'messages'"),
+    ([{"role": "wizard", "content": "hi"}], "role"),
+    ([{"role": "user", "content": 5}], "content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "content"),
+    ([{"role": "user", "content": "hi", "tool_calls": []}], "tool_calls"),
+])
+def test_bad_chat_messages_are_a_400(router, messages, message):
+    reply = post(router.base_url + "/v1/chat/completions", {"model": "corun-tiny", "messages": messages})
+    assert_error(reply, 400, message)
+
+
+def test_chat_top_logprobs_needs_logprobs(router):
+    body = {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2, "max_tokens": 2}
+    assert_error(post(router.base_url + "/v1/chat/completions", body), 400, "'top_logprobs'")
+
+
+def test_errors_echo_the_request_id_and_the_server_keeps_serving(router):
+    bad = completions(router, {**VALID, "temperature": "hot"}, headers={"X-Request-Id": "bad-1"})
+    assert bad.status == 400 and bad.headers["X-Request-Id"] == "bad-1"
+    good = completions(router, VALID, headers={"X-Request-Id": "good-1"})
+    assert good.status == 200 and good.headers["X-Request-Id"] == "good-1"
+    assert len(good.body["choices"][0]["token_ids"]) == 4

@@ -1,0 +1,96 @@
+"""The direct path (no HTTP): generate() over a NodePool, instance choice and reply demultiplexing."""
+
+import asyncio
+
+import pytest
+import zmq.asyncio
+
+from corun.config import RouterConfig
+from corun.protocol import DecodeRequest, PrefillRequest
+from corun.sampling_params import SamplingParams
+from router.nodes import NodePool, least_loaded
+from router.pipeline import GenerationError, generate
+from tests.router.fake_nodes import FakeBehaviour, FakeDecode, FakePrefill, expected_token_ids
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def with_cluster(candidate_ids, body, *, num_prefill=2, num_decode=2, decode=FakeBehaviour(),
+                       prefill=FakeBehaviour(), timeout_s=5.0):
+    """Start fake nodes and a NodePool, run body(pool, prefills, decodes), close everything."""
+    context = zmq.asyncio.Context()
+    prefills = [FakePrefill("prefill", f"p{i}", candidate_ids, prefill) for i in range(num_prefill)]
+    decodes = [FakeDecode("decode", f"d{i}", candidate_ids, decode) for i in range(num_decode)]
+    addresses = [await node.start(context) for node in (*prefills, *decodes)]
+    config = RouterConfig(model="unused", prefill_addresses=tuple(addresses[:num_prefill]),
+                          decode_addresses=tuple(addresses[num_prefill:]), request_timeout_s=timeout_s)
+    pool = NodePool(config)
+    await pool.start()
+    try:
+        return await asyncio.wait_for(body(pool, prefills, decodes), 10)
+    finally:
+        await pool.close()
+        await asyncio.gather(*(node.close() for node in (*prefills, *decodes)))
+        context.term()
+
+
+async def collect(pool, request_id, prompt, params, seed) -> tuple[list[int], str]:
+    token_ids, finish_reason = [], None
+    async for event in generate(pool, request_id, prompt, params, seed):
+        token_ids += event.token_ids
+        finish_reason = event.finish_reason
+    return token_ids, finish_reason
+
+
+def test_generate_streams_prefill_then_decode_tokens(word_token_ids):
+    params = SamplingParams(max_tokens=9, logprobs=1)
+
+    async def body(pool, prefills, decodes):
+        return await collect(pool, "direct", [5, 6, 7], params, 99)
+
+    token_ids, finish_reason = asyncio.run(with_cluster(word_token_ids, body))
+    assert token_ids == expected_token_ids(word_token_ids, [5, 6, 7], 99, params)
+    assert finish_reason == "length"
+
+
+def test_concurrent_requests_are_demultiplexed_and_spread(word_token_ids):
+    params = SamplingParams(max_tokens=12)
+    prompts = [[i, i + 1] for i in range(1, 9)]
+
+    async def body(pool, prefills, decodes):
+        outputs = await asyncio.gather(*(collect(pool, f"r{i}", p, params, i) for i, p in enumerate(prompts)))
+        loads = [len(node.request_ids(PrefillRequest)) for node in prefills]
+        return outputs, loads, [len(node.request_ids(DecodeRequest)) for node in decodes]
+
+    outputs, prefill_loads, decode_loads = asyncio.run(with_cluster(word_token_ids, body,
+                                                                     decode=FakeBehaviour(event_delay_s=0.01)))
+    for i, (prompt, (token_ids, _)) in enumerate(zip(prompts, outputs)):
+        assert token_ids == expected_token_ids(word_token_ids, prompt, i, params)
+    assert prefill_loads == [4, 4] and decode_loads == [4, 4]
+
+
+def test_an_error_reply_becomes_a_generation_error_with_its_status(word_token_ids):
+    async def body(pool, prefills, decodes):
+        with pytest.raises(GenerationError) as caught:
+            await collect(pool, "fails", [1, 2], SamplingParams(max_tokens=3), 1)
+        return caught.value
+
+    error = asyncio.run(with_cluster(word_token_ids, body, prefill=FakeBehaviour(error=(400, "prompt too long"))))
+    assert error.status == 400 and "prompt too long" in error.message
+
+
+def test_least_loaded_prefers_less_work_then_the_lowest_index():
+    async def body():
+        pool = NodePool(RouterConfig(model="unused", prefill_addresses=("tcp://127.0.0.1:9",) * 3,
+                                     decode_addresses=("tcp://127.0.0.1:9",)))
+        nodes = pool.prefill_nodes
+        picks = [least_loaded(nodes).index]
+        with nodes[0].open_request("a", work=100):
+            picks.append(least_loaded(nodes).index)
+            with nodes[1].open_request("b", work=30), nodes[2].open_request("c", work=20):
+                picks.append(least_loaded(nodes).index)
+        picks.append(least_loaded(nodes).index)
+        await pool.close()
+        return picks
+
+    assert asyncio.run(body()) == [0, 1, 2, 0]

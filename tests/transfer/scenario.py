@@ -1,0 +1,102 @@
+"""One behavioural scenario for any KV transfer agent (NIXL in two processes, or the fake in one).
+
+A prefill agent holds blocks with a known pattern; a decode agent refuses a peer of another block size, then
+pulls a non-contiguous list of the prefill's blocks into other local block ids, and the prefill agent receives
+the completion notification keyed by the decode agent's name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from transfer.compat import IncompatiblePeer
+
+PREFILL_NAME = "prefill-0"
+DECODE_NAME = "decode-0"
+KV_SHAPE = (12, 2, 2, 4, 2, 8)
+"""[num_blocks, num_layers, kv, block_size, num_kv_heads, head_dim]: 1 KiB blocks of float32."""
+REMOTE_BLOCK_IDS = [7, 2, 9, 4]
+LOCAL_BLOCK_IDS = [1, 5, 3, 10]
+NOTIFICATION = b"req-42:done"
+TIMEOUT_S = 10.0
+
+
+def patterned_kv() -> torch.Tensor:
+    """Every element distinct (exact in float32), so a block read from the wrong place cannot match."""
+    numel = torch.Size(KV_SHAPE).numel()
+    return (torch.arange(numel, dtype=torch.float32) + 0.5).view(KV_SHAPE)
+
+
+def empty_kv() -> torch.Tensor:
+    return torch.zeros(KV_SHAPE, dtype=torch.float32)
+
+
+def peer_info(agent) -> dict:
+    """What the handshake reply carries, as add_peer keyword arguments."""
+    return {"engine_id": agent.name, "agent_metadata": agent.metadata(), "kv_base_address": agent.kv_base_address,
+            "num_blocks": agent.num_blocks, "block_nbytes": agent.block_nbytes, "memory_type": agent.memory_type}
+
+
+def pull_blocks(agent, info: dict) -> dict:
+    """The decode side: checks refusals, then reads REMOTE_BLOCK_IDS into LOCAL_BLOCK_IDS and waits."""
+    result = {"refused_block_nbytes": _refuses_block_nbytes(agent, info)}
+    result["had_peer_after_refusal"] = agent.has_peer(info["engine_id"])
+    agent.add_peer(**info)
+    result["has_peer"] = agent.has_peer(info["engine_id"])
+    result["refused_uneven_ids"] = _raises(ValueError, agent.start_read, info["engine_id"], [1, 2], [3], b"x")
+    result["refused_null_block"] = _raises(ValueError, agent.start_read, info["engine_id"], [0], [3], b"x")
+    handle = agent.start_read(info["engine_id"], REMOTE_BLOCK_IDS, LOCAL_BLOCK_IDS, NOTIFICATION)
+    result["state"] = wait_until_finished(agent, handle)
+    result["state_after_finish"] = agent.poll(handle)
+    result["counters"] = agent.counters.as_dict()
+    return result
+
+
+def check_pulled(local_kv: torch.Tensor, remote_kv: torch.Tensor) -> None:
+    """Byte-exact copies at the local ids; every other local block untouched (zeros)."""
+    for remote_id, local_id in zip(REMOTE_BLOCK_IDS, LOCAL_BLOCK_IDS):
+        assert torch.equal(local_kv[local_id].view(torch.uint8), remote_kv[remote_id].view(torch.uint8)), local_id
+    untouched = [b for b in range(KV_SHAPE[0]) if b not in LOCAL_BLOCK_IDS]
+    assert not local_kv[untouched].any()
+
+
+def check_pull_result(result: dict, block_nbytes: int) -> None:
+    assert result["refused_block_nbytes"] and not result["had_peer_after_refusal"] and result["has_peer"]
+    assert result["refused_uneven_ids"] and result["refused_null_block"]
+    assert result["state"] == "DONE" and result["state_after_finish"] == "DONE"
+    counters = result["counters"]
+    assert counters["reads_started"] == counters["reads_completed"] == 1 and counters["read_failures"] == 0
+    assert counters["blocks_read"] == len(LOCAL_BLOCK_IDS)
+    assert counters["bytes_read"] == len(LOCAL_BLOCK_IDS) * block_nbytes
+
+
+def wait_until_finished(agent, handle, timeout_s: float = TIMEOUT_S) -> str:
+    deadline = time.monotonic() + timeout_s
+    while (state := agent.poll(handle)) == "PROC":
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"read from {handle.peer} still in progress after {timeout_s} s")
+    return state
+
+
+def wait_for_notifications(agent, num: int, timeout_s: float = TIMEOUT_S) -> list[tuple[str, bytes]]:
+    notifications, deadline = [], time.monotonic() + timeout_s
+    while len(notifications) < num:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{agent.name} got {len(notifications)} of {num} notifications in {timeout_s} s")
+        notifications += agent.new_notifications()
+    return notifications
+
+
+def _refuses_block_nbytes(agent, info: dict) -> bool:
+    return _raises(IncompatiblePeer, agent.add_peer, **{**info, "block_nbytes": info["block_nbytes"] * 2})
+
+
+def _raises(error: type[Exception], call: Callable, *args, **kwargs) -> bool:
+    try:
+        call(*args, **kwargs)
+    except error:
+        return True
+    return False

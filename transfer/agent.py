@@ -1,0 +1,206 @@
+"""KVTransferAgent: a node's one NIXL agent, moving paged-KV blocks between nodes by READ.
+
+Once per node: register the KV tensor (one region) and prepare its per-block descriptor list.
+Once per peer (after the zmq handshake): load the peer's agent metadata and prepare its per-block list.
+Per request: one make_prepped_xfer of block indices, posted with a notification; the caller polls it between
+model steps, and the peer gets the notification (keyed by this agent's name) once the bytes are read.
+
+NOTE: there is no NIXL progress thread (on a 2-core host it cost ~3x bandwidth): work only advances inside this
+object's calls, so a node must keep calling poll() / new_notifications() in its loop, including while it waits
+for something else, or a posted read stalls and a completion notification may never leave the process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from nixl._api import nixl_agent, nixl_agent_config, nixl_prepped_dlist_handle, nixl_xfer_handle, nixlBind
+
+from transfer.compat import IncompatiblePeer
+from transfer.counters import TransferCounters
+from transfer.reads import (
+    MemoryType,
+    ReadHandle,
+    XferState,
+    block_nbytes_of,
+    check_block_ids,
+    check_kv_data,
+    count_finished,
+    memory_type_of,
+)
+
+UcxErrorHandling = Literal["none", "peer"]
+logger = logging.getLogger(__name__)
+
+_TRANSFER_ERRORS = (nixlBind.nixlRemoteDisconnectError, nixlBind.nixlBackendError, nixlBind.nixlCancelledError,
+                    nixlBind.nixlUnknownError)
+"""What NIXL raises (instead of returning "ERR") when a transfer fails at run time, e.g. the peer died."""
+
+
+@dataclass(frozen=True)
+class _Peer:
+    name: str
+    num_blocks: int
+    blocks_dlist: nixl_prepped_dlist_handle
+    """The peer's per-block descriptors, prepared once: a read names blocks by index into it."""
+
+
+class KVTransferAgent:
+    def __init__(self, name: str, kv_data: torch.Tensor, ucx_error_handling: UcxErrorHandling = "none"):
+        """ucx_error_handling (verified here, nixl 1.5.1, two processes on one host):
+        "none" (default): the first read to a peer takes ~0.3 ms, and a read completes without the peer calling
+            into NIXL; a dead peer is still detected on one host (the cma copy fails: state "ERR").
+        "peer": the first read takes 10-200 ms, and every read posted with a notification stays "PROC" until
+            the peer next calls into NIXL, i.e. up to one of the prefill node's model steps per read."""
+        check_kv_data(kv_data)
+        self.name = name
+        self.counters = TransferCounters()
+        self._kv_data = kv_data  # NOTE: held so the registered memory outlives the registration
+        self._device_id = max(kv_data.get_device(), 0)
+        self._peers: dict[str, _Peer] = {}
+        config = nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=[])
+        self._nixl = nixl_agent(name, config)
+        self._nixl.create_backend("UCX", {"ucx_error_handling_mode": ucx_error_handling})
+        self._registration = self._nixl.register_memory(kv_data)
+        self._blocks_dlist = self._nixl.prep_xfer_dlist(
+            "NIXL_INIT_AGENT", self._block_descs(self.kv_base_address, self.num_blocks), self.memory_type)
+
+    # --- what the handshake reply carries ---------------------------------------------------------------------
+    @property
+    def memory_type(self) -> MemoryType:
+        return memory_type_of(self._kv_data)
+
+    @property
+    def kv_base_address(self) -> int:
+        return self._kv_data.data_ptr()
+
+    @property
+    def num_blocks(self) -> int:
+        return self._kv_data.shape[0]
+
+    @property
+    def block_nbytes(self) -> int:
+        return block_nbytes_of(self._kv_data)
+
+    def metadata(self) -> bytes:
+        return self._nixl.get_agent_metadata()
+
+    # --- peers ------------------------------------------------------------------------------------------------
+    def add_peer(self, engine_id: str, agent_metadata: bytes, kv_base_address: int, num_blocks: int,
+                 block_nbytes: int, memory_type: str, device_id: int = 0) -> None:
+        """Load a peer's metadata and prepare its block list; a peer added again (a restart) is replaced.
+
+        device_id: the peer's GPU index for VRAM (its KV tensor's device), 0 for DRAM."""
+        if block_nbytes != self.block_nbytes:
+            raise IncompatiblePeer(f"peer {engine_id} is incompatible: block_nbytes {self.block_nbytes} != "
+                                   f"{block_nbytes}")
+        if memory_type not in ("DRAM", "VRAM"):
+            raise IncompatiblePeer(f"peer {engine_id} offers memory type {memory_type!r}, not DRAM or VRAM")
+        self.remove_peer(engine_id)
+        loaded_name = _as_str(self._nixl.add_remote_agent(agent_metadata))
+        if loaded_name != engine_id:
+            self._nixl.remove_remote_agent(loaded_name)
+            raise IncompatiblePeer(f"peer {engine_id} sent the NIXL metadata of agent {loaded_name}")
+        descs = self._block_descs(kv_base_address, num_blocks, device_id)
+        dlist = self._nixl.prep_xfer_dlist(engine_id, descs, memory_type)
+        self._peers[engine_id] = _Peer(engine_id, num_blocks, dlist)
+
+    def has_peer(self, engine_id: str) -> bool:
+        return engine_id in self._peers
+
+    def remove_peer(self, engine_id: str) -> None:
+        """Forget a peer (reads still in flight to it should be polled to the end first)."""
+        peer = self._peers.pop(engine_id, None)
+        if peer is not None:
+            self._nixl.release_dlist_handle(peer.blocks_dlist)
+            self._nixl.remove_remote_agent(engine_id)
+
+    # --- reads ------------------------------------------------------------------------------------------------
+    def start_read(self, peer: str, remote_block_ids: Sequence[int], local_block_ids: Sequence[int],
+                   notification: bytes) -> ReadHandle:
+        """Post a READ of the peer's blocks into ours (pairwise, in order); the peer gets `notification` when
+        the read completes. Never waits for the peer; a read that fails to post (dead peer) comes back "ERR".
+
+        NOTE: between processes of one host UCX copies with cma (process_vm_readv) inside this call, so the
+        copy's CPU time is spent here (~60 ms for 600 MB) and the read usually comes back "DONE" at once."""
+        remote = self._peers[peer]
+        check_block_ids(remote_block_ids, local_block_ids, remote.num_blocks, self.num_blocks)
+        self.counters.reads_started += 1
+        num_blocks = len(local_block_ids)
+        handle = ReadHandle(peer, num_blocks, num_blocks * self.block_nbytes, "PROC", None)
+        try:
+            handle.backend_handle = self._nixl.make_prepped_xfer(
+                "READ", self._blocks_dlist, _indices(local_block_ids), remote.blocks_dlist,
+                _indices(remote_block_ids), notification)
+            state = self._nixl.transfer(handle.backend_handle)
+        except _TRANSFER_ERRORS as error:
+            state, handle.error = "ERR", repr(error)
+        self._advance(handle, state)
+        return handle
+
+    def poll(self, handle: ReadHandle) -> XferState:
+        """The read's state; the first time it is "DONE" or "ERR" the transfer handle is released and counted."""
+        if handle.state == "PROC":
+            try:
+                state = self._nixl.check_xfer_state(handle.backend_handle)
+            except _TRANSFER_ERRORS as error:
+                state, handle.error = "ERR", repr(error)
+            self._advance(handle, state)
+        return handle.state
+
+    def new_notifications(self) -> list[tuple[str, bytes]]:
+        """(peer agent name, message) of every notification received since the last call."""
+        return [(_as_str(name), message) for name, messages in self._nixl.get_new_notifs().items()
+                for message in messages]
+
+    def close(self) -> None:
+        for engine_id in list(self._peers):
+            self.remove_peer(engine_id)
+        if self._blocks_dlist is not None:
+            self._nixl.release_dlist_handle(self._blocks_dlist)
+            self._nixl.deregister_memory(self._registration)
+            self._blocks_dlist = None
+
+    # --- helpers ----------------------------------------------------------------------------------------------
+    def _advance(self, handle: ReadHandle, state: XferState) -> None:
+        handle.state = state
+        if state == "PROC":
+            return
+        if state == "ERR":
+            handle.error = handle.error or "NIXL reported the transfer failed"
+            logger.warning("%s: read of %d blocks from %s failed: %s", self.name, handle.num_blocks, handle.peer,
+                           handle.error)
+        xfer, handle.backend_handle = handle.backend_handle, None
+        if xfer is not None:
+            self._release(xfer, must_succeed=state == "DONE")
+        count_finished(self.counters, handle)
+
+    def _release(self, xfer: nixl_xfer_handle, must_succeed: bool) -> None:
+        try:
+            self._nixl.release_xfer_handle(xfer)
+        except _TRANSFER_ERRORS:  # NOTE: a failed read's handle may refuse release; NIXL frees it at teardown
+            if must_succeed:
+                raise
+
+    def _block_descs(self, base_address: int, num_blocks: int, device_id: int | None = None) -> np.ndarray:
+        """[num_blocks, 3] (address, nbytes, device id): block i of a block-major tensor at base_address."""
+        descs = np.empty((num_blocks, 3), dtype=np.uint64)
+        descs[:, 0] = base_address + np.arange(num_blocks, dtype=np.uint64) * self.block_nbytes
+        descs[:, 1] = self.block_nbytes
+        descs[:, 2] = self._device_id if device_id is None else device_id
+        return descs
+
+
+def _indices(block_ids: Sequence[int]) -> np.ndarray:
+    return np.asarray(block_ids, dtype=np.int32)
+
+
+def _as_str(name: str | bytes) -> str:
+    # NOTE: nixl 1.5.1's add_remote_agent returns bytes while notification dicts are keyed by str; a bytes key
+    # never matches, so every name is normalized to str at this boundary.
+    return name.decode() if isinstance(name, bytes) else name

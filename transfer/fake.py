@@ -1,0 +1,108 @@
+"""FakeKVTransferAgent: KVTransferAgent's interface and behaviour in one process, for unit tests only.
+
+Agents find each other through a module-level registry by name (the "metadata" is the name). A read stays
+"PROC" until its first poll, which copies the blocks and queues the notification at the peer, so callers are
+exercised on the asynchronous path. The cluster itself always uses NIXL (transfer.agent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from transfer.compat import IncompatiblePeer
+from transfer.counters import TransferCounters
+from transfer.reads import (
+    MemoryType,
+    ReadHandle,
+    XferState,
+    block_nbytes_of,
+    check_block_ids,
+    check_kv_data,
+    count_finished,
+    memory_type_of,
+)
+
+_AGENTS: dict[str, FakeKVTransferAgent] = {}
+
+
+class FakeKVTransferAgent:
+    def __init__(self, name: str, kv_data: torch.Tensor):
+        check_kv_data(kv_data)
+        if name in _AGENTS:
+            raise ValueError(f"a fake agent named {name!r} is already open")
+        self.name = name
+        self.counters = TransferCounters()
+        self._kv_data = kv_data
+        self._peer_names: set[str] = set()
+        self._inbox: list[tuple[str, bytes]] = []
+        _AGENTS[name] = self
+
+    @property
+    def memory_type(self) -> MemoryType:
+        return memory_type_of(self._kv_data)
+
+    @property
+    def kv_base_address(self) -> int:
+        return self._kv_data.data_ptr()
+
+    @property
+    def num_blocks(self) -> int:
+        return self._kv_data.shape[0]
+
+    @property
+    def block_nbytes(self) -> int:
+        return block_nbytes_of(self._kv_data)
+
+    def metadata(self) -> bytes:
+        return self.name.encode()
+
+    def add_peer(self, engine_id: str, agent_metadata: bytes, kv_base_address: int, num_blocks: int,
+                 block_nbytes: int, memory_type: str, device_id: int = 0) -> None:
+        if block_nbytes != self.block_nbytes:
+            raise IncompatiblePeer(f"peer {engine_id} is incompatible: block_nbytes {self.block_nbytes} != "
+                                   f"{block_nbytes}")
+        if agent_metadata.decode() != engine_id or engine_id not in _AGENTS:
+            raise IncompatiblePeer(f"peer {engine_id} sent the metadata of agent {agent_metadata.decode()}")
+        self._peer_names.add(engine_id)
+
+    def has_peer(self, engine_id: str) -> bool:
+        return engine_id in self._peer_names
+
+    def remove_peer(self, engine_id: str) -> None:
+        self._peer_names.discard(engine_id)
+
+    def start_read(self, peer: str, remote_block_ids: Sequence[int], local_block_ids: Sequence[int],
+                   notification: bytes) -> ReadHandle:
+        if peer not in self._peer_names:
+            raise KeyError(peer)
+        check_block_ids(remote_block_ids, local_block_ids, _AGENTS[peer].num_blocks, self.num_blocks)
+        self.counters.reads_started += 1
+        num_blocks = len(local_block_ids)
+        pending = (list(remote_block_ids), list(local_block_ids), notification)
+        return ReadHandle(peer, num_blocks, num_blocks * self.block_nbytes, "PROC", pending)
+
+    def poll(self, handle: ReadHandle) -> XferState:
+        if handle.state == "PROC":
+            handle.state = self._complete(handle)
+            handle.backend_handle = None
+            count_finished(self.counters, handle)
+        return handle.state
+
+    def new_notifications(self) -> list[tuple[str, bytes]]:
+        notifications, self._inbox = self._inbox, []
+        return notifications
+
+    def close(self) -> None:
+        if _AGENTS.get(self.name) is self:
+            del _AGENTS[self.name]
+
+    def _complete(self, handle: ReadHandle) -> XferState:
+        remote = _AGENTS.get(handle.peer)
+        if remote is None:  # NOTE: the peer closed mid-read, as a dead prefill node would
+            return "ERR"
+        remote_block_ids, local_block_ids, notification = handle.backend_handle
+        self._kv_data[local_block_ids] = remote._kv_data[remote_block_ids].to(self._kv_data.device)
+        remote._inbox.append((self.name, notification))
+        return "DONE"
