@@ -27,7 +27,8 @@ def throughput(llm: LLM, prompts: list[str], output_len: int) -> dict:
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"output_tokens": num_tokens, "seconds": round(elapsed, 4), "output_tok_per_s": round(num_tokens / elapsed, 1)}
+    return {"output_tokens": num_tokens, "seconds": round(elapsed, 4),
+            "output_tok_per_s": round(num_tokens / elapsed, 1)}
 
 
 def bs1_vs_bsn(llm: LLM, prompts: list[str]) -> dict:

@@ -4,7 +4,8 @@ Torch-free: the router imports this. A message is a frozen dataclass; on the wir
 {"v": PROTOCOL_VERSION, "type": class name, **fields}. A peer speaking another version is refused.
 
 Version history:
-  1: first version (prefill/decode/handshake/claim/token events/ping).
+  1: first version (prefill/decode/handshake/claim/token events/ping; PrefillResult.finish_reason with kv=None
+     when the first token ends the request).
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ def engine_fingerprint(config: EngineConfig, model_digest: str) -> str:
     """Everything that determines outputs: weights, engine config (N, dtype, chunking...), software versions."""
     engine = dataclasses.asdict(config)
     engine.pop("model")  # NOTE: the path does not matter, the digest of what is in it does
-    engine.pop("num_threads")  # set per process; results are compared per fixed thread count
+    # NOTE: the CPU thread count changes GEMM reductions (measured: logprobs of 7 of 32 prompts moved between 1
+    # and 2 threads), so the effective count is part of what determines outputs.
+    engine["num_threads"] = torch.get_num_threads()
     facts = {"model_digest": model_digest, "engine": engine, "torch": torch.__version__,
              "protocol": protocol.PROTOCOL_VERSION}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]

@@ -82,8 +82,8 @@ class LocalCluster:
 
     def start_router(self) -> None:
         cfg = self.config
-        argv = [sys.executable, "-m", "router", "--model", cfg.engine.model, "--host", cfg.host, "--port", str(cfg.port),
-                "--served-model-name", cfg.served_model_name, "--max-model-len",
+        argv = [sys.executable, "-m", "router", "--model", cfg.engine.model, "--host", cfg.host,
+                "--port", str(cfg.port), "--served-model-name", cfg.served_model_name, "--max-model-len",
                 str(cfg.engine.scheduler.max_model_len), "--max-pending-requests", str(cfg.max_pending_requests),
                 "--base-seed", str(cfg.engine.seed)]
         for address in self.prefill_addresses:

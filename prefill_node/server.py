@@ -160,8 +160,10 @@ class PrefillServer:
         for pending in list(self.waiting):
             if pending.request.request_id == message.request_id:
                 self.waiting.remove(pending)
-        lease = self.leases.pop(message.request_id, None)
-        if lease is not None:
+        lease = self.leases.get(message.request_id)
+        if lease is not None and lease.deadline is not None:
+            # NOTE: a claimed lease is never freed here: a decode node may be reading its blocks right now.
+            del self.leases[message.request_id]
             self.free(lease.request)
 
     def on_ping(self, identity: bytes, message: protocol.Ping) -> None:

@@ -42,7 +42,8 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
 
 
 async def serve(app: web.Application, config: RouterConfig) -> None:
-    """Serve until SIGTERM or SIGINT, then close connections and node clients."""
+    """Serve until SIGTERM or SIGINT, then close connections and node clients (node sockets open on startup,
+    inside this loop)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

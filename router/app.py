@@ -15,7 +15,7 @@ from corun.tokenizer import load_tokenizer
 from router.errors import RequestError, error_body
 from router.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
 from router.metrics import RouterMetrics
-from router.nodes import NodePool
+from router.nodes import NodePool, NodeStatus
 from router.openai_api import ModelInfo
 from router.pipeline import GenerationError
 from router.state import Admission, RouterState
@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 2**20
 """Long prompts sent as token-id lists are several bytes per token; aiohttp's 1 MiB default is too small."""
+SHUTDOWN_GRACE_S = 5.0
+"""On shutdown, requests in flight get this long to finish before they are cancelled (and their decodes aborted)."""
 
 
 def create_app(config: RouterConfig) -> web.Application:
@@ -59,7 +61,7 @@ def read_vocab_size(model_dir: str, tokenizer) -> int:
 async def start_site(app: web.Application, host: str, port: int) -> web.AppRunner:
     """Serve app on host:port (port 0: any free one, see runner.addresses); returns the runner to clean up."""
     # NOTE: handler_cancellation: a client that hangs up cancels its handler, which aborts its decode.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
@@ -81,6 +83,7 @@ async def error_and_metrics_middleware(request: web.Request, handler) -> web.Str
     except RequestError as error:
         response = error_response(error.status, error.message, error.param, error.headers)
     except GenerationError as error:
+        logger.warning("%s %s failed: %s", request.method, request.path, error.message)
         response = error_response(error.status, error.message)
     except web.HTTPException as error:
         response = error_response(error.status, error.reason)
@@ -116,13 +119,17 @@ async def list_models(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     """200 when every node answered a ping in the last few seconds, else 503; lists the nodes either way."""
     statuses = request.app[STATE_KEY].pool.statuses()
-    nodes = [{"role": s.role, "index": s.index, "address": s.address, "healthy": s.healthy,
-              "node_id": s.pong.node_id if s.pong else None, "fingerprint": s.pong.fingerprint if s.pong else None,
-              "seconds_since_pong": None if s.seconds_since_pong is None else round(s.seconds_since_pong, 3)}
-             for s in statuses]
     healthy = all(s.healthy for s in statuses)
-    return web.json_response({"status": "ok" if healthy else "unavailable", "nodes": nodes},
-                             status=200 if healthy else 503)
+    body = {"status": "ok" if healthy else "unavailable", "nodes": [node_health(s) for s in statuses]}
+    return web.json_response(body, status=200 if healthy else 503)
+
+
+def node_health(status: NodeStatus) -> dict:
+    pong = status.pong
+    age = None if status.seconds_since_pong is None else round(status.seconds_since_pong, 3)
+    return {"role": status.role, "index": status.index, "address": status.address, "healthy": status.healthy,
+            "seconds_since_pong": age, "node_id": pong.node_id if pong else None,
+            "fingerprint": pong.fingerprint if pong else None, "stats": pong.stats if pong else {}}
 
 
 async def metrics(request: web.Request) -> web.Response:

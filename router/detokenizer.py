@@ -25,7 +25,13 @@ class TextDelta:
 
 
 class IncrementalDetokenizer:
-    """Decodes the whole output so far and emits the new suffix, holding back what may still change."""
+    """The output's text as tokens arrive, holding back what may still change.
+
+    Equal to decoding the whole output at once, but each token decodes only a short window (vLLM's
+    prefix/read offsets): the text of tokens[prefix:] minus that of tokens[prefix:read] is the new text.
+    NOTE: decoding the window with a little context, not the lone new token, keeps tokenizers that strip a
+    leading space or merge bytes across tokens right; decoding everything each time would cost O(length).
+    """
 
     def __init__(self, tokenizer: Tokenizer, stop_strings: tuple[str, ...] = ()):
         self._tokenizer = tokenizer
@@ -33,6 +39,10 @@ class IncrementalDetokenizer:
         # NOTE: a possible stop string's beginning is held back, or it could be streamed before it matched.
         self._hold_back = max((len(s) for s in stop_strings), default=1) - 1
         self._token_ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        """tokens[:read] are decoded into _text; tokens[prefix:read] are the context of the next decode."""
+        self._text = ""
         self._emitted = ""
         self.stopped = False
 
@@ -56,17 +66,25 @@ class IncrementalDetokenizer:
 
     def _advance(self, is_last: bool) -> bool:
         """Take in the newest token; True when a stop string matched."""
-        text = self._tokenizer.decode(self._token_ids)
-        if not is_last:
-            text = text.rstrip(REPLACEMENT_CHAR)
-        stop_at = self._find_stop(text)
+        self._decode_window(is_last)
+        stop_at = self._find_stop(self._text)
         if stop_at is not None:
-            self._emitted, self.stopped = text[:stop_at], True
+            self._emitted, self.stopped = self._text[:stop_at], True
             return True
-        visible = text if is_last else text[:max(len(self._emitted), len(text) - self._hold_back)]
-        if visible.startswith(self._emitted):
-            self._emitted = visible
+        visible_len = len(self._text) if is_last else max(len(self._emitted), len(self._text) - self._hold_back)
+        self._emitted = self._text[:visible_len]
         return False
+
+    def _decode_window(self, is_last: bool) -> None:
+        context_text = self._decode(self._token_ids[self._prefix_offset:self._read_offset])
+        window_text = self._decode(self._token_ids[self._prefix_offset:])
+        # NOTE: text ending in U+FFFD ends in an incomplete UTF-8 sequence: wait for the next token.
+        if len(window_text) > len(context_text) and (is_last or not window_text.endswith(REPLACEMENT_CHAR)):
+            self._text += window_text[len(context_text):]
+            self._prefix_offset, self._read_offset = self._read_offset, len(self._token_ids)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self._tokenizer.decode(token_ids) if token_ids else ""
 
     def _find_stop(self, text: str) -> int | None:
         # NOTE: earlier text held no match (we would have stopped), so only its last few characters can start one.

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from corun.seeding import seed_from_request_id
 from router.errors import bad_request, error_body
+from router.nodes import Placement
 from router.openai_api import GenerationRequest, ModelInfo, bind_seed, parse_chat_request, parse_completion_request
 from router.pipeline import GenerationError
 from router.responses import (
@@ -48,15 +49,17 @@ async def serve_generation(request: web.Request,
     request_id = read_request_id(request)
     request[RESPONSE_HEADERS_KEY] = {"X-Request-Id": request_id}
     generation = parse(await read_json_body(request), state.model)
+    # NOTE: one seed for every prompt of the request, so a prompt's output is the same alone or in a list.
     seed = generation.client_seed
     if seed is None:
         seed = seed_from_request_id(request_id, state.config.base_seed)
     request[RESPONSE_HEADERS_KEY]["X-CoRun-Seed"] = str(seed)
     ctx = ResponseContext(generation.kind, request_id, int(time.time()), state.config.served_model_name,
                           state.system_fingerprint(), seed, generation.params.logprobs, state.model.tokenizer)
-    with state.admission.admit(len(generation.prompts)):
+    with state.admission.admit(request_id, len(generation.prompts)):
         deltas = merge([prompt_deltas(state.pool, state.model.tokenizer, state.metrics, i, f"{request_id}-{i}",
-                                      list(prompt), bind_seed(generation, seed), generation.stop_strings)
+                                      list(prompt), bind_seed(generation, seed), generation.stop_strings,
+                                      read_placement(request))
                         for i, prompt in enumerate(generation.prompts)])
         try:
             if generation.stream:
@@ -64,6 +67,11 @@ async def serve_generation(request: web.Request,
             return await full_response(request, ctx, generation, deltas)
         finally:
             await deltas.aclose()
+
+
+def read_placement(request: web.Request) -> Placement:
+    """Optional pinning of a request to named nodes (tests run one request through every (P, D) pair)."""
+    return Placement(request.headers.get("X-CoRun-Prefill-Node"), request.headers.get("X-CoRun-Decode-Node"))
 
 
 def read_request_id(request: web.Request) -> str:
@@ -79,7 +87,7 @@ def read_request_id(request: web.Request) -> str:
 async def read_json_body(request: web.Request):
     try:
         return json.loads(await request.read())
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise bad_request(f"the request body is not valid JSON: {error}") from None
 
 
@@ -101,7 +109,17 @@ async def stream_response(request: web.Request, ctx: ResponseContext, generation
                                            **request[RESPONSE_HEADERS_KEY]})
     await response.prepare(request)
     try:
-        num_completion_tokens = await write_deltas(response, ctx, with_first(first_delta, deltas))
+        await write_events(response, ctx, generation, with_first(first_delta, deltas))
+        await response.write_eof()
+    except ConnectionResetError:
+        logger.info("the client of request %s went away", ctx.request_id)
+    return response
+
+
+async def write_events(response: web.StreamResponse, ctx: ResponseContext, generation: GenerationRequest,
+                       deltas: AsyncIterator[ChoiceDelta]) -> None:
+    try:
+        num_completion_tokens = await write_deltas(response, ctx, deltas)
         if generation.include_usage:
             num_prompt_tokens = sum(len(prompt) for prompt in generation.prompts)
             await send_event(response, usage_chunk(ctx, num_prompt_tokens, num_completion_tokens))
@@ -110,8 +128,6 @@ async def stream_response(request: web.Request, ctx: ResponseContext, generation
         logger.warning("request %s failed mid-stream: %s", ctx.request_id, error.message)
         await send_event(response, error_body(error.status, error.message))
     await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
 
 
 async def write_deltas(response: web.StreamResponse, ctx: ResponseContext,

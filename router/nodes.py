@@ -51,13 +51,16 @@ class NodeClient:
     def __init__(self, context: zmq.asyncio.Context, role: Role, index: int, address: str):
         self.role, self.index, self.address = role, index, address
         self.outstanding_work = 0
-        self._socket = context.socket(zmq.DEALER)
+        self._context = context
+        self._socket: zmq.asyncio.Socket | None = None
         self._request_queues: dict[str, asyncio.Queue] = {}
         self._latest_pong: Pong | None = None
         self._latest_pong_time: float | None = None
         self._receive_task: asyncio.Task | None = None
 
     def start(self) -> None:
+        """Connect and start receiving; call from the event loop that will use the client."""
+        self._socket = self._context.socket(zmq.DEALER)
         # NOTE: linger 0: closing never waits for a dead node. IMMEDIATE: messages queue only on a live
         # connection, so a request sent while a node is down waits (and times out) instead of reaching the
         # node minutes later, after its client has given up.
@@ -70,7 +73,8 @@ class NodeClient:
         if self._receive_task is not None:
             self._receive_task.cancel()
             await asyncio.gather(self._receive_task, return_exceptions=True)
-        self._socket.close()
+        if self._socket is not None:
+            self._socket.close()
 
     async def send(self, message) -> None:
         """Send, waiting while the node is unreachable (callers bound the wait)."""
@@ -159,11 +163,11 @@ class NodePool:
         await asyncio.gather(*(node.close() for node in self.nodes))
         self._context.term()
 
-    def choose_prefill(self) -> NodeClient:
-        return least_loaded(self.prefill_nodes)
+    def choose_prefill(self, pinned: str | None = None) -> NodeClient:
+        return pick(self.prefill_nodes, pinned) if pinned else least_loaded(self.prefill_nodes)
 
-    def choose_decode(self) -> NodeClient:
-        return least_loaded(self.decode_nodes)
+    def choose_decode(self, pinned: str | None = None) -> NodeClient:
+        return pick(self.decode_nodes, pinned) if pinned else least_loaded(self.decode_nodes)
 
     def statuses(self) -> list[NodeStatus]:
         now = time.monotonic()
@@ -193,3 +197,24 @@ def least_loaded(nodes: list[NodeClient]) -> NodeClient:
     """Least outstanding work among healthy nodes (all nodes when none is), ties to the lowest index."""
     candidates = [node for node in nodes if node.healthy] or nodes
     return min(candidates, key=lambda node: (node.outstanding_work, node.index))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Node ids a request is pinned to (X-CoRun-Prefill-Node / X-CoRun-Decode-Node), for tests and debugging."""
+
+    prefill: str | None = None
+    decode: str | None = None
+
+
+class UnknownNode(ValueError):
+    pass
+
+
+def pick(nodes: list[NodeClient], node_id: str) -> NodeClient:
+    """The node whose id (from its Pong) or address is node_id."""
+    for node in nodes:
+        pong = node.status().pong
+        if node_id == node.address or (pong is not None and pong.node_id == node_id):
+            return node
+    raise UnknownNode(f"no {nodes[0].role} node {node_id!r}")

@@ -77,9 +77,9 @@ def parse_chat_request(body, model: ModelInfo) -> GenerationRequest:
     top_logprobs = int_field(body, "top_logprobs", 0, 0, MAX_LOGPROBS)
     if top_logprobs and not wants_logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    # NOTE: as vLLM, a chat without a length limit may fill the context.
-    max_tokens = int_field(body, "max_completion_tokens", None, 1)
-    max_tokens = int_field(body, "max_tokens", max_tokens, 1) or max(1, model.max_model_len - len(prompt))
+    # NOTE: as vLLM: max_completion_tokens (OpenAI's newer name) wins; without either, the chat may fill the context.
+    max_tokens = int_field(body, "max_tokens", None, 1)
+    max_tokens = int_field(body, "max_completion_tokens", max_tokens, 1) or max(1, model.max_model_len - len(prompt))
     return build_request("chat", body, (prompt,), max_tokens, top_logprobs if wants_logprobs else None, model)
 
 
@@ -101,7 +101,7 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
     params = SamplingParams(
         temperature=float(read_field(body, "temperature", 1.0, lambda v: is_number(v) and v >= 0, "a number >= 0")),
         top_p=float(read_field(body, "top_p", 1.0, lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")),
-        top_k=int_field(body, "top_k", 0, -1),
+        top_k=int_field(body, "top_k", 0, -1, model.vocab_size),
         max_tokens=max_tokens,
         stop_token_ids=tuple(read_token_ids(body, "stop_token_ids", model.vocab_size)),
         ignore_eos=bool_field(body, "ignore_eos", False),

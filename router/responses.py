@@ -41,7 +41,8 @@ class ChoiceTotal:
         self.text += delta.text
         self.token_ids += delta.token_ids
         if delta.logprobs is not None:
-            self.logprobs = [*(self.logprobs or []), *delta.logprobs]
+            self.logprobs = self.logprobs if self.logprobs is not None else []
+            self.logprobs.extend(delta.logprobs)
         self.finish_reason = delta.finish_reason or self.finish_reason
 
 

@@ -11,18 +11,18 @@ from corun.sampling_params import SamplingParams
 from corun.tokenizer import Tokenizer
 from router.detokenizer import IncrementalDetokenizer
 from router.metrics import RouterMetrics
-from router.nodes import NodePool
+from router.nodes import NodePool, Placement
 from router.pipeline import generate
 from router.responses import ChoiceDelta
 
 
 async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMetrics, index: int, request_id: str,
-                        prompt_token_ids: list[int], params: SamplingParams, stop_strings: tuple[str, ...]
-                        ) -> AsyncIterator[ChoiceDelta]:
+                        prompt_token_ids: list[int], params: SamplingParams, stop_strings: tuple[str, ...],
+                        placement: Placement = Placement()) -> AsyncIterator[ChoiceDelta]:
     """One prompt's choice: detokenised, cut at a stop string (which aborts the decode), timed for metrics."""
     start = time.monotonic()
     detokenizer = IncrementalDetokenizer(tokenizer, stop_strings)
-    events = generate(pool, request_id, prompt_token_ids, params, params.seed)
+    events = generate(pool, request_id, prompt_token_ids, params, params.seed, placement)
     try:
         async for event in events:
             if detokenizer.num_tokens == 0:

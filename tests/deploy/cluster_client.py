@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import urllib.request
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
+import zmq
 
+from corun import protocol
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from deploy.local import LocalCluster, LocalClusterConfig, free_port
 
@@ -62,7 +63,26 @@ def complete_all_concurrently(api, prompts, params) -> list:
 
 
 def node_stats(cluster: LocalCluster) -> dict[str, dict]:
-    """node id -> its latest stats, read from the router's /health."""
-    with urllib.request.urlopen(f"{cluster.url}/health", timeout=10) as response:
-        body = json.loads(response.read())
-    return {node["node_id"]: node["stats"] for node in body["nodes"]}
+    """node id -> its stats right now, asked of every node directly (the router's copy can be a second old)."""
+    context = zmq.Context.instance()
+    stats = {}
+    for address in [*cluster.prefill_addresses, *cluster.decode_addresses]:
+        with context.socket(zmq.DEALER) as socket:
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(address)
+            socket.send(protocol.encode(protocol.Ping(0)))
+            if not socket.poll(10_000):
+                raise TimeoutError(f"no Pong from {address}")
+            pong = protocol.decode(socket.recv_multipart()[-1])
+            stats[pong.node_id] = pong.stats
+    return stats
+
+
+def wait_for_stats(cluster: LocalCluster, done, timeout_s: float = 10.0) -> dict[str, dict]:
+    """Node stats once done(stats) holds (a prefill node frees KV when the decode's notification arrives)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = node_stats(cluster)
+        if done(stats) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.1)

@@ -65,6 +65,10 @@ class FakeBehaviour:
     """Take requests and never answer them (pings are still answered)."""
     error: tuple[int, str] | None = None
     """Answer every request with ErrorReply(status, message)."""
+    fail_after_tokens: int | None = None
+    """decode: after streaming this many tokens, fail the request with ErrorReply(503) (a lost KV read, a
+    crashed peer), `num_failures` times in all; later requests run normally."""
+    num_failures: int = 1
 
 
 class FakeNode:
@@ -124,18 +128,23 @@ class FakeNode:
 
 
 class FakePrefill(FakeNode):
-    async def handle(self, identity: bytes, message: PrefillRequest) -> None:
-        position = len(message.prompt_token_ids)
+    async def handle(self, identity: bytes, message) -> None:
+        if not isinstance(message, PrefillRequest):
+            return  # NOTE: Abort: nothing queued to drop, a fake prefill answers at once
+        params, position = message.params, len(message.prompt_token_ids)
         token_id = fake_token_id(self.candidate_ids, message.prompt_token_ids, message.seed, position)
-        kv = KVHandle(self.node_id, self.address, (0, 1), position, "fake-compat")
-        logprobs = fake_logprobs(self.candidate_ids, token_id, position, message.params.logprobs)
-        await self._reply(identity, PrefillResult(message.request_id, token_id, logprobs, kv))
+        logprobs = fake_logprobs(self.candidate_ids, token_id, position, params.logprobs)
+        # NOTE: as the real prefill node: a request finished by its first token gets no KV and no decode.
+        finish_reason = "stop" if token_id in params.stop_token_ids else "length" if params.max_tokens == 1 else None
+        kv = None if finish_reason else KVHandle(self.node_id, self.address, (0, 1), position, "fake-compat")
+        await self._reply(identity, PrefillResult(message.request_id, token_id, logprobs, kv, finish_reason))
 
 
 class FakeDecode(FakeNode):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._streams: dict[str, asyncio.Task] = {}
+        self._num_failures_left = self.behaviour.num_failures if self.behaviour.fail_after_tokens is not None else 0
 
     async def handle(self, identity: bytes, message) -> None:
         if isinstance(message, DecodeRequest):
@@ -144,20 +153,26 @@ class FakeDecode(FakeNode):
             self._streams.pop(message.request_id).cancel()
 
     async def _stream(self, identity: bytes, request: DecodeRequest) -> None:
-        remaining = self.output(request)
+        remaining, fail_after, num_sent = self.output(request), self._take_failure(), 0
         # NOTE: unseeded on purpose: event grouping differs from run to run and must not matter.
         grouping = random.Random()
         while remaining:
-            size = grouping.randint(1, 3)
+            if fail_after is not None and num_sent >= fail_after:
+                await self._reply(identity, ErrorReply(request.request_id, 503, "KV read failed (fake)"))
+                break
+            size = 1 if fail_after is not None else grouping.randint(1, 3)
             group, remaining = remaining[:size], remaining[size:]
-            token_ids = [token_id for token_id, _ in group]
-            finish_reason = None
-            if not remaining:
-                finish_reason = "stop" if token_ids[-1] in request.params.stop_token_ids else "length"
-            logprobs = None if request.params.logprobs is None else [lp for _, lp in group]
             await asyncio.sleep(self.behaviour.event_delay_s)
-            await self._reply(identity, TokenEvent(request.request_id, token_ids, logprobs, finish_reason))
+            await self._reply(identity, token_event(request, group, is_last=not remaining))
+            num_sent += size
         self._streams.pop(request.request_id, None)
+
+    def _take_failure(self) -> int | None:
+        """Tokens to send before failing this request, None when it runs normally."""
+        if self._num_failures_left <= 0:
+            return None
+        self._num_failures_left -= 1
+        return self.behaviour.fail_after_tokens
 
     def output(self, request: DecodeRequest) -> list[tuple[int, TokenLogprobs | None]]:
         """The prefill's token, then one per position until max_tokens or a stop token id."""
@@ -168,3 +183,12 @@ class FakeDecode(FakeNode):
             token_id = fake_token_id(self.candidate_ids, request.prompt_token_ids, request.seed, position)
             items.append((token_id, fake_logprobs(self.candidate_ids, token_id, position, params.logprobs)))
         return items
+
+
+def token_event(request: DecodeRequest, group: list[tuple[int, TokenLogprobs | None]], is_last: bool) -> TokenEvent:
+    token_ids = [token_id for token_id, _ in group]
+    finish_reason = None
+    if is_last:
+        finish_reason = "stop" if token_ids[-1] in request.params.stop_token_ids else "length"
+    logprobs = None if request.params.logprobs is None else [lp for _, lp in group]
+    return TokenEvent(request.request_id, token_ids, logprobs, finish_reason)

@@ -1,5 +1,7 @@
 """Incremental detokenisation: equal to decoding at once, never showing half characters or half stop strings."""
 
+import random
+
 import pytest
 
 from router.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
@@ -50,3 +52,11 @@ def test_a_stop_string_in_the_first_token_gives_empty_text(tokenizer):
     token_ids = tokenizer.encode("the end")
     deltas = feed(tokenizer, token_ids, stop_strings=[tokenizer.decode(token_ids[:1])])
     assert [d.text for d in deltas] == [""] and deltas[0].stopped and deltas[0].num_tokens == 1
+
+
+def test_random_token_sequences_detokenise_like_the_whole_decode(tokenizer):
+    rng = random.Random(0)
+    for _ in range(100):
+        token_ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randint(1, 200))]
+        text = "".join(delta.text for delta in feed(tokenizer, token_ids, group=rng.randint(1, 3)))
+        assert text == tokenizer.decode(token_ids)

@@ -1,10 +1,13 @@
 """Bad input gets a 400/404 in the OpenAI error shape, never a 500, and the router keeps serving."""
 
+import asyncio
 import json
 
+import aiohttp
 import pytest
 
-from tests.router.harness import get, post
+from tests.router.fake_nodes import FakeBehaviour
+from tests.router.harness import RouterHarness, get, post
 
 pytestmark = pytest.mark.timeout(30)
 VALID = {"model": "corun-tiny", "prompt": "the cat", "max_tokens": 4, "seed": 1}
@@ -36,7 +39,8 @@ def test_a_body_that_is_not_an_object_is_a_400(router, body):
     ("temperature", "hot", "'temperature' must be a number >= 0"),
     ("temperature", -0.5, "'temperature' must be a number >= 0"),
     ("top_p", 0, "'top_p' must be a number in (0, 1]"),
-    ("top_k", -2, "'top_k' must be an integer >= -1"),
+    ("top_k", -2, "'top_k' must be an integer in [-1, 2048]"),
+    ("top_k", 10**30, "'top_k'"),
     ("max_tokens", 0, "'max_tokens' must be an integer >= 1"),
     ("max_tokens", 2.5, "'max_tokens'"),
     ("max_tokens", True, "'max_tokens'"),
@@ -119,3 +123,26 @@ def test_errors_echo_the_request_id_and_the_server_keeps_serving(router):
     good = completions(router, VALID, headers={"X-Request-Id": "good-1"})
     assert good.status == 200 and good.headers["X-Request-Id"] == "good-1"
     assert len(good.body["choices"][0]["token_ids"]) == 4
+
+
+def test_deeply_nested_json_is_a_400_not_a_crash(router):
+    assert_error(completions(router, raw=b"[" * 100_000), 400, "not valid JSON")
+
+
+def test_a_request_id_already_in_flight_is_a_409(tiny_model_dir, word_token_ids):
+    slow = FakeBehaviour(event_delay_s=0.1)
+    with RouterHarness(tiny_model_dir, word_token_ids, decode=slow) as router:
+        statuses = asyncio.run(same_id_twice(router.base_url))
+        assert statuses == [200, 409]
+
+
+async def same_id_twice(base_url: str) -> list[int]:
+    headers = {"X-Request-Id": "twin"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        async with session.post(base_url + "/v1/completions", json={**VALID, "stream": True},
+                                headers=headers) as first:
+            await first.content.readline()
+            async with session.post(base_url + "/v1/completions", json=VALID, headers=headers) as second:
+                statuses = [first.status, second.status]
+            await first.read()
+    return statuses

@@ -147,6 +147,7 @@ def test_health_lists_every_node(router):
     assert reply.status == 200 and reply.body["status"] == "ok"
     assert sorted(node["node_id"] for node in reply.body["nodes"]) == [
         "fake-decode-0", "fake-decode-1", "fake-prefill-0", "fake-prefill-1"]
+    assert all(node["stats"]["kv_usage"] == 0.25 and node["fingerprint"] for node in reply.body["nodes"])
 
 
 def test_metrics_export_requests_latencies_and_node_stats(client, router):
@@ -161,3 +162,11 @@ def test_metrics_export_requests_latencies_and_node_stats(client, router):
         assert re.search(rf'corun_node_kv_usage\{{[^}}]*node_id="{node_id}"[^}}]*\}} 0.25', text)
         assert re.search(rf'corun_node_num_requests_received\{{[^}}]*role="{role}"', text)
     assert "corun_node_engine" not in text
+
+
+def test_chat_length_limits(client):
+    messages = [{"role": "user", "content": "count"}]
+    limited = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=3, seed=1)
+    assert len(limited.choices[0].token_ids) == 3
+    unlimited = client.chat.completions.create(model=MODEL, messages=messages, seed=1)
+    assert unlimited.usage.prompt_tokens + unlimited.usage.completion_tokens == 1024

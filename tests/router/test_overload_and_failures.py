@@ -5,9 +5,10 @@ import asyncio
 import aiohttp
 import pytest
 
-from corun.protocol import Abort
-from tests.router.fake_nodes import FakeBehaviour
-from tests.router.harness import RouterHarness, get, post, wait_for
+from corun.protocol import Abort, DecodeRequest, PrefillRequest
+from corun.sampling_params import SamplingParams
+from tests.router.fake_nodes import FakeBehaviour, expected_token_ids
+from tests.router.harness import RouterHarness, get, post, sse_events, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2}
@@ -36,14 +37,16 @@ async def one_slow_then_one_more(base_url: str) -> tuple[list[int], str | None]:
     return statuses, retry_after
 
 
-@pytest.mark.parametrize("role", ["prefill", "decode"])
-def test_a_node_error_reply_passes_its_status_through(tiny_model_dir, word_token_ids, role):
-    failing = FakeBehaviour(error=(503, "no free KV blocks"))
+@pytest.mark.parametrize(("role", "status"), [("prefill", 400), ("decode", 400), ("prefill", 503), ("decode", 503)])
+def test_a_node_error_reply_passes_its_status_through(tiny_model_dir, word_token_ids, role, status):
+    failing = FakeBehaviour(error=(status, "request refused"))
     with RouterHarness(tiny_model_dir, word_token_ids, **{role: failing}) as router:
         for stream in (False, True):
             reply = post(router.base_url + "/v1/completions", {**BODY, "stream": stream})
-            assert reply.status == 503 and "no free KV blocks" in reply.body["error"]["message"]
+            assert reply.status == status and "request refused" in reply.body["error"]["message"]
         assert router.state.admission.in_flight == 0
+        num_attempts = sum(len(node.request_ids(PrefillRequest)) for node in router.prefill_nodes)
+        assert num_attempts == (2 if status == 400 else 6)
 
 
 def test_a_silent_decode_node_times_out_with_504_and_is_aborted(tiny_model_dir, word_token_ids):
@@ -67,3 +70,47 @@ def test_a_missing_node_makes_health_503_and_requests_503(tiny_model_dir, word_t
         assert health.status == 503 and health.body["status"] == "unavailable"
         assert [n["healthy"] for n in health.body["nodes"]] == [True, True, False, False]
         assert post(router.base_url + "/v1/completions", BODY).status == 503
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_decode_failure_is_retried_and_continues_exactly(tiny_model_dir, word_token_ids, tokenizer, stream):
+    flaky = FakeBehaviour(fail_after_tokens=5)
+    body = {**BODY, "max_tokens": 12, "logprobs": 1, "stream": stream}
+    with RouterHarness(tiny_model_dir, word_token_ids, num_decode=1, decode=flaky) as router:
+        reply = post(router.base_url + "/v1/completions", body, headers={"X-Request-Id": "flaky"})
+        assert reply.status == 200
+        token_ids, logprob_tokens = completion_tokens(reply.body, stream)
+        prompt_ids = tokenizer.encode(BODY["prompt"])
+        assert token_ids == expected_token_ids(word_token_ids, prompt_ids, 2, SamplingParams(max_tokens=12))
+        assert logprob_tokens == [tokenizer.decode([t]) for t in token_ids]
+        assert router.decode_nodes[0].request_ids(DecodeRequest) == ["flaky-0", "flaky-0:retry1"]
+
+
+def completion_tokens(body, stream: bool) -> tuple[list[int], list[str]]:
+    choices = [event["choices"][0] for event in sse_events(body)[:-1]] if stream else body["choices"]
+    return ([t for c in choices for t in c["token_ids"]], [t for c in choices for t in c["logprobs"]["tokens"]])
+
+
+def test_a_failure_that_persists_gives_up_after_three_attempts(tiny_model_dir, word_token_ids):
+    broken = FakeBehaviour(fail_after_tokens=2, num_failures=10)
+    with RouterHarness(tiny_model_dir, word_token_ids, num_decode=1, decode=broken) as router:
+        reply = post(router.base_url + "/v1/completions", {**BODY, "max_tokens": 8}, headers={"X-Request-Id": "x"})
+        assert reply.status == 503 and "KV read failed" in reply.body["error"]["message"]
+        streamed = post(router.base_url + "/v1/completions", {**BODY, "max_tokens": 8, "stream": True})
+        events = sse_events(streamed.body)
+        assert streamed.status == 200 and events[-1] == "[DONE]" and events[-2]["error"]["code"] == 503
+        assert sum(len(e["choices"][0]["token_ids"]) for e in events[:-2]) == 2
+        assert len(router.decode_nodes[0].request_ids(DecodeRequest)) == 6
+
+
+@pytest.mark.parametrize("params", [{"max_tokens": 1}, {"max_tokens": 5, "stop_token_ids": "FIRST"}])
+def test_a_request_finished_by_its_first_token_skips_decode(tiny_model_dir, word_token_ids, tokenizer, params):
+    prompt_ids = tokenizer.encode(BODY["prompt"])
+    first = expected_token_ids(word_token_ids, prompt_ids, 2, SamplingParams(max_tokens=1))[0]
+    params = {key: [first] if value == "FIRST" else value for key, value in params.items()}
+    with RouterHarness(tiny_model_dir, word_token_ids) as router:
+        reply = post(router.base_url + "/v1/completions", {**BODY, **params})
+        choice = reply.body["choices"][0]
+        assert choice["token_ids"] == [first] and choice["text"] == tokenizer.decode([first])
+        assert choice["finish_reason"] == ("length" if params["max_tokens"] == 1 else "stop")
+        assert all(not node.request_ids(DecodeRequest) for node in router.decode_nodes)

@@ -1,0 +1,152 @@
+"""End to end through HTTP with the official openai client against `corun serve`-style clusters (CPU, float32).
+
+For a (prompt, seed): identical token ids and bitwise-equal logprobs alone or among 32 concurrent requests, on
+1P1D and 2P2D, through every (P, D) pair, streamed or not, and equal to the colocated engine. Transfer counters
+prove each request's KV crossed over NIXL. Bad input gets a 400 and the cluster keeps serving.
+"""
+
+import json
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from corun import LLM, SamplingParams
+from deploy.local import LocalCluster, LocalClusterConfig, free_port
+from tests.conftest import varied_prompts
+from tests.deploy.cluster_client import (
+    CHUNK,
+    MAX_MODEL_LEN,
+    N,
+    client,
+    complete,
+    complete_all_concurrently,
+    engine_config,
+    node_stats,
+    start_cluster,
+    wait_for_stats,
+)
+
+PARAMS = {"temperature": 0.6, "seed": 42, "max_tokens": 16, "logprobs": 5}
+PROMPTS = varied_prompts(32, seed=0)
+
+
+@pytest.fixture(scope="module")
+def cluster_1p1d(tiny_model_dir):
+    cluster = start_cluster(tiny_model_dir, num_prefill=1, num_decode=1)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_2p2d(tiny_model_dir):
+    cluster = start_cluster(tiny_model_dir, num_prefill=2, num_decode=2)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def colocated(tiny_model_dir):
+    """The colocated engine with the nodes' settings (one CPU thread: the thread count changes the bits)."""
+    llm = LLM(tiny_model_dir, max_num_seqs=N, max_model_len=MAX_MODEL_LEN, prefill_chunk_size=CHUNK, num_threads=1)
+    params = SamplingParams(**PARAMS, ignore_eos=True)
+    outputs = llm.generate(PROMPTS, params)
+    return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs]
+
+
+@pytest.mark.parametrize("topology", ["cluster_1p1d", "cluster_2p2d"])
+def test_alone_vs_32_concurrent_bitwise_identical(topology, request):
+    api = client(request.getfixturevalue(topology))
+    alone = [complete(api, prompt, PARAMS) for prompt in PROMPTS]
+    together = complete_all_concurrently(api, PROMPTS, PARAMS)
+    assert all(len(ids) == PARAMS["max_tokens"] for ids, _ in alone)
+    for i, (a, b) in enumerate(zip(alone, together, strict=True)):
+        assert a == b, f"prompt {i} differs alone vs among 32 concurrent requests"
+
+
+def test_disaggregated_equals_colocated(cluster_1p1d, cluster_2p2d, colocated):
+    for cluster in (cluster_1p1d, cluster_2p2d):
+        served = complete_all_concurrently(client(cluster), PROMPTS, PARAMS)
+        for i, ((ids, steps), (ref_ids, ref_steps)) in enumerate(zip(served, colocated, strict=True)):
+            assert ids == ref_ids, f"prompt {i}: tokens differ from the colocated engine"
+            assert [lp for lp, _ in steps] == ref_steps, f"prompt {i}: logprobs differ from the colocated engine"
+
+
+def test_every_prefill_decode_pair_gives_the_same_output(cluster_2p2d):
+    api = client(cluster_2p2d)
+    outputs = {(p, d): complete(api, PROMPTS[3], PARAMS, {"X-CoRun-Prefill-Node": p, "X-CoRun-Decode-Node": d})
+               for p in ("prefill-0", "prefill-1") for d in ("decode-0", "decode-1")}
+    reference = outputs[("prefill-0", "decode-0")]
+    assert all(output == reference for output in outputs.values()), list(outputs)
+    stats = node_stats(cluster_2p2d)
+    assert all(stats[node]["num_prefill_forwards"] > 0 for node in ("prefill-0", "prefill-1"))
+
+
+def test_streamed_equals_not_streamed(cluster_2p2d):
+    api = client(cluster_2p2d)
+    for prompt in PROMPTS[:4]:
+        assert complete(api, prompt, PARAMS, stream=True) == complete(api, prompt, PARAMS)
+
+
+def test_transfer_counters_prove_kv_crossed_over_nixl(cluster_2p2d):
+    """Every decoded request's KV was READ over NIXL and released by its prefill node; decode never prefills."""
+    before = node_stats(cluster_2p2d)
+    num_requests = 12
+    complete_all_concurrently(client(cluster_2p2d), PROMPTS[:num_requests], PARAMS)
+
+    def delta(stats, role, key):
+        return sum(stats[n][key] - before[n][key] for n in stats if n.startswith(role))
+
+    after = wait_for_stats(cluster_2p2d, lambda s: delta(s, "decode", "reads_completed") >= num_requests)
+    assert delta(after, "decode", "reads_completed") == num_requests
+    assert delta(after, "decode", "read_failures") == 0
+    assert delta(after, "decode", "blocks_read") >= num_requests and delta(after, "decode", "bytes_read") > 0
+    assert delta(after, "prefill", "num_prefill_forwards") >= num_requests
+    assert delta(after, "decode", "num_prefill_forwards") == 0  # no silent recompute on decode
+    assert delta(after, "decode", "num_mixed_forwards") == 0
+    released = wait_for_stats(cluster_2p2d, lambda s: delta(s, "prefill", "kv_released") >= num_requests)
+    assert delta(released, "prefill", "kv_released") == num_requests
+    assert delta(released, "prefill", "lease_expiries") == 0
+
+
+def post(cluster, path: str, body: bytes):
+    request = urllib.request.Request(f"{cluster.url}{path}", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b"{not json", "not valid JSON"),
+    (json.dumps({"prompt": "hi", "max_tokens": "many"}).encode(), "max_tokens"),
+    (json.dumps({"prompt": "hi", "temperature": [1]}).encode(), "temperature"),
+    (json.dumps({"prompt": "hi", "max_tokens": 4, "surprise": 1}).encode(), "surprise"),
+    (json.dumps({"prompt": "word " * (MAX_MODEL_LEN + 10), "max_tokens": 4}).encode(), "maximum context length"),
+])
+def test_bad_input_is_a_400_and_the_cluster_keeps_serving(cluster_1p1d, body, fragment):
+    status, reply = post(cluster_1p1d, "/v1/completions", body)
+    assert status == 400 and fragment in reply["error"]["message"], reply
+    ids, _ = complete(client(cluster_1p1d), PROMPTS[0], PARAMS)
+    assert len(ids) == PARAMS["max_tokens"]
+
+
+def test_incompatible_decode_node_is_refused_with_a_clear_error(cluster_1p1d, tiny_model_dir):
+    """A decode node built for another N must not read this prefill node's KV: the handshake refuses it."""
+    mismatched = LocalCluster(LocalClusterConfig(engine_config(tiny_model_dir, max_num_seqs=16), port=free_port(
+        "127.0.0.1"), num_prefill=1, num_decode=1))
+    mismatched.prefill_addresses = list(cluster_1p1d.prefill_addresses)  # borrow the N=32 cluster's prefill node
+    try:
+        mismatched.start_node("decode", 0)
+        mismatched.start_router()
+        mismatched.wait_healthy()
+        with pytest.raises(openai.APIStatusError) as refused:
+            complete(client(mismatched), PROMPTS[0], PARAMS)
+        assert refused.value.status_code == 503
+        assert "incompatible" in str(refused.value) and "max_num_seqs 32 != 16" in str(refused.value)
+    finally:
+        mismatched.stop()
+    ids, _ = complete(client(cluster_1p1d), PROMPTS[0], PARAMS)  # the prefill node keeps serving its own cluster
+    assert len(ids) == PARAMS["max_tokens"]
