@@ -1,0 +1,87 @@
+"""The prefill server in-process: isolated FIFO prefill, KV leases (claim, expiry), refusal of bad peers."""
+
+import time
+
+import pytest
+import zmq
+
+from corun import protocol
+from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from corun.sampling_params import SamplingParams
+from deploy.local import free_port
+from prefill_node.server import PrefillServer
+
+
+@pytest.fixture
+def server(tiny_model_dir):
+    engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
+                          scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=256, prefill_chunk_size=16))
+    node = PrefillServer(NodeConfig("prefill", "prefill-t", engine, port=free_port("127.0.0.1"),
+                                    kv_lease_seconds=0.3))
+    yield node
+    node.close()
+
+
+@pytest.fixture
+def router(server):
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(server.config.address)
+    yield socket
+    socket.close()
+
+
+def exchange(server, socket, message, num_replies: int = 1, timeout_s: float = 10.0) -> list:
+    socket.send(protocol.encode(message))
+    replies, deadline = [], time.monotonic() + timeout_s
+    while len(replies) < num_replies and time.monotonic() < deadline:
+        server.step()
+        while socket.poll(0):
+            replies.append(protocol.decode(socket.recv_multipart()[-1]))
+    assert len(replies) == num_replies, f"got {replies}"
+    return replies
+
+
+def prefill(request_id: str, num_tokens: int, max_tokens: int = 8) -> protocol.PrefillRequest:
+    params = SamplingParams(temperature=0.6, seed=3, max_tokens=max_tokens, ignore_eos=True)
+    return protocol.PrefillRequest(request_id, list(range(10, 10 + num_tokens)), params, 3)
+
+
+def test_prefill_leases_kv_then_frees_it_when_the_lease_expires(server, router):
+    free_before = server.block_manager.num_free_blocks
+    [result] = exchange(server, router, prefill("a", 40))  # 40 tokens: three chunks of 16, 16, 8, alone
+    assert isinstance(result, protocol.PrefillResult) and result.kv.num_tokens == 40
+    assert len(result.kv.block_ids) == 3 and server.runner.num_prefill_forwards == 3
+    assert server.block_manager.num_free_blocks == free_before - 3
+    time.sleep(0.35)
+    server.step()
+    assert server.agent.counters.lease_expiries == 1 and server.block_manager.num_free_blocks == free_before
+    [claim] = exchange(server, router, protocol.ClaimKV("a"))
+    assert not claim.ok and "expired" in claim.reason
+
+
+def test_a_claimed_lease_never_expires_nor_is_aborted(server, router):
+    [result] = exchange(server, router, prefill("b", 20))
+    [claim] = exchange(server, router, protocol.ClaimKV("b"))
+    assert claim.ok and claim.block_ids == result.kv.block_ids
+    time.sleep(0.35)
+    router.send(protocol.encode(protocol.Abort("b")))
+    for _ in range(5):
+        server.step()
+    assert server.agent.counters.lease_expiries == 0 and "b" in server.leases
+
+
+def test_first_token_that_ends_the_request_returns_no_kv(server, router):
+    free_before = server.block_manager.num_free_blocks
+    [result] = exchange(server, router, prefill("c", 12, max_tokens=1))
+    assert result.kv is None and result.finish_reason == "length"
+    assert server.block_manager.num_free_blocks == free_before and not server.leases
+
+
+def test_bad_requests_and_incompatible_peers_get_clear_errors(server, router):
+    [too_long] = exchange(server, router, prefill("d", 250, max_tokens=10))
+    assert too_long.status == 400 and "max_model_len" in too_long.message
+    [refused] = exchange(server, router, protocol.HandshakeRequest("decode-x", {**server.compat, "block_size": 32}))
+    assert isinstance(refused, protocol.ErrorReply) and "block_size 16 != 32" in refused.message
+    [accepted] = exchange(server, router, protocol.HandshakeRequest("decode-y", dict(server.compat)))
+    assert isinstance(accepted, protocol.HandshakeReply) and accepted.compat_hash == server.compat_hash
