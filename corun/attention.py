@@ -42,6 +42,9 @@ class AttentionMetadata:
     window_block_tables: torch.Tensor | None = None  # [num_window_rows, window_blocks] int64
     window_context_lens: torch.Tensor | None = None  # [num_window_rows] int64
     segments: tuple[RequestSegment, ...] = ()
+    num_kv_splits: int = 0
+    """Decode kernel for the window rows: 0 = the torch fixed-window path; n >= 1 = the Triton paged kernel
+    with n splits of each context (1 = no split-KV)."""
 
 
 def write_kv(k_cache, v_cache, k, v, meta: AttentionMetadata) -> None:
@@ -90,14 +93,22 @@ def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
     """q: [num_tokens, heads, head_dim]; writes k, v to the cache, returns [num_tokens, heads, head_dim]."""
     write_kv(k_cache, v_cache, k, v, meta)
     if meta.num_window_rows == q.shape[0]:
-        return fixed_window_decode_attention(
-            q, k_cache, v_cache, meta.window_block_tables, meta.window_context_lens, scale)
+        return decode_rows_attention(q, k_cache, v_cache, meta, scale)
     out = torch.zeros_like(q)
     if meta.num_window_rows:
         rows = slice(0, meta.num_window_rows)
-        out[rows] = fixed_window_decode_attention(
-            q[rows], k_cache, v_cache, meta.window_block_tables, meta.window_context_lens, scale)
+        out[rows] = decode_rows_attention(q[rows], k_cache, v_cache, meta, scale)
     for seg in meta.segments:
         rows = slice(seg.query_start, seg.query_start + seg.num_query_tokens)
         out[rows] = request_attention(q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale)
     return out
+
+
+def decode_rows_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    if meta.num_kv_splits == 0:
+        return fixed_window_decode_attention(
+            q, k_cache, v_cache, meta.window_block_tables, meta.window_context_lens, scale)
+    from corun.kernels.decode_attention import paged_decode_attention  # NOTE: Triton only on CUDA hosts
+
+    return paged_decode_attention(q, k_cache, v_cache, meta.window_block_tables, meta.window_context_lens, scale,
+                                  meta.num_kv_splits)

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from corun.bench import add_bench
 from corun.engine_args import add_engine_args, engine_config_from_args
 
 
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None, extra_commands=()) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     add_make_tiny_model(commands)
     add_generate(commands)
+    add_bench(commands)
     for add in extra_commands:
         add(commands)
     args = parser.parse_args(argv)

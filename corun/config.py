@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Mode = Literal["corun", "standard"]
+Mode = Literal["corun", "standard", "batch_invariant"]
 DType = Literal["float32", "bfloat16", "float16"]
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     mode: Mode = "corun"
-    """corun: isolated prefill + fixed-shape decode. standard: vLLM-style continuous batching."""
+    """corun: isolated prefill + fixed-shape decode. standard: vLLM-style continuous batching.
+    batch_invariant: standard scheduling on batch-invariant kernels (CUDA only)."""
     max_num_seqs: int = 32
     """N: the most requests running at once; in corun mode every decode step computes exactly N rows."""
     max_model_len: int = 1024
@@ -23,8 +24,8 @@ class SchedulerConfig:
     """standard mode only: token budget of one mixed prefill+decode step."""
 
     def __post_init__(self):
-        if self.mode not in ("corun", "standard"):
-            raise ValueError(f"mode must be 'corun' or 'standard', got {self.mode!r}")
+        if self.mode not in ("corun", "standard", "batch_invariant"):
+            raise ValueError(f"mode must be 'corun', 'standard' or 'batch_invariant', got {self.mode!r}")
         for name in ("max_num_seqs", "max_model_len", "prefill_chunk_size", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -73,6 +74,8 @@ class EngineConfig:
             raise ValueError("max_logprobs must be >= 0")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.scheduler.mode == "batch_invariant" and not self.device.startswith("cuda"):
+            raise ValueError("batch_invariant mode needs a CUDA device (its kernels are Triton)")
 
     @property
     def max_blocks_per_seq(self) -> int:

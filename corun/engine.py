@@ -64,7 +64,7 @@ class LLMEngine:
 
     def run(self, batch: ScheduledBatch) -> list[SampledToken]:
         self.stats.max_prefill_batch = max(self.stats.max_prefill_batch, len(batch.prefill_chunks))
-        if self.config.scheduler.mode == "standard":
+        if self.config.scheduler.mode != "corun":
             self.stats.num_mixed_steps += 1
             return self.runner.run_mixed(batch)
         if batch.prefill_chunks:

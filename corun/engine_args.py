@@ -9,7 +9,7 @@ from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="HF-format checkpoint directory")
-    parser.add_argument("--mode", default="corun", choices=["corun", "standard"])
+    parser.add_argument("--mode", default="corun", choices=["corun", "standard", "batch_invariant"])
     parser.add_argument("--max-num-seqs", type=int, default=32, help="N: decode rows per step")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--prefill-chunk-size", type=int, default=512)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
+from corun.models.presets import is_random_spec
 from corun.outputs import CompletionOutput, RequestOutput
 from corun.request import Request
 from corun.sampling_params import SamplingParams
@@ -37,7 +38,8 @@ class LLM:
 
     def _start(self) -> None:
         self.engine = LLMEngine(self.config)
-        self.tokenizer = load_tokenizer(self.config.model)
+        # NOTE: random-weight presets (benchmarks) have no tokenizer: prompts are token ids, text is empty.
+        self.tokenizer = None if is_random_spec(self.config.model) else load_tokenizer(self.config.model)
         self.request_counter = itertools.count()
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
@@ -58,12 +60,15 @@ class LLM:
         return [self.to_output(r, p if isinstance(p, str) else None) for r, p in zip(requests, prompts)]
 
     def add(self, prompt: Prompt, params: SamplingParams) -> Request:
+        if isinstance(prompt, str) and self.tokenizer is None:
+            raise ValueError(f"{self.config.model} has no tokenizer: pass prompts as token ids")
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         return self.engine.add_request(str(next(self.request_counter)), token_ids, params)
 
     def to_output(self, request: Request, prompt: str | None) -> RequestOutput:
         logprobs = request.output_logprobs if request.params.logprobs is not None else None
-        completion = CompletionOutput(0, self.tokenizer.decode(request.output_token_ids),
+        text = self.tokenizer.decode(request.output_token_ids) if self.tokenizer else ""
+        completion = CompletionOutput(0, text,
                                       list(request.output_token_ids), logprobs, request.finish_reason)
         return RequestOutput(request.request_id, prompt, request.prompt_token_ids, [completion], request.seed,
                              finished=request.finish_reason is not None)

@@ -4,6 +4,9 @@ The corun decode step always computes exactly N rows: running requests fill rows
 (so a request moves up when an earlier one finishes) and the rest are padding that reads and writes only the
 null block and whose sampled values are dropped. On CUDA the step (model + lm head) is captured once as one
 CUDA graph and replayed; the sampler runs outside it on the same N rows.
+
+standard and batch_invariant modes on CUDA do what vLLM does by default: decode-only steps are padded to the
+next of several captured sizes, mixed prefill+decode steps run eagerly.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from corun.outputs import TokenLogprobs
 from corun.request import Request
 from corun.sampler import Sampler, SamplerOutput, SamplingBatch
 from corun.scheduler import PrefillChunk, ScheduledBatch
-from corun.step_inputs import StepInputs, WindowDecodeInputs, build_step, build_window_decode
+from corun.step_inputs import StepInputs, WindowDecodeInputs, build_step, build_window_decode, build_windowed_step
 
 
 @dataclass
@@ -29,24 +32,50 @@ class SampledToken:
     logprobs: TokenLogprobs | None
 
 
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """vLLM-style graph sizes for standard modes: 1, 2, 4, 8, then every 16 up to N (and N itself)."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs] + list(range(16, max_num_seqs, 16))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, capture_decode_graph: bool = True):
         """capture_decode_graph: False on prefill-only nodes, which never run the decode step."""
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
+        self.mode = config.scheduler.mode
         self.device = torch.device(config.device)
         self.block_size = config.cache.block_size
         self.num_rows = config.scheduler.max_num_seqs
         self.window_blocks = config.max_blocks_per_seq
         self.model = load_model(config.model, config.dtype, config.device, config.scheduler.max_model_len)
+        if self.mode == "batch_invariant":
+            from corun.kernels.batch_invariant import batch_invariant_linear
+
+            self.model.use_matmul(batch_invariant_linear)
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.sampler = Sampler()
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_cuda else 0
         self.decode_graph = None
-        if capture_decode_graph and self.device.type == "cuda" and config.use_cuda_graph \
-                and config.scheduler.mode == "corun":
-            self.decode_graph = DecodeGraph(self)
+        if capture_decode_graph and self.on_cuda and config.use_cuda_graph:
+            sizes = [self.num_rows] if self.mode == "corun" else capture_sizes(self.num_rows)
+            self.decode_graph = DecodeGraphs(self, sizes)
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def kv_splits(self, num_rows: int) -> int:
+        """Decode attention kernel choice on CUDA: no split-KV except in standard mode (batch-dependent)."""
+        if not self.on_cuda:
+            return 0
+        if self.mode != "standard":
+            return 1
+        from corun.kernels.decode_attention import split_kv_heuristic
+
+        return split_kv_heuristic(num_rows, self.model.cfg.num_kv_heads, self.num_sms)
 
     def run_prefill(self, chunk: PrefillChunk) -> list[SampledToken]:
         """One request's chunk, alone, at its natural length; samples token 1 after the last chunk."""
@@ -60,17 +89,22 @@ class ModelRunner:
     def run_decode(self, requests: list[Request]) -> list[SampledToken]:
         """The fixed-shape step: exactly N rows whatever len(requests) is."""
         self.num_decode_forwards += 1
+        return self.sample(self.decode_logits(requests, self.num_rows), requests)
+
+    def decode_logits(self, requests: list[Request], num_rows: int) -> torch.Tensor:
         if self.decode_graph is not None:
-            inputs = build_window_decode(requests, self.num_rows, self.window_blocks, self.block_size)
-            return self.sample(self.decode_graph.replay(inputs), requests)
-        hidden = self.forward(build_step(requests, self.num_rows, [], self.block_size, self.device))
-        return self.sample(self.model.compute_logits(hidden), requests)
+            inputs = build_window_decode(requests, num_rows, self.window_blocks, self.block_size)
+            return self.decode_graph.replay(inputs)
+        return self.model.compute_logits(self.forward(self.mixed_inputs(requests, num_rows, [])))
 
     def run_mixed(self, batch: ScheduledBatch) -> list[SampledToken]:
-        """standard mode: decodes and prompt chunks of several requests in one forward, no padding."""
+        """standard modes: decodes and prompt chunks of several requests in one forward, no padding."""
         decodes, chunks = batch.decode_requests, batch.prefill_chunks
-        hidden = self.forward(build_step(decodes, len(decodes), chunks, self.block_size, self.device))
         self.num_mixed_forwards += 1
+        if not chunks and self.decode_graph is not None:
+            size = self.decode_graph.size_for(len(decodes))
+            return self.sample(self.decode_logits(decodes, size)[: len(decodes)], decodes)
+        hidden = self.forward(self.mixed_inputs(decodes, len(decodes), chunks))
         rows, requests, end = list(range(len(decodes))), list(decodes), len(decodes)
         for chunk in chunks:
             end += chunk.num_tokens
@@ -82,6 +116,12 @@ class ModelRunner:
             return []
         return self.sample(self.model.compute_logits(hidden[rows]), requests)
 
+    def mixed_inputs(self, decodes: list[Request], num_decode_rows: int, chunks) -> StepInputs:
+        if not self.on_cuda:  # NOTE: CPU: per-request attention for every row
+            return build_step(decodes, num_decode_rows, chunks, self.block_size, self.device)
+        return build_windowed_step(decodes, num_decode_rows, chunks, self.block_size, self.device,
+                                   self.window_blocks, self.kv_splits(num_decode_rows))
+
     def forward_counts(self) -> dict[str, int]:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,
                 "num_mixed_forwards": self.num_mixed_forwards}
@@ -91,8 +131,9 @@ class ModelRunner:
         return self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta)
 
     @torch.inference_mode()
-    def window_decode_logits(self, inputs: WindowDecodeInputs) -> torch.Tensor:
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.metadata())
+    def window_decode_logits(self, inputs: WindowDecodeInputs, num_kv_splits: int = 0) -> torch.Tensor:
+        meta = inputs.metadata(num_kv_splits)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, meta)
         return self.model.compute_logits(hidden)  # [num_rows, vocab]
 
     @torch.inference_mode()
@@ -100,7 +141,8 @@ class ModelRunner:
         """logits: [rows, vocab] with rows >= len(requests); row i belongs to requests[i]."""
         batch = SamplingBatch.build([r.params for r in requests], [r.seed for r in requests],
                                     [r.num_tokens for r in requests], logits.shape[0], logits.device)
-        out = self.sampler(logits, batch, self.config.max_logprobs)
+        num_logprobs = self.config.max_logprobs if any(r.params.logprobs is not None for r in requests) else 0
+        out = self.sampler(logits, batch, num_logprobs)
         return [SampledToken(r, tok, lp) for r, tok, lp in zip(requests, *to_host(out, requests))]
 
 
@@ -116,25 +158,40 @@ def to_host(out: SamplerOutput, requests: list[Request]) -> tuple[list[int], lis
     return token_ids, results
 
 
-class DecodeGraph:
-    """The N-row fixed-window decode step (model + lm head) captured once as one CUDA graph."""
+class DecodeGraphs:
+    """Decode steps (model + lm head) captured as CUDA graphs, one per row count, sharing one memory pool.
 
-    def __init__(self, runner: ModelRunner):
-        blank = build_window_decode([], runner.num_rows, runner.window_blocks, runner.block_size)
-        self.static = blank.to(runner.device)
+    corun captures exactly one size, N; standard modes capture several and pad a step to the next size.
+    """
+
+    def __init__(self, runner: ModelRunner, sizes: list[int]):
+        self.sizes = sorted(sizes)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, WindowDecodeInputs, torch.Tensor]] = {}
+        for size in reversed(self.sizes):  # NOTE: largest first, so smaller graphs reuse its pool memory
+            self.graphs[size] = self.capture(runner, size)
+        self.num_replays = 0
+
+    def capture(self, runner: ModelRunner, size: int):
+        static = build_window_decode([], size, runner.window_blocks, runner.block_size).to(runner.device)
+        splits = runner.kv_splits(size)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # NOTE: warm up the allocator and lazy kernel set-up outside the capture
-                runner.window_decode_logits(self.static)
+                runner.window_decode_logits(static, splits)
         torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = runner.window_decode_logits(self.static)
-        self.num_replays = 0
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = runner.window_decode_logits(static, splits)
+        return graph, static, logits
+
+    def size_for(self, num_rows: int) -> int:
+        return next(size for size in self.sizes if size >= num_rows)
 
     def replay(self, inputs: WindowDecodeInputs) -> torch.Tensor:
-        inputs.copy_to(self.static)
-        self.graph.replay()
+        graph, static, logits = self.graphs[len(inputs.input_ids)]
+        inputs.copy_to(static)
+        graph.replay()
         self.num_replays += 1
-        return self.logits
+        return logits

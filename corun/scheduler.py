@@ -136,4 +136,5 @@ class StandardScheduler(Scheduler):
 
 
 def make_scheduler(cfg: SchedulerConfig, block_manager: BlockManager) -> Scheduler:
+    # NOTE: batch_invariant mode schedules like standard; only its kernels differ.
     return (CoRunScheduler if cfg.mode == "corun" else StandardScheduler)(cfg, block_manager)

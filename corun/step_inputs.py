@@ -37,9 +37,9 @@ class WindowDecodeInputs:
     block_tables: torch.Tensor
     context_lens: torch.Tensor
 
-    def metadata(self) -> AttentionMetadata:
+    def metadata(self, num_kv_splits: int = 0) -> AttentionMetadata:
         return AttentionMetadata(self.slot_blocks, self.slot_offsets, len(self.input_ids),
-                                 self.block_tables, self.context_lens)
+                                 self.block_tables, self.context_lens, num_kv_splits=num_kv_splits)
 
     def copy_to(self, static: WindowDecodeInputs) -> None:
         for f in fields(self):
@@ -59,13 +59,34 @@ def build_window_decode(requests: list[Request], num_rows: int, window_blocks: i
                         block_size: int) -> WindowDecodeInputs:
     rows = [decode_slot(r, block_size) for r in requests]
     rows += [(0, 0, NULL_BLOCK, 0)] * (num_rows - len(requests))
-    tables = torch.full((num_rows, window_blocks), NULL_BLOCK, dtype=torch.int64)
-    for row, request in enumerate(requests):
-        num_blocks = min(len(request.block_ids), window_blocks)
-        tables[row, :num_blocks] = torch.tensor(request.block_ids[:num_blocks])
+    # NOTE: one tensor built from padded lists: a per-row torch.tensor costs ~5 us x N on the hot path
+    padding = [NULL_BLOCK] * window_blocks
+    table_rows = [(r.block_ids + padding)[:window_blocks] for r in requests]
+    table_rows += [padding] * (num_rows - len(requests))
+    tables = torch.tensor(table_rows, dtype=torch.int64)
     context_lens = [r.num_tokens for r in requests] + [1] * (num_rows - len(requests))
     ids, positions, blocks, offsets = (torch.tensor(col, dtype=torch.int64) for col in zip(*rows))
     return WindowDecodeInputs(ids, positions, blocks, offsets, tables, torch.tensor(context_lens))
+
+
+def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, chunks: list[PrefillChunk],
+                        block_size: int, device, window_blocks: int, num_kv_splits: int) -> StepInputs:
+    """Decode rows through the batched paged-decode kernel, prompt chunks as per-request segments (CUDA)."""
+    window = build_window_decode(decode_requests, num_decode_rows, window_blocks, block_size)
+    chunk_step = build_step([], 0, chunks, block_size, "cpu") if chunks else None
+    parts = [window] if chunk_step is None else [window, chunk_step]
+    meta = AttentionMetadata(
+        torch.cat([window.slot_blocks, *([chunk_step.meta.slot_blocks] if chunk_step else [])]).to(device),
+        torch.cat([window.slot_offsets, *([chunk_step.meta.slot_offsets] if chunk_step else [])]).to(device),
+        num_decode_rows, window.block_tables.to(device), window.context_lens.to(device),
+        _shifted(chunk_step.meta.segments, num_decode_rows, device) if chunk_step else (), num_kv_splits)
+    ids = torch.cat([p.input_ids for p in parts]).to(device)
+    return StepInputs(ids, torch.cat([p.positions for p in parts]).to(device), meta)
+
+
+def _shifted(segments, offset: int, device) -> tuple[RequestSegment, ...]:
+    return tuple(RequestSegment(s.query_start + offset, s.num_query_tokens, s.context_len, s.block_table.to(device))
+                 for s in segments)
 
 
 def build_step(decode_requests: list[Request], num_decode_rows: int, chunks: list[PrefillChunk],

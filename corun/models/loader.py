@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from corun.models.config import ModelArchConfig
 from corun.models.decoder import DecoderLM
+from corun.models.presets import fill_random_, is_random_spec, preset_config, preset_digest
 from corun.models.rope import cos_sin_table
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -49,6 +50,8 @@ def fuse_projections(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def load_model(model_dir: str | Path, dtype: str, device: str, max_positions: int) -> DecoderLM:
+    if is_random_spec(str(model_dir)):
+        return random_model(str(model_dir), dtype, device, max_positions)
     cfg = ModelArchConfig.from_dir(model_dir)
     with torch.device("meta"):
         model = DecoderLM(cfg, max_positions)
@@ -70,8 +73,19 @@ def load_model(model_dir: str | Path, dtype: str, device: str, max_positions: in
     return model.eval().requires_grad_(False)
 
 
+def random_model(spec: str, dtype: str, device: str, max_positions: int) -> DecoderLM:
+    cfg = preset_config(spec)
+    with torch.device(device):
+        model = DecoderLM(cfg, max_positions).to(DTYPES[dtype])
+    fill_random_(model)
+    model.rope_cos, model.rope_sin = (t.to(device) for t in cos_sin_table(cfg, max_positions))
+    return model.eval().requires_grad_(False)
+
+
 def model_digest(model_dir: str | Path) -> str:
     """sha256 over config.json and the weight files: part of every compatibility hash and fingerprint."""
+    if is_random_spec(str(model_dir)):
+        return preset_digest(str(model_dir))
     digest = hashlib.sha256()
     for path in [Path(model_dir) / "config.json", *safetensors_files(model_dir)]:
         digest.update(path.name.encode())

@@ -1,0 +1,53 @@
+"""Random-weight models by name (`random:qwen3-8b`): benchmark shapes without a checkpoint on disk.
+
+Weights are drawn on the target device from a seeded generator, so a 16 GB model needs no file and no copy.
+The shape is the real model's; the values are noise scaled like the tiny model's (peaked enough to sample).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+
+from corun.models.config import ModelArchConfig
+
+RANDOM_PREFIX = "random:"
+PRESETS = {
+    "qwen3-8b": {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 4096,
+                 "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+                 "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+                 "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False},
+    "qwen3-tiny": {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 2048, "hidden_size": 256,
+                   "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8,
+                   "num_key_value_heads": 4, "head_dim": 32, "max_position_embeddings": 2048,
+                   "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True},
+}
+
+
+def is_random_spec(model: str) -> bool:
+    return model.startswith(RANDOM_PREFIX)
+
+
+def preset_config(model: str) -> ModelArchConfig:
+    name = model.removeprefix(RANDOM_PREFIX)
+    if name not in PRESETS:
+        raise ValueError(f"unknown random model {name!r} (have {sorted(PRESETS)})")
+    return ModelArchConfig.from_hf_dict(PRESETS[name])
+
+
+def preset_digest(model: str) -> str:
+    return hashlib.sha256(json.dumps(PRESETS[model.removeprefix(RANDOM_PREFIX)], sort_keys=True).encode()).hexdigest()
+
+
+@torch.no_grad()
+def fill_random_(model: torch.nn.Module, seed: int = 0) -> None:
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0)
+        else:
+            fan_in = param.shape[-1]
+            std = 3.0 / fan_in ** 0.5 if "embed" in name or "lm_head" in name else 1.0 / fan_in ** 0.5
+            param.normal_(0.0, std, generator=generator)
