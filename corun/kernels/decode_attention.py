@@ -99,4 +99,4 @@ def split_kv_heuristic(num_rows: int, num_kv_heads: int, num_sms: int, max_split
     """Standard mode: split the context when rows x kv heads cannot fill the GPU (FlashAttention's idea), so the
     split count, and with it a request's reduction order, follows the batch size."""
     programs = num_rows * num_kv_heads
-    return 1 if programs >= num_sms else max(1, min(max_splits, -(-2 * num_sms // programs)))
+    return 1 if programs == 0 or programs >= num_sms else max(1, min(max_splits, -(-2 * num_sms // programs)))
