@@ -16,6 +16,8 @@ import torch
 
 from corun import LLM, SamplingParams
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def token_prompts(num: int, vocab: int, seed: int, max_len: int = 300) -> list[list[int]]:
     rng = random.Random(seed)
@@ -49,7 +51,7 @@ def needle(llm: LLM, vocab: int, params, num_trials: int = 4, max_batch: int = 6
 
 
 def run(model: str, dtype: str, mode: str, max_num_seqs: int, num_prompts: int) -> dict:
-    llm = LLM(model, mode=mode, dtype=dtype, device="cuda", max_num_seqs=max_num_seqs, max_model_len=1024,
+    llm = LLM(model, mode=mode, dtype=dtype, device=DEVICE, max_num_seqs=max_num_seqs, max_model_len=1024,
               prefill_chunk_size=256, max_num_batched_tokens=2048, num_blocks=4096)
     vocab = llm.engine.runner.model.cfg.vocab_size
     params = SamplingParams(temperature=0.6, seed=42, max_tokens=16, logprobs=5, ignore_eos=True)
@@ -67,7 +69,8 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "results": {}}
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else None
+    report = {"gpu": gpu, "torch": torch.__version__, "results": {}}
     for spec in args.models.split(","):
         model, dtype, n = spec.rsplit(":", 2)
         for mode in args.modes.split(","):

@@ -58,6 +58,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_cuda else 0
+        self.batched_decode_rows = self.on_cuda
+        """Decode rows through the batched paged kernel (CUDA) instead of per-request attention (CPU); tests
+        turn it on for CPU to run the CUDA path's bookkeeping with the torch fixed-window kernel."""
         self.decode_graph = None
         if capture_decode_graph and self.on_cuda and config.use_cuda_graph:
             sizes = [self.num_rows] if self.mode == "corun" else capture_sizes(self.num_rows)
@@ -117,7 +120,7 @@ class ModelRunner:
         return self.sample(self.model.compute_logits(hidden[rows]), requests)
 
     def mixed_inputs(self, decodes: list[Request], num_decode_rows: int, chunks) -> StepInputs:
-        if not self.on_cuda:  # NOTE: CPU: per-request attention for every row
+        if not self.batched_decode_rows:  # NOTE: CPU: per-request attention for every row
             return build_step(decodes, num_decode_rows, chunks, self.block_size, self.device)
         return build_windowed_step(decodes, num_decode_rows, chunks, self.block_size, self.device,
                                    self.window_blocks, self.kv_splits(num_decode_rows))

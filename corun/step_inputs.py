@@ -65,8 +65,13 @@ def build_window_decode(requests: list[Request], num_rows: int, window_blocks: i
     table_rows += [padding] * (num_rows - len(requests))
     tables = torch.tensor(table_rows, dtype=torch.int64)
     context_lens = [r.num_tokens for r in requests] + [1] * (num_rows - len(requests))
-    ids, positions, blocks, offsets = (torch.tensor(col, dtype=torch.int64) for col in zip(*rows))
-    return WindowDecodeInputs(ids, positions, blocks, offsets, tables, torch.tensor(context_lens))
+    ids, positions, blocks, offsets = (torch.tensor(col, dtype=torch.int64) for col in _columns(rows, 4))
+    return WindowDecodeInputs(ids, positions, blocks, offsets, tables.view(num_rows, window_blocks),
+                              torch.tensor(context_lens, dtype=torch.int64))
+
+
+def _columns(rows: list[tuple], width: int) -> list[list]:
+    return [list(col) for col in zip(*rows)] if rows else [[] for _ in range(width)]
 
 
 def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, chunks: list[PrefillChunk],
@@ -103,7 +108,8 @@ def build_step(decode_requests: list[Request], num_decode_rows: int, chunks: lis
             rows.append((token, position, request.block_ids[position // block_size], position % block_size))
         segments.append(_segment(start, end, request, block_size, device, chunk.num_tokens))
         start += chunk.num_tokens
-    ids, positions, blocks, offsets = (torch.tensor(col, dtype=torch.int64, device=device) for col in zip(*rows))
+    ids, positions, blocks, offsets = (torch.tensor(col, dtype=torch.int64, device=device)
+                                       for col in _columns(rows, 4))
     return StepInputs(ids, positions, AttentionMetadata(blocks, offsets, segments=tuple(segments)))
 
 
