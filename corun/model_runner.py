@@ -123,7 +123,8 @@ class ModelRunner:
         if not self.batched_decode_rows:  # NOTE: CPU: per-request attention for every row
             return build_step(decodes, num_decode_rows, chunks, self.block_size, self.device)
         return build_windowed_step(decodes, num_decode_rows, chunks, self.block_size, self.device,
-                                   self.window_blocks, self.kv_splits(num_decode_rows))
+                                   self.window_blocks, self.kv_splits(num_decode_rows),
+                                   token_wise_prefill=self.mode == "batch_invariant")
 
     def forward_counts(self) -> dict[str, int]:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,

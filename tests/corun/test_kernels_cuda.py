@@ -59,3 +59,14 @@ def test_batch_invariant_linear_matches_and_is_invariant_where_cublas_is_not():
     for rows in (1, 3, 64, 128, 256):
         assert torch.equal(batch_invariant_linear(x[:rows], w)[0], batch_invariant_linear(x, w)[0])
     assert any(not torch.equal(F.linear(x[:rows], w)[0], F.linear(x[:1], w)[0]) for rows in (64, 128, 256))
+
+
+def test_token_wise_prefill_is_chunking_invariant():
+    """batch_invariant mode's prefill attention: a token's output is the same however its prompt is chunked."""
+    from corun.attention import RequestSegment, token_wise_attention
+
+    q, k_cache, v_cache, tables, _ = paged_case(1, torch.bfloat16, seed=3, window_blocks=8)
+    prompt = torch.randn(100, 32, 128, device="cuda").to(torch.bfloat16)
+    whole = token_wise_attention(prompt, k_cache, v_cache, RequestSegment(0, 100, 100, tables[0]), 0.088)
+    tail = token_wise_attention(prompt[60:], k_cache, v_cache, RequestSegment(0, 40, 100, tables[0]), 0.088)
+    assert torch.equal(whole[60:], tail)
