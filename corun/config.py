@@ -74,8 +74,6 @@ class EngineConfig:
             raise ValueError("max_logprobs must be >= 0")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        if self.scheduler.mode == "batch_invariant" and not self.device.startswith("cuda"):
-            raise ValueError("batch_invariant mode needs a CUDA device (its kernels are Triton)")
 
     @property
     def max_blocks_per_seq(self) -> int:

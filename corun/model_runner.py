@@ -51,14 +51,20 @@ class ModelRunner:
         self.window_blocks = config.max_blocks_per_seq
         self.model = load_model(config.model, config.dtype, config.device, config.scheduler.max_model_len)
         if self.mode == "batch_invariant":
-            from corun.kernels.batch_invariant import batch_invariant_linear
+            from corun.kernels.batch_invariant import (
+                batch_invariant_linear,
+                batch_invariant_log_softmax,
+                batch_invariant_rms_norm,
+            )
 
-            self.model.use_matmul(batch_invariant_linear)
+            self.model.use_batch_invariant_kernels(batch_invariant_linear, batch_invariant_rms_norm)
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.sampler = Sampler()
+        if self.mode == "batch_invariant":
+            self.sampler.log_softmax = batch_invariant_log_softmax
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_cuda else 0
-        self.batched_decode_rows = self.on_cuda
+        self.batched_decode_rows = self.on_cuda or self.mode == "batch_invariant"
         """Decode rows through the batched paged kernel (CUDA) instead of per-request attention (CPU); tests
         turn it on for CPU to run the CUDA path's bookkeeping with the torch fixed-window kernel."""
         self.decode_graph = None
@@ -72,6 +78,8 @@ class ModelRunner:
 
     def kv_splits(self, num_rows: int) -> int:
         """Decode attention kernel choice on CUDA: no split-KV except in standard mode (batch-dependent)."""
+        if self.mode == "batch_invariant":
+            return 1
         if not self.on_cuda:
             return 0
         if self.mode != "standard":
@@ -145,7 +153,8 @@ class ModelRunner:
         """logits: [rows, vocab] with rows >= len(requests); row i belongs to requests[i]."""
         batch = SamplingBatch.build([r.params for r in requests], [r.seed for r in requests],
                                     [r.num_tokens for r in requests], logits.shape[0], logits.device)
-        num_logprobs = self.config.max_logprobs if any(r.params.logprobs is not None for r in requests) else 0
+        wanted = any(r.params.logprobs is not None for r in requests)
+        num_logprobs = self.config.max_logprobs if wanted else None
         out = self.sampler(logits, batch, num_logprobs)
         return [SampledToken(r, tok, lp) for r, tok, lp in zip(requests, *to_host(out, requests))]
 
@@ -153,6 +162,8 @@ class ModelRunner:
 def to_host(out: SamplerOutput, requests: list[Request]) -> tuple[list[int], list[TokenLogprobs | None]]:
     num = len(requests)
     token_ids, logprobs = out.token_ids[:num].tolist(), out.logprobs[:num].tolist()
+    if out.topk_ids.shape[1] == 0 and all(r.params.logprobs is None for r in requests):
+        return token_ids, [None] * num
     top_ids, top_logprobs = out.topk_ids[:num].tolist(), out.topk_logprobs[:num].tolist()
     results = []
     for i, request in enumerate(requests):

@@ -183,12 +183,22 @@ def sample_token_ids(logits: Tensor, batch: SamplingBatch) -> Tensor:
 class Sampler:
     """Stateless: the same (logits row, seed, position, params) always gives the same output row."""
 
-    def __call__(self, logits: Tensor, batch: SamplingBatch, num_logprobs: int) -> SamplerOutput:
+    log_softmax = staticmethod(lambda logits: torch.log_softmax(logits, dim=-1))
+    """Swapped for a batch-invariant kernel in batch_invariant mode."""
+
+    def __call__(self, logits: Tensor, batch: SamplingBatch, num_logprobs: int | None) -> SamplerOutput:
+        """num_logprobs None: no row wants logprobs, skip computing them (the logprob fields are empty)."""
         logits = logits.float()  # [rows, vocab]
-        # NOTE: logprobs are of the raw logits (vLLM's default "raw_logprobs"), not the sampling distribution.
-        raw_logprobs = torch.log_softmax(logits, dim=-1)  # [rows, vocab]
         token_ids = sample_token_ids(logits, batch)  # [rows]
-        topk_logprobs, topk_ids = raw_logprobs.topk(num_logprobs, dim=-1)  # [rows, num_logprobs]
+        if num_logprobs is None:
+            empty = logits.new_empty(logits.shape[0], 0)
+            return SamplerOutput(token_ids, logits.new_zeros(logits.shape[0]), empty.long(), empty)
+        # NOTE: logprobs are of the raw logits (vLLM's default "raw_logprobs"), not the sampling distribution.
+        raw_logprobs = self.log_softmax(logits)  # [rows, vocab]
+        # NOTE: a stable sort, not topk: ties (frequent with bf16 logits) come out in vocab order, so the list
+        # is one well-defined answer whatever kernel or batch shape computed it.
+        sorted_logprobs, sorted_ids = torch.sort(raw_logprobs, dim=-1, descending=True, stable=True)
+        topk_logprobs, topk_ids = sorted_logprobs[:, :num_logprobs], sorted_ids[:, :num_logprobs]
         return SamplerOutput(
             token_ids=token_ids,
             logprobs=raw_logprobs.gather(1, token_ids[:, None]).squeeze(1),

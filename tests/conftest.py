@@ -18,3 +18,13 @@ def varied_prompts(num: int, seed: int, min_words: int = 3, max_words: int = 120
     """Prompts of very different lengths (some longer than the tests' prefill chunk)."""
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words))) for _ in range(num)]
+
+
+def pytest_configure(config):
+    # NOTE: without a GPU, Triton kernels run in Triton's CPU interpreter (set before anything imports triton).
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")

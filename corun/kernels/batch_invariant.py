@@ -49,3 +49,60 @@ def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         a.stride(0), a.stride(1), weight.stride(1), weight.stride(0), out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **CONFIG)
     return out.reshape(*x.shape[:-1], num_cols)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, num_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    sum_squares = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < num_cols, other=0.0).to(tl.float32)
+        sum_squares += x * x
+    inv_rms = 1.0 / tl.sqrt(tl.sum(sum_squares, 0) / num_cols + eps)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < num_cols
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        normed = (x * inv_rms).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row * stride_o + cols, w * normed, mask=mask)
+
+
+def batch_invariant_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, one program per row, one fixed reduction order (HF's float32 formula)."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.empty_like(rows)
+    _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), rows.shape[1], eps,
+                                       BLOCK=min(1024, triton.next_power_of_2(rows.shape[1])))
+    return out.view(x.shape)
+
+
+@triton.jit
+def _log_softmax_kernel(x_ptr, out_ptr, stride_x, stride_o, num_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    running_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < num_cols, other=float("-inf")).to(tl.float32)
+        running_max = tl.maximum(running_max, x)
+    row_max = tl.max(running_max, 0)
+    sum_exp = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < num_cols, other=float("-inf")).to(tl.float32)
+        sum_exp += tl.exp(x - row_max)
+    log_sum = tl.log(tl.sum(sum_exp, 0)) + row_max
+    for start in range(0, num_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < num_cols
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * stride_o + cols, x - log_sum, mask=mask)
+
+
+def batch_invariant_log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last dim of [rows, vocab] float32, one program per row, fixed order."""
+    out = torch.empty_like(logits, dtype=torch.float32)
+    _log_softmax_kernel[(logits.shape[0],)](logits, out, logits.stride(0), out.stride(0), logits.shape[1],
+                                            BLOCK=1024)
+    return out

@@ -30,7 +30,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size))
 
+    kernel = None
+    """batch_invariant mode: a row-wise kernel with one fixed reduction order, kernel(x, weight, eps)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self.weight, self.eps)
         # NOTE: computed in float32 and cast back, exactly as transformers does, for logit parity.
         dtype = x.dtype
         x = x.float()
@@ -116,9 +121,11 @@ class DecoderLM(nn.Module):
             return self.tied_matmul(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
 
-    def use_matmul(self, matmul) -> None:
-        """Swap every projection's matmul (and the tied lm head's) for `matmul(x, weight, bias)`."""
+    def use_batch_invariant_kernels(self, matmul, rms_norm) -> None:
+        """Swap every projection's matmul (and the tied lm head's) and every RMSNorm for fixed-order kernels."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.matmul = matmul
+            elif isinstance(module, RMSNorm):
+                module.kernel = rms_norm
         self.tied_matmul = matmul

@@ -1,0 +1,114 @@
+"""Triton kernels against references, and their (in)variance.
+
+On a GPU everything runs at model-like sizes. On CPU hosts (CI) the invariance tests run small shapes through
+Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 there); GPU-only facts (cuBLAS and split-KV
+batch dependence) are skipped.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from corun.attention import fixed_window_decode_attention
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="a GPU fact")
+# NOTE: Triton's CPU interpreter mishandles bfloat16 dots (garbage values), so bf16 cases need the GPU.
+BF16 = pytest.param(torch.bfloat16, marks=gpu_only)
+
+
+def paged_case(num_rows: int, dtype, seed: int = 0, num_heads: int = 32, num_kv_heads: int = 8,
+               head_dim: int = 128 if ON_GPU else 32, block_size: int = 16, window_blocks: int = 64 if ON_GPU else 6):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    num_blocks = num_rows * window_blocks + 1
+    kv = torch.randn(num_blocks, 2, 2, block_size, num_kv_heads, head_dim, generator=gen, device=DEVICE).to(dtype)
+    k_cache, v_cache = kv[:, 1, 0], kv[:, 1, 1]  # NOTE: strided per-layer views, as in PagedKVCache
+    q = torch.randn(num_rows, num_heads, head_dim, generator=gen, device=DEVICE).to(dtype)
+    tables = torch.randperm(num_blocks - 1, generator=gen, device=DEVICE)[: num_rows * window_blocks] + 1
+    tables = tables.view(num_rows, window_blocks)
+    lens = torch.randint(1, window_blocks * block_size, (num_rows,), generator=gen, device=DEVICE)
+    return q, k_cache, v_cache, tables, lens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_paged_decode_matches_reference(dtype, num_splits):
+    from corun.kernels.decode_attention import paged_decode_attention
+
+    q, k_cache, v_cache, tables, lens = paged_case(12 if ON_GPU else 3, dtype)
+    scale = q.shape[-1] ** -0.5
+    ours = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, num_splits)
+    reference = fixed_window_decode_attention(q.float(), k_cache.float(), v_cache.float(), tables, lens, scale)
+    tolerance = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
+
+
+@gpu_only
+def test_no_split_decode_is_batch_invariant_and_split_kv_is_not():
+    from corun.kernels.decode_attention import paged_decode_attention, split_kv_heuristic
+
+    q, k_cache, v_cache, tables, lens = paged_case(64, torch.bfloat16, seed=1)
+    scale = 128 ** -0.5
+    alone = paged_decode_attention(q[:1], k_cache, v_cache, tables[:1], lens[:1], scale, 1)
+    batched = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, 1)
+    assert torch.equal(alone[0], batched[0])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    split_alone = paged_decode_attention(q[:1], k_cache, v_cache, tables[:1], lens[:1], scale,
+                                         split_kv_heuristic(1, 8, sms))
+    split_batched = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, split_kv_heuristic(64, 8, sms))
+    assert not torch.equal(split_alone[0], split_batched[0])  # the standard path's batch dependence
+
+
+@gpu_only
+def test_batch_invariant_linear_matches_and_is_invariant_where_cublas_is_not():
+    from corun.kernels.batch_invariant import batch_invariant_linear
+
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    x = torch.randn(256, 4096, generator=gen, device=DEVICE).to(torch.bfloat16)
+    w = torch.randn(4096, 4096, generator=gen, device=DEVICE).to(torch.bfloat16) / 64
+    torch.testing.assert_close(batch_invariant_linear(x, w).float(), F.linear(x, w).float(), atol=5e-2, rtol=2e-2)
+    for rows in (1, 3, 64, 128, 256):
+        assert torch.equal(batch_invariant_linear(x[:rows], w)[0], batch_invariant_linear(x, w)[0])
+    assert any(not torch.equal(F.linear(x[:rows], w)[0], F.linear(x[:1], w)[0]) for rows in (64, 128, 256))
+
+
+def test_token_wise_prefill_is_chunking_invariant():
+    """batch_invariant mode's prefill attention: a token's output is the same however its prompt is chunked."""
+    from corun.attention import RequestSegment, token_wise_attention
+
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    q, k_cache, v_cache, tables, _ = paged_case(1, dtype, seed=3, window_blocks=8)
+    prompt = torch.randn(100, 32, q.shape[-1], device=DEVICE).to(dtype)
+    whole = token_wise_attention(prompt, k_cache, v_cache, RequestSegment(0, 100, 100, tables[0]), 0.088)
+    tail = token_wise_attention(prompt[60:], k_cache, v_cache, RequestSegment(0, 40, 100, tables[0]), 0.088)
+    assert torch.equal(whole[60:], tail)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_batch_invariant_row_kernels_are_row_invariant_and_close(dtype):
+    """Linear, RMSNorm and log_softmax of batch_invariant mode: a row's bits do not depend on the row count."""
+    from corun.kernels.batch_invariant import (
+        batch_invariant_linear,
+        batch_invariant_log_softmax,
+        batch_invariant_rms_norm,
+    )
+    from corun.models.decoder import RMSNorm
+
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    x = torch.randn(9, 96, generator=gen, device=DEVICE).to(dtype)
+    w = (torch.randn(80, 96, generator=gen, device=DEVICE) / 10).to(dtype)
+    norm = RMSNorm(96, 1e-6).to(DEVICE, dtype)
+    logits = torch.randn(9, 300, generator=gen, device=DEVICE)
+    cases = [(lambda a: batch_invariant_linear(a, w), lambda a: F.linear(a, w), x),
+             (lambda a: batch_invariant_rms_norm(a, norm.weight, 1e-6), norm, x),
+             (batch_invariant_log_softmax, lambda a: torch.log_softmax(a, -1), logits)]
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    for kernel, reference, inputs in cases:
+        full = kernel(inputs)
+        torch.testing.assert_close(full.float(), reference(inputs).float(), atol=tolerance, rtol=tolerance)
+        for rows in (1, 2, 5):
+            assert torch.equal(kernel(inputs[:rows])[0], full[0])
