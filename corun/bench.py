@@ -126,14 +126,19 @@ def summarize(engine, requests, first_at, done_at, decode_steps, elapsed, hardwa
     return result
 
 
-def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload]) -> dict:
+def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], out: str | None = None) -> dict:
     hardware = measure_hardware(base.device)
     report = {"engine": dataclasses.asdict(base), "hardware": hardware, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "modes": {}}
     for mode in modes:
         config = dataclasses.replace(base, scheduler=dataclasses.replace(base.scheduler, mode=mode))
         engine = LLMEngine(config)
-        report["modes"][mode] = {w.name: run_workload(engine, w, hardware) for w in workloads}
+        report["modes"][mode] = {}
+        for workload in workloads:
+            report["modes"][mode][workload.name] = run_workload(engine, workload, hardware)
+            if out:  # NOTE: written after every workload, so a run cut short still leaves its results
+                with open(out, "w") as f:
+                    json.dump(report, f, indent=2, default=str)
         del engine
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -157,7 +162,7 @@ def run_bench_command(args) -> int:
 
     base = engine_config_from_args(args)
     workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
-    report = run_bench(base, args.modes.split(","), workloads)
+    report = run_bench(base, args.modes.split(","), workloads, args.out)
     report["command"] = vars(args) | {"run": None}
     text = json.dumps(report, indent=2, default=str)
     print(text)
