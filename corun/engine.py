@@ -43,8 +43,7 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise RequestRejected(f"request {request_id}: prompt token ids must be in [0, {vocab})")
         seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
-        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        request = Request(request_id, list(prompt_token_ids), params, seed, stops)
+        request = Request.create(request_id, prompt_token_ids, params, seed, self.eos_token_ids)
         self.scheduler.add(request)
         return request
 

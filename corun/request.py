@@ -31,6 +31,13 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
 
+    @classmethod
+    def create(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int,
+               eos_token_ids: frozenset[int]) -> Request:
+        """A new request; it stops on its own stop ids plus the model's EOS ids unless ignore_eos."""
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
+        return cls(request_id, list(prompt_token_ids), params, seed, stops)
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

@@ -66,6 +66,15 @@ class NodeSockets:
                     received.append((source, message))
         return received
 
+    def dispatch(self, server, timeout_ms: int) -> None:
+        """Hand each received message to server.handlers[type](server, source, message)."""
+        for source, message in self.poll(timeout_ms):
+            handler = server.handlers.get(type(message))
+            if handler is None:
+                logger.warning("%s: unexpected %s", server.config.node_id, type(message).__name__)
+            else:
+                handler(server, source, message)
+
     def reply(self, identity: bytes, message) -> None:
         self.server.send_multipart([identity, protocol.encode(message)])
 

@@ -163,12 +163,7 @@ class DecodeServer:
 
     # --- messages -----------------------------------------------------------------------------------------------
     def receive(self, timeout_ms: int) -> None:
-        for source, message in self.sockets.poll(timeout_ms):
-            handler = self.handlers.get(type(message))
-            if handler is None:
-                logger.warning("decode %s: unexpected %s", self.config.node_id, type(message).__name__)
-            else:
-                handler(self, source, message)
+        self.sockets.dispatch(self, timeout_ms)
 
     def on_decode(self, identity: bytes, message: protocol.DecodeRequest) -> None:
         request = self.new_request(message)
@@ -179,10 +174,8 @@ class DecodeServer:
             self.waiting.append(DecodeJob(identity, request, message.kv))
 
     def new_request(self, message: protocol.DecodeRequest) -> Request:
-        stops = frozenset(message.params.stop_token_ids)
-        if not message.params.ignore_eos:
-            stops |= self.eos_token_ids
-        request = Request(message.request_id, list(message.prompt_token_ids), message.params, message.seed, stops)
+        request = Request.create(message.request_id, message.prompt_token_ids, message.params, message.seed,
+                                 self.eos_token_ids)
         request.output_token_ids.append(message.first_token_id)
         if message.first_logprobs is not None:
             request.output_logprobs.append(message.first_logprobs)

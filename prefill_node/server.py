@@ -105,18 +105,11 @@ class PrefillServer:
 
     # --- messages -----------------------------------------------------------------------------------------------
     def receive(self, timeout_ms: int) -> None:
-        for identity, message in self.sockets.poll(timeout_ms):
-            handler = self.handlers.get(type(message))
-            if handler is None:
-                logger.warning("prefill %s: unexpected %s", self.config.node_id, type(message).__name__)
-            else:
-                handler(self, identity, message)
+        self.sockets.dispatch(self, timeout_ms)
 
     def on_prefill(self, identity: bytes, message: protocol.PrefillRequest) -> None:
-        stops = frozenset(message.params.stop_token_ids)
-        if not message.params.ignore_eos:
-            stops |= self.eos_token_ids
-        request = Request(message.request_id, list(message.prompt_token_ids), message.params, message.seed, stops)
+        request = Request.create(message.request_id, message.prompt_token_ids, message.params, message.seed,
+                                 self.eos_token_ids)
         try:
             self.check_admissible(request)
         except RequestRejected as error:
