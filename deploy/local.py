@@ -1,7 +1,8 @@
 """`corun serve`: P prefill servers, D decode servers and the router on one host, as separate processes.
 
 Starts them, waits until the router's /health says every node answers, then waits for Ctrl-C or SIGTERM and
-stops them all (SIGTERM, then SIGKILL after a grace period). If any process dies, the rest are stopped too.
+stops them all (SIGTERM, then SIGKILL after a grace period). A node that dies is started again on its port (the
+router retries its requests elsewhere meanwhile); if the router dies, everything stops.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class LocalCluster:
     def __init__(self, config: LocalClusterConfig):
         self.config = config
         self.processes: list[tuple[str, subprocess.Popen]] = []
+        self.argvs: dict[str, list[str]] = {}
+        self.num_restarts = 0
         self.prefill_addresses: list[str] = []
         self.decode_addresses: list[str] = []
 
@@ -94,7 +97,19 @@ class LocalCluster:
 
     def spawn(self, name: str, argv: list[str]) -> None:
         logger.info("starting %s", name)
+        self.argvs[name] = argv
         self.processes.append((name, subprocess.Popen(argv)))
+
+    def restart_dead_nodes(self) -> None:
+        """Start again every prefill/decode process that exited; raise if the router did."""
+        for i, (name, process) in enumerate(self.processes):
+            if process.poll() is None:
+                continue
+            if name == "router":
+                raise RuntimeError(f"router exited with code {process.returncode}")
+            logger.warning("%s exited with code %s; starting it again", name, process.returncode)
+            self.processes[i] = (name, subprocess.Popen(self.argvs[name]))
+            self.num_restarts += 1
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -149,7 +164,7 @@ def serve_forever(config: LocalClusterConfig) -> int:
           f"N={config.engine.scheduler.max_num_seqs})", flush=True)
     try:
         while not stopping:
-            cluster.check_alive()
+            cluster.restart_dead_nodes()
             time.sleep(0.5)
     except RuntimeError as error:
         logger.error("%s; stopping the cluster", error)

@@ -21,6 +21,7 @@ from router.nodes import NodeClient, NodePool, Placement, UnknownNode
 logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
+NODE_CHECK_INTERVAL_S = 0.5
 RETRYABLE_STATUSES = frozenset({503})
 
 
@@ -134,11 +135,20 @@ async def send_within(node: NodeClient, message, timeout_s: float) -> None:
 
 
 async def next_reply(node: NodeClient, replies: asyncio.Queue, timeout_s: float):
-    """The node's next message for this request; ErrorReply and silence become GenerationError."""
-    try:
-        reply = await asyncio.wait_for(replies.get(), timeout_s)
-    except asyncio.TimeoutError:
-        raise silence_error(node, timeout_s) from None
+    """The node's next message for this request; ErrorReply and silence become GenerationError.
+
+    NOTE: waits in short slices and gives up as soon as the node stops answering pings, so a dead node costs
+    a few seconds (then a retry elsewhere), not the whole request timeout.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            reply = await asyncio.wait_for(replies.get(), max(0.0, min(NODE_CHECK_INTERVAL_S, remaining)))
+            break
+        except asyncio.TimeoutError:
+            if remaining <= NODE_CHECK_INTERVAL_S or not node.healthy:
+                raise silence_error(node, timeout_s) from None
     if isinstance(reply, ErrorReply):
         raise GenerationError(reply.status, f"{node.role} node {node.address}: {reply.message}")
     return reply
