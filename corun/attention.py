@@ -1,11 +1,12 @@
-"""Attention over the paged KV cache. Every reduction is request-local: no split-KV anywhere.
+"""Attention over the paged KV cache. Every reduction is request-local; split-KV only in standard mode on CUDA.
 
-Two implementations of the same math:
-- per-request (CPU, and prefill everywhere): each request's queries against its own KV, one SDPA call per
+- per-request (CPU, and prompt chunks everywhere): each request's queries against its own KV, one SDPA call per
   request, so the shapes a request sees depend only on that request (its chunk length and context length);
-- fixed-window (CUDA decode, inside the captured graph): one query token per row against the row's own blocks
-  over a window of a fixed number of blocks; positions past the row's context get exactly zero weight. At a
-  fixed (rows, window) shape a row's result does not depend on what the other rows hold.
+- batched decode rows (CUDA): the Triton paged kernel (corun/kernels/decode_attention.py), one program per
+  (row, kv head) over the row's own blocks in a fixed order; standard mode splits contexts by batch size, as
+  FlashAttention does, which is what makes it batch-dependent;
+- fixed-window (torch): the same math as the Triton kernel over a fixed window of blocks, for CPU tests of the
+  batched path (num_kv_splits = 0).
 """
 
 from __future__ import annotations

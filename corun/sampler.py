@@ -175,8 +175,13 @@ def sample_token_ids(logits: Tensor, batch: SamplingBatch) -> Tensor:
     if batch.needs_top_k_top_p:
         keep = top_k_top_p_mask(scaled, batch.top_ks, batch.top_ps)
         scaled = scaled.masked_fill(~keep, float("-inf"))
-    noise = gumbel_noise(batch.seeds, batch.positions, logits.shape[-1])  # [rows, vocab]
-    sampled_ids = (scaled + noise).argmax(dim=-1)  # [rows]
+    if scaled.is_cuda:  # NOTE: the same noise bits, generated in registers by one fused kernel per row
+        from corun.kernels.sampling import gumbel_argmax
+
+        sampled_ids = gumbel_argmax(scaled.contiguous(), batch.seeds, batch.positions)
+    else:
+        noise = gumbel_noise(batch.seeds, batch.positions, logits.shape[-1])  # [rows, vocab]
+        sampled_ids = (scaled + noise).argmax(dim=-1)  # [rows]
     return torch.where(is_greedy, greedy_ids, sampled_ids)
 
 

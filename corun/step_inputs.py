@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 from corun.attention import AttentionMetadata, RequestSegment
@@ -59,14 +60,14 @@ def build_window_decode(requests: list[Request], num_rows: int, window_blocks: i
                         block_size: int) -> WindowDecodeInputs:
     rows = [decode_slot(r, block_size) for r in requests]
     rows += [(0, 0, NULL_BLOCK, 0)] * (num_rows - len(requests))
-    # NOTE: one tensor built from padded lists: a per-row torch.tensor costs ~5 us x N on the hot path
-    padding = [NULL_BLOCK] * window_blocks
-    table_rows = [(r.block_ids + padding)[:window_blocks] for r in requests]
-    table_rows += [padding] * (num_rows - len(requests))
-    tables = torch.tensor(table_rows, dtype=torch.int64)
+    # NOTE: filled in numpy: 0.3 ms for 256 rows x 256 blocks, where torch.tensor of nested lists took 3 ms
+    tables = np.full((num_rows, window_blocks), NULL_BLOCK, dtype=np.int64)
+    for row, request in enumerate(requests):
+        num_blocks = min(len(request.block_ids), window_blocks)
+        tables[row, :num_blocks] = request.block_ids[:num_blocks]
     context_lens = [r.num_tokens for r in requests] + [1] * (num_rows - len(requests))
     ids, positions, blocks, offsets = (torch.tensor(col, dtype=torch.int64) for col in _columns(rows, 4))
-    return WindowDecodeInputs(ids, positions, blocks, offsets, tables.view(num_rows, window_blocks),
+    return WindowDecodeInputs(ids, positions, blocks, offsets, torch.from_numpy(tables),
                               torch.tensor(context_lens, dtype=torch.int64))
 
 

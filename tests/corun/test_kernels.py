@@ -112,3 +112,20 @@ def test_batch_invariant_row_kernels_are_row_invariant_and_close(dtype):
         torch.testing.assert_close(full.float(), reference(inputs).float(), atol=tolerance, rtol=tolerance)
         for rows in (1, 2, 5):
             assert torch.equal(kernel(inputs[:rows])[0], full[0])
+
+
+def test_fused_sampling_kernel_has_the_samplers_noise_and_choice():
+    """The CUDA sampler's fused Gumbel-max: the same murmur3 bits as corun.sampler, the same tokens."""
+    from corun.kernels.sampling import gumbel_argmax, noise_hash_triton
+    from corun.sampler import gumbel_noise, noise_hash
+
+    seeds = torch.tensor([0, 1, 42, 2**63 - 1, 123456789012345, 7], dtype=torch.int64, device=DEVICE)
+    positions = torch.tensor([0, 5, 77, 2**32 - 1, 1000, 3], dtype=torch.int64, device=DEVICE)
+    assert torch.equal(noise_hash_triton(seeds, positions, 3000), noise_hash(seeds, positions, 3000))
+    logits = torch.randn(6, 3000, generator=torch.Generator(device=DEVICE).manual_seed(5), device=DEVICE)
+    logits[5, 100:] = float("-inf")  # a row masked down to 100 tokens (top-k/top-p)
+    expected = (logits + gumbel_noise(seeds, positions, 3000)).argmax(-1)
+    chosen = gumbel_argmax(logits, seeds, positions)
+    assert torch.equal(chosen, expected) and chosen[5] < 100
+    for rows in (1, 3):  # one program per row: a row's choice does not depend on the others
+        assert torch.equal(gumbel_argmax(logits[:rows], seeds[:rows], positions[:rows]), chosen[:rows])
