@@ -22,6 +22,7 @@ from tests.deploy.cluster_client import (
     client,
     complete,
     complete_all_concurrently,
+    completion_record,
     engine_config,
     node_stats,
     start_cluster,
@@ -150,3 +151,13 @@ def test_incompatible_decode_node_is_refused_with_a_clear_error(cluster_1p1d, ti
         mismatched.stop()
     ids, _ = complete(client(cluster_1p1d), PROMPTS[0], PARAMS)  # the prefill node keeps serving its own cluster
     assert len(ids) == PARAMS["max_tokens"]
+
+
+def test_a_prompt_gives_the_same_output_alone_or_inside_a_list(cluster_2p2d):
+    api = client(cluster_2p2d)
+    response = api.completions.create(model="corun-tiny", prompt=PROMPTS[:4], max_tokens=16, temperature=0.6,
+                                      seed=42, logprobs=5, extra_body={"ignore_eos": True})
+    assert response.model_extra["seed"] == 42
+    listed = {c.index: completion_record(c.model_extra["token_ids"], c.logprobs) for c in response.choices}
+    for i, prompt in enumerate(PROMPTS[:4]):
+        assert listed[i] == complete(api, prompt, PARAMS), f"prompt {i} differs inside the list"
