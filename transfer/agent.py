@@ -24,14 +24,12 @@ from nixl._api import nixl_agent, nixl_agent_config, nixl_prepped_dlist_handle, 
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 from transfer.reads import (
-    MemoryType,
+    KVRegion,
     ReadHandle,
     XferState,
-    block_nbytes_of,
     check_block_ids,
     check_kv_data,
     count_finished,
-    memory_type_of,
 )
 
 UcxErrorHandling = Literal["none", "peer"]
@@ -50,7 +48,7 @@ class _Peer:
     """The peer's per-block descriptors, prepared once: a read names blocks by index into it."""
 
 
-class KVTransferAgent:
+class KVTransferAgent(KVRegion):
     def __init__(self, name: str, kv_data: torch.Tensor, ucx_error_handling: UcxErrorHandling = "none"):
         """ucx_error_handling (verified here, nixl 1.5.1, two processes on one host):
         "none" (default): the first read to a peer takes ~0.3 ms, and a read completes without the peer calling
@@ -71,22 +69,6 @@ class KVTransferAgent:
             "NIXL_INIT_AGENT", self._block_descs(self.kv_base_address, self.num_blocks), self.memory_type)
 
     # --- what the handshake reply carries ---------------------------------------------------------------------
-    @property
-    def memory_type(self) -> MemoryType:
-        return memory_type_of(self._kv_data)
-
-    @property
-    def kv_base_address(self) -> int:
-        return self._kv_data.data_ptr()
-
-    @property
-    def num_blocks(self) -> int:
-        return self._kv_data.shape[0]
-
-    @property
-    def block_nbytes(self) -> int:
-        return block_nbytes_of(self._kv_data)
-
     def metadata(self) -> bytes:
         return self._nixl.get_agent_metadata()
 

@@ -14,20 +14,18 @@ import torch
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 from transfer.reads import (
-    MemoryType,
+    KVRegion,
     ReadHandle,
     XferState,
-    block_nbytes_of,
     check_block_ids,
     check_kv_data,
     count_finished,
-    memory_type_of,
 )
 
 _AGENTS: dict[str, FakeKVTransferAgent] = {}
 
 
-class FakeKVTransferAgent:
+class FakeKVTransferAgent(KVRegion):
     def __init__(self, name: str, kv_data: torch.Tensor):
         check_kv_data(kv_data)
         if name in _AGENTS:
@@ -38,22 +36,6 @@ class FakeKVTransferAgent:
         self._peer_names: set[str] = set()
         self._inbox: list[tuple[str, bytes]] = []
         _AGENTS[name] = self
-
-    @property
-    def memory_type(self) -> MemoryType:
-        return memory_type_of(self._kv_data)
-
-    @property
-    def kv_base_address(self) -> int:
-        return self._kv_data.data_ptr()
-
-    @property
-    def num_blocks(self) -> int:
-        return self._kv_data.shape[0]
-
-    @property
-    def block_nbytes(self) -> int:
-        return block_nbytes_of(self._kv_data)
 
     def metadata(self) -> bytes:
         return self.name.encode()

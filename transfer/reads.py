@@ -69,3 +69,25 @@ def count_finished(counters: TransferCounters, handle: ReadHandle) -> None:
         counters.blocks_read += handle.num_blocks
     else:
         counters.read_failures += 1
+
+
+class KVRegion:
+    """What both agents expose of the registered KV tensor (the handshake reply carries these)."""
+
+    _kv_data: torch.Tensor
+
+    @property
+    def memory_type(self) -> MemoryType:
+        return memory_type_of(self._kv_data)
+
+    @property
+    def kv_base_address(self) -> int:
+        return self._kv_data.data_ptr()
+
+    @property
+    def num_blocks(self) -> int:
+        return self._kv_data.shape[0]
+
+    @property
+    def block_nbytes(self) -> int:
+        return block_nbytes_of(self._kv_data)
