@@ -19,6 +19,7 @@ import time
 
 import aiohttp
 
+from benchmarks.report import emit
 from corun import LLM, SamplingParams
 from corun.config import RouterConfig
 from corun.models.tiny import make_tiny_model
@@ -132,11 +133,7 @@ def main() -> None:
                                          "p50_overhead_ms": round(1e3 * (statistics.median(http)
                                                                           - statistics.median(direct)), 3)}
             report["1p1d"] = asyncio.run(streamed_ttfts(cluster.url, prompts, args.output_len))
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 import time
 
 import torch
 
+from benchmarks.report import emit
 from corun import LLM, SamplingParams
 from corun.models.tiny import make_tiny_model
 from tests.conftest import varied_prompts
@@ -74,11 +74,7 @@ def main() -> None:
     modes = report["modes"]
     report["corun_over_standard_throughput"] = round(
         modes["corun"]["throughput"]["output_tok_per_s"] / modes["standard"]["throughput"]["output_tok_per_s"], 3)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":
