@@ -90,11 +90,13 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
     start = time.perf_counter()
     while engine.has_unfinished():
         decoding = [r for r in engine.scheduler.running if not r.is_prefilling]
+        context_lens = [r.num_tokens for r in decoding]
         step_start = time.perf_counter()
         sampled = engine.step()
         now = time.perf_counter()
-        if sampled and len(sampled) == len(decoding) and all(s.request in decoding for s in sampled):
-            decode_steps.append((now - step_start, [r.num_tokens for r in decoding]))
+        # NOTE: a pure decode step samples exactly the requests that were decoding (ids, not list scans)
+        if sampled and {id(s.request) for s in sampled} == {id(r) for r in decoding}:
+            decode_steps.append((now - step_start, context_lens))
         for item in sampled:
             first_at.setdefault(item.request.request_id, now - start)
             if item.request.finish_reason is not None:

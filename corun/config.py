@@ -13,7 +13,8 @@ DType = Literal["float32", "bfloat16", "float16"]
 class SchedulerConfig:
     mode: Mode = "corun"
     """corun: isolated prefill + fixed-shape decode. standard: vLLM-style continuous batching.
-    batch_invariant: standard scheduling on batch-invariant kernels (CUDA only)."""
+    batch_invariant: standard scheduling on batch-invariant Triton kernels (CUDA; Triton's CPU interpreter in
+    tests)."""
     max_num_seqs: int = 32
     """N: the most requests running at once; in corun mode every decode step computes exactly N rows."""
     max_model_len: int = 1024

@@ -15,8 +15,10 @@ class RequestStatus(IntEnum):
     FINISHED = 2
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
+    # NOTE: identity equality: a request is an entity, and queue membership tests (`in`, `remove`) must not
+    # compare prompt lists field by field.
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -58,9 +60,6 @@ class Request:
     @property
     def last_token_id(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
-
-    def token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
 
     def append_token(self, token_id: int, logprobs: TokenLogprobs | None) -> str | None:
         """Record a sampled token; returns the finish reason ("stop" or "length") if the request is done."""

@@ -23,9 +23,6 @@ class StepInputs:
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
 
-    def to(self, device) -> StepInputs:
-        return StepInputs(self.input_ids.to(device), self.positions.to(device), self.meta)
-
 
 @dataclass
 class WindowDecodeInputs:
