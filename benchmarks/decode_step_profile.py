@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from benchmarks.report import emit
+from corun.bench import measure_hardware, step_floor
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
 from corun.sampling_params import SamplingParams
@@ -42,6 +44,9 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--modes", default="corun")
+    parser.add_argument("--kernel-profile", action="store_true",
+                        help="also run one eager step under torch.profiler and total the GPU time per kernel")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {}
@@ -71,10 +76,36 @@ def main() -> None:
             "sample_ms": timed_ms(lambda: runner.sample(logits, requests)),
             "engine_step_ms": timed_ms(engine.step, repeats=20),
         }
+        if args.kernel_profile:
+            result["eager_kernels"] = kernel_profile(runner, inputs)
+        result["floor_ms"] = round(1e3 * step_floor(engine, [r.num_tokens for r in requests], rows,
+                                                    measure_hardware(device)), 3) if device == "cuda" else None
         report[mode] = result
         print(mode, json.dumps(result), flush=True)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    emit(report, args.out)
+
+
+def kernel_profile(runner, inputs, top: int = 25) -> dict:
+    """GPU time per kernel name over one eager decode step (the graph replays the same kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    splits = runner.kv_splits(len(inputs.input_ids))
+    static = inputs.to(runner.device)
+    runner.window_decode_logits(static, splits)
+    sync()
+    kind = "CUDA" if runner.on_cuda else "CPU"  # NOTE: CPU totals nest ops in ops; only CUDA's are exclusive
+    with profile(activities=[getattr(ProfilerActivity, kind)]) as prof:
+        runner.window_decode_logits(static, splits)
+        sync()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type.name == kind:
+            totals[event.name] = totals.get(event.name, 0.0) + event.time_range.elapsed_us() / 1e3
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    return {"total_ms": round(sum(totals.values()), 3),
+            "top_ms": {name[:120]: round(ms, 3) for name, ms in ranked[:top]}}
 
 
 if __name__ == "__main__":

@@ -80,15 +80,22 @@ def step_floor(engine: LLMEngine, context_lens: list[int], num_rows: int, hardwa
     return max(num_bytes / hardware["copy_bytes_per_s"], flops / hardware["bf16_flops_per_s"])
 
 
-def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: int = 0) -> dict:
+def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: int = 0,
+                 max_seconds: float | None = None) -> dict:
+    """Run every request to its end, or until max_seconds pass; then the rest are aborted and the result is
+    marked truncated (its tokens/s then covers the tokens made so far, TPOT the tokens each request made)."""
     rng = random.Random(seed)
     vocab = engine.runner.model.cfg.vocab_size
     requests = [engine.add_request(f"{workload.name}-{i}", [rng.randrange(vocab) for _ in range(num_in)],
                                    SamplingParams(temperature=0.6, seed=i, max_tokens=num_out, ignore_eos=True))
                 for i, (num_in, num_out) in enumerate(workload.lengths)]
-    first_at, done_at, decode_steps = {}, {}, []
+    first_at, last_at, decode_steps = {}, {}, []
     start = time.perf_counter()
     while engine.has_unfinished():
+        if max_seconds is not None and time.perf_counter() - start > max_seconds:
+            for request in requests:
+                engine.abort_request(request)
+            break
         decoding = [r for r in engine.scheduler.running if not r.is_prefilling]
         context_lens = [r.num_tokens for r in decoding]
         step_start = time.perf_counter()
@@ -99,20 +106,23 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
             decode_steps.append((now - step_start, context_lens))
         for item in sampled:
             first_at.setdefault(item.request.request_id, now - start)
-            if item.request.finish_reason is not None:
-                done_at[item.request.request_id] = now - start
+            last_at[item.request.request_id] = now - start
     elapsed = time.perf_counter() - start
-    return summarize(engine, requests, first_at, done_at, decode_steps, elapsed, hardware)
+    result = summarize(engine, requests, first_at, last_at, decode_steps, elapsed, hardware)
+    result["truncated"] = any(r.finish_reason == "abort" for r in requests)
+    return result
 
 
-def summarize(engine, requests, first_at, done_at, decode_steps, elapsed, hardware) -> dict:
+def summarize(engine, requests, first_at, last_at, decode_steps, elapsed, hardware) -> dict:
     num_tokens = sum(len(r.output_token_ids) for r in requests)
     ttfts = list(first_at.values())
-    tpots = [(done_at[r.request_id] - first_at[r.request_id]) / (len(r.output_token_ids) - 1)
+    tpots = [(last_at[r.request_id] - first_at[r.request_id]) / (len(r.output_token_ids) - 1)
              for r in requests if len(r.output_token_ids) > 1]
     n = engine.config.scheduler.max_num_seqs
     full = [(t, ctx) for t, ctx in decode_steps if len(ctx) >= 0.9 * n] or decode_steps
-    result = {"num_requests": len(requests), "output_tokens": num_tokens, "seconds": round(elapsed, 3),
+    result = {"num_requests": len(requests), "num_finished": sum(r.finish_reason not in (None, "abort")
+                                                                 for r in requests),
+              "output_tokens": num_tokens, "seconds": round(elapsed, 3),
               "output_tok_per_s": round(num_tokens / elapsed, 1),
               "ttft_s": {"p50": round(percentile(ttfts, 0.5), 4), "p99": round(percentile(ttfts, 0.99), 4)},
               "tpot_ms": {"p50": round(1e3 * percentile(tpots, 0.5), 3),
@@ -128,7 +138,8 @@ def summarize(engine, requests, first_at, done_at, decode_steps, elapsed, hardwa
     return result
 
 
-def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], out: str | None = None) -> dict:
+def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], out: str | None = None,
+              max_seconds: float | None = None) -> dict:
     hardware = measure_hardware(base.device)
     report = {"engine": dataclasses.asdict(base), "hardware": hardware, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "modes": {}}
@@ -137,7 +148,7 @@ def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], o
         engine = LLMEngine(config)
         report["modes"][mode] = {}
         for workload in workloads:
-            report["modes"][mode][workload.name] = run_workload(engine, workload, hardware)
+            report["modes"][mode][workload.name] = run_workload(engine, workload, hardware, max_seconds=max_seconds)
             if out:  # NOTE: written after every workload, so a run cut short still leaves its results
                 with open(out, "w") as f:
                     json.dump(report, f, indent=2, default=str)
@@ -155,6 +166,8 @@ def add_bench(commands) -> None:
     cmd.add_argument("--modes", default="corun,standard,batch_invariant")
     cmd.add_argument("--workloads", default="1024x128,1024x2048,4096x128,4096x2048,burstgpt")
     cmd.add_argument("--num-requests", type=int, default=256)
+    cmd.add_argument("--max-seconds", type=float, default=None,
+                     help="cut each (mode, workload) run after this long; its result is marked truncated")
     cmd.add_argument("--out", default=None)
     cmd.set_defaults(run=run_bench_command)
 
@@ -164,7 +177,7 @@ def run_bench_command(args) -> int:
 
     base = engine_config_from_args(args)
     workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
-    report = run_bench(base, args.modes.split(","), workloads, args.out)
+    report = run_bench(base, args.modes.split(","), workloads, args.out, args.max_seconds)
     report["command"] = vars(args) | {"run": None}
     text = json.dumps(report, indent=2, default=str)
     print(text)

@@ -9,12 +9,25 @@ its co-runners. Graph-capturable: no host sync, the grid depends only on the sha
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-TILE = 64
-"""Tokens per inner iteration (several KV blocks gathered through the block table)."""
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Fixed launch parameters. tile_tokens sets the order of the online-softmax reduction, so it is part of a
+    request's bits and must never be autotuned per shape or per machine."""
+
+    tile_tokens: int = 64
+    """Tokens per inner iteration (several KV blocks gathered through the block table)."""
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+DEFAULT_LAUNCH = LaunchConfig()
 
 
 @triton.jit
@@ -64,7 +77,8 @@ def _paged_decode_kernel(
         tl.store(lse_ptr + row * stride_lr + heads * stride_lh + split, lse, mask=head_mask)
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float, num_splits: int = 1):
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float, num_splits: int = 1,
+                           launch: LaunchConfig = DEFAULT_LAUNCH):
     """q: [rows, heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim] (strided views
     allowed, last dim contiguous); block_tables: [rows, max_blocks] int; context_lens: [rows] int (>= 1)."""
     num_rows, num_heads, head_dim = q.shape
@@ -83,7 +97,8 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *out_strides, lse.stride(0), lse.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        TILE_TOKENS=TILE, NUM_SPLITS=num_splits, PRECISION=precision_for(q.dtype), num_warps=4)
+        TILE_TOKENS=launch.tile_tokens, NUM_SPLITS=num_splits, PRECISION=precision_for(q.dtype),
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
     if partial is None:
         return out
     weights = torch.softmax(lse, dim=-1)  # [rows, heads, splits]; empty splits have lse -inf -> weight 0
