@@ -66,11 +66,11 @@ def main() -> None:
             engine.step()
         runner, requests = engine.runner, list(engine.scheduler.running)
         rows = runner.num_rows
-        inputs = build_window_decode(requests, rows, runner.window_blocks, runner.block_size)
+        inputs = build_window_decode(requests, rows, runner.window_blocks, runner.block_size, runner.table_rows)
         logits = runner.decode_logits(requests, rows)
         result = {
             "build_inputs_ms": timed_ms(lambda: build_window_decode(requests, rows, runner.window_blocks,
-                                                                     runner.block_size)),
+                                                                     runner.block_size, runner.table_rows)),
             "model_step_ms": timed_ms(lambda: runner.decode_graph.replay(inputs) if runner.decode_graph
                                       else runner.decode_logits(requests, rows)),
             "sample_ms": timed_ms(lambda: runner.sample(logits, requests)),

@@ -22,7 +22,14 @@ from corun.outputs import TokenLogprobs
 from corun.request import Request
 from corun.sampler import Sampler, SamplerOutput, SamplingBatch
 from corun.scheduler import PrefillChunk, ScheduledBatch
-from corun.step_inputs import StepInputs, WindowDecodeInputs, build_step, build_window_decode, build_windowed_step
+from corun.step_inputs import (
+    BlockTableRows,
+    StepInputs,
+    WindowDecodeInputs,
+    build_step,
+    build_window_decode,
+    build_windowed_step,
+)
 
 
 @dataclass
@@ -49,6 +56,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.num_rows = config.scheduler.max_num_seqs
         self.window_blocks = config.max_blocks_per_seq
+        self.table_rows = BlockTableRows(self.window_blocks)
         self.model = load_model(config.model, config.dtype, config.device, config.scheduler.max_model_len)
         if self.mode == "batch_invariant":
             from corun.kernels.batch_invariant import (
@@ -104,7 +112,7 @@ class ModelRunner:
 
     def decode_logits(self, requests: list[Request], num_rows: int) -> torch.Tensor:
         if self.decode_graph is not None:
-            inputs = build_window_decode(requests, num_rows, self.window_blocks, self.block_size)
+            inputs = build_window_decode(requests, num_rows, self.window_blocks, self.block_size, self.table_rows)
             return self.decode_graph.replay(inputs)
         return self.model.compute_logits(self.forward(self.mixed_inputs(requests, num_rows, [])))
 
@@ -132,7 +140,7 @@ class ModelRunner:
             return build_step(decodes, num_decode_rows, chunks, self.block_size, self.device)
         return build_windowed_step(decodes, num_decode_rows, chunks, self.block_size, self.device,
                                    self.window_blocks, self.kv_splits(num_decode_rows),
-                                   token_wise_prefill=self.mode == "batch_invariant")
+                                   token_wise_prefill=self.mode == "batch_invariant", table_rows=self.table_rows)
 
     def forward_counts(self) -> dict[str, int]:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,

@@ -60,12 +60,15 @@ def _noise_hash_kernel(seeds_ptr, positions_ptr, out_ptr, vocab, BLOCK: tl.const
 
 
 @triton.jit
-def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, out_ptr, stride_x, vocab, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, best_value_ptr, best_index_ptr, stride_x, vocab,
+                          CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per (row, vocab chunk): the chunk's best noisy value and its first index."""
+    row, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    num_chunks = tl.num_programs(1)
     state = _row_state(seeds_ptr, positions_ptr, row)
     best_value = -float("inf")
-    best_index = 0
-    for start in range(0, vocab, BLOCK):
+    best_index = chunk * CHUNK
+    for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
         ids = start + tl.arange(0, BLOCK)
         valid = ids < vocab
         x = tl.load(x_ptr + row * stride_x + ids, mask=valid, other=-float("inf"))
@@ -77,7 +80,8 @@ def _gumbel_argmax_kernel(x_ptr, seeds_ptr, positions_ptr, out_ptr, stride_x, vo
         better = block_best > best_value  # NOTE: strict, so the earliest block wins ties, like torch.argmax
         best_index = tl.where(better, start + block_index, best_index)
         best_value = tl.where(better, block_best, best_value)
-    tl.store(out_ptr + row, best_index)
+    tl.store(best_value_ptr + row * num_chunks + chunk, best_value)
+    tl.store(best_index_ptr + row * num_chunks + chunk, best_index)
 
 
 def noise_hash_triton(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -87,9 +91,20 @@ def noise_hash_triton(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: 
     return out
 
 
+VOCAB_CHUNK = 8192
+"""Vocab entries per program: 256 rows x 152k vocab then run ~5000 programs instead of 256 latency-bound ones."""
+
+
 def gumbel_argmax(scaled_logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """int64 [rows]: argmax(scaled_logits + Gumbel noise keyed by (seed, position, vocab index))."""
-    out = torch.empty(scaled_logits.shape[0], dtype=torch.int64, device=scaled_logits.device)
-    _gumbel_argmax_kernel[(scaled_logits.shape[0],)](scaled_logits, seeds, positions, out, scaled_logits.stride(0),
-                                                     scaled_logits.shape[1], BLOCK=1024)
-    return out
+    """int64 [rows]: argmax(scaled_logits + Gumbel noise keyed by (seed, position, vocab index)).
+
+    NOTE: an argmax has no rounding, so cutting the vocab into chunks changes nothing: the first chunk holding
+    the maximum (torch.argmax returns the first) and its first index there give exactly the whole row's answer.
+    """
+    rows, vocab = scaled_logits.shape
+    num_chunks = triton.cdiv(vocab, VOCAB_CHUNK)
+    best_values = torch.empty(rows, num_chunks, dtype=torch.float32, device=scaled_logits.device)
+    best_indices = torch.empty(rows, num_chunks, dtype=torch.int64, device=scaled_logits.device)
+    _gumbel_argmax_kernel[(rows, num_chunks)](scaled_logits, seeds, positions, best_values, best_indices,
+                                              scaled_logits.stride(0), vocab, CHUNK=VOCAB_CHUNK, BLOCK=1024)
+    return best_indices.gather(1, best_values.argmax(dim=1, keepdim=True)).squeeze(1)

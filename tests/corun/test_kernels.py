@@ -129,3 +129,19 @@ def test_fused_sampling_kernel_has_the_samplers_noise_and_choice():
     assert torch.equal(chosen, expected) and chosen[5] < 100
     for rows in (1, 3):  # one program per row: a row's choice does not depend on the others
         assert torch.equal(gumbel_argmax(logits[:rows], seeds[:rows], positions[:rows]), chosen[:rows])
+
+
+def test_fused_sampling_split_over_vocab_chunks_gives_the_whole_rows_argmax(monkeypatch):
+    """The vocab is cut into chunks, one program each: the first maximum still wins, ties across chunks too."""
+    import corun.kernels.sampling as sampling
+    from corun.sampler import gumbel_noise
+
+    seeds = torch.arange(4, dtype=torch.int64, device=DEVICE) * 1000003
+    positions = torch.tensor([3, 9, 27, 81], dtype=torch.int64, device=DEVICE)
+    logits = torch.randn(4, 3000, generator=torch.Generator(device=DEVICE).manual_seed(9), device=DEVICE)
+    logits[2, [1500, 2500]] = float("inf")  # a tie between chunks 1 and 2: index 1500 must win
+    logits[3, 1024:] = float("-inf")  # chunks 1 and 2 hold nothing
+    monkeypatch.setattr(sampling, "VOCAB_CHUNK", 1024)
+    chosen = sampling.gumbel_argmax(logits, seeds, positions)
+    assert torch.equal(chosen, (logits + gumbel_noise(seeds, positions, 3000)).argmax(-1))
+    assert chosen[2] == 1500 and chosen[3] < 1024
