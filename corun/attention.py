@@ -93,9 +93,12 @@ def request_attention(q, k, v, k_cache, v_cache, segment: RequestSegment, scale:
     return out.transpose(0, 1)
 
 
-def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
-    """q: [num_tokens, heads, head_dim]; writes k, v to the cache, returns [num_tokens, heads, head_dim]."""
-    write_kv(k_cache, v_cache, k, v, meta)
+def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, kv_written: bool = False):
+    """q: [num_tokens, heads, head_dim]; writes k, v to the cache, returns [num_tokens, heads, head_dim].
+
+    kv_written: k and v are in the cache already (the fused RoPE kernel wrote them, corun/kernels/fused_ops.py)."""
+    if not kv_written:
+        write_kv(k_cache, v_cache, k, v, meta)
     if meta.num_window_rows == q.shape[0]:
         return decode_rows_attention(q, k_cache, v_cache, meta, scale)
     out = torch.zeros_like(q)

@@ -66,6 +66,8 @@ class ModelRunner:
             )
 
             self.model.use_batch_invariant_kernels(batch_invariant_linear, batch_invariant_rms_norm)
+        if self.on_cuda:  # NOTE: row-wise fixed-order kernels, so batch-invariant: every mode may use them
+            self.model.use_fused_kernels()
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.sampler = Sampler()
         if self.mode == "batch_invariant":

@@ -43,10 +43,18 @@ def new_request(prompt, num_blocks=16):
     return request
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "fused"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_prefill_logits_match_transformers(name, tmp_path):
+def test_prefill_logits_match_transformers(name, fused, tmp_path):
+    """Both implementations of the layer glue: torch ops, and the CUDA path's fused Triton kernels (forced on)."""
+    if fused:
+        pytest.importorskip("triton")
+        if torch.cuda.is_available():
+            pytest.skip("the fused kernels need CUDA tensors on a GPU host; test_fused_ops covers them there")
     hf = save_hf_checkpoint(name, tmp_path)
     runner = make_runner(tmp_path)
+    if fused:
+        runner.model.use_fused_kernels()  # NOTE: CPU: through Triton's interpreter (tests/conftest.py)
     prompt = torch.randint(0, 512, (57,), generator=torch.Generator().manual_seed(1))
     request = new_request(prompt.tolist())
     hidden = runner.forward(build_step([], 0, [PrefillChunk(request, 0, 57)], runner.block_size, "cpu"))

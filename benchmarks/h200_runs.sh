@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The H200 measurements of issue 4, in the device calls they were run in (each must end inside 10 minutes).
+#   bash benchmarks/h200_runs.sh <part> <out-dir>
+# part "kernels": the kernel tests on the GPU, the decode-step profile (graph, sampler, engine step, per-kernel
+#   eager times) and the 8B determinism suite; "bench_1024" and "bench_4096": the workloads, every run cut at
+#   --max-seconds (the JSON marks a cut run truncated).
+set -u
+part=$1; out=$2
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+BENCH="python3 -m corun.cli bench --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
+  --max-model-len 6144 --prefill-chunk-size 4096 --max-num-batched-tokens 8192 --kv-cache-mib 112000
+  --num-requests 256"
+case $part in
+  kernels)
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/corun/test_fused_ops.py tests/corun/test_kernels.py \
+      > "$out/tests.log" 2>&1
+    timeout 200 python3 -m benchmarks.decode_step_profile --model random:qwen3-8b --modes corun,batch_invariant \
+      --kernel-profile --out "$out/h200_decode_step_profile.json" > "$out/profile.log" 2>&1
+    timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --modes corun,standard \
+      --out "$out/h200_determinism.json" > "$out/determinism.log" 2>&1 ;;
+  bench_1024)
+    timeout 540 $BENCH --workloads 1024x128,1024x2048,burstgpt --max-seconds 40 \
+      --out "$out/h200_bench_1024.json" > "$out/bench.log" 2>&1 ;;
+  bench_4096)
+    timeout 540 $BENCH --workloads 4096x128,4096x2048 --max-seconds 60 \
+      --out "$out/h200_bench_4096.json" > "$out/bench.log" 2>&1 ;;
+esac
+echo "rc=$?"; tail -c 3000 "$out"/*.log
