@@ -17,8 +17,10 @@ serve every mode, batch_invariant included.
 
 Rounding follows the torch path (corun/models/decoder.py, rope.py): norm statistics in float32, and a round to
 the model dtype wherever torch rounds (torch computes each elementwise op of a low-precision dtype in float32 and
-rounds the result; so do these kernels). What differs is the order of the norms' sum of squares and the
-implementations of exp and rsqrt, so results agree with torch to a few float32 ulps, not bitwise.
+rounds the result; so do these kernels). What differs is the order of the norms' sum of squares, the
+implementations of exp and rsqrt and, on CUDA, the compiler's multiply-add contraction (seen on the H200: RoPE
+alone is not bitwise torch's there), so results agree with torch to a few ulps, not bitwise. Only the residual
+add is bitwise torch's.
 
 Graph-capturable: outputs come from torch.empty, grids depend only on shapes, nothing syncs with the host.
 """

@@ -81,9 +81,14 @@ def test_qk_norm_rope_matches_norm_then_apply_rope(num_tokens, head_dim, qk_norm
         expected_q, expected_k = apply_rope(q_norm(q), cos, sin), apply_rope(k_norm(k), cos, sin)
         torch.testing.assert_close(fused_q, expected_q, **TOLERANCE)
         torch.testing.assert_close(fused_k, expected_k, **TOLERANCE)
-    else:  # no reduction left: RoPE alone rounds exactly where apply_rope does
+    else:
         fused_q, fused_k = qk_norm_rope(q, k, None, None, cos, sin, EPS)
-        assert torch.equal(fused_q, apply_rope(q, cos, sin)) and torch.equal(fused_k, apply_rope(k, cos, sin))
+        expected_q, expected_k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if ON_GPU:  # NOTE: measured on the H200: Triton's compiler contracts RoPE's multiply-adds (FMA)
+            torch.testing.assert_close(fused_q, expected_q, **TOLERANCE)
+            torch.testing.assert_close(fused_k, expected_k, **TOLERANCE)
+        else:  # the interpreter rounds every op as torch does: bitwise
+            assert torch.equal(fused_q, expected_q) and torch.equal(fused_k, expected_k)
 
 
 def test_qk_norm_rope_write_kv_writes_the_slots_write_kv_writes():
@@ -218,7 +223,7 @@ def test_fused_decode_step_replays_as_a_cuda_graph(tiny_model_dir):
 
 @gpu_only
 def test_bf16_rounds_where_torch_rounds():
-    """The residual add and RoPE alone are bitwise torch's in bfloat16; the norms and silu within an ulp or so."""
+    """The residual add is bitwise torch's in bfloat16; RoPE, the norms and silu within an ulp or so."""
     from corun.kernels.fused_ops import fused_add_rms_norm, qk_norm_rope, silu_and_mul
 
     bf16 = torch.bfloat16
@@ -228,8 +233,9 @@ def test_bf16_rounds_where_torch_rounds():
     assert torch.equal(new_residual, residual + x)
     torch.testing.assert_close(normed, norm(residual + x), **BF16_TOLERANCE)
     q, k, _, cos, sin = (t.to(bf16) for t in qkv_case(64, 128, seed=27, num_heads=32, num_kv_heads=8))
-    assert all(torch.equal(a, b) for a, b in zip(qk_norm_rope(q, k, None, None, cos, sin, EPS),
-                                                 (apply_rope(q, cos, sin), apply_rope(k, cos, sin))))
+    for fused, expected in zip(qk_norm_rope(q, k, None, None, cos, sin, EPS),
+                               (apply_rope(q, cos, sin), apply_rope(k, cos, sin))):
+        torch.testing.assert_close(fused, expected, **BF16_TOLERANCE)  # NOTE: not bitwise on the H200
     q_norm, k_norm = random_norm(128, seed=28).to(bf16), random_norm(128, seed=29).to(bf16)
     fused_q, fused_k = qk_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, EPS)
     # NOTE: an ulp of the normed input moves both rounded RoPE products, and their difference may cancel
