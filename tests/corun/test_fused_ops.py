@@ -233,13 +233,14 @@ def test_bf16_rounds_where_torch_rounds():
     assert torch.equal(new_residual, residual + x)
     torch.testing.assert_close(normed, norm(residual + x), **BF16_TOLERANCE)
     q, k, _, cos, sin = (t.to(bf16) for t in qkv_case(64, 128, seed=27, num_heads=32, num_kv_heads=8))
+    # NOTE: RoPE's two products round separately and their difference may cancel, so an ulp of difference
+    # (FMA contraction on the H200: 0.2% of elements, at most 0.0039 there) is large next to a tiny result
+    rope_tolerance = dict(atol=3e-2, rtol=2e-2)
     for fused, expected in zip(qk_norm_rope(q, k, None, None, cos, sin, EPS),
                                (apply_rope(q, cos, sin), apply_rope(k, cos, sin))):
-        torch.testing.assert_close(fused, expected, **BF16_TOLERANCE)  # NOTE: not bitwise on the H200
+        torch.testing.assert_close(fused, expected, **rope_tolerance)
     q_norm, k_norm = random_norm(128, seed=28).to(bf16), random_norm(128, seed=29).to(bf16)
     fused_q, fused_k = qk_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, EPS)
-    # NOTE: an ulp of the normed input moves both rounded RoPE products, and their difference may cancel
-    rope_tolerance = dict(atol=3e-2, rtol=2e-2)
     torch.testing.assert_close(fused_q, apply_rope(q_norm(q), cos, sin), **rope_tolerance)
     torch.testing.assert_close(fused_k, apply_rope(k_norm(k), cos, sin), **rope_tolerance)
     gate_up = random(64, 2 * 3072, seed=30, scale=3.0).to(bf16)
