@@ -86,11 +86,28 @@ def request_attention(q, k, v, k_cache, v_cache, segment: RequestSegment, scale:
         if num_new > 1:
             rows = torch.arange(num_new, device=q.device)[:, None] + num_prior
             mask = torch.arange(segment.context_len, device=q.device)[None, :] <= rows  # [tokens, context]
+    if q.is_cuda:
+        return _fused_sdpa(q, keys, values, mask, causal, scale)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
         attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
     )  # [heads, tokens, head_dim]
     return out.transpose(0, 1)
+
+
+def _fused_sdpa(q, keys, values, mask, causal: bool, scale: float):
+    """SDPA in the form its fused CUDA kernels (flash, memory-efficient) accept: 4-D, kv heads expanded.
+
+    NOTE: measured on the H200: 3-D or enable_gqa inputs fall back to the math kernel, which materialises the
+    [heads, tokens, context] scores: 0.57 s to prefill a 4096-token prompt of the 8B shape instead of ~0.1 s.
+    """
+    group = q.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+        attn_mask=None if mask is None else mask[None, None], is_causal=causal, scale=scale,
+    )  # [1, heads, tokens, head_dim]
+    return out[0].transpose(0, 1)
 
 
 def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, kv_written: bool = False):
