@@ -26,7 +26,12 @@ def engine_fingerprint(config: EngineConfig, model_digest: str) -> str:
     # and 2 threads), so the effective count is part of what determines outputs.
     engine["num_threads"] = torch.get_num_threads()
     facts = {"model_digest": model_digest, "engine": engine, "torch": torch.__version__,
-             "protocol": protocol.PROTOCOL_VERSION}
+             "protocol": protocol.PROTOCOL_VERSION, "gpu": None}
+    if config.device.startswith("cuda"):  # NOTE: Triton compiles the CUDA kernels: its version changes their bits
+        import triton
+
+        facts["gpu"] = {"name": torch.cuda.get_device_name(), "triton": triton.__version__,
+                        "cuda": torch.version.cuda}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
