@@ -46,9 +46,10 @@ class AttentionMetadata:
     num_kv_splits: int = 0
     """Decode kernel for the window rows: 0 = the torch fixed-window path; n >= 1 = the Triton paged kernel
     with n splits of each context (1 = no split-KV)."""
-    token_wise_prefill: bool = False
-    """batch_invariant mode: prompt tokens go through the paged kernel one query row each, so a token's result
-    does not depend on how its prompt was chunked (which depends on co-runners under a token budget)."""
+    chunk_invariant_prefill: bool = False
+    """batch_invariant mode: prompt attention through a paged kernel whose reduction order for a token depends
+    only on its position, so a token's result does not depend on how its prompt was chunked (which depends on
+    co-runners under a token budget)."""
 
 
 def write_kv(k_cache, v_cache, k, v, meta: AttentionMetadata) -> None:
@@ -124,21 +125,20 @@ def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, 
         out[rows] = decode_rows_attention(q[rows], k_cache, v_cache, meta, scale)
     for seg in meta.segments:
         rows = slice(seg.query_start, seg.query_start + seg.num_query_tokens)
-        if meta.token_wise_prefill:
-            out[rows] = token_wise_attention(q[rows], k_cache, v_cache, seg, scale)
+        if meta.chunk_invariant_prefill:
+            out[rows] = chunk_invariant_prefill_attention(q[rows], k_cache, v_cache, seg, scale)
         else:
             out[rows] = request_attention(q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale)
     return out
 
 
-def token_wise_attention(q, k_cache, v_cache, segment: RequestSegment, scale: float):
-    """Each prompt token as its own decode row over its own prefix (KV already written)."""
-    from corun.kernels.decode_attention import paged_decode_attention  # NOTE: Triton only on CUDA hosts
+def chunk_invariant_prefill_attention(q, k_cache, v_cache, segment: RequestSegment, scale: float):
+    """batch_invariant mode's prompt attention over the paged cache (KV already written): a token's result
+    does not depend on how its prompt was chunked (corun/kernels/prefill_attention.py)."""
+    from corun.kernels.prefill_attention import paged_prefill_attention  # NOTE: Triton only on CUDA hosts
 
-    num_new = segment.num_query_tokens
-    tables = segment.block_table[None, :].expand(num_new, -1).contiguous()
-    lens = torch.arange(segment.context_len - num_new + 1, segment.context_len + 1, device=q.device)
-    return paged_decode_attention(q.contiguous(), k_cache, v_cache, tables, lens, scale, 1)
+    start_pos = segment.context_len - segment.num_query_tokens
+    return paged_prefill_attention(q, k_cache, v_cache, segment.block_table, start_pos, scale)
 
 
 def decode_rows_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float):

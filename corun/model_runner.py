@@ -142,7 +142,7 @@ class ModelRunner:
             return build_step(decodes, num_decode_rows, chunks, self.block_size, self.device)
         return build_windowed_step(decodes, num_decode_rows, chunks, self.block_size, self.device,
                                    self.window_blocks, self.kv_splits(num_decode_rows),
-                                   token_wise_prefill=self.mode == "batch_invariant", table_rows=self.table_rows)
+                                   chunk_invariant_prefill=self.mode == "batch_invariant", table_rows=self.table_rows)
 
     def forward_counts(self) -> dict[str, int]:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,

@@ -96,7 +96,7 @@ def _columns(rows: list[tuple], width: int) -> list[list]:
 
 def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, chunks: list[PrefillChunk],
                         block_size: int, device, window_blocks: int, num_kv_splits: int,
-                        token_wise_prefill: bool = False, table_rows: BlockTableRows | None = None) -> StepInputs:
+                        chunk_invariant_prefill: bool = False, table_rows: BlockTableRows | None = None) -> StepInputs:
     """Decode rows through the batched paged-decode kernel, prompt chunks as per-request segments (CUDA)."""
     window = build_window_decode(decode_requests, num_decode_rows, window_blocks, block_size, table_rows)
     chunk_step = build_step([], 0, chunks, block_size, "cpu") if chunks else None
@@ -106,7 +106,7 @@ def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, ch
         torch.cat([window.slot_offsets, *([chunk_step.meta.slot_offsets] if chunk_step else [])]).to(device),
         num_decode_rows, window.block_tables.to(device), window.context_lens.to(device),
         _shifted(chunk_step.meta.segments, num_decode_rows, device) if chunk_step else (), num_kv_splits,
-        token_wise_prefill)
+        chunk_invariant_prefill)
     ids = torch.cat([p.input_ids for p in parts]).to(device)
     return StepInputs(ids, torch.cat([p.positions for p in parts]).to(device), meta)
 

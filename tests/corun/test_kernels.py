@@ -76,16 +76,53 @@ def test_batch_invariant_linear_matches_and_is_invariant_where_cublas_is_not():
     assert any(not torch.equal(F.linear(x[:rows], w)[0], F.linear(x[:1], w)[0]) for rows in (64, 128, 256))
 
 
-def test_token_wise_prefill_is_chunking_invariant():
-    """batch_invariant mode's prefill attention: a token's output is the same however its prompt is chunked."""
-    from corun.attention import RequestSegment, token_wise_attention
+def prefill_case(num_tokens: int, dtype, seed: int):
+    q, k_cache, v_cache, tables, _ = paged_case(1, dtype, seed=seed, window_blocks=8)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    prompt = torch.randn(num_tokens, 32, q.shape[-1], generator=gen, device=DEVICE).to(dtype)
+    return prompt, k_cache, v_cache, tables[0]
+
+
+def prefill_reference(prompt, k_cache, v_cache, table, start: int, scale: float):
+    """Causal attention of prompt tokens at positions start.. over the cached prefix, in float32 SDPA."""
+    num_new, context = prompt.shape[0], start + prompt.shape[0]
+    keys = k_cache[table].flatten(0, 1)[:context].float()
+    values = v_cache[table].flatten(0, 1)[:context].float()
+    mask = torch.arange(context, device=DEVICE)[None, :] <= torch.arange(num_new, device=DEVICE)[:, None] + start
+    out = F.scaled_dot_product_attention(prompt.float().transpose(0, 1), keys.transpose(0, 1),
+                                         values.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_chunk_invariant_prefill_matches_causal_attention(dtype):
+    from corun.attention import RequestSegment, chunk_invariant_prefill_attention
+
+    prompt, k_cache, v_cache, table = prefill_case(100, dtype, seed=3)
+    for start, num in ((0, 100), (37, 63), (99, 1)):
+        ours = chunk_invariant_prefill_attention(prompt[start:start + num], k_cache, v_cache,
+                                                 RequestSegment(0, num, start + num, table), 0.088)
+        expected = prefill_reference(prompt[start:start + num], k_cache, v_cache, table, start, 0.088)
+        tolerance = 2e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(ours.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_chunk_invariant_prefill_is_chunking_invariant():
+    """batch_invariant mode's prompt attention: a token's output is the same however its prompt is chunked."""
+    from corun.attention import RequestSegment, chunk_invariant_prefill_attention
 
     dtype = torch.bfloat16 if ON_GPU else torch.float32
-    q, k_cache, v_cache, tables, _ = paged_case(1, dtype, seed=3, window_blocks=8)
-    prompt = torch.randn(100, 32, q.shape[-1], device=DEVICE).to(dtype)
-    whole = token_wise_attention(prompt, k_cache, v_cache, RequestSegment(0, 100, 100, tables[0]), 0.088)
-    tail = token_wise_attention(prompt[60:], k_cache, v_cache, RequestSegment(0, 40, 100, tables[0]), 0.088)
-    assert torch.equal(whole[60:], tail)
+    prompt, k_cache, v_cache, table = prefill_case(100, dtype, seed=4)
+
+    def chunked(cuts: list[int]) -> torch.Tensor:
+        bounds = [0, *cuts, 100]
+        return torch.cat([chunk_invariant_prefill_attention(prompt[a:b], k_cache, v_cache,
+                                                            RequestSegment(0, b - a, b, table), 0.088)
+                          for a, b in zip(bounds, bounds[1:])])
+
+    whole = chunked([])
+    for cuts in ([60], [1, 2, 3], [17, 64, 65], [33, 98]):  # NOTE: across query and KV tile boundaries
+        assert torch.equal(chunked(cuts), whole), cuts
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
