@@ -7,8 +7,8 @@ decode kernel. For one query row everything is fixed by its own position: query 
 so the token sits in the same row of its tile whatever chunk brought it (a dot's row then depends only on that
 row's inputs, on tensor cores and in BLAS alike); the KV tiles up to its own are the same tiles in the same order;
 later tiles (reached because a later row of its query tile needs them) are wholly masked for it and leave it
-exactly as it was (rescale factor exactly 1, zero probabilities). Each tile of K and V is read once per query tile, not once per
-token as when prompt tokens go through the decode kernel one row each.
+exactly as it was (rescale factor exactly 1, zero probabilities). Each tile of K and V is read once per query
+tile, not once per token as when prompt tokens go through the decode kernel one row each.
 """
 
 from __future__ import annotations
