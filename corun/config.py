@@ -90,8 +90,12 @@ class NodeConfig:
     """Unique in the cluster; also the node's NIXL agent name."""
     engine: EngineConfig
     host: str = "127.0.0.1"
+    """Interface the control socket binds (0.0.0.0: all of them)."""
     port: int = 0
     """zmq ROUTER control port (router requests, decode->prefill handshakes and claims)."""
+    advertise_host: str | None = None
+    """Host the router and the other nodes reach this node at (the host's IP when it binds 0.0.0.0 on one of
+    several hosts); None: host."""
     kv_lease_seconds: float = 60.0
     """prefill: how long a finished prefill's KV blocks wait to be claimed by a decode node before being freed."""
 
@@ -102,8 +106,13 @@ class NodeConfig:
             raise ValueError("kv_lease_seconds must be > 0")
 
     @property
-    def address(self) -> str:
+    def bind_address(self) -> str:
         return f"tcp://{self.host}:{self.port}"
+
+    @property
+    def address(self) -> str:
+        """Where others reach this node; it travels in KV handles, so decode nodes on other hosts can connect."""
+        return f"tcp://{self.advertise_host or self.host}:{self.port}"
 
 
 @dataclass(frozen=True)

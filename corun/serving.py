@@ -117,6 +117,8 @@ def node_arg_parser(role: str) -> argparse.ArgumentParser:
     parser.add_argument("--node-id", required=True, help="unique in the cluster; also the NIXL agent name")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--advertise-host", default=None,
+                        help="host others reach this node at, if not --host (e.g. the host's IP with --host 0.0.0.0)")
     parser.add_argument("--kv-lease-seconds", type=float, default=60.0)
     add_engine_args(parser)
     return parser
@@ -130,12 +132,12 @@ def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     args = node_arg_parser(role).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.node_id} %(levelname)s %(message)s")
     config = NodeConfig(role=role, node_id=args.node_id, engine=engine_config_from_args(args), host=args.host,
-                        port=args.port, kv_lease_seconds=args.kv_lease_seconds)
+                        port=args.port, advertise_host=args.advertise_host, kv_lease_seconds=args.kv_lease_seconds)
     server = server_factory(config)
     stopping = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(True))
-    logger.info("%s node %s serving on %s", role, config.node_id, config.address)
+    logger.info("%s node %s serving on %s (reached at %s)", role, config.node_id, config.bind_address, config.address)
     try:
         while not stopping:
             server.step()

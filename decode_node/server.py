@@ -58,7 +58,7 @@ class DecodeServer:
         self.fingerprint = engine_fingerprint(config.engine, digest)
         self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest))
         self.agent = KVTransferAgent(config.node_id, self.runner.kv_cache.data)
-        self.sockets = NodeSockets(config.address)
+        self.sockets = NodeSockets(config.bind_address)
         self.peers: dict[str, PrefillPeer] = {}
         self.waiting: deque[DecodeJob] = deque()
         self.claiming: dict[str, DecodeJob] = {}

@@ -7,47 +7,22 @@ router retries its requests elsewhere meanwhile); if the router dies, everything
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
-from dataclasses import dataclass
 
-from corun.config import EngineConfig
-from corun.engine_args import engine_args_to_argv
+from deploy import launch
+from deploy.launch import ClusterConfig, free_port
 
 logger = logging.getLogger(__name__)
 
+LocalClusterConfig = ClusterConfig
+"""NOTE: the local launcher needs nothing beyond the settings every launcher shares."""
 
-@dataclass(frozen=True)
-class LocalClusterConfig:
-    engine: EngineConfig
-    num_prefill: int = 1
-    num_decode: int = 1
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str = "corun-tiny"
-    max_pending_requests: int = 256
-    kv_lease_seconds: float = 60.0
-    startup_timeout_s: float = 180.0
-
-    def __post_init__(self):
-        if self.num_prefill < 1 or self.num_decode < 1:
-            raise ValueError("need at least one prefill and one decode server")
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+__all__ = ["LocalCluster", "LocalClusterConfig", "free_port", "serve_forever"]
 
 
 class LocalCluster:
-    def __init__(self, config: LocalClusterConfig):
+    def __init__(self, config: ClusterConfig):
         self.config = config
         self.processes: list[tuple[str, subprocess.Popen]] = []
         self.argvs: dict[str, list[str]] = {}
@@ -61,9 +36,8 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         try:
-            for role, count in (("prefill", self.config.num_prefill), ("decode", self.config.num_decode)):
-                for index in range(count):
-                    self.start_node(role, index)
+            for role, index in self.config.nodes():
+                self.start_node(role, index)
             self.start_router()
             self.wait_healthy()
         except BaseException:
@@ -72,28 +46,14 @@ class LocalCluster:
         return self
 
     def start_node(self, role: str, index: int) -> None:
-        port = free_port(self.config.host)
-        engine = self.config.engine
-        if engine.num_threads is None:  # NOTE: several busy processes share the host's cores
-            engine = dataclasses.replace(engine, num_threads=1)
-        argv = [sys.executable, "-m", f"{role}_node", "--node-id", f"{role}-{index}", "--host", self.config.host,
-                "--port", str(port), "--kv-lease-seconds", str(self.config.kv_lease_seconds),
-                *engine_args_to_argv(engine)]
-        self.spawn(f"{role}-{index}", argv)
-        (self.prefill_addresses if role == "prefill" else self.decode_addresses).append(
-            f"tcp://{self.config.host}:{port}")
+        host, port = self.config.host, free_port(self.config.host)
+        # NOTE: several busy processes share the host's cores: one thread each unless the engine names a count
+        engine = launch.engine_with_threads(self.config.engine, 1)
+        self.spawn(launch.node_id(role, index), launch.node_argv(self.config, engine, role, index, host, port))
+        (self.prefill_addresses if role == "prefill" else self.decode_addresses).append(f"tcp://{host}:{port}")
 
     def start_router(self) -> None:
-        cfg = self.config
-        argv = [sys.executable, "-m", "router", "--model", cfg.engine.model, "--host", cfg.host,
-                "--port", str(cfg.port), "--served-model-name", cfg.served_model_name, "--max-model-len",
-                str(cfg.engine.scheduler.max_model_len), "--max-pending-requests", str(cfg.max_pending_requests),
-                "--base-seed", str(cfg.engine.seed)]
-        for address in self.prefill_addresses:
-            argv += ["--prefill", address]
-        for address in self.decode_addresses:
-            argv += ["--decode", address]
-        self.spawn("router", argv)
+        self.spawn("router", launch.router_argv(self.config, self.prefill_addresses, self.decode_addresses))
 
     def spawn(self, name: str, argv: list[str]) -> None:
         logger.info("starting %s", name)
@@ -112,21 +72,10 @@ class LocalCluster:
             self.num_restarts += 1
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        while time.monotonic() < deadline:
-            self.check_alive()
-            if self.healthy():
-                logger.info("cluster ready at %s", self.url)
-                return
-            time.sleep(0.25)
-        raise TimeoutError(f"cluster not healthy after {self.config.startup_timeout_s} s")
+        launch.wait_healthy(self.url, self.config.startup_timeout_s, self.check_alive)
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        return launch.router_healthy(self.url)
 
     def check_alive(self) -> None:
         for name, process in self.processes:
@@ -134,17 +83,7 @@ class LocalCluster:
                 raise RuntimeError(f"{name} exited with code {process.returncode}")
 
     def stop(self, grace_s: float = 10.0) -> None:
-        for _, process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-        deadline = time.monotonic() + grace_s
-        for name, process in self.processes:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop in time; killing it", name)
-                process.kill()
-                process.wait()
+        launch.stop_processes(self.processes, grace_s)
         self.processes.clear()
 
     def __enter__(self) -> LocalCluster:
@@ -154,21 +93,6 @@ class LocalCluster:
         self.stop()
 
 
-def serve_forever(config: LocalClusterConfig) -> int:
-    """Run until SIGINT/SIGTERM or until a process dies (then exit non-zero)."""
-    stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _: stopping.append(signum))
-    cluster = LocalCluster(config).start()
-    print(f"CoRun cluster ready: {cluster.url}/v1 ({config.num_prefill}P{config.num_decode}D, "
-          f"N={config.engine.scheduler.max_num_seqs})", flush=True)
-    try:
-        while not stopping:
-            cluster.restart_dead_nodes()
-            time.sleep(0.5)
-    except RuntimeError as error:
-        logger.error("%s; stopping the cluster", error)
-        return 1
-    finally:
-        cluster.stop()
-    return 0
+def serve_forever(config: ClusterConfig) -> int:
+    """Run until SIGINT/SIGTERM or until the router dies (then exit non-zero)."""
+    return launch.serve_forever(LocalCluster(config), config)

@@ -55,7 +55,7 @@ class PrefillServer:
         self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest))
         self.compat_hash = compat_hash(self.compat)
         self.agent = KVTransferAgent(config.node_id, self.runner.kv_cache.data)
-        self.sockets = NodeSockets(config.address)
+        self.sockets = NodeSockets(config.bind_address)
         self.waiting: deque[PendingPrefill] = deque()
         self.current: PendingPrefill | None = None
         self.leases: dict[str, Lease] = {}

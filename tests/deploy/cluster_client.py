@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -86,3 +87,19 @@ def wait_for_stats(cluster: LocalCluster, done, timeout_s: float = 10.0) -> dict
         if done(stats) or time.monotonic() > deadline:
             return stats
         time.sleep(0.1)
+
+
+def child_pids(pid: int) -> list[int]:
+    output = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(line) for line in output.split()]
+
+
+def wait_for_line(process: subprocess.Popen, needle: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if needle in line:
+            return line
+        if not line and process.poll() is not None:
+            raise RuntimeError(f"corun serve exited with {process.returncode}")
+    raise TimeoutError(f"no {needle!r} from corun serve in {timeout_s} s")

@@ -9,22 +9,7 @@ import time
 import openai
 
 from deploy.local import free_port
-
-
-def child_pids(pid: int) -> list[int]:
-    output = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(line) for line in output.split()]
-
-
-def wait_for_line(process: subprocess.Popen, needle: str, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if needle in line:
-            return line
-        if not line and process.poll() is not None:
-            raise RuntimeError(f"corun serve exited with {process.returncode}")
-    raise TimeoutError(f"no {needle!r} from corun serve in {timeout_s} s")
+from tests.deploy.cluster_client import child_pids, wait_for_line
 
 
 def test_corun_serve_serves_chat_and_stops_everything_on_sigterm(tiny_model_dir):

@@ -1,0 +1,161 @@
+"""What every launcher shares: the cluster's settings, the node and router command lines, the wait for the
+router's /health, stopping processes, and the serve loop of `corun serve`.
+
+Imports neither torch nor ray: Ray actors import this module on every host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from corun.config import EngineConfig
+from corun.engine_args import engine_args_to_argv
+
+logger = logging.getLogger(__name__)
+
+Role = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """P prefill servers, D decode servers and the router, whatever starts them."""
+
+    engine: EngineConfig
+    num_prefill: int = 1
+    num_decode: int = 1
+    host: str = "127.0.0.1"
+    """The router's HTTP interface; the local launcher's nodes bind it too."""
+    port: int = 8000
+    """The router's HTTP port."""
+    served_model_name: str = "corun-tiny"
+    max_pending_requests: int = 256
+    kv_lease_seconds: float = 60.0
+    startup_timeout_s: float = 180.0
+    """How long every node may take to answer the router's pings (model load) before start() gives up."""
+
+    def __post_init__(self):
+        for name in ("num_prefill", "num_decode"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (a cluster needs a prefill and a decode server), "
+                                 f"got {getattr(self, name)}")
+        if self.startup_timeout_s <= 0:
+            raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+
+    def nodes(self) -> list[tuple[Role, int]]:
+        """(role, index) of every node, the prefill servers first."""
+        return [("prefill", i) for i in range(self.num_prefill)] + [("decode", i) for i in range(self.num_decode)]
+
+
+def node_id(role: Role, index: int) -> str:
+    """A node's id: its NIXL agent name, its name in logs and in the router's X-CoRun-*-Node headers."""
+    return f"{role}-{index}"
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def engine_with_threads(engine: EngineConfig, num_threads: int) -> EngineConfig:
+    """engine, with num_threads if it names none.
+
+    NOTE: the thread count changes the bits (it is in every node's fingerprint), so a node never keeps torch's
+    default, which follows the host's cores."""
+    return engine if engine.num_threads is not None else dataclasses.replace(engine, num_threads=num_threads)
+
+
+def node_argv(config: ClusterConfig, engine: EngineConfig, role: Role, index: int, host: str, port: int,
+              advertise_host: str | None = None) -> list[str]:
+    """`python -m {role}_node ...` with this process' interpreter (on a Ray actor: the one on the node's host)."""
+    argv = [sys.executable, "-m", f"{role}_node", "--node-id", node_id(role, index), "--host", host,
+            "--port", str(port), "--kv-lease-seconds", str(config.kv_lease_seconds), *engine_args_to_argv(engine)]
+    return argv + (["--advertise-host", advertise_host] if advertise_host else [])
+
+
+def router_argv(config: ClusterConfig, prefill_addresses: Iterable[str], decode_addresses: Iterable[str]) -> list[str]:
+    argv = [sys.executable, "-m", "router", "--model", config.engine.model, "--host", config.host,
+            "--port", str(config.port), "--served-model-name", config.served_model_name, "--max-model-len",
+            str(config.engine.scheduler.max_model_len), "--max-pending-requests", str(config.max_pending_requests),
+            "--base-seed", str(config.engine.seed)]
+    for address in prefill_addresses:
+        argv += ["--prefill", address]
+    for address in decode_addresses:
+        argv += ["--decode", address]
+    return argv
+
+
+def router_healthy(url: str) -> bool:
+    """The router's /health: 200 once every node answered a ping in the last few seconds."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def wait_healthy(url: str, timeout_s: float, check_alive: Callable[[], None]) -> None:
+    """Until the router at url reports every node up; check_alive raises if a process died meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        check_alive()
+        if router_healthy(url):
+            logger.info("cluster ready at %s", url)
+            return
+        time.sleep(0.25)
+    raise TimeoutError(f"cluster not healthy after {timeout_s} s")
+
+
+def stop_processes(processes: list[tuple[str, subprocess.Popen]], grace_s: float) -> None:
+    """SIGTERM all, then SIGKILL whichever is still running after grace_s."""
+    for _, process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for name, process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            logger.warning("%s did not stop in time; killing it", name)
+            process.kill()
+            process.wait()
+
+
+class Cluster(Protocol):
+    @property
+    def url(self) -> str: ...
+
+    def start(self) -> Cluster: ...
+    def restart_dead_nodes(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def serve_forever(cluster: Cluster, config: ClusterConfig) -> int:
+    """Start, then restart dead nodes every half second until SIGINT/SIGTERM (exit 0) or until the router dies
+    (exit 1); stop everything either way."""
+    stopping: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _: stopping.append(signum))
+    cluster.start()
+    print(f"CoRun cluster ready: {cluster.url}/v1 ({config.num_prefill}P{config.num_decode}D, "
+          f"N={config.engine.scheduler.max_num_seqs})", flush=True)
+    try:
+        while not stopping:
+            cluster.restart_dead_nodes()
+            time.sleep(0.5)
+    except RuntimeError as error:
+        logger.error("%s; stopping the cluster", error)
+        return 1
+    finally:
+        cluster.stop()
+    return 0

@@ -1,0 +1,284 @@
+"""`corun serve --launcher ray`: the prefill and decode servers on a Ray cluster, the router on this (driver) host.
+
+Placement: one placement group with one bundle per node ({"CPU": cpus_per_node}, plus {"GPU": 1} when the
+engine runs on CUDA and an optional custom resource per role, so that prefill and decode can be pinned to host
+types), SPREAD over hosts by default or PACKed. Each node is a NodeActor (deploy/ray_node.py) in its bundle,
+running the node server as a subprocess on that host and advertising the host's IP.
+
+Health and restarts as in `corun serve` (deploy/local.py): start() returns once the router's /health says every
+node answers; restart_dead_nodes() starts an exited node process again on its actor, and replaces a dead actor by
+a new one in the same bundle (same host, same port: the router's addresses stay valid). stop() stops the router
+and the nodes, removes the placement group and shuts Ray down if start() initialized it.
+
+Every host needs the same environment (the package and the model directory at the same paths), as with vLLM or
+SGLang on Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from deploy import launch
+from deploy.launch import ClusterConfig, Role
+from deploy.ray_node import NodeActor
+
+logger = logging.getLogger(__name__)
+
+PlacementStrategy = Literal["SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK"]
+LABEL_AMOUNT = 0.001
+"""What one node asks of its role's custom resource. NOTE: a selector, not a limit: a host started with
+`--resources '{"corun_prefill": 1}'` can take up to 1000 prefill nodes (CPUs and GPUs bound the count)."""
+_RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+_RemoteNodeActor = ray.remote(NodeActor)
+
+
+@dataclass(frozen=True)
+class RayClusterConfig:
+    cluster: ClusterConfig
+    address: str | None = None
+    """"auto" (the cluster `ray start` made on this host), "ray://HOST:10001" (Ray Client) or "HOST:6379" (the
+    head's GCS); None starts a local Ray head (one host: tests) and shuts it down on stop()."""
+    placement_strategy: PlacementStrategy = "SPREAD"
+    """How the nodes' bundles are laid over hosts (Ray placement group strategies)."""
+    cpus_per_node: float = 1.0
+    """CPUs each node reserves; a CPU node computes with that many threads unless the engine names a count."""
+    prefill_resource: str | None = None
+    """A custom resource the prefill nodes need (e.g. "corun_prefill"): they go only to hosts that offer it."""
+    decode_resource: str | None = None
+    """As prefill_resource, for the decode nodes."""
+    node_host: str = "0.0.0.0"
+    """Interface each node binds on its host; it advertises the host's IP (ray.util.get_node_ip_address())."""
+    num_cpus: int | None = None
+    """Local head only (address None): the CPUs it offers; None: the host's."""
+    placement_timeout_s: float = 120.0
+    """How long the placement group (and a replacement actor) may wait for resources."""
+
+    def __post_init__(self):
+        if self.placement_strategy not in get_args(PlacementStrategy):
+            raise ValueError(f"placement_strategy must be one of {', '.join(get_args(PlacementStrategy))}, "
+                             f"got {self.placement_strategy!r}")
+        if not self.cpus_per_node > 0:
+            raise ValueError(f"cpus_per_node must be > 0, got {self.cpus_per_node}")
+        if not self.placement_timeout_s > 0:
+            raise ValueError(f"placement_timeout_s must be > 0, got {self.placement_timeout_s}")
+        check_address(self.address)
+        if self.num_cpus is not None and (self.address is not None or self.num_cpus < 1):
+            raise ValueError(f"num_cpus ({self.num_cpus}) needs address None (a local head) and must be >= 1")
+        for resource in (self.prefill_resource, self.decode_resource):
+            if resource is not None and (not resource or resource in _RESERVED_RESOURCES):
+                raise ValueError(f"a node resource must be a custom resource name, got {resource!r}")
+        device = self.cluster.engine.device
+        if device.startswith("cuda") and device not in ("cuda", "cuda:0"):
+            raise ValueError(f"on Ray each node sees only the GPU Ray gives it: use device 'cuda', not {device!r}")
+
+    @property
+    def num_gpus_per_node(self) -> int:
+        return 1 if self.cluster.engine.device.startswith("cuda") else 0
+
+    def node_resources(self, role: Role) -> dict[str, float]:
+        """What one node of this role reserves: its bundle, and what its actor asks of it."""
+        resources = {"CPU": self.cpus_per_node}
+        if self.num_gpus_per_node:
+            resources["GPU"] = self.num_gpus_per_node
+        label = self.prefill_resource if role == "prefill" else self.decode_resource
+        if label is not None:
+            resources[label] = LABEL_AMOUNT
+        return resources
+
+    def bundles(self) -> list[dict[str, float]]:
+        """One per node, in ClusterConfig.nodes() order (the bundle index of a node is its place there)."""
+        return [self.node_resources(role) for role, _ in self.cluster.nodes()]
+
+
+def check_address(address: str | None) -> None:
+    if address is None or address == "auto" or address.startswith("ray://"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"Ray address must be 'auto', 'ray://HOST:PORT' or 'HOST:PORT', got {address!r}")
+
+
+@dataclass
+class RayNode:
+    role: Role
+    index: int
+    bundle_index: int
+    actor: ray.actor.ActorHandle
+    address: str = ""
+    """tcp://HOST_IP:PORT, as the actor reported it."""
+
+    @property
+    def name(self) -> str:
+        return launch.node_id(self.role, self.index)
+
+
+ACTOR_LOST = "actor lost"
+"""A node's state when its actor died (its process went with it): see _node_states()."""
+
+
+class RayCluster:
+    def __init__(self, config: RayClusterConfig):
+        self.config = config
+        self.nodes: list[RayNode] = []
+        self.router: subprocess.Popen | None = None
+        self.placement_group: PlacementGroup | None = None
+        self.num_restarts = 0
+        self._initialized_ray = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.cluster.host}:{self.config.cluster.port}"
+
+    @property
+    def prefill_addresses(self) -> list[str]:
+        return [node.address for node in self.nodes if node.role == "prefill"]
+
+    @property
+    def decode_addresses(self) -> list[str]:
+        return [node.address for node in self.nodes if node.role == "decode"]
+
+    def start(self) -> RayCluster:
+        try:
+            self._init_ray()
+            self.placement_group = self._reserve()
+            for bundle_index, (role, index) in enumerate(self.config.cluster.nodes()):
+                self.nodes.append(RayNode(role, index, bundle_index, self._new_actor(role, index, bundle_index)))
+            # NOTE: one get for all: the actors start in parallel
+            addresses = ray.get([node.actor.address.remote() for node in self.nodes],
+                                timeout=self.config.placement_timeout_s)
+            for node, address in zip(self.nodes, addresses, strict=True):
+                node.address = address
+            self.router = subprocess.Popen(
+                launch.router_argv(self.config.cluster, self.prefill_addresses, self.decode_addresses))
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _init_ray(self) -> None:
+        if ray.is_initialized():  # NOTE: the caller's Ray session: leave it to the caller
+            return
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if self.config.address is None:
+            ray.init(address="local", num_cpus=self.config.num_cpus, include_dashboard=False)
+        else:
+            ray.init(address=self.config.address)
+        self._initialized_ray = True
+        if threading.current_thread() is threading.main_thread():
+            # NOTE: ray.init makes SIGTERM exit the driver at once; keep the caller's handlers (`corun serve`'s
+            # stops the cluster and exits 0).
+            for sig, handler in handlers.items():
+                if handler is not None:  # NOTE: None: a handler set outside Python, which cannot be put back
+                    signal.signal(sig, handler)
+
+    def _reserve(self) -> PlacementGroup:
+        bundles, strategy = self.config.bundles(), self.config.placement_strategy
+        group = placement_group(bundles, strategy=strategy, name="corun")
+        try:
+            ray.get(group.ready(), timeout=self.config.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+            raise TimeoutError(f"Ray could not place {bundles} ({strategy}) in {self.config.placement_timeout_s} s; "
+                               f"the cluster has {ray.available_resources()} free") from None
+        logger.info("placement group ready: %d bundles, %s", len(bundles), strategy)
+        return group
+
+    def _new_actor(self, role: Role, index: int, bundle_index: int, port: int | None = None):
+        resources = dict(self.config.node_resources(role))
+        num_cpus, num_gpus = resources.pop("CPU"), resources.pop("GPU", 0)
+        strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=bundle_index)
+        cluster = self.config.cluster
+        engine = launch.engine_with_threads(cluster.engine, max(1, int(self.config.cpus_per_node)))
+        # NOTE: max_restarts=0: a dead actor is replaced by restart_dead_nodes(), which keeps its port.
+        options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources, scheduling_strategy=strategy,
+                       max_restarts=0)
+        return _RemoteNodeActor.options(**options).remote(cluster, engine, role, index, self.config.node_host, port)
+
+    def wait_healthy(self) -> None:
+        launch.wait_healthy(self.url, self.config.cluster.startup_timeout_s, self.check_alive)
+
+    def check_alive(self) -> None:
+        self._check_router()
+        for node, state in zip(self.nodes, self._node_states(), strict=True):
+            if state is not None:
+                raise RuntimeError(f"{node.name} exited ({state})")
+
+    def restart_dead_nodes(self) -> None:
+        """Start again every node whose process exited (on its actor) or whose actor died (a new actor in the
+        same bundle, on the same port); raise if the router exited."""
+        self._check_router()
+        for node, state in zip(self.nodes, self._node_states(), strict=True):
+            if state is None:
+                continue
+            logger.warning("%s at %s exited (%s); starting it again", node.name, node.address, state)
+            if state == ACTOR_LOST:
+                self._replace_actor(node)
+            else:
+                ray.get(node.actor.restart.remote())
+            self.num_restarts += 1
+
+    def _node_states(self) -> list[int | str | None]:
+        """Per node: None while its process runs, its exit code once it exited, ACTOR_LOST when its actor died."""
+        refs = [node.actor.returncode.remote() for node in self.nodes]
+        states = []
+        for ref in refs:
+            try:
+                states.append(ray.get(ref, timeout=30))
+            except ray.exceptions.ActorUnavailableError:
+                states.append(None)  # NOTE: unreachable for now (e.g. its host is restarting); ask again later
+            except ray.exceptions.RayActorError:
+                states.append(ACTOR_LOST)
+        return states
+
+    def _replace_actor(self, node: RayNode) -> None:
+        ray.kill(node.actor, no_restart=True)
+        port = int(node.address.rsplit(":", 1)[1])
+        node.actor = self._new_actor(node.role, node.index, node.bundle_index, port)
+        address = ray.get(node.actor.address.remote(), timeout=self.config.placement_timeout_s)
+        if address != node.address:
+            # NOTE: the bundle moved to another host (its host died); the router knows nodes by address.
+            raise RuntimeError(f"{node.name} came back at {address}, not {node.address}; restart the cluster")
+
+    def _check_router(self) -> None:
+        if self.router is not None and self.router.poll() is not None:
+            raise RuntimeError(f"router exited with code {self.router.returncode}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        stopping = [node.actor.stop.remote(grace_s) for node in self.nodes]
+        if self.router is not None:
+            launch.stop_processes([("router", self.router)], grace_s)
+            self.router = None
+        for node, ref in zip(self.nodes, stopping, strict=True):
+            try:
+                ray.get(ref, timeout=grace_s + 5)
+            except ray.exceptions.RayError as error:
+                logger.warning("%s did not stop cleanly: %s", node.name, error)
+            ray.kill(node.actor, no_restart=True)
+        self.nodes.clear()
+        if self.placement_group is not None:
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
+        if self._initialized_ray:
+            ray.shutdown()
+            self._initialized_ray = False
+
+    def __enter__(self) -> RayCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve_forever(config: RayClusterConfig) -> int:
+    """Run until SIGINT/SIGTERM or until the router dies (then exit non-zero)."""
+    return launch.serve_forever(RayCluster(config), config.cluster)
