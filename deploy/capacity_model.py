@@ -1,0 +1,225 @@
+"""The planner's analytic model of one (P, D) cluster: queue waits, decode step time, TTFT and TPOT p99.
+
+Formulas and their assumptions are in deploy/planner.py's docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+QUANTILE = 0.99
+MAX_PAIRS = 1000
+"""Samples on the other side of the TPOT variance sum (it pairs every request with every other one)."""
+
+
+@dataclass(frozen=True)
+class WaitTail:
+    """P(wait > x) = probability * exp(-x / mean) for x >= 0."""
+
+    probability: float
+    mean: float
+
+    @classmethod
+    def none(cls) -> WaitTail:
+        return cls(0.0, 0.0)
+
+
+def erlang_c(num_servers: int, load: float) -> float:
+    """Probability that an arrival waits in M/M/c with num_servers and `load` Erlangs (< num_servers)."""
+    blocking = 1.0
+    for k in range(1, num_servers + 1):  # NOTE: Erlang B recursion, stable for thousands of servers
+        blocking = load * blocking / (k + load * blocking)
+        if blocking < 1e-300:  # NOTE: far more servers than load: nobody waits (and the loop ends early)
+            return 0.0
+    return num_servers * blocking / (num_servers - load * (1.0 - blocking))
+
+
+def queue_wait(num_servers: int, arrival_rate: float, mean_service: float, service_cv2: float) -> WaitTail | None:
+    """The wait of an M/G/c FIFO queue (Erlang C, Allen-Cunneen tail); None when the queue is unstable."""
+    load = arrival_rate * mean_service
+    if load >= num_servers:
+        return None
+    if load == 0:
+        return WaitTail.none()
+    mean = (1.0 + service_cv2) / 2.0 / (num_servers / mean_service - arrival_rate)
+    return WaitTail(erlang_c(num_servers, load), mean)
+
+
+def sum_survival(first: WaitTail, second: WaitTail, x: np.ndarray) -> np.ndarray:
+    """P(W1 + W2 > x) for independent waits of the WaitTail form (x < 0 gives 1)."""
+    x_pos = np.maximum(x, 0.0)
+    p1, p2, m1, m2 = first.probability, second.probability, first.mean, second.mean
+    only_first = p1 * (1 - p2) * decay(x_pos, m1)
+    only_second = p2 * (1 - p1) * decay(x_pos, m2)
+    if abs(m1 - m2) <= 1e-9 * max(m1, m2, 1e-300):
+        both = (1 + x_pos / max(m1, 1e-300)) * decay(x_pos, m1)
+    else:  # NOTE: hypoexponential survival (sum of two exponentials)
+        both = (m1 * decay(x_pos, m1) - m2 * decay(x_pos, m2)) / (m1 - m2)
+    return np.where(x < 0, 1.0, only_first + only_second + p1 * p2 * both)
+
+
+def decay(x: np.ndarray, mean: float) -> np.ndarray:
+    return np.exp(-x / mean) if mean > 0 else np.zeros_like(x)
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    """Per-sample quantities the model averages over (arrays indexed by sample)."""
+
+    rate: float
+    prefill_s: np.ndarray
+    decode_steps: np.ndarray
+    """out - 1: token 1 comes from prefill."""
+    context_sum: np.ndarray
+    """Sum over its decode steps of the tokens attended (step j attends input + j)."""
+    reserved: np.ndarray
+    """KV tokens reserved at admission."""
+
+    @classmethod
+    def of(cls, workload, model, decode) -> WorkloadStats:
+        inputs, outputs = (np.array(x, dtype=float) for x in zip(*workload.lengths))
+        steps = outputs - 1
+        context_sum = steps * inputs + steps * (steps + 1) / 2
+        return cls(workload.rate, model.prefill.seconds(inputs), steps, context_sum,
+                   decode.reserved_tokens(inputs + outputs))
+
+    @property
+    def decodes(self) -> np.ndarray:
+        return self.decode_steps > 0
+
+
+@dataclass(frozen=True)
+class DecodeLoad:
+    """The decode pool at D instances (an unstable pool's TPOT and wait are infinite)."""
+
+    stable: bool
+    mean_step_s: float
+    tpot_p99_s: float
+    slot_utilization: float
+    kv_utilization: float
+    usable_slots: int
+    wait: WaitTail
+
+    @property
+    def limited_by(self) -> str:
+        return "kv_capacity" if self.kv_utilization >= self.slot_utilization else "decode_slots"
+
+
+def decode_load(stats: WorkloadStats, model, decode, num_decode: int) -> DecodeLoad:
+    step = model.decode
+    busy = stats.decodes
+    fraction = float(busy.mean())
+    steps, reserved = stats.decode_steps[busy], stats.reserved[busy]
+    if not fraction:  # NOTE: every request ends with token 1 from prefill: decode only streams it
+        return DecodeLoad(True, step.a, step.a, 0.0, 0.0, decode.max_num_seqs, WaitTail.none())
+    instance_rate = stats.rate * fraction / num_decode
+    context_per_request = float(stats.context_sum[busy].mean())
+    max_context = min(decode.kv_capacity_tokens, decode.max_num_seqs * decode.max_model_len)
+    # NOTE: s = a + b * mean context and mean context = rate * s * context per request; past a coupling of 1
+    # (or the KV's most context) the pool saturates at the full step.
+    coupling = step.b * instance_rate * context_per_request
+    step_s = min(step.a / (1 - coupling) if coupling < 1 else math.inf, float(step.seconds(max_context)))
+    mean_context = instance_rate * step_s * context_per_request
+    slots = usable_slots(decode, steps, reserved)
+    wait = queue_wait(num_decode * slots, stats.rate * fraction, step_s * float(steps.mean()),
+                      float(steps.var() / steps.mean() ** 2))
+    stable = wait is not None and mean_context < max_context
+    tpot_p99 = min(tpot_quantile(stats, model, instance_rate, step_s, mean_context, num_decode),
+                   float(step.seconds(max_context)))
+    return DecodeLoad(stable, step_s, tpot_p99 if stable else math.inf,
+                      instance_rate * step_s * float(steps.mean()) / decode.max_num_seqs,
+                      instance_rate * step_s * float((steps * reserved).mean()) / decode.kv_capacity_tokens,
+                      slots, wait if stable else WaitTail(1.0, math.inf))
+
+
+def tpot_quantile(stats: WorkloadStats, model, instance_rate: float, step_s: float, mean_context: float,
+                  num_decode: int) -> float:
+    """TPOT p99 over requests. A request's TPOT is the step time averaged over its own H = steps * s seconds:
+    a + b * (its own mean context + the others' context averaged over H). The others are shot noise
+    (M/G/inf, arrivals seen as the time average): mean `mean_context`, and over a window T the variance
+    rate / T^2 * E[c^2 * f(H, T)], with c a request's mean context and f(H, T) = int over its arrival time of
+    (its overlap with the window)^2 = H^2 T - H^3 / 3 (H <= T) or T^2 H - T^3 / 3. The router sends each request
+    to the instance with the fewest unfinished ones, which evens out the counts: the part of the variance that
+    comes from the count (E[c]^2 of E[c^2]) shrinks D-fold. Normal within a request; the p99 is solved over the
+    workload's mixture."""
+    busy = stats.decodes
+    steps = stats.decode_steps[busy]
+    own_context = stats.context_sum[busy] / steps  # [n]
+    window = steps * step_s  # [n]
+    others = slice(None, None, max(1, len(steps) // MAX_PAIRS))
+    holding, context = window[others][None, :], own_context[others][None, :]  # [1, k]
+    span = window[:, None]  # [n, 1]
+    overlap_sq = np.where(holding <= span, holding**2 * span - holding**3 / 3, span**2 * holding - span**3 / 3)
+    mean_c, mean_c2 = (float(np.average(own_context**k, weights=steps)) for k in (1, 2))
+    balanced = (mean_c2 - mean_c**2 + mean_c**2 / num_decode) / mean_c2
+    variance = balanced * instance_rate / window**2 * (context**2 * overlap_sq).mean(axis=1)  # [n]
+    mean = model.decode.seconds(mean_context + own_context)
+    spread = model.decode.b * np.sqrt(variance)
+
+    def exceed(t: float) -> float:
+        z = (t - mean) / np.maximum(spread, 1e-300)
+        return float(np.mean(np.where(spread > 0, normal_survival(z), (mean > t).astype(float))))
+
+    return bisect_quantile(exceed, 0.0, float(mean.max() + 8 * spread.max()) + 1e-9)
+
+
+def normal_survival(z: np.ndarray) -> np.ndarray:
+    return 0.5 * np.frompyfunc(math.erfc, 1, 1)(z / math.sqrt(2)).astype(float)
+
+
+def bisect_quantile(exceed, low: float, high: float) -> float:
+    """The smallest t with exceed(t) <= 1 - QUANTILE, for a non-increasing exceed (high is raised until it holds)."""
+    while exceed(high) > 1 - QUANTILE:
+        low, high = high, 2 * high
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if exceed(middle) > 1 - QUANTILE else (low, middle)
+    return high
+
+
+def tpot_alone_p99(stats: WorkloadStats, model) -> float:
+    """TPOT p99 with every request alone on its instance: the step over its own context only."""
+    busy = stats.decodes
+    if not busy.any():
+        return model.decode.a
+    return float(np.quantile(model.decode.seconds(stats.context_sum[busy] / stats.decode_steps[busy]), QUANTILE))
+
+
+def usable_slots(decode, steps: np.ndarray, reserved: np.ndarray) -> int:
+    """Slots per instance the KV can keep busy: min(N, capacity / mean reservation of a resident request),
+    where a resident is weighted by how long it stays (its decode steps)."""
+    if steps.size == 0:
+        return decode.max_num_seqs
+    resident_reservation = float((steps * reserved).sum() / steps.sum())
+    return max(1, min(decode.max_num_seqs, int(decode.kv_capacity_tokens // resident_reservation)))
+
+
+def prefill_utilization(stats: WorkloadStats, num_prefill: int) -> float:
+    return stats.rate * float(stats.prefill_s.mean()) / num_prefill
+
+
+def prefill_wait(stats: WorkloadStats, num_prefill: int | None) -> WaitTail | None:
+    """None: unstable; num_prefill None: unlimited (no wait)."""
+    if num_prefill is None:
+        return WaitTail.none()
+    mean = float(stats.prefill_s.mean())
+    return queue_wait(num_prefill, stats.rate, mean, float(stats.prefill_s.var()) / mean**2)
+
+
+def ttft_p99(stats: WorkloadStats, prefill: WaitTail | None, decode_wait: WaitTail, step_s: float) -> float:
+    """Solve mean_i P(prefill wait + [decode wait + step] + prefill_i > t) = 1 - QUANTILE by bisection."""
+    if prefill is None or not math.isfinite(decode_wait.mean) or not math.isfinite(step_s):
+        return math.inf
+    decodes = stats.decodes
+    base = stats.prefill_s + np.where(decodes, step_s, 0.0)
+    no_wait = WaitTail.none()
+
+    def exceed(t: float) -> float:
+        with_decode = sum_survival(prefill, decode_wait, t - base)
+        without = sum_survival(prefill, no_wait, t - base)
+        return float(np.where(decodes, with_decode, without).mean())
+
+    return bisect_quantile(exceed, 0.0, float(base.max()) + 1e-3)
