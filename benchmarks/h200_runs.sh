@@ -28,5 +28,12 @@ case $part in
   bench_rerun)  # after the prompt-attention fix (fused SDPA instead of the math kernel)
     timeout 520 $BENCH --workloads 4096x128,4096x2048,1024x128 --max-seconds 45 \
       --out "$out/h200_bench_4096.json" > "$out/bench.log" 2>&1 ;;
+  verify_next)  # not yet run: GPU check of the query-tiled batch_invariant prefill kernel (landed after the device
+    # time was spent), the long-output workloads after the prompt-attention fix, and a measured planner profile
+    timeout 90 python3 -m pytest -q -p no:cacheprovider tests/corun/test_kernels.py > "$out/tests.log" 2>&1
+    timeout 120 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --modes batch_invariant \
+      --out "$out/h200_determinism_bi_prefill_kernel.json" > "$out/determinism.log" 2>&1
+    timeout 330 $BENCH --workloads 1024x2048,burstgpt,4096x128 --max-seconds 30 \
+      --out "$out/h200_bench_after_fix.json" > "$out/bench.log" 2>&1 ;;
 esac
 echo "rc=$?"; tail -c 3000 "$out"/*.log
