@@ -83,6 +83,11 @@ class ModelRunner:
             self.decode_graph = DecodeGraphs(self, sizes)
 
     @property
+    def prefill_path(self) -> str:
+        """Which prefill path runs prompts on this runner, for benchmark reports."""
+        return "isolated-eager" if self.mode == "corun" else "mixed-batch"
+
+    @property
     def on_cuda(self) -> bool:
         return self.device.type == "cuda"
 
