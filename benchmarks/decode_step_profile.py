@@ -71,7 +71,7 @@ def main() -> None:
         result = {
             "build_inputs_ms": timed_ms(lambda: build_window_decode(requests, rows, runner.window_blocks,
                                                                      runner.block_size, runner.table_rows)),
-            "model_step_ms": timed_ms(lambda: runner.decode_graph.replay(inputs) if runner.decode_graph
+            "model_step_ms": timed_ms(lambda: runner.decode_graph.replay(rows, inputs) if runner.decode_graph
                                       else runner.decode_logits(requests, rows)),
             "sample_ms": timed_ms(lambda: runner.sample(logits, requests)),
             "engine_step_ms": timed_ms(engine.step, repeats=20),

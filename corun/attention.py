@@ -6,7 +6,11 @@
   (row, kv head) over the row's own blocks in a fixed order; standard mode splits contexts by batch size, as
   FlashAttention does, which is what makes it batch-dependent;
 - fixed-window (torch): the same math as the Triton kernel over a fixed window of blocks, for CPU tests of the
-  batched path (num_kv_splits = 0).
+  batched path (num_kv_splits = 0);
+- packed prompt rows (batch_invariant mode; corun's bucketed and packed prefill on CUDA): the query-tiled Triton
+  kernel (corun/kernels/prefill_attention.py), one launch for every sequence in the step, each reading only its
+  own KV with tiles aligned at its position 0, driven by device tensors (PackedPrefillMeta) so it can be
+  captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -28,6 +32,42 @@ class RequestSegment:
     block_table: torch.Tensor  # [num_blocks_of_request] int64
 
 
+PREFILL_QUERY_TILE = 16
+"""Query positions per program of the packed prefill kernel, tiles aligned at each sequence's position 0."""
+
+
+@dataclass
+class PackedPrefillMeta:
+    """The sequences of one packed prefill launch, as device tensors; shapes depend only on the forward's fixed
+    (rows, sequences), so a CUDA graph can capture the launch and replay it with other contents."""
+
+    query_starts: torch.Tensor  # [num_seqs] int32: step row of the sequence's first query token
+    start_positions: torch.Tensor  # [num_seqs] int32: absolute position of that token
+    num_tokens: torch.Tensor  # [num_seqs] int32: query tokens this step (0: an unused sequence slot)
+    block_tables: torch.Tensor  # [num_seqs, blocks] int64
+    tile_seqs: torch.Tensor  # [num_programs] int32: the sequence each program's query tile belongs to, -1: none
+    tile_starts: torch.Tensor  # [num_programs] int32: absolute position of the tile's first query token
+
+
+def max_prefill_tiles(num_rows: int, num_seqs: int) -> int:
+    """Query tiles a forward of num_rows rows holding up to num_seqs sequences can need (each sequence's chunk
+    starts anywhere in a tile, so it can straddle one more tile than its length fills)."""
+    return -(-num_rows // PREFILL_QUERY_TILE) + 2 * num_seqs
+
+
+def packed_prefill_tiles(start_positions: list[int], num_tokens: list[int], num_programs: int):
+    """-> (tile_seqs, tile_starts) lists padded with -1 / 0 to num_programs (0: exactly as many as needed)."""
+    tile_seqs, tile_starts = [], []
+    for seq, (start, count) in enumerate(zip(start_positions, num_tokens, strict=True)):
+        if count == 0:
+            continue
+        first, last = start // PREFILL_QUERY_TILE, (start + count - 1) // PREFILL_QUERY_TILE
+        tile_seqs += [seq] * (last - first + 1)
+        tile_starts += [t * PREFILL_QUERY_TILE for t in range(first, last + 1)]
+    padding = max(0, num_programs - len(tile_seqs))
+    return tile_seqs + [-1] * padding, tile_starts + [0] * padding
+
+
 @dataclass
 class AttentionMetadata:
     """Where a step's tokens write KV and what each reads.
@@ -46,10 +86,10 @@ class AttentionMetadata:
     num_kv_splits: int = 0
     """Decode kernel for the window rows: 0 = the torch fixed-window path; n >= 1 = the Triton paged kernel
     with n splits of each context (1 = no split-KV)."""
-    chunk_invariant_prefill: bool = False
-    """batch_invariant mode: prompt attention through a paged kernel whose reduction order for a token depends
-    only on its position, so a token's result does not depend on how its prompt was chunked (which depends on
-    co-runners under a token budget)."""
+    packed_prefill: PackedPrefillMeta | None = None
+    """Prompt rows through the packed paged kernel instead of per-segment SDPA: its reduction order for a token
+    depends only on the token's position, so a token's result does not depend on how its prompt was chunked
+    (batch_invariant mode's budget cuts depend on co-runners) or on what shares the forward (packed prefill)."""
 
 
 def write_kv(k_cache, v_cache, k, v, meta: AttentionMetadata) -> None:
@@ -123,18 +163,20 @@ def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, 
     if meta.num_window_rows:
         rows = slice(0, meta.num_window_rows)
         out[rows] = decode_rows_attention(q[rows], k_cache, v_cache, meta, scale)
+    if meta.packed_prefill is not None:
+        from corun.kernels.prefill_attention import packed_prefill_attention  # NOTE: Triton only on CUDA hosts
+
+        packed_prefill_attention(q, k_cache, v_cache, meta.packed_prefill, scale, out)
+        return out
     for seg in meta.segments:
         rows = slice(seg.query_start, seg.query_start + seg.num_query_tokens)
-        if meta.chunk_invariant_prefill:
-            out[rows] = chunk_invariant_prefill_attention(q[rows], k_cache, v_cache, seg, scale)
-        else:
-            out[rows] = request_attention(q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale)
+        out[rows] = request_attention(q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale)
     return out
 
 
 def chunk_invariant_prefill_attention(q, k_cache, v_cache, segment: RequestSegment, scale: float):
-    """batch_invariant mode's prompt attention over the paged cache (KV already written): a token's result
-    does not depend on how its prompt was chunked (corun/kernels/prefill_attention.py)."""
+    """One segment through the packed prefill kernel (KV already written): a token's result does not depend on
+    how its prompt was chunked (corun/kernels/prefill_attention.py)."""
     from corun.kernels.prefill_attention import paged_prefill_attention  # NOTE: Triton only on CUDA hosts
 
     start_pos = segment.context_len - segment.num_query_tokens

@@ -1,7 +1,9 @@
-"""`corun bench`: synthetic workloads through one engine per mode; throughput, TTFT, TPOT, decode step vs floor.
+"""`corun bench`: synthetic workloads through one engine per mode, measured like a serving benchmark.
 
-Every request arrives at t=0 (offline batch, as in model evaluation and RL rollouts). Per mode and workload:
-output tokens/s, TTFT and TPOT p50/p99, and the median time of full decode steps next to the step's floor:
+Requests arrive as `vllm bench serve` sends them (corun.bench_workloads.Arrivals: all at t=0 by default, as in
+model evaluation and RL rollouts; or Poisson/gamma arrivals at --request-rate). Per mode and workload: output
+tokens/s, TTFT (from each request's arrival) and TPOT p50/p99, goodput under --goodput SLO targets, the prefill
+path and forward counts of the run, and the median time of full decode steps next to the step's floor:
 max(bytes of weights and KV read / measured copy bandwidth, FLOPs / measured bf16 GEMM rate).
 """
 
@@ -9,37 +11,74 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
+import math
 import statistics
+import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
+from corun.bench_workloads import Arrivals, Workload, check_fits, make_prompts, make_workload
 from corun.config import EngineConfig
 from corun.engine import LLMEngine
-from corun.sampling_params import SamplingParams
+from corun.request import Request
 
-WORKLOADS = {"1024x128": (1024, 128), "1024x2048": (1024, 2048), "4096x128": (4096, 128), "4096x2048": (4096, 2048)}
+DEFAULT_ARRIVALS = Arrivals()
+GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms"}
+"""--goodput key -> SLOTargets field (vLLM's names; e2el is not measured here)."""
 
 
 @dataclass(frozen=True)
-class Workload:
-    name: str
-    lengths: tuple[tuple[int, int], ...]
-    """(input tokens, output tokens) per request."""
+class RequestOutcome:
+    finished: bool
+    ttft_s: float | None
+    """From the request's arrival to its first token; None if it made none."""
+    tpot_s: float | None
+    """Mean gap between its later tokens; None with fewer than two tokens."""
 
 
-def make_workload(name: str, num_requests: int, seed: int = 0) -> Workload:
-    if name in WORKLOADS:
-        return Workload(name, (WORKLOADS[name],) * num_requests)
-    if name == "burstgpt":
-        # NOTE: BurstGPT-like: long-tailed (lognormal) prompt and response lengths, few beyond 4k.
-        rng = random.Random(seed)
-        lengths = tuple((min(6144, max(16, int(rng.lognormvariate(6.2, 0.9)))),
-                         min(2048, max(8, int(rng.lognormvariate(5.3, 1.0))))) for _ in range(num_requests))
-        return Workload(name, lengths)
-    raise ValueError(f"unknown workload {name!r} (have {[*WORKLOADS, 'burstgpt']})")
+@dataclass(frozen=True)
+class SLOTargets:
+    """Goodput targets (vLLM's --goodput): a request is good if it finished and meets every target given."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+    def __post_init__(self):
+        for name, value in self.describe().items():
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"goodput target {name} must be a positive number of milliseconds, got {value}")
+
+    def describe(self) -> dict[str, float]:
+        return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
+
+    def is_met(self, outcome: RequestOutcome) -> bool:
+        # NOTE: a request of one output token has no TPOT; like vLLM (which counts it as 0) it meets any target.
+        ttft_ok = self.ttft_ms is None or (outcome.ttft_s is not None and 1e3 * outcome.ttft_s <= self.ttft_ms)
+        tpot_ok = self.tpot_ms is None or outcome.tpot_s is None or 1e3 * outcome.tpot_s <= self.tpot_ms
+        return outcome.finished and ttft_ok and tpot_ok
+
+
+def parse_goodput(pairs: Sequence[str] | None) -> SLOTargets:
+    """`ttft:<ms>` and/or `tpot:<ms>` (separate arguments or comma-joined) -> SLOTargets; ValueError if bad."""
+    targets: dict[str, float] = {}
+    for pair in (p for item in pairs or () for p in item.split(",")):
+        key, sep, value = pair.partition(":")
+        if not sep or key not in GOODPUT_KEYS:
+            raise ValueError(f"--goodput: expected ttft:<ms> or tpot:<ms>, got {pair!r}")
+        if GOODPUT_KEYS[key] in targets:
+            raise ValueError(f"--goodput: {key} given twice")
+        try:
+            targets[GOODPUT_KEYS[key]] = float(value)
+        except ValueError:
+            raise ValueError(f"--goodput {pair!r}: {value!r} is not a number of milliseconds") from None
+    return SLOTargets(**targets)
+
+
+def count_good(outcomes: Sequence[RequestOutcome], slo: SLOTargets) -> int:
+    return sum(slo.is_met(outcome) for outcome in outcomes)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -80,75 +119,144 @@ def step_floor(engine: LLMEngine, context_lens: list[int], num_rows: int, hardwa
     return max(num_bytes / hardware["copy_bytes_per_s"], flops / hardware["bf16_flops_per_s"])
 
 
+@dataclass
+class Trace:
+    """What one run saw, in seconds from its start; requests are added in arrival order."""
+
+    arrival_at: tuple[float, ...]
+    requests: list[Request] = field(default_factory=list)
+    first_at: dict[str, float] = field(default_factory=dict)
+    last_at: dict[str, float] = field(default_factory=dict)
+    decode_steps: list[tuple[float, list[int]]] = field(default_factory=list)
+
+    def next_arrival(self) -> float:
+        return self.arrival_at[len(self.requests)] if len(self.requests) < len(self.arrival_at) else math.inf
+
+    @property
+    def truncated(self) -> bool:
+        """Cut short: some requests never arrived, or were aborted."""
+        return len(self.requests) < len(self.arrival_at) or any(r.finish_reason == "abort" for r in self.requests)
+
+    def outcomes(self) -> list[RequestOutcome]:
+        return [RequestOutcome(r.finish_reason not in (None, "abort"), self.ttft(r, at), self.tpot(r))
+                for r, at in zip(self.requests, self.arrival_at)]
+
+    def ttft(self, request: Request, arrived_at: float) -> float | None:
+        first = self.first_at.get(request.request_id)
+        return None if first is None else first - arrived_at
+
+    def tpot(self, request: Request) -> float | None:
+        num_gaps = len(request.output_token_ids) - 1
+        rid = request.request_id
+        return (self.last_at[rid] - self.first_at[rid]) / num_gaps if num_gaps > 0 else None
+
+
 def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: int = 0,
-                 max_seconds: float | None = None) -> dict:
-    """Run every request to its end, or until max_seconds pass; then the rest are aborted and the result is
-    marked truncated (its tokens/s then covers the tokens made so far, TPOT the tokens each request made)."""
-    rng = random.Random(seed)
-    vocab = engine.runner.model.cfg.vocab_size
-    requests = [engine.add_request(f"{workload.name}-{i}", [rng.randrange(vocab) for _ in range(num_in)],
-                                   SamplingParams(temperature=0.6, seed=i, max_tokens=num_out, ignore_eos=True))
-                for i, (num_in, num_out) in enumerate(workload.lengths)]
-    first_at, last_at, decode_steps = {}, {}, []
+                 max_seconds: float | None = None, arrivals: Arrivals = DEFAULT_ARRIVALS,
+                 slo: SLOTargets = SLOTargets()) -> dict:
+    """Add each request once its arrival time has passed and run them all to their end, or until max_seconds
+    pass; then the rest (arrived or not) count as unfinished and the result is marked truncated (its tokens/s
+    then covers the tokens made so far, TPOT the tokens each request made)."""
+    prompts = make_prompts(workload, engine.runner.model.cfg.vocab_size, seed)
+    trace = Trace(arrivals.times(len(prompts)))
+    counts_before = engine.runner.forward_counts()
+    elapsed = serve_arrivals(engine, prompts, trace, math.inf if max_seconds is None else max_seconds)
+    counts_after = engine.runner.forward_counts()
+    return summarize(engine, trace, elapsed, hardware, slo) | {
+        "arrivals": arrivals.describe(), "prefill_path": engine.runner.prefill_path,
+        "forward_counts": {name: counts_after[name] - counts_before[name] for name in counts_after},
+        "truncated": trace.truncated}
+
+
+def serve_arrivals(engine: LLMEngine, prompts: list, trace: Trace, deadline: float) -> float:
+    """The measured loop; returns its seconds. Past the deadline every request still running is aborted."""
     start = time.perf_counter()
-    while engine.has_unfinished():
-        if max_seconds is not None and time.perf_counter() - start > max_seconds:
-            for request in requests:
+    while len(trace.requests) < len(prompts) or engine.has_unfinished():
+        now = time.perf_counter() - start
+        if now > deadline:
+            for request in trace.requests:
                 engine.abort_request(request)
             break
-        decoding = [r for r in engine.scheduler.running if not r.is_prefilling]
-        context_lens = [r.num_tokens for r in decoding]
-        step_start = time.perf_counter()
-        sampled = engine.step()
-        now = time.perf_counter()
-        # NOTE: a pure decode step samples exactly the requests that were decoding (ids, not list scans)
-        if sampled and {id(s.request) for s in sampled} == {id(r) for r in decoding}:
-            decode_steps.append((now - step_start, context_lens))
-        for item in sampled:
-            first_at.setdefault(item.request.request_id, now - start)
-            last_at[item.request.request_id] = now - start
-    elapsed = time.perf_counter() - start
-    result = summarize(engine, requests, first_at, last_at, decode_steps, elapsed, hardware)
-    result["truncated"] = any(r.finish_reason == "abort" for r in requests)
-    return result
+        while trace.next_arrival() <= now:
+            trace.requests.append(engine.add_request(*prompts[len(trace.requests)]))
+        if engine.has_unfinished():
+            timed_step(engine, trace, start)
+        else:  # NOTE: idle until the next arrival (or the deadline): the gap is part of the measured run
+            time.sleep(max(0.0, min(trace.next_arrival(), deadline) - now))
+    return time.perf_counter() - start
 
 
-def summarize(engine, requests, first_at, last_at, decode_steps, elapsed, hardware) -> dict:
-    num_tokens = sum(len(r.output_token_ids) for r in requests)
-    ttfts = list(first_at.values())
-    tpots = [(last_at[r.request_id] - first_at[r.request_id]) / (len(r.output_token_ids) - 1)
-             for r in requests if len(r.output_token_ids) > 1]
-    n = engine.config.scheduler.max_num_seqs
-    full = [(t, ctx) for t, ctx in decode_steps if len(ctx) >= 0.9 * n] or decode_steps
-    result = {"num_requests": len(requests), "num_finished": sum(r.finish_reason not in (None, "abort")
-                                                                 for r in requests),
+def timed_step(engine: LLMEngine, trace: Trace, start: float) -> None:
+    decoding = [r for r in engine.scheduler.running if not r.is_prefilling]
+    context_lens = [r.num_tokens for r in decoding]
+    step_start = time.perf_counter()
+    sampled = engine.step()
+    now = time.perf_counter()
+    # NOTE: a pure decode step samples exactly the requests that were decoding (ids, not list scans)
+    if sampled and {id(s.request) for s in sampled} == {id(r) for r in decoding}:
+        trace.decode_steps.append((now - step_start, context_lens))
+    for item in sampled:
+        trace.first_at.setdefault(item.request.request_id, now - start)
+        trace.last_at[item.request.request_id] = now - start
+
+
+def summarize(engine: LLMEngine, trace: Trace, elapsed: float, hardware: dict, slo: SLOTargets) -> dict:
+    outcomes = trace.outcomes()
+    num_tokens = sum(len(r.output_token_ids) for r in trace.requests)
+    ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
+    tpots = [o.tpot_s for o in outcomes if o.tpot_s is not None]
+    num_good = count_good(outcomes, slo)
+    result = {"num_requests": len(trace.arrival_at), "num_finished": sum(o.finished for o in outcomes),
               "output_tokens": num_tokens, "seconds": round(elapsed, 3),
               "output_tok_per_s": round(num_tokens / elapsed, 1),
               "ttft_s": {"p50": round(percentile(ttfts, 0.5), 4), "p99": round(percentile(ttfts, 0.99), 4)},
               "tpot_ms": {"p50": round(1e3 * percentile(tpots, 0.5), 3),
                           "p99": round(1e3 * percentile(tpots, 0.99), 3)},
-              "num_decode_steps": len(decode_steps)}
-    if full and hardware:
-        step_s = statistics.median(t for t, _ in full)
-        rows = n if engine.config.scheduler.mode == "corun" else statistics.median(len(c) for _, c in full)
-        floor_s = statistics.median(step_floor(engine, ctx, int(rows), hardware) for _, ctx in full)
-        result["decode_step"] = {"median_ms": round(1e3 * step_s, 3), "floor_ms": round(1e3 * floor_s, 3),
-                                 "over_floor": round(step_s / floor_s, 2), "median_active_rows": statistics.median(
-                                     len(c) for _, c in full), "steps_measured": len(full)}
+              "num_good": num_good, "goodput_req_per_s": round(num_good / elapsed, 3),
+              "slo_targets": slo.describe(), "num_decode_steps": len(trace.decode_steps)}
+    if trace.decode_steps and hardware:
+        result["decode_step"] = decode_step_summary(engine, trace.decode_steps, hardware)
     return result
 
 
+def decode_step_summary(engine: LLMEngine, decode_steps: list[tuple[float, list[int]]], hardware: dict) -> dict:
+    n = engine.config.scheduler.max_num_seqs
+    full = [(t, ctx) for t, ctx in decode_steps if len(ctx) >= 0.9 * n] or decode_steps
+    step_s = statistics.median(t for t, _ in full)
+    rows = n if engine.config.scheduler.mode == "corun" else statistics.median(len(c) for _, c in full)
+    floor_s = statistics.median(step_floor(engine, ctx, int(rows), hardware) for _, ctx in full)
+    return {"median_ms": round(1e3 * step_s, 3), "floor_ms": round(1e3 * floor_s, 3),
+            "over_floor": round(step_s / floor_s, 2), "median_active_rows": statistics.median(len(c) for _, c in full),
+            "steps_measured": len(full)}
+
+
+def progress_line(mode: str, workload: str, result: dict) -> str:
+    """One line per (mode, workload) for stderr, so long device runs show where they are."""
+    ttft, tpot = result["ttft_s"], result["tpot_ms"]
+    cut_short = " TRUNCATED" if result["truncated"] else ""
+    return (f"corun bench: {mode} {workload} rate={result['arrivals']['request_rate']} "
+            f"prefill={result['prefill_path']}: {result['output_tok_per_s']} tok/s, TTFT p50/p99 "
+            f"{ttft['p50']}/{ttft['p99']} s, TPOT p99 {tpot['p99']} ms, goodput {result['goodput_req_per_s']} "
+            f"req/s ({result['num_good']}/{result['num_requests']} good){cut_short}")
+
+
 def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], out: str | None = None,
-              max_seconds: float | None = None) -> dict:
+              max_seconds: float | None = None, *, arrivals: Arrivals = DEFAULT_ARRIVALS,
+              slo: SLOTargets = SLOTargets()) -> dict:
+    for workload in workloads:  # NOTE: before any model loads: a too-long workload would fail mid-run
+        check_fits(workload, base.scheduler.max_model_len)
     hardware = measure_hardware(base.device)
     report = {"engine": dataclasses.asdict(base), "hardware": hardware, "torch": torch.__version__,
-              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "modes": {}}
+              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+              "arrivals": arrivals.describe(), "slo_targets": slo.describe(), "prefill_paths": {}, "modes": {}}
     for mode in modes:
         config = dataclasses.replace(base, scheduler=dataclasses.replace(base.scheduler, mode=mode))
         engine = LLMEngine(config)
-        report["modes"][mode] = {}
+        report["prefill_paths"][mode], report["modes"][mode] = engine.runner.prefill_path, {}
         for workload in workloads:
-            report["modes"][mode][workload.name] = run_workload(engine, workload, hardware, max_seconds=max_seconds)
+            result = run_workload(engine, workload, hardware, max_seconds=max_seconds, arrivals=arrivals, slo=slo)
+            report["modes"][mode][workload.name] = result
+            print(progress_line(mode, workload.name, result), file=sys.stderr, flush=True)
             if out:  # NOTE: written after every workload, so a run cut short still leaves its results
                 with open(out, "w") as f:
                     json.dump(report, f, indent=2, default=str)
@@ -161,11 +269,20 @@ def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], o
 def add_bench(commands) -> None:
     from corun.engine_args import add_engine_args
 
-    cmd = commands.add_parser("bench", help="throughput/TTFT/TPOT per mode on synthetic workloads (JSON)")
+    cmd = commands.add_parser("bench", help="throughput/TTFT/TPOT/goodput per mode on synthetic workloads (JSON)")
     add_engine_args(cmd)
     cmd.add_argument("--modes", default="corun,standard,batch_invariant")
-    cmd.add_argument("--workloads", default="1024x128,1024x2048,4096x128,4096x2048,burstgpt")
-    cmd.add_argument("--num-requests", type=int, default=256)
+    cmd.add_argument("--workloads", default="1024x128,1024x2048,4096x128,4096x2048,burstgpt",
+                     help="comma-separated: 1024x128, 1024x2048, 4096x128, 4096x2048, burstgpt, sharegpt, rl_rollout")
+    cmd.add_argument("--num-requests", type=int, default=None,
+                     help="requests per workload (default: the workload's own, 256; rl_rollout 512)")
+    cmd.add_argument("--seed", type=int, default=DEFAULT_ARRIVALS.seed, help="seeds workload lengths and arrivals")
+    cmd.add_argument("--request-rate", type=float, default=DEFAULT_ARRIVALS.request_rate,
+                     help="requests/s with Poisson (gamma) arrivals; inf (default): every request at t=0")
+    cmd.add_argument("--burstiness", type=float, default=DEFAULT_ARRIVALS.burstiness,
+                     help="gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 more even")
+    cmd.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+                     help="SLO targets for goodput, e.g. --goodput ttft:500 tpot:50")
     cmd.add_argument("--max-seconds", type=float, default=None,
                      help="cut each (mode, workload) run after this long; its result is marked truncated")
     cmd.add_argument("--out", default=None)
@@ -176,15 +293,14 @@ def run_bench_command(args) -> int:
     from corun.engine_args import engine_config_from_args
 
     base = engine_config_from_args(args)
-    workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
-    report = run_bench(base, args.modes.split(","), workloads, args.out, args.max_seconds)
-    report["command"] = vars(args) | {"run": None}
+    arrivals = Arrivals(args.request_rate, args.burstiness, args.seed)
+    slo = parse_goodput(args.goodput)
+    workloads = [make_workload(name, args.num_requests, args.seed) for name in args.workloads.split(",")]
+    report = run_bench(base, args.modes.split(","), workloads, args.out, args.max_seconds, arrivals=arrivals, slo=slo)
+    report["command"] = vars(args) | {"run": None, "request_rate": arrivals.describe()["request_rate"]}
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
     return 0
-
-
-

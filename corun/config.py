@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+DEFAULT_PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
+"""`--prefill-buckets default`: fine steps where a prefill is launch-bound, coarser where it is compute-bound."""
+
 Mode = Literal["corun", "standard", "batch_invariant"]
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -23,13 +26,45 @@ class SchedulerConfig:
     """Prompts longer than this are prefilled in chunks of exactly this many tokens (the last one shorter)."""
     max_num_batched_tokens: int = 2048
     """standard mode only: token budget of one mixed prefill+decode step."""
+    prefill_buckets: tuple[int, ...] = ()
+    """corun mode (as are the three settings below; other modes ignore them). Isolated prefill: a chunk of l tokens runs padded to the smallest bucket >= l (padding rows write
+    only the null block and are never sampled), so its shape is still a function of the prompt alone; on CUDA
+    each bucket is one captured CUDA graph, which removes the per-kernel launch cost of short prefills. Chunks
+    longer than the largest bucket run at their natural length. () = natural length always (the paper)."""
+    prefill_pack_tokens: int = 0
+    """corun packed prefill when > 0: every prefill forward has exactly this many token rows (T), filled with
+    whole prefill chunks (cut at multiples of prefill_chunk_size: positions that depend on the prompt alone) of
+    up to prefill_pack_seqs prompts, each attending only to its own sequence; the rest is padding. A prompt's
+    outputs then depend on T (part of the contract) but not on what it is packed with. Needs
+    prefill_chunk_size <= T. 0 = isolated prefill (one prompt per forward)."""
+    prefill_pack_seqs: int = 16
+    """Packed prefill: the most prompts in one forward (S); token 1 of each is sampled on exactly S rows."""
+    prefill_token_budget: int = 0
+    """corun: the most prompt tokens prefilled between two decode steps while requests are decoding (the
+    prefill that crosses the budget still runs whole), so decode is not starved by a queue of prompts.
+    0 = Algorithm 1 (prefill everything admissible before the next decode step). Changes latency, not outputs."""
 
     def __post_init__(self):
         if self.mode not in ("corun", "standard", "batch_invariant"):
             raise ValueError(f"mode must be 'corun', 'standard' or 'batch_invariant', got {self.mode!r}")
-        for name in ("max_num_seqs", "max_model_len", "prefill_chunk_size", "max_num_batched_tokens"):
+        for name in ("max_num_seqs", "max_model_len", "prefill_chunk_size", "max_num_batched_tokens",
+                     "prefill_pack_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("prefill_pack_tokens", "prefill_token_budget"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if any(b < 1 for b in self.prefill_buckets) or list(self.prefill_buckets) != sorted(set(self.prefill_buckets)):
+            raise ValueError(f"prefill_buckets must be increasing positive sizes, got {self.prefill_buckets}")
+        if self.prefill_pack_tokens and self.prefill_buckets:
+            raise ValueError("prefill_buckets (isolated prefill) and prefill_pack_tokens (packed) exclude each other")
+        if self.prefill_pack_tokens and self.prefill_chunk_size > self.prefill_pack_tokens:
+            raise ValueError(f"packed prefill needs prefill_chunk_size ({self.prefill_chunk_size}) <= "
+                             f"prefill_pack_tokens ({self.prefill_pack_tokens})")
+
+    def prefill_rows(self, num_tokens: int) -> int:
+        """Token rows of the forward that prefills a chunk of num_tokens alone (isolated mode)."""
+        return next((b for b in self.prefill_buckets if b >= num_tokens), num_tokens)
 
 
 @dataclass(frozen=True)

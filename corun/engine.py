@@ -25,7 +25,8 @@ class EngineStats:
     num_mixed_steps: int = 0
     num_generated_tokens: int = 0
     max_prefill_batch: int = 0
-    """Most requests whose prompt tokens shared one forward (1 in corun mode, by construction)."""
+    """Most requests whose prompt tokens shared one forward (1 in corun's isolated prefill, by construction; up
+    to prefill_pack_seqs in its packed prefill)."""
 
 
 class LLMEngine:
@@ -68,7 +69,7 @@ class LLMEngine:
             return self.runner.run_mixed(batch)
         if batch.prefill_chunks:
             self.stats.num_prefill_forwards += 1
-            return self.runner.run_prefill(batch.prefill_chunks[0])
+            return self.runner.run_prefill(batch.prefill_chunks)
         self.stats.num_decode_steps += 1
         return self.runner.run_decode(batch.decode_requests)
 

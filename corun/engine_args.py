@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+from corun.config import DEFAULT_PREFILL_BUCKETS, CacheConfig, EngineConfig, SchedulerConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -14,6 +14,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--prefill-chunk-size", type=int, default=512)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="standard mode token budget")
+    parser.add_argument("--prefill-buckets", type=parse_buckets, default=(),
+                        help="corun: pad each isolated prefill chunk to the next of these sizes (CUDA graphs on "
+                             "CUDA): comma-separated sizes, 'default' for " + ",".join(map(str, DEFAULT_PREFILL_BUCKETS))
+                             + ", or 'none' (natural length, the default)")
+    parser.add_argument("--prefill-pack-tokens", type=int, default=0,
+                        help="corun: packed prefill, every prefill forward exactly this many token rows (0: isolated)")
+    parser.add_argument("--prefill-pack-seqs", type=int, default=SchedulerConfig.prefill_pack_seqs,
+                        help="corun packed prefill: most prompts per forward")
+    parser.add_argument("--prefill-token-budget", type=int, default=0,
+                        help="corun: most prompt tokens prefilled between decode steps while requests decode "
+                             "(0: no bound, Algorithm 1)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: from --kv-cache-mib)")
     parser.add_argument("--kv-cache-mib", type=int, default=512)
@@ -30,7 +41,10 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         use_cuda_graph=not args.no_cuda_graph,
         scheduler=SchedulerConfig(mode=args.mode, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                                   prefill_chunk_size=args.prefill_chunk_size,
-                                  max_num_batched_tokens=args.max_num_batched_tokens),
+                                  max_num_batched_tokens=args.max_num_batched_tokens,
+                                  prefill_buckets=args.prefill_buckets, prefill_pack_tokens=args.prefill_pack_tokens,
+                                  prefill_pack_seqs=args.prefill_pack_seqs,
+                                  prefill_token_budget=args.prefill_token_budget),
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                           memory_budget_bytes=args.kv_cache_mib * 2**20))
 
@@ -40,7 +54,10 @@ def engine_args_to_argv(config: EngineConfig) -> list[str]:
     sched, cache = config.scheduler, config.cache
     argv = ["--model", config.model, "--mode", sched.mode, "--max-num-seqs", str(sched.max_num_seqs),
             "--max-model-len", str(sched.max_model_len), "--prefill-chunk-size", str(sched.prefill_chunk_size),
-            "--max-num-batched-tokens", str(sched.max_num_batched_tokens), "--block-size", str(cache.block_size),
+            "--max-num-batched-tokens", str(sched.max_num_batched_tokens),
+            "--prefill-buckets", ",".join(map(str, sched.prefill_buckets)) or "none",
+            "--prefill-pack-tokens", str(sched.prefill_pack_tokens), "--prefill-pack-seqs", str(sched.prefill_pack_seqs),
+            "--prefill-token-budget", str(sched.prefill_token_budget), "--block-size", str(cache.block_size),
             "--kv-cache-mib", str(cache.memory_budget_bytes // 2**20), "--dtype", config.dtype,
             "--device", config.device, "--base-seed", str(config.seed)]
     if cache.num_blocks is not None:
@@ -50,3 +67,14 @@ def engine_args_to_argv(config: EngineConfig) -> list[str]:
     if not config.use_cuda_graph:
         argv.append("--no-cuda-graph")
     return argv
+
+
+def parse_buckets(text: str) -> tuple[int, ...]:
+    if text == "none":
+        return ()
+    if text == "default":
+        return DEFAULT_PREFILL_BUCKETS
+    try:
+        return tuple(int(size) for size in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sizes, 'default' or 'none', got {text!r}")

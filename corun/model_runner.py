@@ -5,6 +5,11 @@ The corun decode step always computes exactly N rows: running requests fill rows
 null block and whose sampled values are dropped. On CUDA the step (model + lm head) is captured once as one
 CUDA graph and replayed; the sampler runs outside it on the same N rows.
 
+corun prefill runs one prompt's chunk per forward at its natural length (the paper), or, as configured, padded
+to a bucket of fixed sizes (isolated, bucketed) or packed with other prompts' chunks into exactly T rows
+(packed); both pad with rows that write only the null block, and on CUDA each such shape is one captured graph,
+so a short prefill pays its kernels, not hundreds of eager launches.
+
 standard and batch_invariant modes on CUDA do what vLLM does by default: decode-only steps are padded to the
 next of several captured sizes, mixed prefill+decode steps run eagerly.
 """
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from corun.config import EngineConfig
+from corun.cuda_graphs import CapturedGraphs
 from corun.kv_cache import PagedKVCache
 from corun.models.loader import DTYPES, load_model
 from corun.outputs import TokenLogprobs
@@ -24,8 +30,10 @@ from corun.sampler import Sampler, SamplerOutput, SamplingBatch
 from corun.scheduler import PrefillChunk, ScheduledBatch
 from corun.step_inputs import (
     BlockTableRows,
+    PrefillPackInputs,
     StepInputs,
     WindowDecodeInputs,
+    build_prefill_pack,
     build_step,
     build_window_decode,
     build_windowed_step,
@@ -77,15 +85,28 @@ class ModelRunner:
         self.batched_decode_rows = self.on_cuda or self.mode == "batch_invariant"
         """Decode rows through the batched paged kernel (CUDA) instead of per-request attention (CPU); tests
         turn it on for CPU to run the CUDA path's bookkeeping with the torch fixed-window kernel."""
-        self.decode_graph = None
-        if capture_decode_graph and self.on_cuda and config.use_cuda_graph:
-            sizes = [self.num_rows] if self.mode == "corun" else capture_sizes(self.num_rows)
-            self.decode_graph = DecodeGraphs(self, sizes)
+        self.packed_prefill_kernel = self.on_cuda
+        """Padded prefill attention through the packed Triton kernel (CUDA: graph-capturable) rather than one SDPA
+        call per chunk (CPU); tests turn it on for CPU to run it in Triton's interpreter."""
+        self.decode_graph = self.prefill_graph = None
+        if self.on_cuda and config.use_cuda_graph:
+            if capture_decode_graph:
+                self.decode_graph = self.capture_decode_graphs()
+            if self.mode == "corun" and self.padded_prefill_sizes():
+                self.prefill_graph = self.capture_prefill_graphs()
 
     @property
     def prefill_path(self) -> str:
         """Which prefill path runs prompts on this runner, for benchmark reports."""
-        return "isolated-eager" if self.mode == "corun" else "mixed-batch"
+        sched = self.config.scheduler
+        if self.mode != "corun":
+            return "mixed-batch"
+        how = "graph" if self.prefill_graph is not None else "eager"
+        if sched.prefill_pack_tokens:
+            return f"packed-T{sched.prefill_pack_tokens}-S{sched.prefill_pack_seqs}-{how}"
+        if sched.prefill_buckets:
+            return f"isolated-buckets-{'.'.join(map(str, sched.prefill_buckets))}-{how}"
+        return "isolated-natural-eager"
 
     @property
     def on_cuda(self) -> bool:
@@ -103,14 +124,64 @@ class ModelRunner:
 
         return split_kv_heuristic(num_rows, self.model.cfg.num_kv_heads, self.num_sms)
 
-    def run_prefill(self, chunk: PrefillChunk) -> list[SampledToken]:
-        """One request's chunk, alone, at its natural length; samples token 1 after the last chunk."""
-        hidden = self.forward(build_step([], 0, [chunk], self.block_size, self.device))
+    def run_prefill(self, chunks: list[PrefillChunk]) -> list[SampledToken]:
+        """corun prefill of one chunk (isolated) or several prompts' chunks (packed) in one forward; samples
+        token 1 of every prompt whose last chunk this is."""
+        sched = self.config.scheduler
         self.num_prefill_forwards += 1
-        chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
-        if not chunk.is_last:
-            return []
-        return self.sample(self.model.compute_logits(hidden[-1:]), [chunk.request])
+        num_rows = sched.prefill_pack_tokens or sched.prefill_rows(chunks[0].num_tokens)
+        num_seqs = sched.prefill_pack_seqs if sched.prefill_pack_tokens else 1
+        assert len(chunks) == 1 or sched.prefill_pack_tokens, "isolated prefill runs one chunk per forward"
+        if num_rows == chunks[0].num_tokens and not sched.prefill_pack_tokens:
+            logits = self.natural_prefill_logits(chunks[0])
+        else:
+            logits = self.padded_prefill_logits(build_prefill_pack(chunks, num_rows, num_seqs, self.block_size,
+                                                                   self.table_rows))
+        for chunk in chunks:
+            chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
+        finishing = [chunk.request for chunk in chunks if chunk.is_last]
+        return self.sample(logits, finishing) if finishing else []
+
+    def natural_prefill_logits(self, chunk: PrefillChunk) -> torch.Tensor:
+        """The paper's isolated prefill: the chunk alone at its natural length, eager. -> [1, vocab]"""
+        hidden = self.forward(build_step([], 0, [chunk], self.block_size, self.device))
+        return self.model.compute_logits(hidden[-1:])
+
+    def padded_prefill_logits(self, inputs: PrefillPackInputs) -> torch.Tensor:
+        """-> [num_seqs, vocab]: row i is the logits of the i-th prompt finishing in this pack."""
+        num_rows = len(inputs.input_ids)
+        if self.prefill_graph is not None and num_rows in self.prefill_graph.graphs:
+            return self.prefill_graph.replay(num_rows, inputs)
+        return self.prefill_pack_logits(inputs.to(self.device))
+
+    @torch.inference_mode()
+    def prefill_pack_logits(self, inputs: PrefillPackInputs) -> torch.Tensor:
+        meta = inputs.metadata(use_kernel=self.packed_prefill_kernel)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, meta)
+        return self.model.compute_logits(hidden[inputs.sample_rows])  # [num_seqs, vocab]
+
+    def padded_prefill_sizes(self) -> list[int]:
+        """Row counts of corun's padded prefill forwards (each one CUDA graph on CUDA)."""
+        sched = self.config.scheduler
+        return [sched.prefill_pack_tokens] if sched.prefill_pack_tokens else list(sched.prefill_buckets)
+
+    def capture_prefill_graphs(self) -> CapturedGraphs[PrefillPackInputs]:
+        num_seqs = self.config.scheduler.prefill_pack_seqs if self.config.scheduler.prefill_pack_tokens else 1
+
+        def make_static(num_rows: int) -> PrefillPackInputs:
+            return build_prefill_pack([], num_rows, num_seqs, self.block_size, self.table_rows).to(self.device)
+
+        return CapturedGraphs(self.padded_prefill_sizes(), make_static, self.prefill_pack_logits)
+
+    def capture_decode_graphs(self) -> CapturedGraphs[WindowDecodeInputs]:
+        """corun captures exactly one size, N; standard modes capture several and pad a step to the next size."""
+        sizes = [self.num_rows] if self.mode == "corun" else capture_sizes(self.num_rows)
+
+        def make_static(size: int) -> WindowDecodeInputs:
+            return build_window_decode([], size, self.window_blocks, self.block_size).to(self.device)
+
+        return CapturedGraphs(sizes, make_static, lambda static: self.window_decode_logits(
+            static, self.kv_splits(len(static.input_ids))))
 
     def run_decode(self, requests: list[Request]) -> list[SampledToken]:
         """The fixed-shape step: exactly N rows whatever len(requests) is."""
@@ -120,7 +191,7 @@ class ModelRunner:
     def decode_logits(self, requests: list[Request], num_rows: int) -> torch.Tensor:
         if self.decode_graph is not None:
             inputs = build_window_decode(requests, num_rows, self.window_blocks, self.block_size, self.table_rows)
-            return self.decode_graph.replay(inputs)
+            return self.decode_graph.replay(num_rows, inputs)
         return self.model.compute_logits(self.forward(self.mixed_inputs(requests, num_rows, [])))
 
     def run_mixed(self, batch: ScheduledBatch) -> list[SampledToken]:
@@ -186,42 +257,3 @@ def to_host(out: SamplerOutput, requests: list[Request]) -> tuple[list[int], lis
         top = tuple(zip(top_ids[i][:k], top_logprobs[i][:k])) if k else ()
         results.append(None if k is None else TokenLogprobs(token_ids[i], logprobs[i], top))
     return token_ids, results
-
-
-class DecodeGraphs:
-    """Decode steps (model + lm head) captured as CUDA graphs, one per row count, sharing one memory pool.
-
-    corun captures exactly one size, N; standard modes capture several and pad a step to the next size.
-    """
-
-    def __init__(self, runner: ModelRunner, sizes: list[int]):
-        self.sizes = sorted(sizes)
-        self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, WindowDecodeInputs, torch.Tensor]] = {}
-        for size in reversed(self.sizes):  # NOTE: largest first, so smaller graphs reuse its pool memory
-            self.graphs[size] = self.capture(runner, size)
-        self.num_replays = 0
-
-    def capture(self, runner: ModelRunner, size: int):
-        static = build_window_decode([], size, runner.window_blocks, runner.block_size).to(runner.device)
-        splits = runner.kv_splits(size)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # NOTE: warm up the allocator and lazy kernel set-up outside the capture
-                runner.window_decode_logits(static, splits)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = runner.window_decode_logits(static, splits)
-        return graph, static, logits
-
-    def size_for(self, num_rows: int) -> int:
-        return next(size for size in self.sizes if size >= num_rows)
-
-    def replay(self, inputs: WindowDecodeInputs) -> torch.Tensor:
-        graph, static, logits = self.graphs[len(inputs.input_ids)]
-        inputs.copy_to(static)
-        graph.replay()
-        self.num_replays += 1
-        return logits

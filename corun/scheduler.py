@@ -2,8 +2,12 @@
 
 corun (paper Algorithms 1 and 2): finish a chunked prefill first; else admit the head of the waiting queue
 alone, while running < N and its whole configured sequence (prompt + max_tokens) fits in the KV cache; else
-one decode step over every running request. A prefill never shares a forward with anything else, and since
-KV for the whole sequence is reserved at admission nothing is ever preempted.
+one decode step over every decoding request. A prefill never shares a forward with a decode, and since KV for
+the whole sequence is reserved at admission nothing is ever preempted. Packed prefill (prefill_pack_tokens)
+fills one forward with the next chunk of several prompts instead of one; with a prefill_token_budget a decode
+step runs once that many prompt tokens were prefilled since the last one, so a queue of prompts cannot starve
+the requests already decoding. Neither changes a request's outputs: chunk cuts and forward shapes depend only
+on the prompt and the configuration.
 
 standard (vLLM's default, to show the problem and price determinism): one mixed step under a token budget:
 running decodes, then running chunked prefills, then newly admitted prompts, all in one batch.
@@ -103,13 +107,30 @@ class Scheduler:
 
 
 class CoRunScheduler(Scheduler):
+    def __init__(self, cfg: SchedulerConfig, block_manager: BlockManager):
+        super().__init__(cfg, block_manager)
+        self.num_prefilled_since_decode = 0
+        """Prompt tokens prefilled since the last decode step (for prefill_token_budget)."""
+
     def schedule(self) -> ScheduledBatch | None:
+        decoding = [r for r in self.running if not r.is_prefilling]
+        if not (decoding and self.prefill_budget_spent()):
+            chunks = self.prefill_chunks()
+            if chunks:
+                self.num_prefilled_since_decode += sum(chunk.num_tokens for chunk in chunks)
+                return ScheduledBatch(prefill_chunks=chunks)
+        self.num_prefilled_since_decode = 0
+        return ScheduledBatch(decode_requests=decoding) if decoding else None
+
+    def prefill_budget_spent(self) -> bool:
+        budget = self.cfg.prefill_token_budget
+        return budget > 0 and self.num_prefilled_since_decode >= budget
+
+    def prefill_chunks(self) -> list[PrefillChunk]:
+        if self.cfg.prefill_pack_tokens:
+            return self.pack_chunks()
         request = self.find_prefill_request()
-        if request is not None:
-            return ScheduledBatch(prefill_chunks=[self.next_chunk(request, self.cfg.prefill_chunk_size)])
-        if self.running:
-            return ScheduledBatch(decode_requests=list(self.running))
-        return None
+        return [] if request is None else [self.next_chunk(request, self.cfg.prefill_chunk_size)]
 
     def find_prefill_request(self) -> Request | None:
         """Algorithm 1: a chunked prefill in progress, else an admissible waiting request."""
@@ -117,6 +138,24 @@ class CoRunScheduler(Scheduler):
             if request.is_prefilling:
                 return request
         return self.admit_head()
+
+    def pack_chunks(self) -> list[PrefillChunk]:
+        """The next chunk of every prompt being prefilled, then of newly admitted ones (FIFO), while they fit
+        the pack's rows and sequences; chunks are cut at multiples of prefill_chunk_size whatever else is packed."""
+        rows_left, chunks = self.cfg.prefill_pack_tokens, []
+        for request in (r for r in self.running if r.is_prefilling):
+            chunk = self.next_chunk(request, self.cfg.prefill_chunk_size)
+            if chunk.num_tokens <= rows_left and len(chunks) < self.cfg.prefill_pack_seqs:
+                chunks.append(chunk)
+                rows_left -= chunk.num_tokens
+        while len(chunks) < self.cfg.prefill_pack_seqs and self.waiting and \
+                min(self.waiting[0].num_prompt_tokens, self.cfg.prefill_chunk_size) <= rows_left:
+            request = self.admit_head()
+            if request is None:
+                break
+            chunks.append(self.next_chunk(request, self.cfg.prefill_chunk_size))
+            rows_left -= chunks[-1].num_tokens
+        return chunks
 
 
 class StandardScheduler(Scheduler):

@@ -12,7 +12,13 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from corun.attention import AttentionMetadata, RequestSegment
+from corun.attention import (
+    AttentionMetadata,
+    PackedPrefillMeta,
+    RequestSegment,
+    max_prefill_tiles,
+    packed_prefill_tiles,
+)
 from corun.block_manager import NULL_BLOCK
 from corun.request import Request
 from corun.scheduler import PrefillChunk
@@ -97,16 +103,21 @@ def _columns(rows: list[tuple], width: int) -> list[list]:
 def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, chunks: list[PrefillChunk],
                         block_size: int, device, window_blocks: int, num_kv_splits: int,
                         chunk_invariant_prefill: bool = False, table_rows: BlockTableRows | None = None) -> StepInputs:
-    """Decode rows through the batched paged-decode kernel, prompt chunks as per-request segments (CUDA)."""
+    """Decode rows through the batched paged-decode kernel, prompt chunks as per-request segments (CUDA), or
+    with chunk_invariant_prefill all of them through one packed prefill kernel launch."""
+    table_rows = table_rows or BlockTableRows(window_blocks)
     window = build_window_decode(decode_requests, num_decode_rows, window_blocks, block_size, table_rows)
     chunk_step = build_step([], 0, chunks, block_size, "cpu") if chunks else None
     parts = [window] if chunk_step is None else [window, chunk_step]
+    packed = None
+    if chunk_invariant_prefill and chunks:
+        packed = packed_prefill_meta(chunks, num_decode_rows, len(chunks), 0, table_rows).to(device)
     meta = AttentionMetadata(
         torch.cat([window.slot_blocks, *([chunk_step.meta.slot_blocks] if chunk_step else [])]).to(device),
         torch.cat([window.slot_offsets, *([chunk_step.meta.slot_offsets] if chunk_step else [])]).to(device),
         num_decode_rows, window.block_tables.to(device), window.context_lens.to(device),
-        _shifted(chunk_step.meta.segments, num_decode_rows, device) if chunk_step else (), num_kv_splits,
-        chunk_invariant_prefill)
+        _shifted(chunk_step.meta.segments, num_decode_rows, device) if chunk_step and packed is None else (),
+        num_kv_splits, packed)
     ids = torch.cat([p.input_ids for p in parts]).to(device)
     return StepInputs(ids, torch.cat([p.positions for p in parts]).to(device), meta)
 
@@ -121,21 +132,95 @@ def build_step(decode_requests: list[Request], num_decode_rows: int, chunks: lis
     """Per-request attention for every row: decode rows as one-token segments, chunks as segments."""
     rows = [decode_slot(r, block_size) for r in decode_requests]
     rows += [(0, 0, NULL_BLOCK, 0)] * (num_decode_rows - len(decode_requests))
+    columns = [np.asarray(col, dtype=np.int64) for col in _columns(rows, 4)]
     segments = [_segment(row, r.num_tokens, r, block_size, device) for row, r in enumerate(decode_requests)]
     start = num_decode_rows
     for chunk in chunks:
-        request, end = chunk.request, chunk.start + chunk.num_tokens
-        for position in range(chunk.start, end):
-            token = request.prompt_token_ids[position]
-            rows.append((token, position, request.block_ids[position // block_size], position % block_size))
-        segments.append(_segment(start, end, request, block_size, device, chunk.num_tokens))
+        columns = [np.concatenate(pair) for pair in zip(columns, _chunk_columns(chunk, block_size), strict=True)]
+        segments.append(_segment(start, chunk.start + chunk.num_tokens, chunk.request, block_size, device,
+                                 chunk.num_tokens))
         start += chunk.num_tokens
-    ids, positions, blocks, offsets = (torch.tensor(col, dtype=torch.int64, device=device)
-                                       for col in _columns(rows, 4))
+    ids, positions, blocks, offsets = (torch.from_numpy(col).to(device) for col in columns)
     return StepInputs(ids, positions, AttentionMetadata(blocks, offsets, segments=tuple(segments)))
+
+
+def _chunk_columns(chunk: PrefillChunk, block_size: int) -> list[np.ndarray]:
+    """(token ids, positions, KV blocks, offsets) of a prompt chunk's rows."""
+    request = chunk.request
+    positions = np.arange(chunk.start, chunk.start + chunk.num_tokens, dtype=np.int64)
+    ids = np.asarray(request.prompt_token_ids[chunk.start:chunk.start + chunk.num_tokens], dtype=np.int64)
+    blocks = np.asarray(request.block_ids, dtype=np.int64)[positions // block_size]
+    return [ids, positions, blocks, positions % block_size]
 
 
 def _segment(start: int, context_len: int, request: Request, block_size: int, device,
              num_query_tokens: int = 1) -> RequestSegment:
     table = torch.tensor(request.block_ids[: -(-context_len // block_size)], dtype=torch.int64, device=device)
     return RequestSegment(start, num_query_tokens, context_len, table)
+
+
+def packed_prefill_meta(chunks: list[PrefillChunk], first_row: int, num_seqs: int, num_programs: int,
+                        table_rows: BlockTableRows) -> PackedPrefillMeta:
+    """The packed prefill kernel's launch facts for chunks laid out one after another from step row first_row,
+    padded to num_seqs sequences and num_programs query tiles (0: as many as needed); host tensors."""
+    starts = [c.start for c in chunks] + [0] * (num_seqs - len(chunks))
+    counts = [c.num_tokens for c in chunks] + [0] * (num_seqs - len(chunks))
+    query_starts = (first_row + np.cumsum([0] + counts[:-1])).tolist()
+    tile_seqs, tile_starts = packed_prefill_tiles(starts, counts, num_programs)
+    tables = table_rows.table([c.request for c in chunks], num_seqs)
+
+    def ints(values):
+        return torch.tensor(values, dtype=torch.int32)
+
+    return PackedPrefillMeta(ints(query_starts), ints(starts), ints(counts), torch.from_numpy(tables),
+                             ints(tile_seqs), ints(tile_starts))
+
+
+@dataclass
+class PrefillPackInputs:
+    """A prefill forward of exactly num_rows token rows holding chunks of up to num_seqs prompts, laid out one
+    after another from row 0, then padding (token 0 at position 0, writing only the null block). Every tensor's
+    shape is fixed by (num_rows, num_seqs): graph-capturable. Isolated bucketed prefill is one chunk per pack."""
+
+    input_ids: torch.Tensor  # [num_rows] int64
+    positions: torch.Tensor  # [num_rows] int64
+    slot_blocks: torch.Tensor  # [num_rows] int64
+    slot_offsets: torch.Tensor  # [num_rows] int64
+    sample_rows: torch.Tensor  # [num_seqs] int64: last rows of the chunks that end a prompt, first; then 0
+    packed: PackedPrefillMeta
+    segments: tuple[RequestSegment, ...] = ()
+    """The same chunks as per-request segments, for the SDPA path (CPU); not part of a captured graph."""
+
+    def metadata(self, use_kernel: bool) -> AttentionMetadata:
+        return AttentionMetadata(self.slot_blocks, self.slot_offsets, segments=() if use_kernel else self.segments,
+                                 packed_prefill=self.packed if use_kernel else None)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.input_ids, self.positions, self.slot_blocks, self.slot_offsets, self.sample_rows,
+                *(getattr(self.packed, f.name) for f in fields(self.packed))]
+
+    def copy_to(self, static: PrefillPackInputs) -> None:
+        for source, target in zip(self.tensors(), static.tensors(), strict=True):
+            target.copy_(source, non_blocking=True)
+
+    def to(self, device) -> PrefillPackInputs:
+        packed = PackedPrefillMeta(*(getattr(self.packed, f.name).to(device) for f in fields(self.packed)))
+        return PrefillPackInputs(self.input_ids.to(device), self.positions.to(device), self.slot_blocks.to(device),
+                                 self.slot_offsets.to(device), self.sample_rows.to(device), packed,
+                                 _shifted(self.segments, 0, device))
+
+
+def build_prefill_pack(chunks: list[PrefillChunk], num_rows: int, num_seqs: int, block_size: int,
+                       table_rows: BlockTableRows) -> PrefillPackInputs:
+    """chunks: at most num_seqs, at most num_rows tokens together (a host-side PrefillPackInputs)."""
+    assert len(chunks) <= num_seqs and sum(c.num_tokens for c in chunks) <= num_rows, "the pack overflows"
+    step = build_step([], 0, chunks, block_size, "cpu")
+    num_padding = num_rows - len(step.input_ids)
+    pad = torch.zeros(num_padding, dtype=torch.int64)
+    ends = np.cumsum([c.num_tokens for c in chunks]).tolist()
+    finishing = [end - 1 for chunk, end in zip(chunks, ends, strict=True) if chunk.is_last]
+    sample_rows = torch.tensor(finishing + [0] * (num_seqs - len(finishing)), dtype=torch.int64)
+    packed = packed_prefill_meta(chunks, 0, num_seqs, max_prefill_tiles(num_rows, num_seqs), table_rows)
+    return PrefillPackInputs(torch.cat([step.input_ids, pad]), torch.cat([step.positions, pad]),
+                             torch.cat([step.meta.slot_blocks, pad + NULL_BLOCK]),
+                             torch.cat([step.meta.slot_offsets, pad]), sample_rows, packed, step.meta.segments)

@@ -74,7 +74,7 @@ class Workload:
 
 def named_workload(name: str, rate: float, num_samples: int = 2000, seed: int = 0) -> Workload:
     """A workload of corun.bench (1024x128, ..., burstgpt) as length samples."""
-    from corun.bench import make_workload
+    from corun.bench_workloads import make_workload
 
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")

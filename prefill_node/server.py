@@ -66,7 +66,7 @@ class PrefillServer:
         self.receive(timeout_ms=0 if (self.current or self.waiting) else 5)
         chunk = self.schedule()
         if chunk is not None:
-            sampled = self.runner.run_prefill(chunk)
+            sampled = self.runner.run_prefill([chunk])
             self.postprocess(sampled)
         self.release_notified()
         self.expire_leases()

@@ -2,7 +2,11 @@
 
 import json
 
-from corun.bench import make_workload, percentile, run_bench
+import pytest
+
+from corun.bench import SLOTargets, percentile, run_bench
+from corun.bench_workloads import Arrivals, Workload, make_workload
+from corun.cli import main
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 
 
@@ -12,9 +16,13 @@ def config(model: str, max_num_seqs: int = 4) -> EngineConfig:
         cache=CacheConfig(num_blocks=64))
 
 
+def small_workload(name: str = "small", num_requests: int = 6) -> Workload:
+    workload = make_workload("burstgpt", num_requests)
+    return Workload(name, tuple((min(i, 60), min(o, 8)) for i, o in workload.lengths))
+
+
 def test_bench_reports_every_mode_and_workload(tiny_model_dir, tmp_path):
-    workload = make_workload("burstgpt", 6)
-    workload = type(workload)("small", tuple((min(i, 60), min(o, 8)) for i, o in workload.lengths))
+    workload = small_workload()
     out = tmp_path / "bench.json"
     report = run_bench(config(tiny_model_dir), ["corun", "standard"], [workload], str(out))
     assert json.loads(out.read_text())["modes"].keys() == {"corun", "standard"}
@@ -26,8 +34,7 @@ def test_bench_reports_every_mode_and_workload(tiny_model_dir, tmp_path):
 
 
 def test_time_cap_truncates_and_aborts_the_rest(tiny_model_dir):
-    workload = make_workload("1024x128", 3)
-    workload = type(workload)("long", ((40, 100),) * 3)
+    workload = Workload("long", ((40, 100),) * 3)
     report = run_bench(config(tiny_model_dir, max_num_seqs=2), ["corun"], [workload], max_seconds=0.3)
     result = report["modes"]["corun"]["long"]
     assert result["truncated"] is True
@@ -39,3 +46,77 @@ def test_burstgpt_lengths_are_seeded_and_bounded():
     assert first == again and first != make_workload("burstgpt", 50, seed=2)
     assert all(16 <= i <= 6144 and 8 <= o <= 2048 for i, o in first.lengths)
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+
+
+def test_report_carries_prefill_path_and_per_run_forward_counts(tiny_model_dir, capsys):
+    workloads = [small_workload("first", 3), small_workload("again", 3)]
+    report = run_bench(config(tiny_model_dir), ["corun", "standard"], workloads)
+    assert set(report["prefill_paths"]) == {"corun", "standard"}
+    for mode, path in report["prefill_paths"].items():
+        assert isinstance(path, str) and path
+        assert all(report["modes"][mode][name]["prefill_path"] == path for name in ("first", "again"))
+    corun = report["modes"]["corun"]
+    # NOTE: the same all-at-t=0 workload twice on one engine: equal counts only if each is the run's delta
+    assert corun["first"]["forward_counts"] == corun["again"]["forward_counts"]
+    assert corun["first"]["forward_counts"]["num_prefill_forwards"] >= 3
+    assert report["modes"]["standard"]["first"]["forward_counts"]["num_mixed_forwards"] > 0
+    progress = capsys.readouterr().err.splitlines()
+    assert len(progress) == 4 and all("prefill=" in line and "tok/s" in line for line in progress)
+
+
+def test_finite_rate_waits_for_arrivals_and_ttft_counts_from_arrival(tiny_model_dir):
+    arrivals = Arrivals(request_rate=4.0, burstiness=50.0)  # NOTE: near-even gaps of ~0.25 s
+    last_arrival = arrivals.times(4)[-1]
+    assert last_arrival > 0.6
+    report = run_bench(config(tiny_model_dir), ["corun"], [Workload("spaced", ((8, 2),) * 4)], arrivals=arrivals)
+    result = report["modes"]["corun"]["spaced"]
+    assert result["num_finished"] == 4 and result["truncated"] is False
+    assert result["seconds"] >= last_arrival
+    # NOTE: from t=0 the last request's TTFT would be >= its arrival; from its own arrival it is an idle prefill
+    assert result["ttft_s"]["p99"] < last_arrival / 4
+
+
+def test_time_cap_counts_requests_not_yet_arrived_as_unfinished(tiny_model_dir):
+    arrivals = Arrivals(request_rate=0.01)  # NOTE: the second request arrives ~100 s in, far past the cap
+    assert arrivals.times(3)[1] > 5
+    report = run_bench(config(tiny_model_dir), ["corun"], [Workload("sparse", ((8, 2),) * 3)], max_seconds=0.5,
+                       arrivals=arrivals)
+    result = report["modes"]["corun"]["sparse"]
+    assert result["truncated"] is True and result["num_requests"] == 3 and result["num_finished"] == 1
+    assert result["seconds"] < 2  # slept until the cap, not until the next arrival
+
+
+def test_goodput_through_the_run(tiny_model_dir):
+    workload = small_workload(num_requests=4)
+    impossible, generous = SLOTargets(ttft_ms=0.001), SLOTargets(ttft_ms=1e6, tpot_ms=1e6)
+    for slo, expect_good in ((impossible, False), (generous, True)):
+        report = run_bench(config(tiny_model_dir), ["corun"], [workload], slo=slo)
+        result = report["modes"]["corun"]["small"]
+        assert result["num_finished"] == 4 and result["slo_targets"] == slo.describe() == report["slo_targets"]
+        assert result["num_good"] == (4 if expect_good else 0)
+        assert result["goodput_req_per_s"] == pytest.approx(result["num_good"] / result["seconds"], rel=0.02)
+
+
+def test_over_long_workload_is_refused_before_any_model_loads():
+    base = config("/nonexistent/model")  # NOTE: loading it would fail differently; the check must come first
+    with pytest.raises(ValueError, match=r"workload 'wide'.*max_model_len 160.*100 prompt \+ 61 output = 161"):
+        run_bench(base, ["corun"], [Workload("wide", ((10, 10), (100, 61)))])
+
+
+def test_cli_refuses_defaults_on_the_tiny_model_and_bad_goodput(tiny_model_dir, capsys):
+    assert main(["bench", "--model", tiny_model_dir]) == 2
+    assert "workload '1024x128'" in capsys.readouterr().err
+    assert main(["bench", "--model", tiny_model_dir, "--workloads", "sharegpt", "--goodput", "e2el:100"]) == 2
+    assert "--goodput" in capsys.readouterr().err
+
+
+def test_cli_writes_strict_json_with_arrivals_and_goodput(tiny_model_dir, capsys):
+    argv = ["bench", "--model", tiny_model_dir, "--num-threads", "1", "--modes", "corun", "--workloads", "small",
+            "--max-model-len", "160", "--num-requests", "2", "--goodput", "ttft:100000", "tpot:100000"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("corun.bench.make_workload", lambda name, num, seed: small_workload(name, num))
+        assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"non-JSON {name}"))
+    assert report["arrivals"]["request_rate"] == "inf" and report["command"]["request_rate"] == "inf"
+    assert report["slo_targets"] == {"ttft_ms": 100000.0, "tpot_ms": 100000.0}
+    assert report["modes"]["corun"]["small"]["num_good"] == 2

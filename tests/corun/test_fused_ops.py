@@ -195,7 +195,7 @@ def test_fused_model_is_batch_invariant(tiny_model_dir):
     requests = [new_request(str(i), torch.randint(0, 2048, (length,), generator=torch.Generator().manual_seed(seed))
                             .tolist(), first_block=1 + 8 * i) for i, (length, seed) in enumerate(prompts)]
     for request in requests:
-        sampled = runner.run_prefill(PrefillChunk(request, 0, request.num_prompt_tokens))
+        sampled = runner.run_prefill([PrefillChunk(request, 0, request.num_prompt_tokens)])
         request.output_token_ids.append(sampled[0].token_id)
 
     def decode_logits(rows: list[Request]) -> torch.Tensor:
@@ -214,7 +214,7 @@ def test_fused_decode_step_replays_as_a_cuda_graph(tiny_model_dir):
     assert runner.decode_graph is not None
     requests = [new_request(str(i), list(range(3 + i, 20 + 2 * i)), first_block=1 + 8 * i) for i in range(3)]
     for request in requests:
-        request.output_token_ids.append(runner.run_prefill(PrefillChunk(request, 0, request.num_prompt_tokens))[0]
+        request.output_token_ids.append(runner.run_prefill([PrefillChunk(request, 0, request.num_prompt_tokens)])[0]
                                         .token_id)
     replayed = runner.decode_logits(requests, runner.num_rows).clone()
     inputs = build_window_decode(requests, runner.num_rows, runner.window_blocks, runner.block_size).to(DEVICE)

@@ -52,7 +52,7 @@ def admit(runner, blocks, request_id, prompt, params):
     request = Request(request_id, list(prompt), params, params.seed, frozenset())
     request.block_ids = blocks.allocate(request.max_num_tokens)
     assert request.block_ids is not None
-    postprocess(runner.run_prefill(PrefillChunk(request, 0, len(prompt))))
+    postprocess(runner.run_prefill([PrefillChunk(request, 0, len(prompt))]))
     return request
 
 
