@@ -100,3 +100,30 @@ def test_batched_decode_path_on_cpu(tiny_model_dir, mode):
     assert [ids for ids, _ in batched] == [ids for ids, _ in reference]
     if mode == "corun":
         assert bs1_vs_bsn(llm) is None
+
+
+def test_prefill_token_budget_changes_timing_not_outputs(tiny_model_dir, corun_llm):
+    """The bounded prefill policy interleaves decode steps with prefills (the requests really decode while
+    others prefill) and every output stays bitwise what Algorithm 1 gives."""
+    from corun.config import SchedulerConfig
+
+    config = corun_llm.config
+    bounded = LLM.from_config(type(config)(**{**vars(config), "scheduler": SchedulerConfig(
+        **{**vars(config.scheduler), "prefill_token_budget": 64})}))
+    prompts = varied_prompts(N, seed=4)
+    steps_before = corun_llm.engine.stats.num_decode_steps
+    reference = completions(corun_llm.generate(prompts, PARAMS))
+    unbounded_steps = corun_llm.engine.stats.num_decode_steps - steps_before
+    outputs = completions(bounded.generate(prompts, PARAMS))
+    assert first_difference(reference, outputs) is None
+    # NOTE: Algorithm 1 decodes all N together after the prefills; the budget adds steps of fewer rows earlier
+    assert unbounded_steps == PARAMS.max_tokens - 1
+    assert bounded.engine.stats.num_decode_steps > unbounded_steps
+
+
+def test_inverse_a_token_budget_changes_standard_outputs(tiny_model_dir, standard_llm):
+    """The same comparison fails where the budget shapes the batches: standard mode's token budget."""
+    small_budget = LLM(tiny_model_dir, mode="standard", max_num_batched_tokens=48, **ENGINE)
+    prompts = varied_prompts(N, seed=4)
+    assert first_difference(completions(standard_llm.generate(prompts, PARAMS)),
+                            completions(small_budget.generate(prompts, PARAMS))) is not None

@@ -334,3 +334,49 @@ def test_standard_budget_limits_decodes_too():
     assert sum(len(b.decode_requests) + sum(c.num_tokens for c in b.prefill_chunks)
                for b in run_to_completion(scheduler)) > 0
     assert all(r.status == RequestStatus.FINISHED for r in requests)
+
+
+def kinds(batches) -> str:
+    """'P' for a prefill forward, 'D' for a decode step."""
+    return "".join("P" if b.prefill_chunks else "D" for b in batches)
+
+
+def test_corun_algorithm_1_prefills_everything_admissible_before_decoding():
+    scheduler = make(max_num_seqs=8)
+    for i in range(6):
+        scheduler.add(make_request(f"r{i}", 8, max_tokens=3))
+    assert kinds(run_to_completion(scheduler)).startswith("PPPPPPD")
+
+
+def test_corun_prefill_token_budget_interleaves_decode_steps():
+    scheduler = make(max_num_seqs=8, prefill_token_budget=16)
+    for i in range(6):
+        scheduler.add(make_request(f"r{i}", 8, max_tokens=10))
+    batches = run_to_completion(scheduler)
+    # NOTE: two 8-token prefills spend the budget; a decode step of the requests decoding by then follows
+    assert kinds(batches).startswith("PPDPPDPPD")
+    assert [len(b.decode_requests) for b in batches[:9] if b.decode_requests] == [2, 4, 6]
+
+
+def test_corun_budget_decode_skips_a_request_mid_chunked_prefill():
+    scheduler = make(max_num_seqs=8, prefill_token_budget=8)
+    scheduler.add(make_request("short", 4, max_tokens=5))
+    scheduler.add(make_request("long", 24, max_tokens=2))
+    batches = [step(scheduler) for _ in range(4)]
+    assert kinds(batches) == "PPDP"
+    assert [r.request_id for r in batches[2].decode_requests] == ["short"]
+    assert batches[3].prefill_chunks[0].start == 8
+
+
+def test_corun_packed_prefill_fills_rows_with_whole_chunks_in_fifo_order():
+    scheduler = make(max_num_seqs=8, prefill_pack_tokens=18, prefill_pack_seqs=3)
+    for i, length in enumerate([5, 12, 6, 3, 2]):
+        scheduler.add(make_request(f"r{i}", length, max_tokens=2))
+    first = step(scheduler)
+    # NOTE: r1's 12 tokens are cut at 8 (prefill_chunk_size), whatever the pack holds; r2's 6 would not fit
+    assert [(c.request.request_id, c.start, c.num_tokens) for c in first.prefill_chunks] == [("r0", 0, 5),
+                                                                                             ("r1", 0, 8)]
+    second = step(scheduler)
+    assert [(c.request.request_id, c.start, c.num_tokens) for c in second.prefill_chunks] == [
+        ("r1", 8, 4), ("r2", 0, 6), ("r3", 0, 3)]
+    assert all(b.prefill_chunks or b.decode_requests for b in run_to_completion(scheduler))

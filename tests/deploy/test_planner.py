@@ -220,7 +220,7 @@ def test_cli_reads_lengths_files(tmp_path, capsys):
 
 @pytest.mark.parametrize("change, message", [
     (("--rate", "-3"), "rate must be a positive number"),
-    (("--workload", "sharegpt"), "unknown workload 'sharegpt'"),
+    (("--workload", "nosuch"), "unknown workload 'nosuch'"),
     (("--max-num-seqs", "128"), "measured at N = 256"),
     (("--tpot", "0"), "targets must be > 0"),
 ])
