@@ -15,6 +15,8 @@ import random
 import torch
 
 from corun import LLM, SamplingParams
+from corun.bench import scheduler_for
+from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -51,21 +53,29 @@ def needle(llm: LLM, vocab: int, params, num_trials: int = 4, max_batch: int = 6
 
 
 def run(model: str, dtype: str, mode: str, max_num_seqs: int, num_prompts: int) -> dict:
-    llm = LLM(model, mode=mode, dtype=dtype, device=DEVICE, max_num_seqs=max_num_seqs, max_model_len=1024,
-              prefill_chunk_size=256, max_num_batched_tokens=2048, num_blocks=4096)
+    """mode: a bench mode spec (corun.bench.scheduler_for), e.g. corun:prefill_buckets=default."""
+    scheduler = scheduler_for(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=1024, prefill_chunk_size=256,
+                                              max_num_batched_tokens=2048), mode)
+    llm = LLM.from_config(EngineConfig(model=model, dtype=dtype, device=DEVICE, scheduler=scheduler,
+                                       cache=CacheConfig(num_blocks=4096)))
     vocab = llm.engine.runner.model.cfg.vocab_size
     params = SamplingParams(temperature=0.6, seed=42, max_tokens=16, logprobs=5, ignore_eos=True)
     result = {"bs1_vs_bsn": bs1_vs_bsn(llm, token_prompts(num_prompts, vocab, 0), params),
               "needle": needle(llm, vocab, params, max_batch=min(64, max_num_seqs))}
-    graphs = llm.engine.runner.decode_graph
+    graphs, prefill_graphs = llm.engine.runner.decode_graph, llm.engine.runner.prefill_graph
     result["cuda_graphs"] = None if graphs is None else {"sizes": graphs.sizes, "replays": graphs.num_replays}
+    result["prefill_graphs"] = None if prefill_graphs is None else {"sizes": prefill_graphs.sizes,
+                                                                    "replays": prefill_graphs.num_replays}
+    result["prefill_path"] = llm.engine.runner.prefill_path
+    result["max_prefill_batch"] = llm.engine.stats.max_prefill_batch
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="random:qwen3-tiny:float32:32,random:qwen3-8b:bfloat16:256")
-    parser.add_argument("--modes", default="corun,standard,batch_invariant")
+    parser.add_argument("--modes", default="corun,standard,batch_invariant",
+                        help="comma-separated mode specs (corun.bench.scheduler_for)")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

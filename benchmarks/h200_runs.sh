@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 measurements of issue 4, in the device calls they were run in (each must end inside 10 minutes).
+# The H200 measurements of issues 4 and 8, in the device calls they were run in (each must end inside 10 minutes).
 #   bash benchmarks/h200_runs.sh <part> <out-dir>
 # part "kernels": the kernel tests on the GPU, the decode-step profile (graph, sampler, engine step, per-kernel
 #   eager times) and the 8B determinism suite; "bench_1024" and "bench_4096": the workloads, every run cut at
@@ -11,6 +11,9 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 BENCH="python3 -m corun.cli bench --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
   --max-model-len 6144 --prefill-chunk-size 4096 --max-num-batched-tokens 8192 --kv-cache-mib 112000
   --num-requests 256"
+BUCKETS=corun:prefill_buckets=default
+PACKED=corun:prefill_chunk_size=2048:prefill_pack_tokens=2048:prefill_pack_seqs=32
+BURST_RATE=${BURST_RATE:-4}; SHAREGPT_RATE=${SHAREGPT_RATE:-6}
 case $part in
   kernels)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/corun/test_fused_ops.py tests/corun/test_kernels.py \
@@ -35,5 +38,24 @@ case $part in
       --out "$out/h200_determinism_bi_prefill_kernel.json" > "$out/determinism.log" 2>&1
     timeout 330 $BENCH --workloads 1024x2048,burstgpt,4096x128 --max-seconds 30 \
       --out "$out/h200_bench_after_fix.json" > "$out/bench.log" 2>&1 ;;
+  # --- issue 8: prefill at the hardware's speed -------------------------------------------------------------
+  prefill)  # GPU tests of the graph paths and kernels; prefill cost per path; 8B determinism of the new paths;
+    # the long-output workload for the ">= 1.1x standard" target
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/corun/test_prefill_graphs.py \
+      tests/corun/test_kernels.py tests/corun/test_fused_ops.py > "$out/tests.log" 2>&1
+    timeout 150 python3 -m benchmarks.prefill_cost --out "$out/h200_prefill_cost.json" > "$out/prefill_cost.log" 2>&1
+    timeout 140 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 \
+      --modes "$BUCKETS,$PACKED" --out "$out/h200_determinism_prefill_paths.json" > "$out/determinism.log" 2>&1
+    timeout 110 $BENCH --workloads 1024x2048 --modes "$BUCKETS,standard" --max-seconds 25 \
+      --out "$out/h200_bench_1024x2048.json" > "$out/bench.log" 2>&1 ;;
+  burst)  # every request at t = 0, runs cut at 30 s
+    timeout 580 $BENCH --workloads burstgpt,sharegpt --modes "corun,$BUCKETS,$PACKED,standard,batch_invariant" \
+      --max-seconds 30 --goodput ttft:2000 tpot:100 --out "$out/h200_bench_burst.json" > "$out/bench.log" 2>&1 ;;
+  poisson)  # Poisson arrivals at rates where standard meets TTFT p99 <= 2 s (from the burst runs' capacity)
+    for wl in "burstgpt $BURST_RATE" "sharegpt $SHAREGPT_RATE"; do set -- $wl
+      timeout 290 $BENCH --workloads $1 --request-rate $2 --num-requests 128 --max-seconds 28 \
+        --modes "$BUCKETS,$BUCKETS:prefill_token_budget=2048,$PACKED,standard,batch_invariant" \
+        --goodput ttft:2000 tpot:100 --out "$out/h200_bench_poisson_$1.json" > "$out/bench_$1.log" 2>&1
+    done ;;
 esac
 echo "rc=$?"; tail -c 3000 "$out"/*.log

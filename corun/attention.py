@@ -48,6 +48,13 @@ class PackedPrefillMeta:
     tile_seqs: torch.Tensor  # [num_programs] int32: the sequence each program's query tile belongs to, -1: none
     tile_starts: torch.Tensor  # [num_programs] int32: absolute position of the tile's first query token
 
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.query_starts, self.start_positions, self.num_tokens, self.block_tables, self.tile_seqs,
+                self.tile_starts]
+
+    def to(self, device) -> PackedPrefillMeta:
+        return PackedPrefillMeta(*(t.to(device) for t in self.tensors()))
+
 
 def max_prefill_tiles(num_rows: int, num_seqs: int) -> int:
     """Query tiles a forward of num_rows rows holding up to num_seqs sequences can need (each sequence's chunk

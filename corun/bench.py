@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import torch
 
 from corun.bench_workloads import Arrivals, Workload, check_fits, make_prompts, make_workload
-from corun.config import EngineConfig
+from corun.config import EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
+from corun.engine_args import parse_buckets
 from corun.request import Request
 
 DEFAULT_ARRIVALS = Arrivals()
@@ -240,6 +241,19 @@ def progress_line(mode: str, workload: str, result: dict) -> str:
             f"req/s ({result['num_good']}/{result['num_requests']} good){cut_short}")
 
 
+def scheduler_for(base: SchedulerConfig, spec: str) -> SchedulerConfig:
+    """A mode spec: 'mode' or 'mode:field=value:...' with SchedulerConfig fields, so that variants of one mode
+    run side by side in one bench, e.g. corun:prefill_buckets=default:prefill_token_budget=4096."""
+    mode, *settings = spec.split(":")
+    overrides: dict = {"mode": mode}
+    for setting in settings:
+        name, sep, value = setting.partition("=")
+        if not sep or name not in {f.name for f in dataclasses.fields(SchedulerConfig)} or name == "mode":
+            raise ValueError(f"mode spec {spec!r}: expected field=value with a SchedulerConfig field, got {setting!r}")
+        overrides[name] = parse_buckets(value) if name == "prefill_buckets" else int(value)
+    return dataclasses.replace(base, **overrides)
+
+
 def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], out: str | None = None,
               max_seconds: float | None = None, *, arrivals: Arrivals = DEFAULT_ARRIVALS,
               slo: SLOTargets = SLOTargets()) -> dict:
@@ -250,7 +264,7 @@ def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], o
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
               "arrivals": arrivals.describe(), "slo_targets": slo.describe(), "prefill_paths": {}, "modes": {}}
     for mode in modes:
-        config = dataclasses.replace(base, scheduler=dataclasses.replace(base.scheduler, mode=mode))
+        config = dataclasses.replace(base, scheduler=scheduler_for(base.scheduler, mode))
         engine = LLMEngine(config)
         report["prefill_paths"][mode], report["modes"][mode] = engine.runner.prefill_path, {}
         for workload in workloads:
@@ -271,7 +285,9 @@ def add_bench(commands) -> None:
 
     cmd = commands.add_parser("bench", help="throughput/TTFT/TPOT/goodput per mode on synthetic workloads (JSON)")
     add_engine_args(cmd)
-    cmd.add_argument("--modes", default="corun,standard,batch_invariant")
+    cmd.add_argument("--modes", default="corun,standard,batch_invariant",
+                     help="comma-separated mode specs: a mode, or mode:field=value:... with SchedulerConfig fields "
+                          "(e.g. corun:prefill_buckets=default) to run variants side by side")
     cmd.add_argument("--workloads", default="1024x128,1024x2048,4096x128,4096x2048,burstgpt",
                      help="comma-separated: 1024x128, 1024x2048, 4096x128, 4096x2048, burstgpt, sharegpt, rl_rollout")
     cmd.add_argument("--num-requests", type=int, default=None,

@@ -27,8 +27,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     """standard mode only: token budget of one mixed prefill+decode step."""
     prefill_buckets: tuple[int, ...] = ()
-    """corun mode (as are the three settings below; other modes ignore them). Isolated prefill: a chunk of l tokens runs padded to the smallest bucket >= l (padding rows write
-    only the null block and are never sampled), so its shape is still a function of the prompt alone; on CUDA
+    """corun mode (as are the three settings below; other modes ignore them). Isolated prefill: a chunk of l
+    tokens runs padded to the smallest bucket >= l (padding rows write only the null block and are never
+    sampled), so its shape is still a function of the prompt alone; on CUDA
     each bucket is one captured CUDA graph, which removes the per-kernel launch cost of short prefills. Chunks
     longer than the largest bucket run at their natural length. () = natural length always (the paper)."""
     prefill_pack_tokens: int = 0

@@ -7,7 +7,8 @@ forwards (one graph per prefill bucket, or one at the packed prefill's T rows).
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
 
 import torch
 

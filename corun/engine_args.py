@@ -16,8 +16,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="standard mode token budget")
     parser.add_argument("--prefill-buckets", type=parse_buckets, default=(),
                         help="corun: pad each isolated prefill chunk to the next of these sizes (CUDA graphs on "
-                             "CUDA): comma-separated sizes, 'default' for " + ",".join(map(str, DEFAULT_PREFILL_BUCKETS))
-                             + ", or 'none' (natural length, the default)")
+                             "CUDA): comma-separated sizes, 'default' for "
+                             + ",".join(map(str, DEFAULT_PREFILL_BUCKETS)) + ", or 'none' (natural length, default)")
     parser.add_argument("--prefill-pack-tokens", type=int, default=0,
                         help="corun: packed prefill, every prefill forward exactly this many token rows (0: isolated)")
     parser.add_argument("--prefill-pack-seqs", type=int, default=SchedulerConfig.prefill_pack_seqs,
@@ -56,7 +56,8 @@ def engine_args_to_argv(config: EngineConfig) -> list[str]:
             "--max-model-len", str(sched.max_model_len), "--prefill-chunk-size", str(sched.prefill_chunk_size),
             "--max-num-batched-tokens", str(sched.max_num_batched_tokens),
             "--prefill-buckets", ",".join(map(str, sched.prefill_buckets)) or "none",
-            "--prefill-pack-tokens", str(sched.prefill_pack_tokens), "--prefill-pack-seqs", str(sched.prefill_pack_seqs),
+            "--prefill-pack-tokens", str(sched.prefill_pack_tokens),
+            "--prefill-pack-seqs", str(sched.prefill_pack_seqs),
             "--prefill-token-budget", str(sched.prefill_token_budget), "--block-size", str(cache.block_size),
             "--kv-cache-mib", str(cache.memory_budget_bytes // 2**20), "--dtype", config.dtype,
             "--device", config.device, "--base-seed", str(config.seed)]
@@ -75,6 +76,8 @@ def parse_buckets(text: str) -> tuple[int, ...]:
     if text == "default":
         return DEFAULT_PREFILL_BUCKETS
     try:
-        return tuple(int(size) for size in text.split(","))
+        # NOTE: '/' too, for mode specs inside comma-separated lists (corun bench --modes)
+        return tuple(int(size) for size in text.replace("/", ",").split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated sizes, 'default' or 'none', got {text!r}")
+        raise ValueError(f"prefill buckets: expected comma-separated sizes, 'default' or 'none', got {text!r}") \
+            from None

@@ -197,16 +197,15 @@ class PrefillPackInputs:
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.input_ids, self.positions, self.slot_blocks, self.slot_offsets, self.sample_rows,
-                *(getattr(self.packed, f.name) for f in fields(self.packed))]
+                *self.packed.tensors()]
 
     def copy_to(self, static: PrefillPackInputs) -> None:
         for source, target in zip(self.tensors(), static.tensors(), strict=True):
             target.copy_(source, non_blocking=True)
 
     def to(self, device) -> PrefillPackInputs:
-        packed = PackedPrefillMeta(*(getattr(self.packed, f.name).to(device) for f in fields(self.packed)))
         return PrefillPackInputs(self.input_ids.to(device), self.positions.to(device), self.slot_blocks.to(device),
-                                 self.slot_offsets.to(device), self.sample_rows.to(device), packed,
+                                 self.slot_offsets.to(device), self.sample_rows.to(device), self.packed.to(device),
                                  _shifted(self.segments, 0, device))
 
 

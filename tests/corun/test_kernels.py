@@ -125,6 +125,43 @@ def test_chunk_invariant_prefill_is_chunking_invariant():
         assert torch.equal(chunked(cuts), whole), cuts
 
 
+def test_packed_prefill_is_pack_invariant():
+    """corun's packed prefill: a sequence's attention rows are the same alone, among other sequences, at any row of
+    the step and with spare programs in the grid (a captured graph's fixed grid)."""
+    from corun.attention import PackedPrefillMeta, max_prefill_tiles, packed_prefill_tiles
+    from corun.kernels.prefill_attention import packed_prefill_attention
+
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    prompt, k_cache, v_cache, table = prefill_case(100, dtype, seed=5)
+    others = [(7, 30), (0, 19), (48, 5)]  # NOTE: (start position, tokens) of co-packed chunks (same KV here)
+
+    def run(seqs: list[tuple[int, int]], target: int, num_rows: int) -> torch.Tensor:
+        """seqs: (start, tokens) laid out one after another; -> the target sequence's output rows."""
+        starts, counts = [s for s, _ in seqs], [n for _, n in seqs]
+        query_starts = [sum(counts[:i]) for i in range(len(seqs))]
+        q = torch.zeros(num_rows, *prompt.shape[1:], dtype=dtype, device=DEVICE)
+        for (start, num), row in zip(seqs, query_starts):
+            q[row:row + num] = prompt[start:start + num]
+        tiles = packed_prefill_tiles(starts, counts, max_prefill_tiles(num_rows, len(seqs)))
+
+        def ints(values):
+            return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+        meta = PackedPrefillMeta(ints(query_starts), ints(starts), ints(counts),
+                                 table.reshape(1, -1).expand(len(seqs), -1).contiguous(), *map(ints, tiles))
+        out = torch.zeros_like(q)
+        packed_prefill_attention(q, k_cache, v_cache, meta, 0.088, out)
+        row = query_starts[target]
+        return out[row:row + counts[target]]
+
+    alone = run([(37, 40)], 0, 96)
+    assert torch.equal(run(others + [(37, 40)], 3, 96), alone)
+    assert torch.equal(run([others[1], (37, 40), others[0]], 1, 128), alone)
+    expected = prefill_reference(prompt[37:77], k_cache, v_cache, table, 37, 0.088)
+    tolerance = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(alone.float(), expected, atol=tolerance, rtol=tolerance)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 def test_batch_invariant_row_kernels_are_row_invariant_and_close(dtype):
     """Linear, RMSNorm and log_softmax of batch_invariant mode: a row's bits do not depend on the row count."""

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from corun import LLM, SamplingParams
+from corun import LLM
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.model_runner import ModelRunner
 from corun.request import Request
