@@ -48,8 +48,11 @@ case $part in
       --modes "$BUCKETS,$PACKED" --out "$out/h200_determinism_prefill_paths.json" > "$out/determinism.log" 2>&1
     timeout 110 $BENCH --workloads 1024x2048 --modes "$BUCKETS,standard" --max-seconds 25 \
       --out "$out/h200_bench_1024x2048.json" > "$out/bench.log" 2>&1 ;;
-  burst)  # every request at t = 0, runs cut at 30 s
-    timeout 580 $BENCH --workloads burstgpt,sharegpt --modes "corun,$BUCKETS,$PACKED,standard,batch_invariant" \
+  burst)  # prefill cost again after the fix that sent chunks of exactly a bucket's length to the eager path;
+    # then every request at t = 0, runs cut at 30 s
+    timeout 110 python3 -m benchmarks.prefill_cost --paths "corun,$BUCKETS" --lengths 16,64,128,512,1024,2048,4096 \
+      --out "$out/h200_prefill_cost.json" > "$out/prefill_cost.log" 2>&1
+    timeout 460 $BENCH --workloads burstgpt,sharegpt --modes "corun,$BUCKETS,$PACKED,standard,batch_invariant" \
       --max-seconds 30 --goodput ttft:2000 tpot:100 --out "$out/h200_bench_burst.json" > "$out/bench.log" 2>&1 ;;
   poisson)  # Poisson arrivals at rates where standard meets TTFT p99 <= 2 s (from the burst runs' capacity)
     for wl in "burstgpt $BURST_RATE" "sharegpt $SHAREGPT_RATE"; do set -- $wl

@@ -81,6 +81,8 @@ class ModelRunner:
         if self.mode == "batch_invariant":
             self.sampler.log_softmax = batch_invariant_log_softmax
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
+        self.num_padded_prefill_forwards = 0
+        """corun prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_cuda else 0
         self.batched_decode_rows = self.on_cuda or self.mode == "batch_invariant"
         """Decode rows through the batched paged kernel (CUDA) instead of per-request attention (CPU); tests
@@ -132,9 +134,10 @@ class ModelRunner:
         num_rows = sched.prefill_pack_tokens or sched.prefill_rows(chunks[0].num_tokens)
         num_seqs = sched.prefill_pack_seqs if sched.prefill_pack_tokens else 1
         assert len(chunks) == 1 or sched.prefill_pack_tokens, "isolated prefill runs one chunk per forward"
-        if num_rows == chunks[0].num_tokens and not sched.prefill_pack_tokens:
+        if not sched.prefill_pack_tokens and chunks[0].num_tokens > max(sched.prefill_buckets, default=0):
             logits = self.natural_prefill_logits(chunks[0])
         else:
+            self.num_padded_prefill_forwards += 1
             logits = self.padded_prefill_logits(build_prefill_pack(chunks, num_rows, num_seqs, self.block_size,
                                                                    self.table_rows))
         for chunk in chunks:
@@ -222,7 +225,8 @@ class ModelRunner:
 
     def forward_counts(self) -> dict[str, int]:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,
-                "num_mixed_forwards": self.num_mixed_forwards}
+                "num_mixed_forwards": self.num_mixed_forwards,
+                "num_padded_prefill_forwards": self.num_padded_prefill_forwards}
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:

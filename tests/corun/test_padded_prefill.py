@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from corun import LLM
+from corun import LLM, SamplingParams
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.model_runner import ModelRunner
 from corun.request import Request
@@ -118,6 +118,16 @@ def test_bucket_padding_is_part_of_the_bits(tiny_model_dir):
     natural = LLM.from_config(engine_config(tiny_model_dir))
     bucketed = LLM.from_config(engine_config(tiny_model_dir, prefill_buckets=BUCKETS))
     assert completions(natural.generate([[11, 12]], PARAMS)) != completions(bucketed.generate([[11, 12]], PARAMS))
+    assert natural.engine.runner.forward_counts()["num_padded_prefill_forwards"] == 0
+
+
+def test_every_chunk_up_to_the_largest_bucket_takes_the_padded_path(tiny_model_dir):
+    """A chunk exactly a bucket long runs padded too (on CUDA: its graph); only longer ones run natural."""
+    llm = LLM.from_config(engine_config(tiny_model_dir, prefill_buckets=(4, 8, 16)))
+    llm.generate([[1] * 8, [2] * 16, [3] * 5, [4] * 17], SamplingParams(max_tokens=1))
+    counts = llm.engine.runner.forward_counts()
+    # NOTE: 17 tokens are one chunk (prefill_chunk_size 32) longer than the largest bucket: natural length
+    assert (counts["num_prefill_forwards"], counts["num_padded_prefill_forwards"]) == (4, 3)
 
 
 @pytest.mark.parametrize("options", [dict(prefill_buckets=BUCKETS), dict(prefill_buckets=(4, 8)), PACK,
