@@ -13,7 +13,8 @@ BENCH="python3 -m corun.cli bench --model random:qwen3-8b --device cuda --dtype 
   --num-requests 256"
 BUCKETS=corun:prefill_buckets=default
 PACKED=corun:prefill_chunk_size=2048:prefill_pack_tokens=2048:prefill_pack_seqs=32
-BURST_RATE=${BURST_RATE:-4}; SHAREGPT_RATE=${SHAREGPT_RATE:-6}
+LADDER=decode_step_sizes=16/32/64/128/160/192/224  # NOTE: candidates; each engine keeps those it verifies
+BURST_RATE=${BURST_RATE:-4}; SHAREGPT_RATE=${SHAREGPT_RATE:-12}
 case $part in
   kernels)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/corun/test_fused_ops.py tests/corun/test_kernels.py \
@@ -54,10 +55,19 @@ case $part in
       --out "$out/h200_prefill_cost.json" > "$out/prefill_cost.log" 2>&1
     timeout 460 $BENCH --workloads burstgpt,sharegpt --modes "corun,$BUCKETS,$PACKED,standard,batch_invariant" \
       --max-seconds 30 --goodput ttft:2000 tpot:100 --out "$out/h200_bench_burst.json" > "$out/bench.log" 2>&1 ;;
-  poisson)  # Poisson arrivals at rates where standard meets TTFT p99 <= 2 s (from the burst runs' capacity)
+  ladder)  # decode steps at verified smaller sizes: 8B determinism through them, prefill cost with the final
+    # default buckets, then the t = 0 runs again (cut at 25 s)
+    timeout 100 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 \
+      --modes "$BUCKETS:$LADDER" --out "$out/h200_determinism_ladder.json" > "$out/determinism.log" 2>&1
+    timeout 80 python3 -m benchmarks.prefill_cost --paths "$BUCKETS" --lengths 64,512,768,1024 \
+      --out "$out/h200_prefill_cost_final.json" > "$out/prefill_cost.log" 2>&1
+    timeout 330 $BENCH --workloads burstgpt,sharegpt --modes "$BUCKETS:$LADDER,$PACKED:$LADDER,standard,batch_invariant" \
+      --max-seconds 25 --goodput ttft:2000 tpot:100 --out "$out/h200_bench_burst_ladder.json" > "$out/bench.log" 2>&1 ;;
+  poisson)  # Poisson arrivals at rates where standard should meet TTFT p99 <= 2 s (about half its capacity in the
+    # burst runs: 256 burstgpt requests in 29 s, 256 sharegpt requests in 10 s)
     for wl in "burstgpt $BURST_RATE" "sharegpt $SHAREGPT_RATE"; do set -- $wl
-      timeout 290 $BENCH --workloads $1 --request-rate $2 --num-requests 128 --max-seconds 28 \
-        --modes "$BUCKETS,$BUCKETS:prefill_token_budget=2048,$PACKED,standard,batch_invariant" \
+      timeout 170 $BENCH --workloads $1 --request-rate $2 --num-requests 100 --max-seconds 26 \
+        --modes "$BUCKETS:$LADDER,$BUCKETS:$LADDER:prefill_token_budget=2048,standard,batch_invariant" \
         --goodput ttft:2000 tpot:100 --out "$out/h200_bench_poisson_$1.json" > "$out/bench_$1.log" 2>&1
     done ;;
 esac

@@ -160,12 +160,14 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
     then covers the tokens made so far, TPOT the tokens each request made)."""
     prompts = make_prompts(workload, engine.runner.model.cfg.vocab_size, seed)
     trace = Trace(arrivals.times(len(prompts)))
-    counts_before = engine.runner.forward_counts()
+    counts_before, rows_before = engine.runner.forward_counts(), dict(engine.runner.decode_rows_histogram)
     elapsed = serve_arrivals(engine, prompts, trace, math.inf if max_seconds is None else max_seconds)
-    counts_after = engine.runner.forward_counts()
+    counts_after, rows_after = engine.runner.forward_counts(), engine.runner.decode_rows_histogram
     return summarize(engine, trace, elapsed, hardware, slo) | {
         "arrivals": arrivals.describe(), "prefill_path": engine.runner.prefill_path,
         "forward_counts": {name: counts_after[name] - counts_before[name] for name in counts_after},
+        "decode_sizes": engine.runner.decode_sizes,
+        "decode_steps_by_rows": {rows: n - rows_before.get(rows, 0) for rows, n in sorted(rows_after.items())},
         "truncated": trace.truncated}
 
 
@@ -250,7 +252,7 @@ def scheduler_for(base: SchedulerConfig, spec: str) -> SchedulerConfig:
         name, sep, value = setting.partition("=")
         if not sep or name not in {f.name for f in dataclasses.fields(SchedulerConfig)} or name == "mode":
             raise ValueError(f"mode spec {spec!r}: expected field=value with a SchedulerConfig field, got {setting!r}")
-        overrides[name] = parse_buckets(value) if name == "prefill_buckets" else int(value)
+        overrides[name] = parse_buckets(value) if name.endswith(("_buckets", "_sizes")) else int(value)
     return dataclasses.replace(base, **overrides)
 
 

@@ -42,6 +42,11 @@ class CapturedGraphs(Generic[Inputs]):
             output = run(static)
         return graph, static, output
 
+    def keep(self, sizes: list[int]) -> None:
+        """Drop the graphs of every other size."""
+        self.graphs = {size: self.graphs[size] for size in sizes}
+        self.sizes = sorted(sizes)
+
     def size_for(self, num_rows: int) -> int:
         return next(size for size in self.sizes if size >= num_rows)
 

@@ -22,6 +22,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="corun: packed prefill, every prefill forward exactly this many token rows (0: isolated)")
     parser.add_argument("--prefill-pack-seqs", type=int, default=SchedulerConfig.prefill_pack_seqs,
                         help="corun packed prefill: most prompts per forward")
+    parser.add_argument("--decode-step-sizes", type=parse_sizes, default=(),
+                        help="corun: smaller decode step row counts to try (kept only if bitwise equal to the N-row "
+                             "step at start-up), comma-separated; default none (every step at N)")
     parser.add_argument("--prefill-token-budget", type=int, default=0,
                         help="corun: most prompt tokens prefilled between decode steps while requests decode "
                              "(0: no bound, Algorithm 1)")
@@ -44,7 +47,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                                   max_num_batched_tokens=args.max_num_batched_tokens,
                                   prefill_buckets=args.prefill_buckets, prefill_pack_tokens=args.prefill_pack_tokens,
                                   prefill_pack_seqs=args.prefill_pack_seqs,
-                                  prefill_token_budget=args.prefill_token_budget),
+                                  prefill_token_budget=args.prefill_token_budget,
+                                  decode_step_sizes=args.decode_step_sizes),
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                           memory_budget_bytes=args.kv_cache_mib * 2**20))
 
@@ -58,7 +62,9 @@ def engine_args_to_argv(config: EngineConfig) -> list[str]:
             "--prefill-buckets", ",".join(map(str, sched.prefill_buckets)) or "none",
             "--prefill-pack-tokens", str(sched.prefill_pack_tokens),
             "--prefill-pack-seqs", str(sched.prefill_pack_seqs),
-            "--prefill-token-budget", str(sched.prefill_token_budget), "--block-size", str(cache.block_size),
+            "--prefill-token-budget", str(sched.prefill_token_budget),
+            "--decode-step-sizes", ",".join(map(str, sched.decode_step_sizes)) or "none",
+            "--block-size", str(cache.block_size),
             "--kv-cache-mib", str(cache.memory_budget_bytes // 2**20), "--dtype", config.dtype,
             "--device", config.device, "--base-seed", str(config.seed)]
     if cache.num_blocks is not None:
@@ -71,13 +77,14 @@ def engine_args_to_argv(config: EngineConfig) -> list[str]:
 
 
 def parse_buckets(text: str) -> tuple[int, ...]:
+    return DEFAULT_PREFILL_BUCKETS if text == "default" else parse_sizes(text)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
     if text == "none":
         return ()
-    if text == "default":
-        return DEFAULT_PREFILL_BUCKETS
     try:
         # NOTE: '/' too, for mode specs inside comma-separated lists (corun bench --modes)
         return tuple(int(size) for size in text.replace("/", ",").split(","))
     except ValueError:
-        raise ValueError(f"prefill buckets: expected comma-separated sizes, 'default' or 'none', got {text!r}") \
-            from None
+        raise ValueError(f"expected comma-separated sizes (or 'none'), got {text!r}") from None

@@ -22,6 +22,7 @@ import torch
 
 from corun.config import EngineConfig
 from corun.cuda_graphs import CapturedGraphs
+from corun.decode_sizes import equivalent_decode_sizes
 from corun.kv_cache import PagedKVCache
 from corun.models.loader import DTYPES, load_model
 from corun.outputs import TokenLogprobs
@@ -82,6 +83,8 @@ class ModelRunner:
             self.sampler.log_softmax = batch_invariant_log_softmax
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_padded_prefill_forwards = 0
+        self.decode_rows_histogram: dict[int, int] = {}
+        """corun decode steps per row count they ran at."""
         """corun prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_cuda else 0
         self.batched_decode_rows = self.on_cuda or self.mode == "batch_invariant"
@@ -91,11 +94,17 @@ class ModelRunner:
         """Padded prefill attention through the packed Triton kernel (CUDA: graph-capturable) rather than one SDPA
         call per chunk (CPU); tests turn it on for CPU to run it in Triton's interpreter."""
         self.decode_graph = self.prefill_graph = None
+        self.decode_sizes = [self.num_rows]
+        """Row counts a corun decode step may run at (ascending, N last): N and the verified smaller ones."""
         if self.on_cuda and config.use_cuda_graph:
             if capture_decode_graph:
                 self.decode_graph = self.capture_decode_graphs()
             if self.mode == "corun" and self.padded_prefill_sizes():
                 self.prefill_graph = self.capture_prefill_graphs()
+        if capture_decode_graph and self.mode == "corun" and config.scheduler.decode_step_sizes:
+            self.decode_sizes = equivalent_decode_sizes(self, config.scheduler.decode_step_sizes)
+            if self.decode_graph is not None:  # NOTE: a size that failed must never be replayed
+                self.decode_graph.keep(self.decode_sizes)
 
     @property
     def prefill_path(self) -> str:
@@ -177,8 +186,12 @@ class ModelRunner:
         return CapturedGraphs(self.padded_prefill_sizes(), make_static, self.prefill_pack_logits)
 
     def capture_decode_graphs(self) -> CapturedGraphs[WindowDecodeInputs]:
-        """corun captures exactly one size, N; standard modes capture several and pad a step to the next size."""
-        sizes = [self.num_rows] if self.mode == "corun" else capture_sizes(self.num_rows)
+        """corun captures N (and the candidate smaller sizes, kept if verified); standard modes capture several
+        and pad a step to the next size."""
+        if self.mode == "corun":
+            sizes = [*self.config.scheduler.decode_step_sizes, self.num_rows]
+        else:
+            sizes = capture_sizes(self.num_rows)
 
         def make_static(size: int) -> WindowDecodeInputs:
             return build_window_decode([], size, self.window_blocks, self.block_size).to(self.device)
@@ -187,9 +200,12 @@ class ModelRunner:
             static, self.kv_splits(len(static.input_ids))))
 
     def run_decode(self, requests: list[Request]) -> list[SampledToken]:
-        """The fixed-shape step: exactly N rows whatever len(requests) is."""
+        """The fixed-shape step: N rows whatever len(requests) is, or the smallest verified size that holds
+        them (decode_step_sizes), which gives each row the same bits."""
         self.num_decode_forwards += 1
-        return self.sample(self.decode_logits(requests, self.num_rows), requests)
+        num_rows = next(size for size in self.decode_sizes if size >= len(requests))
+        self.decode_rows_histogram[num_rows] = self.decode_rows_histogram.get(num_rows, 0) + 1
+        return self.sample(self.decode_logits(requests, num_rows), requests)
 
     def decode_logits(self, requests: list[Request], num_rows: int) -> torch.Tensor:
         if self.decode_graph is not None:

@@ -132,7 +132,8 @@ def test_every_chunk_up_to_the_largest_bucket_takes_the_padded_path(tiny_model_d
 
 @pytest.mark.parametrize("options", [dict(prefill_buckets=BUCKETS), dict(prefill_buckets=(4, 8)), PACK,
                                      dict(prefill_pack_tokens=96, prefill_pack_seqs=5),
-                                     dict(prefill_pack_tokens=64, prefill_pack_seqs=6)])
+                                     dict(prefill_pack_tokens=64, prefill_pack_seqs=6),
+                                     dict(decode_step_sizes=(4, 8))])
 def test_prefill_shape_settings_are_in_the_fingerprint(tiny_model_dir, options):
     base = engine_config(tiny_model_dir)
     other = dataclasses.replace(base, scheduler=dataclasses.replace(base.scheduler, **options))
