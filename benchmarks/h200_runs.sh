@@ -70,5 +70,18 @@ case $part in
         --modes "$BUCKETS:$LADDER,$BUCKETS:$LADDER:prefill_token_budget=2048,standard,batch_invariant" \
         --goodput ttft:2000 tpot:100 --out "$out/h200_bench_poisson_$1.json" > "$out/bench_$1.log" 2>&1
     done ;;
+  rollout)  # the RL-rollout-like mix at t = 0 (512 prompts), and ShareGPT-like at t = 0 again (run-to-run spread)
+    timeout 200 $BENCH --workloads rl_rollout --num-requests 512 --max-seconds 25 \
+      --modes "$PACKED:$LADDER,$BUCKETS:$LADDER,standard,batch_invariant" --goodput ttft:2000 tpot:100 \
+      --out "$out/h200_bench_rl_rollout.json" > "$out/bench_rl.log" 2>&1
+    timeout 90 $BENCH --workloads sharegpt --max-seconds 25 --modes "$PACKED:$LADDER,standard" \
+      --out "$out/h200_bench_sharegpt_repeat.json" > "$out/bench_sharegpt.log" 2>&1 ;;
+  final)  # after bucketed graphs moved to causal SDPA over their own rows (first chunks only): GPU tests of the
+    # graph paths, prefill cost, 8B determinism through buckets and verified decode sizes
+    timeout 80 python3 -m pytest -q -p no:cacheprovider tests/corun/test_prefill_graphs.py > "$out/tests.log" 2>&1
+    timeout 75 python3 -m benchmarks.prefill_cost --paths "$BUCKETS" --lengths 16,64,512,1024 --repeats 5 \
+      --out "$out/h200_prefill_cost_sdpa_graphs.json" > "$out/prefill_cost.log" 2>&1
+    timeout 80 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes "$BUCKETS:$LADDER" --out "$out/h200_determinism_sdpa_graphs.json" > "$out/determinism.log" 2>&1 ;;
 esac
 echo "rc=$?"; tail -c 3000 "$out"/*.log

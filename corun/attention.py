@@ -93,6 +93,10 @@ class AttentionMetadata:
     num_kv_splits: int = 0
     """Decode kernel for the window rows: 0 = the torch fixed-window path; n >= 1 = the Triton paged kernel
     with n splits of each context (1 = no split-KV)."""
+    whole_prompt: bool = False
+    """Every row belongs to one prompt's first chunk, from position 0, with padding rows after it (corun's
+    bucketed prefill): causal SDPA over this step's K and V, as an unpadded first chunk gets. The padding comes
+    last, so causality keeps every real row from attending to it; fixed shapes, so a CUDA graph captures it."""
     packed_prefill: PackedPrefillMeta | None = None
     """Prompt rows through the packed paged kernel instead of per-segment SDPA: its reduction order for a token
     depends only on the token's position, so a token's result does not depend on how its prompt was chunked
@@ -134,6 +138,11 @@ def request_attention(q, k, v, k_cache, v_cache, segment: RequestSegment, scale:
         if num_new > 1:
             rows = torch.arange(num_new, device=q.device)[:, None] + num_prior
             mask = torch.arange(segment.context_len, device=q.device)[None, :] <= rows  # [tokens, context]
+    return sdpa(q, keys, values, mask, causal, scale)
+
+
+def sdpa(q, keys, values, mask, causal: bool, scale: float):
+    """q: [tokens, heads, head_dim]; keys, values: [context, kv_heads, head_dim] -> [tokens, heads, head_dim]."""
     if q.is_cuda:
         return _fused_sdpa(q, keys, values, mask, causal, scale)
     out = F.scaled_dot_product_attention(
@@ -164,6 +173,8 @@ def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, 
     kv_written: k and v are in the cache already (the fused RoPE kernel wrote them, corun/kernels/fused_ops.py)."""
     if not kv_written:
         write_kv(k_cache, v_cache, k, v, meta)
+    if meta.whole_prompt:
+        return sdpa(q, k, v, None, True, scale)
     if meta.num_window_rows == q.shape[0]:
         return decode_rows_attention(q, k_cache, v_cache, meta, scale)
     out = torch.zeros_like(q)

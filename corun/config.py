@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-DEFAULT_PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768)
+DEFAULT_PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
 """`--prefill-buckets default`: fine steps where a prefill is launch-bound, coarser where it is compute-bound;
-none above 768, where the eager forward is no longer launch-bound (measured on the H200, 8B shape: a 1024-token
-chunk took 24.3 ms eager with SDPA, 26.6 ms as a graph with the packed Triton attention kernel)."""
+none above 1024, where the eager forward's launches hide behind its kernels."""
 
 Mode = Literal["corun", "standard", "batch_invariant"]
 DType = Literal["float32", "bfloat16", "float16"]
@@ -29,11 +28,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     """standard mode only: token budget of one mixed prefill+decode step."""
     prefill_buckets: tuple[int, ...] = ()
-    """corun mode (as are the three settings below; other modes ignore them). Isolated prefill: a chunk of l
-    tokens runs padded to the smallest bucket >= l (padding rows write only the null block and are never
-    sampled), so its shape is still a function of the prompt alone; on CUDA
-    each bucket is one captured CUDA graph, which removes the per-kernel launch cost of short prefills. Chunks
-    longer than the largest bucket run at their natural length. () = natural length always (the paper)."""
+    """corun mode (as are the settings below; other modes ignore them). Isolated prefill: a prompt's first
+    chunk of l tokens runs padded to the smallest bucket >= l (padding rows write only the null block and are
+    never sampled), so its shape is still a function of the prompt alone; on CUDA each bucket is one captured
+    CUDA graph, which removes the per-kernel launch cost of short prefills. Longer chunks and a long prompt's
+    later chunks run at their natural length. () = natural length always (the paper)."""
     prefill_pack_tokens: int = 0
     """corun packed prefill when > 0: every prefill forward has exactly this many token rows (T), filled with
     whole prefill chunks (cut at multiples of prefill_chunk_size: positions that depend on the prompt alone) of

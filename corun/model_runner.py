@@ -143,12 +143,15 @@ class ModelRunner:
         num_rows = sched.prefill_pack_tokens or sched.prefill_rows(chunks[0].num_tokens)
         num_seqs = sched.prefill_pack_seqs if sched.prefill_pack_tokens else 1
         assert len(chunks) == 1 or sched.prefill_pack_tokens, "isolated prefill runs one chunk per forward"
-        if not sched.prefill_pack_tokens and chunks[0].num_tokens > max(sched.prefill_buckets, default=0):
+        # NOTE: bucketed graphs take a prompt's first chunk (causal attention over the forward's own K and V);
+        # later chunks of long prompts, and chunks longer than every bucket, run at natural length
+        bucketed = chunks[0].start == 0 and chunks[0].num_tokens <= max(sched.prefill_buckets, default=0)
+        if not (sched.prefill_pack_tokens or bucketed):
             logits = self.natural_prefill_logits(chunks[0])
         else:
             self.num_padded_prefill_forwards += 1
-            logits = self.padded_prefill_logits(build_prefill_pack(chunks, num_rows, num_seqs, self.block_size,
-                                                                   self.table_rows))
+            logits = self.padded_prefill_logits(build_prefill_pack(
+                chunks, num_rows, num_seqs, self.block_size, self.table_rows, whole_prompt=bucketed))
         for chunk in chunks:
             chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
         finishing = [chunk.request for chunk in chunks if chunk.is_last]
@@ -181,7 +184,8 @@ class ModelRunner:
         num_seqs = self.config.scheduler.prefill_pack_seqs if self.config.scheduler.prefill_pack_tokens else 1
 
         def make_static(num_rows: int) -> PrefillPackInputs:
-            return build_prefill_pack([], num_rows, num_seqs, self.block_size, self.table_rows).to(self.device)
+            return build_prefill_pack([], num_rows, num_seqs, self.block_size, self.table_rows,
+                                      whole_prompt=num_seqs == 1).to(self.device)
 
         return CapturedGraphs(self.padded_prefill_sizes(), make_static, self.prefill_pack_logits)
 

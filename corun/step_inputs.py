@@ -190,8 +190,12 @@ class PrefillPackInputs:
     packed: PackedPrefillMeta
     segments: tuple[RequestSegment, ...] = ()
     """The same chunks as per-request segments, for the SDPA path (CPU); not part of a captured graph."""
+    whole_prompt: bool = False
+    """Isolated bucketed prefill: at most one chunk, the first of its prompt (AttentionMetadata.whole_prompt)."""
 
     def metadata(self, use_kernel: bool) -> AttentionMetadata:
+        if self.whole_prompt:
+            return AttentionMetadata(self.slot_blocks, self.slot_offsets, whole_prompt=True)
         return AttentionMetadata(self.slot_blocks, self.slot_offsets, segments=() if use_kernel else self.segments,
                                  packed_prefill=self.packed if use_kernel else None)
 
@@ -206,13 +210,15 @@ class PrefillPackInputs:
     def to(self, device) -> PrefillPackInputs:
         return PrefillPackInputs(self.input_ids.to(device), self.positions.to(device), self.slot_blocks.to(device),
                                  self.slot_offsets.to(device), self.sample_rows.to(device), self.packed.to(device),
-                                 _shifted(self.segments, 0, device))
+                                 _shifted(self.segments, 0, device), self.whole_prompt)
 
 
 def build_prefill_pack(chunks: list[PrefillChunk], num_rows: int, num_seqs: int, block_size: int,
-                       table_rows: BlockTableRows) -> PrefillPackInputs:
-    """chunks: at most num_seqs, at most num_rows tokens together (a host-side PrefillPackInputs)."""
+                       table_rows: BlockTableRows, whole_prompt: bool = False) -> PrefillPackInputs:
+    """chunks: at most num_seqs, at most num_rows tokens together (a host-side PrefillPackInputs); whole_prompt:
+    at most one chunk, its prompt's first."""
     assert len(chunks) <= num_seqs and sum(c.num_tokens for c in chunks) <= num_rows, "the pack overflows"
+    assert not whole_prompt or (len(chunks) <= 1 and all(c.start == 0 for c in chunks)), "not a first chunk"
     step = build_step([], 0, chunks, block_size, "cpu")
     num_padding = num_rows - len(step.input_ids)
     pad = torch.zeros(num_padding, dtype=torch.int64)
@@ -222,4 +228,5 @@ def build_prefill_pack(chunks: list[PrefillChunk], num_rows: int, num_seqs: int,
     packed = packed_prefill_meta(chunks, 0, num_seqs, max_prefill_tiles(num_rows, num_seqs), table_rows)
     return PrefillPackInputs(torch.cat([step.input_ids, pad]), torch.cat([step.positions, pad]),
                              torch.cat([step.meta.slot_blocks, pad + NULL_BLOCK]),
-                             torch.cat([step.meta.slot_offsets, pad]), sample_rows, packed, step.meta.segments)
+                             torch.cat([step.meta.slot_offsets, pad]), sample_rows, packed, step.meta.segments,
+                             whole_prompt)

@@ -130,6 +130,16 @@ def test_every_chunk_up_to_the_largest_bucket_takes_the_padded_path(tiny_model_d
     assert (counts["num_prefill_forwards"], counts["num_padded_prefill_forwards"]) == (4, 3)
 
 
+def test_only_a_prompts_first_chunk_takes_a_bucket(tiny_model_dir):
+    """Later chunks attend to KV in the cache: they run at natural length (a function of the prompt too)."""
+    llm = LLM.from_config(EngineConfig(model=tiny_model_dir, num_threads=1, scheduler=SchedulerConfig(
+        max_num_seqs=4, max_model_len=64, prefill_chunk_size=8, prefill_buckets=(4, 8, 16)),
+        cache=CacheConfig(num_blocks=64)))
+    llm.generate([[5] * 12], SamplingParams(max_tokens=1))
+    counts = llm.engine.runner.forward_counts()
+    assert (counts["num_prefill_forwards"], counts["num_padded_prefill_forwards"]) == (2, 1)
+
+
 @pytest.mark.parametrize("options", [dict(prefill_buckets=BUCKETS), dict(prefill_buckets=(4, 8)), PACK,
                                      dict(prefill_pack_tokens=96, prefill_pack_seqs=5),
                                      dict(prefill_pack_tokens=64, prefill_pack_seqs=6),
