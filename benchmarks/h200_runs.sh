@@ -83,5 +83,8 @@ case $part in
       --out "$out/h200_prefill_cost_sdpa_graphs.json" > "$out/prefill_cost.log" 2>&1
     timeout 80 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
       --modes "$BUCKETS:$LADDER" --out "$out/h200_determinism_sdpa_graphs.json" > "$out/determinism.log" 2>&1 ;;
+  final_bench)  # the final bucketed path against standard at t = 0, cut at 20 s (the device time left)
+    timeout 190 $BENCH --workloads sharegpt,burstgpt --max-seconds 20 --modes "$BUCKETS:$LADDER,standard" \
+      --goodput ttft:2000 tpot:100 --out "$out/h200_bench_final_buckets.json" > "$out/bench.log" 2>&1 ;;
 esac
 echo "rc=$?"; tail -c 3000 "$out"/*.log

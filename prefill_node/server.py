@@ -1,7 +1,11 @@
-"""Prefill server: isolated prefill, one request per forward, FIFO; token 1 sampled here; KV leased to decode.
+"""Prefill server: corun prefill, FIFO; token 1 sampled here; KV leased to decode.
+
+Isolated (the paper, and bucketed): one prompt's chunk per forward. Packed (prefill_pack_tokens): the next chunk
+of several prompts in one forward of exactly T rows; a prompt's bits do not depend on its company (see
+corun/model_runner.py), so the cluster gives what the colocated engine gives with the same settings.
 
 Lifecycle of a request (queues):
-  waiting (FIFO) --KV blocks for the prompt free--> prefilling (alone; one chunk per loop turn)
+  waiting (FIFO) --KV blocks for the prompt free--> prefilling (one chunk per loop turn; alone unless packed)
   prefilling --last chunk: token 1 sampled, PrefillResult to the router--> leased (blocks kept until a deadline)
   leased --ClaimKV from a decode node--> claimed (deadline lifted: it cannot expire mid-transfer)
   claimed --NIXL notification b"done:<id>" from the reading decode node--> freed (kv_released += 1)
@@ -57,39 +61,62 @@ class PrefillServer:
         self.agent = KVTransferAgent(config.node_id, self.runner.kv_cache.data)
         self.sockets = NodeSockets(config.bind_address)
         self.waiting: deque[PendingPrefill] = deque()
-        self.current: PendingPrefill | None = None
+        self.prefilling: list[PendingPrefill] = []
         self.leases: dict[str, Lease] = {}
         self.num_prefills = 0
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
     def step(self) -> None:
-        self.receive(timeout_ms=0 if (self.current or self.waiting) else 5)
-        chunk = self.schedule()
-        if chunk is not None:
-            sampled = self.runner.run_prefill([chunk])
-            self.postprocess(sampled)
+        self.receive(timeout_ms=0 if (self.prefilling or self.waiting) else 5)
+        chunks = self.schedule()
+        if chunks:
+            self.postprocess(self.runner.run_prefill(chunks))
         self.release_notified()
         self.expire_leases()
 
-    def schedule(self) -> PrefillChunk | None:
-        """Continue the request being prefilled, else admit the head of waiting if its blocks fit."""
-        if self.current is None and self.waiting:
-            block_ids = self.block_manager.allocate(self.waiting[0].request.num_prompt_tokens)
-            if block_ids is None:
-                return None
-            self.current = self.waiting.popleft()
-            self.current.request.block_ids = block_ids
-        if self.current is None:
+    def schedule(self) -> list[PrefillChunk]:
+        """The next chunk of the prompts being prefilled, then of newly admitted ones (the head of waiting, if
+        its blocks fit), while they fit the forward: one chunk isolated, T rows and S prompts packed."""
+        sched = self.config.engine.scheduler
+        rows_left = sched.prefill_pack_tokens or sched.prefill_chunk_size
+        max_prompts = sched.prefill_pack_seqs if sched.prefill_pack_tokens else 1
+        chunks = []
+        for pending in self.prefilling:
+            chunk = self.next_chunk(pending.request)
+            if len(chunks) < max_prompts and chunk.num_tokens <= rows_left:
+                chunks.append(chunk)
+                rows_left -= chunk.num_tokens
+        while len(chunks) < max_prompts and self.waiting and \
+                min(self.waiting[0].request.num_prompt_tokens, sched.prefill_chunk_size) <= rows_left:
+            pending = self.admit_head()
+            if pending is None:
+                break
+            chunks.append(self.next_chunk(pending.request))
+            rows_left -= chunks[-1].num_tokens
+        return chunks
+
+    def admit_head(self) -> PendingPrefill | None:
+        block_ids = self.block_manager.allocate(self.waiting[0].request.num_prompt_tokens)
+        if block_ids is None:
             return None
-        request = self.current.request
+        pending = self.waiting.popleft()
+        pending.request.block_ids = block_ids
+        self.prefilling.append(pending)
+        return pending
+
+    def next_chunk(self, request: Request) -> PrefillChunk:
         start = request.num_computed_tokens
-        size = min(request.num_prompt_tokens - start, self.config.engine.scheduler.prefill_chunk_size)
-        return PrefillChunk(request, start, size)
+        return PrefillChunk(request, start, min(request.num_prompt_tokens - start,
+                                                self.config.engine.scheduler.prefill_chunk_size))
 
     def postprocess(self, sampled) -> None:
-        if not sampled:
-            return  # NOTE: an intermediate chunk of a long prompt; the next turn continues it
-        item, pending, self.current = sampled[0], self.current, None
+        """Every prompt whose last chunk ran has its token 1: lease its KV and answer the router."""
+        finished = {id(item.request): item for item in sampled}
+        for pending in [p for p in self.prefilling if id(p.request) in finished]:
+            self.prefilling.remove(pending)
+            self.finish_prefill(pending, finished[id(pending.request)])
+
+    def finish_prefill(self, pending: PendingPrefill, item) -> None:
         request = pending.request
         finish_reason = request.append_token(item.token_id, item.logprobs)
         self.num_prefills += 1

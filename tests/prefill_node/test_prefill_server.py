@@ -1,5 +1,6 @@
 """The prefill server in-process: isolated FIFO prefill, KV leases (claim, expiry), refusal of bad peers."""
 
+import dataclasses
 import time
 
 import pytest
@@ -85,3 +86,37 @@ def test_bad_requests_and_incompatible_peers_get_clear_errors(server, router):
     assert isinstance(refused, protocol.ErrorReply) and "block_size 16 != 32" in refused.message
     [accepted] = exchange(server, router, protocol.HandshakeRequest("decode-y", dict(server.compat)))
     assert isinstance(accepted, protocol.HandshakeReply) and accepted.compat_hash == server.compat_hash
+
+
+def packed_server(model_dir: str) -> PrefillServer:
+    engine = EngineConfig(model=model_dir, num_threads=1, cache=CacheConfig(num_blocks=64), scheduler=SchedulerConfig(
+        max_num_seqs=8, max_model_len=256, prefill_chunk_size=16, prefill_pack_tokens=48, prefill_pack_seqs=4))
+    return PrefillServer(NodeConfig("prefill", "prefill-p", engine, port=free_port("127.0.0.1")))
+
+
+def test_packed_prefill_shares_forwards_and_keeps_every_prompts_bits(tiny_model_dir, server, router):
+    """With prefill_pack_tokens the node prefills several prompts per forward; each prompt's token 1 and logprob
+    are bitwise what it gets prefilled alone on the same node. Inverse: the 2-token prompt at its natural 2 rows
+    (the isolated node) gets other bits, so the comparison can fail here."""
+    server = packed_server(tiny_model_dir)
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(server.config.address)
+    try:
+        requests = [prefill(name, size) for name, size in (("p1", 5), ("p2", 30), ("p3", 2), ("p4", 16))]
+        requests = [dataclasses.replace(r, params=dataclasses.replace(r.params, logprobs=3)) for r in requests]
+        alone = {r.request_id: exchange(server, socket, r)[0] for r in requests}
+        forwards_alone = server.runner.num_prefill_forwards
+        for r in requests:
+            socket.send(protocol.encode(dataclasses.replace(r, request_id=r.request_id + "-again")))
+        together = {m.request_id.removesuffix("-again"): m for m in exchange(server, socket, protocol.Ping(1), 5)
+                    if isinstance(m, protocol.PrefillResult)}
+        assert server.runner.num_prefill_forwards - forwards_alone < forwards_alone  # NOTE: forwards were shared
+        assert {k: (v.first_token_id, v.first_logprobs) for k, v in together.items()} == {
+            k: (v.first_token_id, v.first_logprobs) for k, v in alone.items()}
+        assert all(v.first_logprobs is not None for v in alone.values())
+        [natural] = exchange(server, router, requests[2])
+        assert natural.first_logprobs != alone["p3"].first_logprobs
+    finally:
+        socket.close()
+        server.close()
