@@ -98,20 +98,20 @@ def test_packed_prefill_shares_forwards_and_keeps_every_prompts_bits(tiny_model_
     """With prefill_pack_tokens the node prefills several prompts per forward; each prompt's token 1 and logprob
     are bitwise what it gets prefilled alone on the same node. Inverse: the 2-token prompt at its natural 2 rows
     (the isolated node) gets other bits, so the comparison can fail here."""
-    server = packed_server(tiny_model_dir)
+    packed = packed_server(tiny_model_dir)
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(server.config.address)
+    socket.connect(packed.config.address)
     try:
         requests = [prefill(name, size) for name, size in (("p1", 5), ("p2", 30), ("p3", 2), ("p4", 16))]
         requests = [dataclasses.replace(r, params=dataclasses.replace(r.params, logprobs=3)) for r in requests]
-        alone = {r.request_id: exchange(server, socket, r)[0] for r in requests}
-        forwards_alone = server.runner.num_prefill_forwards
+        alone = {r.request_id: exchange(packed, socket, r)[0] for r in requests}
+        forwards_alone = packed.runner.num_prefill_forwards
         for r in requests:
             socket.send(protocol.encode(dataclasses.replace(r, request_id=r.request_id + "-again")))
-        together = {m.request_id.removesuffix("-again"): m for m in exchange(server, socket, protocol.Ping(1), 5)
+        together = {m.request_id.removesuffix("-again"): m for m in exchange(packed, socket, protocol.Ping(1), 5)
                     if isinstance(m, protocol.PrefillResult)}
-        assert server.runner.num_prefill_forwards - forwards_alone < forwards_alone  # NOTE: forwards were shared
+        assert packed.runner.num_prefill_forwards - forwards_alone < forwards_alone  # NOTE: forwards were shared
         assert {k: (v.first_token_id, v.first_logprobs) for k, v in together.items()} == {
             k: (v.first_token_id, v.first_logprobs) for k, v in alone.items()}
         assert all(v.first_logprobs is not None for v in alone.values())
@@ -119,4 +119,4 @@ def test_packed_prefill_shares_forwards_and_keeps_every_prompts_bits(tiny_model_
         assert natural.first_logprobs != alone["p3"].first_logprobs
     finally:
         socket.close()
-        server.close()
+        packed.close()
