@@ -4,7 +4,8 @@
 # part "kernels": the kernel tests on the GPU, the decode-step profile (graph, sampler, engine step, per-kernel
 #   eager times) and the 8B determinism suite; "bench_1024" and "bench_4096": the workloads, every run cut at
 #   --max-seconds (the JSON marks a cut run truncated); "bench_rerun": the 4096-token workloads and 1024x128 again
-#   after prompt attention moved off torch's math SDPA kernel.
+#   after prompt attention moved off torch's math SDPA kernel. Issue 8 (prefill at the hardware's speed), in the order
+#   run: "prefill", "burst", "ladder", "poisson" (BURST_RATE=3 SHAREGPT_RATE=8), "rollout", "final", "final_bench".
 set -u
 part=$1; out=$2
 export PYTHONPATH=. PYTHONUNBUFFERED=1

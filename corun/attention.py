@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -89,18 +89,19 @@ class AttentionMetadata:
     """Rows [0, num_window_rows) use the fixed-window decode kernel."""
     window_block_tables: torch.Tensor | None = None  # [num_window_rows, window_blocks] int64
     window_context_lens: torch.Tensor | None = None  # [num_window_rows] int64
+    _: KW_ONLY  # NOTE: the options below are named at every call: a positional slip once turned a pack into a flag
     segments: tuple[RequestSegment, ...] = ()
     num_kv_splits: int = 0
     """Decode kernel for the window rows: 0 = the torch fixed-window path; n >= 1 = the Triton paged kernel
     with n splits of each context (1 = no split-KV)."""
-    whole_prompt: bool = False
-    """Every row belongs to one prompt's first chunk, from position 0, with padding rows after it (corun's
-    bucketed prefill): causal SDPA over this step's K and V, as an unpadded first chunk gets. The padding comes
-    last, so causality keeps every real row from attending to it; fixed shapes, so a CUDA graph captures it."""
     packed_prefill: PackedPrefillMeta | None = None
     """Prompt rows through the packed paged kernel instead of per-segment SDPA: its reduction order for a token
     depends only on the token's position, so a token's result does not depend on how its prompt was chunked
     (batch_invariant mode's budget cuts depend on co-runners) or on what shares the forward (packed prefill)."""
+    whole_prompt: bool = False
+    """Every row belongs to one prompt's first chunk, from position 0, with padding rows after it (corun's
+    bucketed prefill): causal SDPA over this step's K and V, as an unpadded first chunk gets. The padding comes
+    last, so causality keeps every real row from attending to it; fixed shapes, so a CUDA graph captures it."""
 
 
 def write_kv(k_cache, v_cache, k, v, meta: AttentionMetadata) -> None:

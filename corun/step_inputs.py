@@ -116,8 +116,8 @@ def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, ch
         torch.cat([window.slot_blocks, *([chunk_step.meta.slot_blocks] if chunk_step else [])]).to(device),
         torch.cat([window.slot_offsets, *([chunk_step.meta.slot_offsets] if chunk_step else [])]).to(device),
         num_decode_rows, window.block_tables.to(device), window.context_lens.to(device),
-        _shifted(chunk_step.meta.segments, num_decode_rows, device) if chunk_step and packed is None else (),
-        num_kv_splits, packed)
+        segments=_shifted(chunk_step.meta.segments, num_decode_rows, device) if chunk_step and packed is None else (),
+        num_kv_splits=num_kv_splits, packed_prefill=packed)
     ids = torch.cat([p.input_ids for p in parts]).to(device)
     return StepInputs(ids, torch.cat([p.positions for p in parts]).to(device), meta)
 
