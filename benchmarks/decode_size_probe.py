@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 
 import torch
 import torch.nn.functional as F
 
+from corun.bench import timed
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.cuda_graphs import CapturedGraphs
 from corun.model_runner import ModelRunner
@@ -39,13 +39,7 @@ def fake_requests(runner: ModelRunner, num: int, seed: int) -> list[Request]:
 
 
 def timed_ms(fn, repeats: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return round(1e3 * (time.perf_counter() - start) / repeats, 3)
+    return round(1e3 * timed(fn, repeats), 3)
 
 
 def main() -> None:

@@ -83,9 +83,9 @@ class ModelRunner:
             self.sampler.log_softmax = batch_invariant_log_softmax
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_padded_prefill_forwards = 0
+        """corun prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
         self.decode_rows_histogram: dict[int, int] = {}
         """corun decode steps per row count they ran at."""
-        """corun prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_cuda else 0
         self.batched_decode_rows = self.on_cuda or self.mode == "batch_invariant"
         """Decode rows through the batched paged kernel (CUDA) instead of per-request attention (CPU); tests
@@ -96,13 +96,17 @@ class ModelRunner:
         self.decode_graph = self.prefill_graph = None
         self.decode_sizes = [self.num_rows]
         """Row counts a corun decode step may run at (ascending, N last): N and the verified smaller ones."""
-        if self.on_cuda and config.use_cuda_graph:
-            if capture_decode_graph:
+        self.set_up_fixed_shapes(capture_decode_graph)
+
+    def set_up_fixed_shapes(self, with_decode: bool) -> None:
+        """CUDA graphs of the decode and padded prefill shapes; the decode sizes that keep the N-row bits."""
+        if self.on_cuda and self.config.use_cuda_graph:
+            if with_decode:
                 self.decode_graph = self.capture_decode_graphs()
             if self.mode == "corun" and self.padded_prefill_sizes():
                 self.prefill_graph = self.capture_prefill_graphs()
-        if capture_decode_graph and self.mode == "corun" and config.scheduler.decode_step_sizes:
-            self.decode_sizes = equivalent_decode_sizes(self, config.scheduler.decode_step_sizes)
+        if with_decode and self.mode == "corun" and self.config.scheduler.decode_step_sizes:
+            self.decode_sizes = equivalent_decode_sizes(self, self.config.scheduler.decode_step_sizes)
             if self.decode_graph is not None:  # NOTE: a size that failed must never be replayed
                 self.decode_graph.keep(self.decode_sizes)
 
