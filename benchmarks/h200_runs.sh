@@ -15,7 +15,7 @@ BENCH="python3 -m corun.cli bench --model random:qwen3-8b --device cuda --dtype 
 BUCKETS=corun:prefill_buckets=default
 PACKED=corun:prefill_chunk_size=2048:prefill_pack_tokens=2048:prefill_pack_seqs=32
 LADDER=decode_step_sizes=16/32/64/128/160/192/224  # NOTE: candidates; each engine keeps those it verifies
-BURST_RATE=${BURST_RATE:-4}; SHAREGPT_RATE=${SHAREGPT_RATE:-12}
+BURST_RATE=${BURST_RATE:-3}; SHAREGPT_RATE=${SHAREGPT_RATE:-8}  # NOTE: the rates the poisson part ran at
 case $part in
   kernels)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/corun/test_fused_ops.py tests/corun/test_kernels.py \
