@@ -35,8 +35,8 @@ def bs1_vs_bsn(llm: LLM, prompts: list[str]) -> dict:
     params = SamplingParams(temperature=0.6, seed=42, max_tokens=16, logprobs=5, ignore_eos=True)
     alone = [llm.generate([p], params)[0].outputs[0] for p in prompts]
     together = [o.outputs[0] for o in llm.generate(prompts, params)]
-    token_diffs = sum(a.token_ids != b.token_ids for a, b in zip(alone, together))
-    logprob_diffs = sum(a.logprobs != b.logprobs for a, b in zip(alone, together))
+    token_diffs = sum(a.token_ids != b.token_ids for a, b in zip(alone, together, strict=True))
+    logprob_diffs = sum(a.logprobs != b.logprobs for a, b in zip(alone, together, strict=True))
     return {"prompts_with_different_tokens": token_diffs, "prompts_with_different_logprobs": logprob_diffs,
             "bitwise_identical": token_diffs == 0 and logprob_diffs == 0}
 

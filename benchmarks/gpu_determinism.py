@@ -29,7 +29,7 @@ def token_prompts(num: int, vocab: int, seed: int, max_len: int = 300) -> list[l
 def bs1_vs_bsn(llm: LLM, prompts, params) -> dict:
     alone = [llm.generate([p], params)[0].outputs[0] for p in prompts]
     together = [o.outputs[0] for o in llm.generate(prompts, params)]
-    diffs = [i for i, (a, b) in enumerate(zip(alone, together))
+    diffs = [i for i, (a, b) in enumerate(zip(alone, together, strict=True))
              if a.token_ids != b.token_ids or a.logprobs != b.logprobs]
     return {"prompts": len(prompts), "prompts_differing": len(diffs), "identical": not diffs}
 

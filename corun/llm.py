@@ -49,7 +49,7 @@ class LLM:
         params = _params_per_prompt(sampling_params, len(prompts))
         requests = []
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p in zip(prompts, params, strict=True):
                 requests.append(self.add(prompt, p))
         except ValueError:
             for request in requests:  # NOTE: all or nothing, so no orphan runs in the next call
@@ -57,7 +57,7 @@ class LLM:
             raise
         while self.engine.has_unfinished():
             self.engine.step()
-        return [self.to_output(r, p if isinstance(p, str) else None) for r, p in zip(requests, prompts)]
+        return [self.to_output(r, p if isinstance(p, str) else None) for r, p in zip(requests, prompts, strict=True)]
 
     def add(self, prompt: Prompt, params: SamplingParams) -> Request:
         if isinstance(prompt, str) and self.tokenizer is None:

@@ -270,7 +270,7 @@ class ModelRunner:
         wanted = any(r.params.logprobs is not None for r in requests)
         num_logprobs = self.config.max_logprobs if wanted else None
         out = self.sampler(logits, batch, num_logprobs)
-        return [SampledToken(r, tok, lp) for r, tok, lp in zip(requests, *to_host(out, requests))]
+        return [SampledToken(r, tok, lp) for r, tok, lp in zip(requests, *to_host(out, requests), strict=True)]
 
 
 def to_host(out: SamplerOutput, requests: list[Request]) -> tuple[list[int], list[TokenLogprobs | None]]:
@@ -282,6 +282,6 @@ def to_host(out: SamplerOutput, requests: list[Request]) -> tuple[list[int], lis
     results = []
     for i, request in enumerate(requests):
         k = request.params.logprobs
-        top = tuple(zip(top_ids[i][:k], top_logprobs[i][:k])) if k else ()
+        top = tuple(zip(top_ids[i][:k], top_logprobs[i][:k], strict=True)) if k else ()
         results.append(None if k is None else TokenLogprobs(token_ids[i], logprobs[i], top))
     return token_ids, results

@@ -65,6 +65,8 @@ class DecodeServer:
         self.transferring: dict[str, DecodeJob] = {}
         self.running: list[DecodeJob] = []
         self.num_decode_steps = 0
+        self.num_decoded_rows = 0
+        """Running requests summed over decode steps: / num_decode_steps = how many shared a step on average."""
         self.num_finished = 0
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
@@ -75,6 +77,7 @@ class DecodeServer:
         if self.running:
             sampled = self.runner.run_decode([job.request for job in self.running])
             self.num_decode_steps += 1
+            self.num_decoded_rows += len(sampled)
             self.postprocess(sampled)
 
     def admit(self) -> None:
@@ -251,6 +254,7 @@ class DecodeServer:
         graph = self.runner.decode_graph
         return {"num_running": len(self.running), "num_waiting": len(self.waiting),
                 "num_transferring": len(self.transferring), "num_decode_steps": self.num_decode_steps,
+                "num_decoded_rows": self.num_decoded_rows,
                 "num_finished": self.num_finished, **self.runner.forward_counts(),
                 "num_graph_replays": 0 if graph is None else graph.num_replays,
                 "num_free_blocks": self.block_manager.num_free_blocks, **self.agent.counters.as_dict()}

@@ -180,7 +180,7 @@ def make_requests(model, workload, decode, num_requests: int, seed: int) -> list
     prefill_s = model.prefill.seconds([num_in for num_in, _ in samples])
     reserved = decode.reserved_tokens([num_in + num_out for num_in, num_out in samples])
     requests, now = [], 0.0
-    for (num_in, num_out), seconds, tokens in zip(samples, prefill_s, reserved):
+    for (num_in, num_out), seconds, tokens in zip(samples, prefill_s, reserved, strict=True):
         now += rng.expovariate(workload.rate)
         requests.append(SimRequest(now, num_in, num_out, float(seconds), int(tokens)))
     return requests

@@ -151,7 +151,7 @@ class DecoderLM(nn.Module):
         sin = self.rope_sin[positions].to(x.dtype)
         if self.fused_ops is not None:
             return self.forward_fused(x, cos, sin, kv_layers, meta)
-        for layer, kv_layer in zip(self.layers, kv_layers):
+        for layer, kv_layer in zip(self.layers, kv_layers, strict=True):
             x = layer(x, cos, sin, kv_layer, meta)
         return self.norm(x)
 
@@ -159,7 +159,7 @@ class DecoderLM(nn.Module):
         """x: the embedded tokens; each layer hands back (its MLP output, the residual stream) and the next norm
         (the final one after the last layer) adds the two."""
         ops, residual = self.fused_ops, None
-        for layer, kv_layer in zip(self.layers, kv_layers):
+        for layer, kv_layer in zip(self.layers, kv_layers, strict=True):
             x, residual = layer.forward_fused(x, residual, cos, sin, kv_layer, meta, ops)
         if residual is None:  # NOTE: no layers: x is still the embedding
             return ops.rms_norm(x, self.norm.weight, self.norm.eps)

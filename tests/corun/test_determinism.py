@@ -23,8 +23,8 @@ def completions(outputs):
 
 def first_difference(alone, together):
     """None when bitwise identical, else a description of the first differing prompt and step."""
-    for i, ((ids_a, lps_a), (ids_b, lps_b)) in enumerate(zip(alone, together)):
-        for step, (a, b) in enumerate(zip(lps_a, lps_b)):
+    for i, ((ids_a, lps_a), (ids_b, lps_b)) in enumerate(zip(alone, together, strict=True)):
+        for step, (a, b) in enumerate(zip(lps_a, lps_b, strict=True)):
             if a != b:
                 return f"prompt {i} step {step}: alone {a} vs batched {b}"
         if ids_a != ids_b:

@@ -104,7 +104,7 @@ def test_greedy_equals_argmax_of_isolated_prefill_of_prompt_plus_prefix(llm):
     completion = only(llm.generate(prompt, greedy(12, ignore_eos=True, logprobs=3)))
     prompt_ids = llm.tokenizer.encode(prompt)
     max_diff = 0.0
-    for k, (token, lp) in enumerate(zip(completion.token_ids, completion.logprobs)):
+    for k, (token, lp) in enumerate(zip(completion.token_ids, completion.logprobs, strict=True)):
         assert lp.token_id == token == lp.top[0][0]  # greedy: the sampled token is the most likely one
         fresh = only(llm.generate([prompt_ids + completion.token_ids[:k]], greedy(1, ignore_eos=True, logprobs=3)))
         assert fresh.token_ids == [token], f"step {k}: prefill argmax {fresh.token_ids} vs decode {token}"

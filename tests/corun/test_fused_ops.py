@@ -237,7 +237,7 @@ def test_bf16_rounds_where_torch_rounds():
     # (FMA contraction on the H200: 0.2% of elements, at most 0.0039 there) is large next to a tiny result
     rope_tolerance = dict(atol=3e-2, rtol=2e-2)
     for fused, expected in zip(qk_norm_rope(q, k, None, None, cos, sin, EPS),
-                               (apply_rope(q, cos, sin), apply_rope(k, cos, sin))):
+                               (apply_rope(q, cos, sin), apply_rope(k, cos, sin)), strict=True):
         torch.testing.assert_close(fused, expected, **rope_tolerance)
     q_norm, k_norm = random_norm(128, seed=28).to(bf16), random_norm(128, seed=29).to(bf16)
     fused_q, fused_k = qk_norm_rope(q, k, q_norm.weight, k_norm.weight, cos, sin, EPS)

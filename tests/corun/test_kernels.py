@@ -140,7 +140,7 @@ def test_packed_prefill_is_pack_invariant():
         starts, counts = [s for s, _ in seqs], [n for _, n in seqs]
         query_starts = [sum(counts[:i]) for i in range(len(seqs))]
         q = torch.zeros(num_rows, *prompt.shape[1:], dtype=dtype, device=DEVICE)
-        for (start, num), row in zip(seqs, query_starts):
+        for (start, num), row in zip(seqs, query_starts, strict=True):
             q[row:row + num] = prompt[start:start + num]
         tiles = packed_prefill_tiles(starts, counts, max_prefill_tiles(num_rows, len(seqs)))
 

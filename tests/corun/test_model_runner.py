@@ -112,6 +112,23 @@ def test_decode_row_is_bitwise_position_invariant(runner, blocks, path):
             f"max |diff| {(logits - reference).abs().max().item()}"
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_inverse_a_step_of_k_rows_differs_from_the_n_row_step(runner, blocks, path):
+    """Why the step is padded to N: the same request in a step of only its own row (k = 1) gets other bits on
+    this CPU (its float32 GEMMs tile 1, 2-3 and >= 4 rows differently), so the comparison above can fail."""
+    rng = random.Random(4)
+    target = admit(runner, blocks, "alone", random_prompt(rng, runner.model.cfg.vocab_size), TARGET_PARAMS)
+    padded = PATHS[path](runner, [target])[0].clone()
+    if path == "per_request":
+        hidden = runner.forward(build_step([target], 1, [], BLOCK_SIZE, runner.device))
+        unpadded = runner.model.compute_logits(hidden)[0]
+    else:
+        unpadded = runner.window_decode_logits(build_window_decode([target], 1, runner.window_blocks, BLOCK_SIZE))[0]
+    assert not torch.equal(padded, unpadded)
+    torch.testing.assert_close(padded, unpadded, rtol=1e-4, atol=1e-4)
+    blocks.free(target.block_ids)
+
+
 def test_per_request_and_window_paths_agree_closely(runner, blocks):
     """Two implementations of the same attention: close, not required to be bitwise equal."""
     rng = random.Random(5)

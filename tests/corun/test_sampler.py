@@ -93,7 +93,7 @@ def test_noise_hash_matches_pure_python_murmur3():
     seeds = [0, 1, 2**32 - 1, 2**32, 123456789012345, 2**63 - 1]
     positions = [0, 5, 77, 4095, 2**31, 2**32 - 1]
     hashes = noise_hash(torch.tensor(seeds), torch.tensor(positions), VOCAB)  # [rows, vocab]
-    for row, (seed, position) in enumerate(zip(seeds, positions)):
+    for row, (seed, position) in enumerate(zip(seeds, positions, strict=True)):
         for vocab_id in (0, 1, 2, 500, VOCAB - 1):
             assert hashes[row, vocab_id].item() == reference_hash(seed, position, vocab_id)
 

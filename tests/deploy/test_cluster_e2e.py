@@ -14,6 +14,7 @@ import pytest
 
 from corun import LLM, SamplingParams
 from deploy.local import LocalCluster, LocalClusterConfig, free_port
+from router.responses import json_logprob, token_text
 from tests.conftest import varied_prompts
 from tests.deploy.cluster_client import (
     CHUNK,
@@ -49,18 +50,36 @@ def cluster_2p2d(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def colocated(tiny_model_dir):
-    """The colocated engine with the nodes' settings (one CPU thread: the thread count changes the bits)."""
+    """The colocated engine with the nodes' settings (one CPU thread: the thread count changes the bits), each
+    step as the completions API shows it: (logprob, sorted (token text, logprob) of the top alternatives and the
+    sampled token)."""
     llm = LLM(tiny_model_dir, max_num_seqs=N, max_model_len=MAX_MODEL_LEN, prefill_chunk_size=CHUNK, num_threads=1)
-    params = SamplingParams(**PARAMS, ignore_eos=True)
-    outputs = llm.generate(PROMPTS, params)
-    return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs]
+    outputs = llm.generate(PROMPTS, SamplingParams(**PARAMS, ignore_eos=True))
+    return [(o.outputs[0].token_ids, [api_step(llm.tokenizer, lp) for lp in o.outputs[0].logprobs]) for o in outputs]
+
+
+def api_step(tokenizer, logprobs) -> tuple:
+    top = {token_text(tokenizer, t): json_logprob(v) for t, v in logprobs.top[:PARAMS["logprobs"]]}
+    return logprobs.logprob, sorted({**top, token_text(tokenizer, logprobs.token_id): logprobs.logprob}.items())
+
+
+def mean_running_per_step(before: dict, after: dict) -> float:
+    """Requests per decode step between two node_stats snapshots, over every decode node."""
+    def total(stats, key):
+        return sum(s[key] for s in stats.values() if "num_decoded_rows" in s)
+
+    steps = total(after, "num_decode_steps") - total(before, "num_decode_steps")
+    return (total(after, "num_decoded_rows") - total(before, "num_decoded_rows")) / max(steps, 1)
 
 
 @pytest.mark.parametrize("topology", ["cluster_1p1d", "cluster_2p2d"])
 def test_alone_vs_32_concurrent_bitwise_identical(topology, request):
-    api = client(request.getfixturevalue(topology))
+    cluster = request.getfixturevalue(topology)
+    api = client(cluster)
     alone = [complete(api, prompt, PARAMS) for prompt in PROMPTS]
+    before = node_stats(cluster)
     together = complete_all_concurrently(api, PROMPTS, PARAMS)
+    assert mean_running_per_step(before, node_stats(cluster)) > 2  # NOTE: the 32 really shared decode steps
     assert all(len(ids) == PARAMS["max_tokens"] for ids, _ in alone)
     for i, (a, b) in enumerate(zip(alone, together, strict=True)):
         assert a == b, f"prompt {i} differs alone vs among 32 concurrent requests"
@@ -71,7 +90,7 @@ def test_disaggregated_equals_colocated(cluster_1p1d, cluster_2p2d, colocated):
         served = complete_all_concurrently(client(cluster), PROMPTS, PARAMS)
         for i, ((ids, steps), (ref_ids, ref_steps)) in enumerate(zip(served, colocated, strict=True)):
             assert ids == ref_ids, f"prompt {i}: tokens differ from the colocated engine"
-            assert [lp for lp, _ in steps] == ref_steps, f"prompt {i}: logprobs differ from the colocated engine"
+            assert steps == ref_steps, f"prompt {i}: logprobs or top alternatives differ from the colocated engine"
 
 
 def test_every_prefill_decode_pair_gives_the_same_output(cluster_2p2d):

@@ -43,7 +43,7 @@ def test_a_prompt_gives_the_same_output_alone_or_in_a_list(client):
     prompts = ["one small step", "the river runs", "seven numbers people"]
     batch = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, seed=11)
     assert [c.index for c in batch.choices] == [0, 1, 2]
-    for prompt, choice in zip(prompts, batch.choices):
+    for prompt, choice in zip(prompts, batch.choices, strict=True):
         alone = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, seed=11).choices[0]
         assert (choice.text, choice.token_ids) == (alone.text, alone.token_ids)
 
@@ -79,7 +79,7 @@ def test_completion_logprobs_shape(client):
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 4
     assert "".join(logprobs.tokens) == response.choices[0].text
     assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(4)]
-    for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+    for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
         assert top[token] == logprob and 3 <= len(top) <= 4
 
 

@@ -64,7 +64,7 @@ def test_concurrent_requests_are_demultiplexed_and_spread(word_token_ids):
 
     outputs, prefill_loads, decode_loads = asyncio.run(with_cluster(word_token_ids, body,
                                                                      decode=FakeBehaviour(event_delay_s=0.01)))
-    for i, (prompt, (token_ids, _)) in enumerate(zip(prompts, outputs)):
+    for i, (prompt, (token_ids, _)) in enumerate(zip(prompts, outputs, strict=True)):
         assert token_ids == expected_token_ids(word_token_ids, prompt, i, params)
     assert prefill_loads == [4, 4] and decode_loads == [4, 4]
 

@@ -57,7 +57,7 @@ def pull_blocks(agent, info: dict) -> dict:
 
 def check_pulled(local_kv: torch.Tensor, remote_kv: torch.Tensor) -> None:
     """Byte-exact copies at the local ids; every other local block untouched (zeros)."""
-    for remote_id, local_id in zip(REMOTE_BLOCK_IDS, LOCAL_BLOCK_IDS):
+    for remote_id, local_id in zip(REMOTE_BLOCK_IDS, LOCAL_BLOCK_IDS, strict=True):
         assert torch.equal(local_kv[local_id].view(torch.uint8), remote_kv[remote_id].view(torch.uint8)), local_id
     untouched = [b for b in range(KV_SHAPE[0]) if b not in LOCAL_BLOCK_IDS]
     assert not local_kv[untouched].any()
