@@ -17,14 +17,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from corun import protocol
-from corun.block_manager import BlockManager
 from corun.config import NodeConfig
-from corun.model_runner import ModelRunner, SampledToken
-from corun.models.loader import model_digest
+from corun.model_runner import SampledToken
 from corun.request import Request
-from corun.serving import NodeSockets, compat_fields, engine_fingerprint
+from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
-from transfer.compat import IncompatiblePeer, check_compatible, compat_hash, compat_info
+from transfer.compat import IncompatiblePeer, check_compatible
 from transfer.reads import ReadHandle
 
 logger = logging.getLogger(__name__)
@@ -47,18 +45,12 @@ class PrefillPeer:
     """Jobs admitted before the handshake with this peer completed."""
 
 
-class DecodeServer:
-    def __init__(self, config: NodeConfig):
-        self.config = config
+class DecodeServer(NodeServer):
+    role = "decode"
+
+    def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent):
+        super().__init__(config, agent_factory)
         self.num_slots = config.engine.scheduler.max_num_seqs
-        self.runner = ModelRunner(config.engine)
-        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.engine.cache.block_size)
-        self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)
-        digest = model_digest(config.engine.model)
-        self.fingerprint = engine_fingerprint(config.engine, digest)
-        self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest))
-        self.agent = KVTransferAgent(config.node_id, self.runner.kv_cache.data)
-        self.sockets = NodeSockets(config.bind_address)
         self.peers: dict[str, PrefillPeer] = {}
         self.waiting: deque[DecodeJob] = deque()
         self.claiming: dict[str, DecodeJob] = {}
@@ -135,7 +127,7 @@ class DecodeServer:
         if not reply.ok or job.aborted:
             self.fail(job, f"KV of {reply.request_id} could not be claimed: {reply.reason or 'aborted'}")
             return
-        if job.kv.compat_hash != compat_hash(self.compat):
+        if job.kv.compat_hash != self.compat_hash:
             self.fail(job, f"KV of {reply.request_id} was made under compat hash {job.kv.compat_hash}")
             return
         local = job.request.block_ids[: len(reply.block_ids)]
@@ -165,9 +157,6 @@ class DecodeServer:
         self.send_tokens(job, [request.output_token_ids[0]], first_logprobs, None)
 
     # --- messages -----------------------------------------------------------------------------------------------
-    def receive(self, timeout_ms: int) -> None:
-        self.sockets.dispatch(self, timeout_ms)
-
     def on_decode(self, identity: bytes, message: protocol.DecodeRequest) -> None:
         request = self.new_request(message)
         error = self.admission_error(request, message)
@@ -213,11 +202,7 @@ class DecodeServer:
         if engine_id is not None:
             self.fail_peer(engine_id, reply.message)
 
-    def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
-        self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, "decode", self.fingerprint,
-                                                   self.stats()))
-
-    handlers = {protocol.DecodeRequest: on_decode, protocol.Abort: on_abort, protocol.Ping: on_ping,
+    handlers = {protocol.DecodeRequest: on_decode, protocol.Abort: on_abort, protocol.Ping: NodeServer.on_ping,
                 protocol.HandshakeReply: on_handshake_reply, protocol.ClaimReply: on_claim_reply,
                 protocol.ErrorReply: on_error_reply}
 
@@ -246,19 +231,11 @@ class DecodeServer:
             self.fail(job, message)
 
     def release(self, job: DecodeJob) -> None:
-        if job.request.block_ids:
-            self.block_manager.free(job.request.block_ids)
-            job.request.block_ids = []
+        self.free(job.request)
 
-    def stats(self) -> dict:
+    def role_stats(self) -> dict:
         graph = self.runner.decode_graph
         return {"num_running": len(self.running), "num_waiting": len(self.waiting),
                 "num_transferring": len(self.transferring), "num_decode_steps": self.num_decode_steps,
-                "num_decoded_rows": self.num_decoded_rows,
-                "num_finished": self.num_finished, **self.runner.forward_counts(),
-                "num_graph_replays": 0 if graph is None else graph.num_replays,
-                "num_free_blocks": self.block_manager.num_free_blocks, **self.agent.counters.as_dict()}
-
-    def close(self) -> None:
-        self.sockets.close()
-        self.agent.close()
+                "num_decoded_rows": self.num_decoded_rows, "num_finished": self.num_finished,
+                "num_graph_replays": 0 if graph is None else graph.num_replays}

@@ -21,15 +21,12 @@ from collections import deque
 from dataclasses import dataclass
 
 from corun import protocol
-from corun.block_manager import BlockManager
 from corun.config import NodeConfig
-from corun.model_runner import ModelRunner
-from corun.models.loader import model_digest
 from corun.request import Request
 from corun.scheduler import PrefillChunk, RequestRejected
-from corun.serving import NodeSockets, compat_fields, engine_fingerprint
+from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
-from transfer.compat import IncompatiblePeer, check_compatible, compat_hash, compat_info
+from transfer.compat import IncompatiblePeer, check_compatible
 
 logger = logging.getLogger(__name__)
 DONE_PREFIX = b"done:"
@@ -48,18 +45,11 @@ class Lease:
     """None once claimed."""
 
 
-class PrefillServer:
-    def __init__(self, config: NodeConfig):
-        self.config = config
-        self.runner = ModelRunner(config.engine, capture_decode_graph=False)
-        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.engine.cache.block_size)
-        self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)
-        digest = model_digest(config.engine.model)
-        self.fingerprint = engine_fingerprint(config.engine, digest)
-        self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest))
-        self.compat_hash = compat_hash(self.compat)
-        self.agent = KVTransferAgent(config.node_id, self.runner.kv_cache.data)
-        self.sockets = NodeSockets(config.bind_address)
+class PrefillServer(NodeServer):
+    role = "prefill"
+
+    def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent):
+        super().__init__(config, agent_factory, capture_decode_graph=False)
         self.waiting: deque[PendingPrefill] = deque()
         self.prefilling: list[PendingPrefill] = []
         self.leases: dict[str, Lease] = {}
@@ -131,9 +121,6 @@ class PrefillServer:
             request.request_id, item.token_id, item.logprobs, kv, finish_reason))
 
     # --- messages -----------------------------------------------------------------------------------------------
-    def receive(self, timeout_ms: int) -> None:
-        self.sockets.dispatch(self, timeout_ms)
-
     def on_prefill(self, identity: bytes, message: protocol.PrefillRequest) -> None:
         request = Request.create(message.request_id, message.prompt_token_ids, message.params, message.seed,
                                  self.eos_token_ids)
@@ -186,12 +173,8 @@ class PrefillServer:
             del self.leases[message.request_id]
             self.free(lease.request)
 
-    def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
-        self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, "prefill", self.fingerprint,
-                                                   self.stats()))
-
     handlers = {protocol.PrefillRequest: on_prefill, protocol.HandshakeRequest: on_handshake,
-                protocol.ClaimKV: on_claim, protocol.Abort: on_abort, protocol.Ping: on_ping}
+                protocol.ClaimKV: on_claim, protocol.Abort: on_abort, protocol.Ping: NodeServer.on_ping}
 
     # --- KV leases ------------------------------------------------------------------------------------------------
     def release_notified(self) -> None:
@@ -212,16 +195,5 @@ class PrefillServer:
                 self.agent.counters.lease_expiries += 1
                 logger.warning("prefill %s: KV lease of %s expired", self.config.node_id, request_id)
 
-    def free(self, request: Request) -> None:
-        if request.block_ids:
-            self.block_manager.free(request.block_ids)
-            request.block_ids = []
-
-    def stats(self) -> dict:
-        return {"num_prefills": self.num_prefills, "num_waiting": len(self.waiting), "num_leased": len(self.leases),
-                "num_free_blocks": self.block_manager.num_free_blocks, **self.runner.forward_counts(),
-                **self.agent.counters.as_dict()}
-
-    def close(self) -> None:
-        self.sockets.close()
-        self.agent.close()
+    def role_stats(self) -> dict:
+        return {"num_prefills": self.num_prefills, "num_waiting": len(self.waiting), "num_leased": len(self.leases)}

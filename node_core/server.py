@@ -1,0 +1,72 @@
+"""NodeServer: the part of a prefill or decode server that does not depend on its role.
+
+A role's server subclasses it, names its lifecycle queues at the top of its own file, and adds its handlers,
+its step() (schedule -> run -> postprocess) and its share of the stats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+
+from corun import protocol
+from corun.block_manager import BlockManager
+from corun.config import NodeConfig
+from corun.model_runner import ModelRunner
+from corun.models.loader import model_digest
+from corun.request import Request
+from corun.serving import NodeSockets, compat_fields, engine_fingerprint
+from transfer.agent import KVTransferAgent
+from transfer.compat import compat_hash, compat_info
+from transfer.reads import KVRegion
+
+AgentFactory = Callable[[str, torch.Tensor], KVRegion]
+"""(agent name, the KV cache's tensor) -> a KV transfer agent: KVTransferAgent, or transfer.fake's in tests."""
+
+
+class NodeServer:
+    role: ClassVar[str]
+    handlers: ClassVar[dict]
+    """Message type -> handler(self, identity or peer address, message), dispatched by NodeSockets."""
+
+    def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent,
+                 capture_decode_graph: bool = True):
+        self.config = config
+        self.runner = ModelRunner(config.engine, capture_decode_graph=capture_decode_graph)
+        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.engine.cache.block_size)
+        self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)
+        digest = model_digest(config.engine.model)
+        self.fingerprint = engine_fingerprint(config.engine, digest)
+        self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest))
+        self.compat_hash = compat_hash(self.compat)
+        self.agent = agent_factory(config.node_id, self.runner.kv_cache.data)
+        self.sockets = NodeSockets(config.bind_address)
+
+    def receive(self, timeout_ms: int) -> None:
+        self.sockets.dispatch(self, timeout_ms)
+
+    def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
+        self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, self.role, self.fingerprint,
+                                                   self.stats()))
+
+    def free(self, request: Request) -> None:
+        """Return a request's KV blocks (if it still holds any) to the pool."""
+        if request.block_ids:
+            self.block_manager.free(request.block_ids)
+            request.block_ids = []
+
+    def stats(self) -> dict:
+        return {**self.role_stats(), "num_free_blocks": self.block_manager.num_free_blocks,
+                **self.runner.forward_counts(), **self.agent.counters.as_dict()}
+
+    def role_stats(self) -> dict:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.sockets.close()
+        self.agent.close()
