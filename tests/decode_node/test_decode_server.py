@@ -1,0 +1,220 @@
+"""The decode server's state machine in-process, with the fake KV agent and a real prefill server beside it.
+
+Each test drives one path of the lifecycle in decode_node/server.py: the normal path (claim, read, stream, the
+prefill node frees its copy), a refused claim and an expired lease, a failed READ and the handshake again with
+the restarted peer, aborts while claiming, transferring and running, and a refusing peer. Every path must end
+with the decode node's blocks and slots free and the router told (an ErrorReply or the last token), never
+silence.
+"""
+
+import time
+
+import pytest
+import zmq
+
+from corun import protocol
+from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from corun.sampling_params import SamplingParams
+from decode_node.server import DecodeServer
+from deploy.local import free_port
+from prefill_node.server import PrefillServer
+from transfer.fake import FakeKVTransferAgent
+
+PARAMS = SamplingParams(temperature=0.6, seed=5, max_tokens=6, logprobs=2, ignore_eos=True)
+
+
+def node_config(model_dir: str, role: str, node_id: str, **node) -> NodeConfig:
+    engine = EngineConfig(model=model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
+                          scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=128, prefill_chunk_size=32))
+    return NodeConfig(role, node_id, engine, port=free_port("127.0.0.1"), **node)
+
+
+class Bench:
+    """A prefill and a decode server, both in this process on fake agents, and the router's two sockets."""
+
+    def __init__(self, model_dir: str, prefill_id: str = "prefill-a", lease_s: float = 30.0):
+        self.model_dir = model_dir
+        self.prefill = PrefillServer(node_config(model_dir, "prefill", prefill_id, kv_lease_seconds=lease_s),
+                                     FakeKVTransferAgent)
+        self.decode = DecodeServer(node_config(model_dir, "decode", "decode-a"), FakeKVTransferAgent)
+        self.to_prefill, self.to_decode = self.socket(self.prefill), self.socket(self.decode)
+
+    @staticmethod
+    def socket(server):
+        socket = zmq.Context.instance().socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(server.config.address)
+        return socket
+
+    def step(self, turns: int = 1) -> list:
+        """Step both servers; -> the messages the decode node sent the router meanwhile."""
+        replies = []
+        for _ in range(turns):
+            self.prefill.step()
+            self.decode.step()
+            while self.to_decode.poll(1):
+                replies.append(protocol.decode(self.to_decode.recv_multipart()[-1]))
+        return replies
+
+    def prefilled(self, request_id: str, num_tokens: int = 20) -> tuple[protocol.PrefillResult, list[int]]:
+        prompt = list(range(30, 30 + num_tokens))
+        self.to_prefill.send(protocol.encode(protocol.PrefillRequest(request_id, prompt, PARAMS, 5)))
+        deadline = time.monotonic() + 10
+        while not self.to_prefill.poll(1):
+            self.prefill.step()
+            assert time.monotonic() < deadline, "no PrefillResult"
+        return protocol.decode(self.to_prefill.recv_multipart()[-1]), prompt
+
+    def send_decode(self, result: protocol.PrefillResult, prompt: list[int], kv=None) -> None:
+        self.to_decode.send(protocol.encode(protocol.DecodeRequest(
+            result.request_id, prompt, PARAMS, 5, result.first_token_id, result.first_logprobs, kv or result.kv)))
+
+    def until(self, done, max_turns: int = 200) -> list:
+        replies = []
+        for _ in range(max_turns):
+            replies += self.step()
+            if done(replies):
+                return replies
+        raise AssertionError(f"not done after {max_turns} turns: {replies}")
+
+    def receive_until_transferring(self, request_id: str, max_turns: int = 200) -> None:
+        """Run the decode node's message and admission parts only, so that a started read is not polled yet
+        (the fake read completes at its first poll, within the turn that started it)."""
+        for _ in range(max_turns):
+            self.prefill.step()
+            self.decode.receive(timeout_ms=1)
+            self.decode.admit()
+            if request_id in self.decode.transferring:
+                return
+        raise AssertionError(f"{request_id} never started its read")
+
+    def assert_idle(self) -> None:
+        decode = self.decode
+        assert not (decode.waiting or decode.claiming or decode.transferring or decode.running)
+        assert decode.block_manager.num_free_blocks == decode.block_manager.num_usable_blocks
+
+    def close(self) -> None:
+        for socket in (self.to_prefill, self.to_decode):
+            socket.close()
+        for server in (self.prefill, self.decode):
+            server.close()
+
+
+@pytest.fixture
+def bench(tiny_model_dir):
+    bench = Bench(tiny_model_dir)
+    yield bench
+    bench.close()
+
+
+def finished(replies) -> bool:
+    return any(isinstance(r, protocol.ErrorReply) or (isinstance(r, protocol.TokenEvent) and r.finish_reason)
+               for r in replies)
+
+
+def test_normal_path_streams_every_token_and_the_prefill_node_frees_its_copy(bench):
+    result, prompt = bench.prefilled("ok")
+    bench.send_decode(result, prompt)
+    events = bench.until(finished)
+    assert all(isinstance(e, protocol.TokenEvent) for e in events)
+    assert sum(len(e.token_ids) for e in events) == PARAMS.max_tokens and events[-1].finish_reason == "length"
+    bench.step(3)  # NOTE: the read's notification reaches the prefill node on its next turn
+    assert bench.prefill.agent.counters.kv_released == 1 and not bench.prefill.leases
+    assert bench.decode.agent.counters.reads_completed == 1
+    bench.assert_idle()
+
+
+def test_refused_claim_is_a_503_and_frees_the_slot(bench):
+    result, prompt = bench.prefilled("unknown")
+    bench.prefill.leases.clear()  # NOTE: as if the lease were gone: the claim of it is refused
+    bench.send_decode(result, prompt)
+    [error] = bench.until(finished)
+    assert isinstance(error, protocol.ErrorReply) and error.status == 503 and "could not be claimed" in error.message
+    bench.assert_idle()
+
+
+def test_expired_lease_is_a_503(tiny_model_dir):
+    bench = Bench(tiny_model_dir, lease_s=0.05)
+    try:
+        result, prompt = bench.prefilled("late")
+        time.sleep(0.1)
+        bench.prefill.step()
+        assert bench.prefill.agent.counters.lease_expiries == 1
+        bench.send_decode(result, prompt)
+        [error] = bench.until(finished)
+        assert error.status == 503 and "expired" in error.message
+        bench.assert_idle()
+    finally:
+        bench.close()
+
+
+def test_failed_read_is_a_503_and_the_restarted_peer_is_handshaken_again(tiny_model_dir):
+    bench = Bench(tiny_model_dir)
+    try:
+        result, prompt = bench.prefilled("lost")
+        bench.send_decode(result, prompt)
+        bench.receive_until_transferring("lost")
+        bench.prefill.agent.close()  # NOTE: the holder's agent goes away mid-read, as a killed node's does
+        [error] = bench.until(finished)
+        assert error.status == 503 and "read" in error.message and "prefill-a" not in bench.decode.peers
+        bench.assert_idle()
+        bench.prefill.close()
+        bench.prefill = PrefillServer(node_config(tiny_model_dir, "prefill", "prefill-a"), FakeKVTransferAgent)
+        bench.to_prefill.close()
+        bench.to_prefill = bench.socket(bench.prefill)
+        result, prompt = bench.prefilled("after-restart")
+        bench.send_decode(result, prompt)
+        events = bench.until(finished)
+        assert events[-1].finish_reason == "length" and bench.decode.peers["prefill-a"].ready
+    finally:
+        bench.close()
+
+
+def test_abort_while_claiming_frees_the_blocks_without_a_reply(bench):
+    result, prompt = bench.prefilled("claiming")
+    bench.send_decode(result, prompt)
+    bench.until(lambda _: bench.decode.claiming)
+    bench.to_decode.send(protocol.encode(protocol.Abort("claiming")))
+    replies = bench.step(20)
+    assert not any(isinstance(r, protocol.TokenEvent) for r in replies)
+    bench.assert_idle()
+
+
+def test_abort_while_transferring_frees_the_blocks_once_the_read_ends(bench):
+    result, prompt = bench.prefilled("transferring")
+    bench.send_decode(result, prompt)
+    bench.receive_until_transferring("transferring")
+    bench.to_decode.send(protocol.encode(protocol.Abort("transferring")))
+    bench.decode.receive(timeout_ms=100)
+    assert bench.decode.transferring["transferring"].aborted
+    replies = bench.step(5)
+    assert not replies
+    bench.assert_idle()
+
+
+def test_abort_while_running_stops_the_stream_and_frees_the_slot(bench):
+    result, prompt = bench.prefilled("running")
+    bench.send_decode(result, prompt)
+    first = bench.until(lambda replies: bench.decode.running)
+    bench.to_decode.send(protocol.encode(protocol.Abort("running")))
+    rest = bench.step(10)
+    assert sum(len(e.token_ids) for e in first + rest) < PARAMS.max_tokens
+    assert not any(getattr(e, "finish_reason", None) for e in first + rest)
+    bench.assert_idle()
+
+
+def test_a_peer_that_refuses_the_handshake_fails_its_waiting_jobs(bench):
+    result, prompt = bench.prefilled("refused")
+    bench.prefill.compat = {**bench.prefill.compat, "block_size": 32}  # NOTE: the prefill node now disagrees
+    bench.send_decode(result, prompt)
+    [error] = bench.until(finished)
+    assert error.status == 503 and "block_size" in error.message and "prefill-a" not in bench.decode.peers
+    bench.assert_idle()
+
+
+def test_a_kv_handle_for_another_prompt_length_is_a_400(bench):
+    result, prompt = bench.prefilled("mismatch")
+    bench.send_decode(result, prompt[:-1])
+    [error] = bench.until(finished)
+    assert error.status == 400 and "KV handle" in error.message
+    bench.assert_idle()
