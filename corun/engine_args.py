@@ -3,37 +3,41 @@
 from __future__ import annotations
 
 import argparse
+from typing import get_args
 
-from corun.config import DEFAULT_PREFILL_BUCKETS, CacheConfig, EngineConfig, SchedulerConfig
+from corun.config import DEFAULT_PREFILL_BUCKETS, CacheConfig, DType, EngineConfig, Mode, SchedulerConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="HF-format checkpoint directory")
-    parser.add_argument("--mode", default="corun", choices=["corun", "standard", "batch_invariant"])
-    parser.add_argument("--max-num-seqs", type=int, default=32, help="N: decode rows per step")
-    parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--prefill-chunk-size", type=int, default=512)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="standard mode token budget")
-    parser.add_argument("--prefill-buckets", type=parse_buckets, default=(),
+    parser.add_argument("--mode", default=SchedulerConfig.mode, choices=get_args(Mode))
+    parser.add_argument("--max-num-seqs", type=int, default=SchedulerConfig.max_num_seqs,
+                        help="N: decode rows per step")
+    parser.add_argument("--max-model-len", type=int, default=SchedulerConfig.max_model_len)
+    parser.add_argument("--prefill-chunk-size", type=int, default=SchedulerConfig.prefill_chunk_size)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens,
+                        help="standard mode token budget")
+    parser.add_argument("--prefill-buckets", type=parse_buckets, default=SchedulerConfig.prefill_buckets,
                         help="corun: pad each isolated prefill chunk to the next of these sizes (CUDA graphs on "
                              "CUDA): comma-separated sizes, 'default' for "
                              + ",".join(map(str, DEFAULT_PREFILL_BUCKETS)) + ", or 'none' (natural length, default)")
-    parser.add_argument("--prefill-pack-tokens", type=int, default=0,
+    parser.add_argument("--prefill-pack-tokens", type=int, default=SchedulerConfig.prefill_pack_tokens,
                         help="corun: packed prefill, every prefill forward exactly this many token rows (0: isolated)")
     parser.add_argument("--prefill-pack-seqs", type=int, default=SchedulerConfig.prefill_pack_seqs,
                         help="corun packed prefill: most prompts per forward")
-    parser.add_argument("--decode-step-sizes", type=parse_sizes, default=(),
+    parser.add_argument("--decode-step-sizes", type=parse_sizes, default=SchedulerConfig.decode_step_sizes,
                         help="corun: smaller decode step row counts to try (kept only if bitwise equal to the N-row "
                              "step at start-up), comma-separated; default none (every step at N)")
-    parser.add_argument("--prefill-token-budget", type=int, default=0,
+    parser.add_argument("--prefill-token-budget", type=int, default=SchedulerConfig.prefill_token_budget,
                         help="corun: most prompt tokens prefilled between decode steps while requests decode "
                              "(0: no bound, Algorithm 1)")
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=CacheConfig.block_size)
     parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: from --kv-cache-mib)")
-    parser.add_argument("--kv-cache-mib", type=int, default=512)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--base-seed", type=int, default=0, help="seeds of requests without one derive from it")
+    parser.add_argument("--kv-cache-mib", type=int, default=CacheConfig.memory_budget_bytes // 2**20)
+    parser.add_argument("--dtype", default=EngineConfig.dtype, choices=get_args(DType))
+    parser.add_argument("--device", default=EngineConfig.device)
+    parser.add_argument("--base-seed", type=int, default=EngineConfig.seed,
+                        help="seeds of requests without one derive from it")
     parser.add_argument("--num-threads", type=int, default=None, help="CPU compute threads (default: torch's)")
     parser.add_argument("--no-cuda-graph", action="store_true")
 

@@ -17,10 +17,16 @@ Prompt = str | Sequence[int]
 
 
 class LLM:
-    def __init__(self, model: str, *, mode: str = "corun", max_num_seqs: int = 32, max_model_len: int = 1024,
-                 prefill_chunk_size: int = 512, max_num_batched_tokens: int = 2048, block_size: int = 16,
-                 num_blocks: int | None = None, dtype: str = "float32", device: str = "cpu", seed: int = 0,
-                 use_cuda_graph: bool = True, num_threads: int | None = None):
+    def __init__(self, model: str, *, mode: str = SchedulerConfig.mode,
+                 max_num_seqs: int = SchedulerConfig.max_num_seqs, max_model_len: int = SchedulerConfig.max_model_len,
+                 prefill_chunk_size: int = SchedulerConfig.prefill_chunk_size,
+                 max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
+                 block_size: int = CacheConfig.block_size, num_blocks: int | None = CacheConfig.num_blocks,
+                 dtype: str = EngineConfig.dtype, device: str = EngineConfig.device, seed: int = EngineConfig.seed,
+                 use_cuda_graph: bool = EngineConfig.use_cuda_graph,
+                 num_threads: int | None = EngineConfig.num_threads):
+        """The common engine settings as keywords (defaults: the config dataclasses'); LLM.from_config takes
+        any EngineConfig."""
         self.config = EngineConfig(
             model=model, dtype=dtype, device=device, seed=seed, use_cuda_graph=use_cuda_graph, num_threads=num_threads,
             scheduler=SchedulerConfig(mode=mode, max_num_seqs=max_num_seqs, max_model_len=max_model_len,

@@ -6,6 +6,11 @@ Torch-free: the router imports this. A message is a frozen dataclass; on the wir
 Version history:
   1: first version (prefill/decode/handshake/claim/token events/ping; PrefillResult.finish_reason with kv=None
      when the first token ends the request).
+  2: HandshakeRefused (was an ErrorReply with an empty request id, matched to the peer by its address); the
+     NIXL "KV read done" notification defined here (kv_done_notification).
+
+Besides the messages, one NIXL notification: a decode node's READ of a prefill node's KV ends with
+kv_done_notification(request_id), on which the prefill node frees its copy.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import msgpack
 from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+KV_DONE_PREFIX = b"done:"
 
 
 class ProtocolError(ValueError):
@@ -129,6 +135,15 @@ class HandshakeReply:
 
 
 @dataclass(frozen=True)
+class HandshakeRefused:
+    """prefill -> decode: the handshake is refused (the KV compatibility facts disagree)."""
+
+    engine_id: str
+    """The refusing prefill node."""
+    reason: str
+
+
+@dataclass(frozen=True)
 class ClaimKV:
     """Decode asks to pull a request's KV; the prefill node pins the lease so it cannot expire mid-transfer."""
 
@@ -145,7 +160,7 @@ class ClaimReply:
 
 MESSAGE_TYPES = {cls.__name__: cls for cls in (
     PrefillRequest, PrefillResult, DecodeRequest, TokenEvent, ErrorReply, Abort, Ping, Pong,
-    HandshakeRequest, HandshakeReply, ClaimKV, ClaimReply)}
+    HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply)}
 
 
 def encode(message) -> bytes:
@@ -164,7 +179,8 @@ def decode(data: bytes):
     if type_name not in MESSAGE_TYPES:
         raise ProtocolError(f"unknown message type {type_name!r}")
     try:
-        return MESSAGE_TYPES[type_name](**{name: _from_wire(name, value) for name, value in body.items()})
+        message_type = MESSAGE_TYPES[type_name]
+        return message_type(**{name: _from_wire(message_type, name, value) for name, value in body.items()})
     except TypeError as error:
         raise ProtocolError(f"malformed {type_name}: {error}") from error
 
@@ -188,15 +204,36 @@ def _token_logprobs(wire) -> TokenLogprobs | None:
     return TokenLogprobs(token_id, logprob, tuple((int(t), float(lp)) for t, lp in top))
 
 
-_FIELD_DECODERS = {
-    "params": lambda d: SamplingParams(**d),
-    "kv": lambda d: KVHandle(**{**d, "block_ids": tuple(d["block_ids"])}),
-    "first_logprobs": _token_logprobs,
-    "logprobs": lambda items: None if items is None else [_token_logprobs(i) for i in items],
-    "block_ids": tuple,
+def _kv_handle(wire) -> KVHandle:
+    return KVHandle(**{**wire, "block_ids": tuple(wire["block_ids"])})
+
+
+def _params(wire) -> SamplingParams:
+    return SamplingParams(**wire)
+
+
+_FIELD_DECODERS: dict[type, dict[str, Any]] = {
+    PrefillRequest: {"params": _params},
+    PrefillResult: {"first_logprobs": _token_logprobs, "kv": _kv_handle},
+    DecodeRequest: {"params": _params, "first_logprobs": _token_logprobs, "kv": _kv_handle},
+    TokenEvent: {"logprobs": lambda items: [_token_logprobs(i) for i in items]},
+    ClaimReply: {"block_ids": tuple},
 }
+"""Per message type, the fields whose wire form (msgpack maps and lists) is not their Python form."""
 
 
-def _from_wire(name: str, value):
-    decoder = _FIELD_DECODERS.get(name)
+def _from_wire(message_type: type, name: str, value):
+    decoder = _FIELD_DECODERS.get(message_type, {}).get(name)
     return value if decoder is None or value is None else decoder(value)
+
+
+def kv_done_notification(request_id: str) -> bytes:
+    """The NIXL notification a decode node's READ ends with: the prefill node may free its copy."""
+    return KV_DONE_PREFIX + request_id.encode()
+
+
+def kv_done_request_id(notification: bytes) -> str | None:
+    """The request a KV-done notification names; None for any other notification."""
+    if not notification.startswith(KV_DONE_PREFIX):
+        return None
+    return notification[len(KV_DONE_PREFIX):].decode(errors="replace")

@@ -13,7 +13,7 @@ import torch
 import zmq
 
 from corun import protocol
-from corun.config import EngineConfig
+from corun.config import EngineConfig, NodeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -119,14 +119,13 @@ def node_arg_parser(role: str) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--advertise-host", default=None,
                         help="host others reach this node at, if not --host (e.g. the host's IP with --host 0.0.0.0)")
-    parser.add_argument("--kv-lease-seconds", type=float, default=60.0)
+    parser.add_argument("--kv-lease-seconds", type=float, default=NodeConfig.kv_lease_seconds)
     add_engine_args(parser)
     return parser
 
 
 def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     """Parse flags, build the server, loop step() until SIGTERM/SIGINT."""
-    from corun.config import NodeConfig
     from corun.engine_args import engine_config_from_args
 
     args = node_arg_parser(role).parse_args(argv)

@@ -132,7 +132,7 @@ class DecodeServer(NodeServer):
             return
         local = job.request.block_ids[: len(reply.block_ids)]
         job.read = self.agent.start_read(job.kv.engine_id, reply.block_ids, local,
-                                         b"done:" + reply.request_id.encode())
+                                         protocol.kv_done_notification(reply.request_id))
         self.transferring[reply.request_id] = job
 
     def poll_transfers(self) -> None:
@@ -196,15 +196,12 @@ class DecodeServer(NodeServer):
             if job.request.request_id == request_id:
                 self.finish(job)
 
-    def on_error_reply(self, source, reply: protocol.ErrorReply) -> None:
-        """From a prefill peer: its handshake refused us (incompatible)."""
-        engine_id = next((e for e, p in self.peers.items() if p.address == source), None)
-        if engine_id is not None:
-            self.fail_peer(engine_id, reply.message)
+    def on_handshake_refused(self, source, message: protocol.HandshakeRefused) -> None:
+        self.fail_peer(message.engine_id, message.reason)
 
     handlers = {protocol.DecodeRequest: on_decode, protocol.Abort: on_abort, protocol.Ping: NodeServer.on_ping,
                 protocol.HandshakeReply: on_handshake_reply, protocol.ClaimReply: on_claim_reply,
-                protocol.ErrorReply: on_error_reply}
+                protocol.HandshakeRefused: on_handshake_refused}
 
     # --- endings ------------------------------------------------------------------------------------------------
     def send_tokens(self, job: DecodeJob, token_ids, logprobs, finish_reason) -> None:

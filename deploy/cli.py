@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from corun import cli as core_cli
+from corun.config import NodeConfig, RouterConfig
 from corun.engine_args import add_engine_args, engine_config_from_args
 
 if TYPE_CHECKING:
@@ -27,9 +28,9 @@ def add_serve(commands) -> None:
     cmd.add_argument("--decode", type=int, default=1, help="number of decode servers")
     cmd.add_argument("--host", default="127.0.0.1", help="the router's interface (and the local nodes')")
     cmd.add_argument("--port", type=int, default=8000)
-    cmd.add_argument("--served-model-name", default="corun-tiny")
-    cmd.add_argument("--max-pending-requests", type=int, default=256)
-    cmd.add_argument("--kv-lease-seconds", type=float, default=60.0)
+    cmd.add_argument("--served-model-name", default=RouterConfig.served_model_name)
+    cmd.add_argument("--max-pending-requests", type=int, default=RouterConfig.max_pending_requests)
+    cmd.add_argument("--kv-lease-seconds", type=float, default=NodeConfig.kv_lease_seconds)
     cmd.add_argument("--launcher", default="local", choices=["local", "ray"],
                      help="local: every process on this host; ray: the nodes on a Ray cluster, the router here")
     ray_flags = cmd.add_argument_group("--launcher ray")

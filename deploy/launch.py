@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from corun.config import EngineConfig
+from corun.config import EngineConfig, NodeConfig, RouterConfig
 from corun.engine_args import engine_args_to_argv
 
 logger = logging.getLogger(__name__)
@@ -37,9 +37,9 @@ class ClusterConfig:
     """The router's HTTP interface; the local launcher's nodes bind it too."""
     port: int = 8000
     """The router's HTTP port."""
-    served_model_name: str = "corun-tiny"
-    max_pending_requests: int = 256
-    kv_lease_seconds: float = 60.0
+    served_model_name: str = RouterConfig.served_model_name
+    max_pending_requests: int = RouterConfig.max_pending_requests
+    kv_lease_seconds: float = NodeConfig.kv_lease_seconds
     startup_timeout_s: float = 180.0
     """How long every node may take to answer the router's pings (model load) before start() gives up."""
 

@@ -8,7 +8,8 @@ Lifecycle of a request (queues):
   waiting (FIFO) --KV blocks for the prompt free--> prefilling (one chunk per loop turn; alone unless packed)
   prefilling --last chunk: token 1 sampled, PrefillResult to the router--> leased (blocks kept until a deadline)
   leased --ClaimKV from a decode node--> claimed (deadline lifted: it cannot expire mid-transfer)
-  claimed --NIXL notification b"done:<id>" from the reading decode node--> freed (kv_released += 1)
+  claimed --NIXL notification protocol.kv_done_notification(id) from the reading decode node--> freed
+      (kv_released += 1)
   leased --deadline passes--> freed (lease_expiries += 1); a later claim is refused and the router re-prefills
   A request finished by token 1 (stop token or max_tokens == 1) is freed at once and returns kv=None.
 """
@@ -29,7 +30,6 @@ from transfer.agent import KVTransferAgent
 from transfer.compat import IncompatiblePeer, check_compatible
 
 logger = logging.getLogger(__name__)
-DONE_PREFIX = b"done:"
 
 
 @dataclass
@@ -147,7 +147,7 @@ class PrefillServer(NodeServer):
             check_compatible(self.compat, message.compat, message.engine_id)
         except IncompatiblePeer as error:
             logger.error("prefill %s: refusing %s", self.config.node_id, error)
-            self.sockets.reply(identity, protocol.ErrorReply("", 409, str(error)))
+            self.sockets.reply(identity, protocol.HandshakeRefused(self.config.node_id, str(error)))
             return
         agent = self.agent
         self.sockets.reply(identity, protocol.HandshakeReply(
@@ -178,10 +178,11 @@ class PrefillServer(NodeServer):
 
     # --- KV leases ------------------------------------------------------------------------------------------------
     def release_notified(self) -> None:
-        for _peer, message in self.agent.new_notifications():
-            if not message.startswith(DONE_PREFIX):
+        for _peer, notification in self.agent.new_notifications():
+            request_id = protocol.kv_done_request_id(notification)
+            if request_id is None:
                 continue
-            lease = self.leases.pop(message[len(DONE_PREFIX):].decode(), None)
+            lease = self.leases.pop(request_id, None)
             if lease is not None:
                 self.free(lease.request)
                 self.agent.counters.kv_released += 1

@@ -25,3 +25,13 @@ def test_bucket_lists_parse_or_fail_clearly():
     assert parse_buckets("default")[0] == 16
     with pytest.raises(ValueError, match="comma-separated sizes"):
         parse_buckets("16,big")
+
+
+def test_flag_defaults_are_the_config_defaults(tiny_model_dir):
+    """One definition of each default: the flags and the offline API's keywords take the dataclasses'."""
+    from corun import LLM
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args(["--model", tiny_model_dir])) == EngineConfig(model=tiny_model_dir)
+    assert LLM(tiny_model_dir).config == EngineConfig(model=tiny_model_dir)

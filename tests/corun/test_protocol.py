@@ -1,0 +1,54 @@
+"""The wire protocol: every message type round-trips through msgpack with its Python field types; other
+versions, unknown types and malformed bodies are refused; the KV-done notification is defined here too."""
+
+import msgpack
+import pytest
+
+from corun import protocol
+from corun.outputs import TokenLogprobs
+from corun.sampling_params import SamplingParams
+
+LOGPROBS = TokenLogprobs(7, -0.5, ((7, -0.5), (3, -1.25)))
+KV = protocol.KVHandle("prefill-0", "tcp://127.0.0.1:5000", (3, 4, 9), 40, "abc123")
+PARAMS = SamplingParams(temperature=0.6, seed=1, max_tokens=8, logprobs=2)
+MESSAGES = [
+    protocol.PrefillRequest("r1", [1, 2, 3], PARAMS, 11),
+    protocol.PrefillResult("r1", 7, LOGPROBS, KV, None),
+    protocol.PrefillResult("r2", 7, None, None, "length"),
+    protocol.DecodeRequest("r1", [1, 2, 3], PARAMS, 11, 7, LOGPROBS, KV),
+    protocol.TokenEvent("r1", [5], [LOGPROBS], None),
+    protocol.TokenEvent("r1", [5, 6], None, "stop"),
+    protocol.ErrorReply("r1", 503, "gone"),
+    protocol.Abort("r1"),
+    protocol.Ping(9),
+    protocol.HandshakeRefused("prefill-0", "block_size 16 != 32"),
+    protocol.ClaimKV("r1"),
+    protocol.ClaimReply("r1", True, (3, 4, 9)),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_with_its_field_types(message):
+    assert protocol.decode(protocol.encode(message)) == message
+
+
+def test_every_message_type_is_covered_above():
+    covered = {type(m).__name__ for m in MESSAGES} | {"Pong", "HandshakeRequest", "HandshakeReply"}
+    assert covered == set(protocol.MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("body, error", [
+    ({"v": protocol.PROTOCOL_VERSION - 1, "type": "Ping", "nonce": 1}, "protocol version"),
+    ({"v": protocol.PROTOCOL_VERSION, "type": "Nope"}, "unknown message type"),
+    ({"v": protocol.PROTOCOL_VERSION, "type": "Ping", "nonce": 1, "extra": 2}, "malformed Ping"),
+])
+def test_foreign_messages_are_refused_with_the_reason(body, error):
+    with pytest.raises(protocol.ProtocolError, match=error):
+        protocol.decode(msgpack.packb(body))
+    with pytest.raises(protocol.ProtocolError, match="undecodable"):
+        protocol.decode(b"\xc1")
+
+
+def test_kv_done_notification_names_its_request_and_nothing_else():
+    assert protocol.kv_done_request_id(protocol.kv_done_notification("r-9")) == "r-9"
+    assert protocol.kv_done_request_id(b"something else") is None
