@@ -167,14 +167,12 @@ class RouterConfig:
     """The HTTP front door."""
 
     model: str
-    """Checkpoint directory: the router reads only its tokenizer files and config.json."""
+    """Checkpoint directory: the router reads only its tokenizer files (the model's limits come from the nodes)."""
     prefill_addresses: tuple[str, ...]
     decode_addresses: tuple[str, ...]
     served_model_name: str = "corun-tiny"
     host: str = "127.0.0.1"
     port: int = 8000
-    max_model_len: int = 1024
-    """Must equal the nodes' max_model_len: prompt + max_tokens longer than this is a 400."""
     max_pending_requests: int = 256
     """Requests in flight (queued or running) beyond this get 429 with Retry-After."""
     request_timeout_s: float = 600.0

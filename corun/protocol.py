@@ -7,7 +7,8 @@ Version history:
   1: first version (prefill/decode/handshake/claim/token events/ping; PrefillResult.finish_reason with kv=None
      when the first token ends the request).
   2: HandshakeRefused (was an ErrorReply with an empty request id, matched to the peer by its address); the
-     NIXL "KV read done" notification defined here (kv_done_notification).
+     NIXL "KV read done" notification defined here (kv_done_notification); Pong.model_facts (the router learns
+     max_model_len, vocab size and max logprobs from the nodes instead of copies in its own flags).
 
 Besides the messages, one NIXL notification: a decode node's READ of a prefill node's KV ends with
 kv_done_notification(request_id), on which the prefill node frees its copy.
@@ -105,12 +106,23 @@ class Ping:
 
 
 @dataclass(frozen=True)
+class ModelFacts:
+    """What the router validates requests against, learnt from the nodes (every node of a pool must agree)."""
+
+    max_model_len: int
+    vocab_size: int
+    """The model's embedding rows: token ids must be below it."""
+    max_logprobs: int
+
+
+@dataclass(frozen=True)
 class Pong:
     nonce: int
     node_id: str
     role: str
     fingerprint: str
     """Hash of everything on this node that determines outputs (model digest, engine config, versions)."""
+    model_facts: ModelFacts
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -218,6 +230,7 @@ _FIELD_DECODERS: dict[type, dict[str, Any]] = {
     DecodeRequest: {"params": _params, "first_logprobs": _token_logprobs, "kv": _kv_handle},
     TokenEvent: {"logprobs": lambda items: [_token_logprobs(i) for i in items]},
     ClaimReply: {"block_ids": tuple},
+    Pong: {"model_facts": lambda wire: ModelFacts(**wire)},
 }
 """Per message type, the fields whose wire form (msgpack maps and lists) is not their Python form."""
 

@@ -6,13 +6,16 @@ Imports neither torch nor ray: Ray actors import this module on every host.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -85,8 +88,8 @@ def node_argv(config: ClusterConfig, engine: EngineConfig, role: Role, index: in
 
 def router_argv(config: ClusterConfig, prefill_addresses: Iterable[str], decode_addresses: Iterable[str]) -> list[str]:
     argv = [sys.executable, "-m", "router", "--model", config.engine.model, "--host", config.host,
-            "--port", str(config.port), "--served-model-name", config.served_model_name, "--max-model-len",
-            str(config.engine.scheduler.max_model_len), "--max-pending-requests", str(config.max_pending_requests),
+            "--port", str(config.port), "--served-model-name", config.served_model_name,
+            "--max-pending-requests", str(config.max_pending_requests),
             "--base-seed", str(config.engine.seed)]
     for address in prefill_addresses:
         argv += ["--prefill", address]
@@ -95,11 +98,24 @@ def router_argv(config: ClusterConfig, prefill_addresses: Iterable[str], decode_
     return argv
 
 
+class PoolRefused(ValueError):
+    """The router refuses the pool: its nodes disagree on the model or their fingerprint (a configuration
+    error: `corun serve` prints it as one line)."""
+
+
 def router_healthy(url: str) -> bool:
-    """The router's /health: 200 once every node answered a ping in the last few seconds."""
+    """The router's /health: 200 once every node answered a ping in the last few seconds; PoolRefused when it
+    reports that the nodes disagree (waiting would not help)."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
             return response.status == 200
+    except urllib.error.HTTPError as error:
+        refusal = None
+        with contextlib.suppress(ValueError, AttributeError):  # NOTE: a body that is not the router's JSON
+            refusal = json.loads(error.read()).get("error")
+        if refusal:
+            raise PoolRefused(f"the router refuses this cluster: {refusal}") from None
+        return False
     except OSError:
         return False
 

@@ -43,13 +43,15 @@ class NodeServer:
         self.compat_hash = compat_hash(self.compat)
         self.agent = agent_factory(config.node_id, self.runner.kv_cache.data)
         self.sockets = NodeSockets(config.bind_address)
+        self.model_facts = protocol.ModelFacts(config.engine.scheduler.max_model_len,
+                                               self.runner.model.cfg.vocab_size, config.engine.max_logprobs)
 
     def receive(self, timeout_ms: int) -> None:
         self.sockets.dispatch(self, timeout_ms)
 
     def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
         self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, self.role, self.fingerprint,
-                                                   self.stats()))
+                                                   self.model_facts, self.stats()))
 
     def free(self, request: Request) -> None:
         """Return a request's KV blocks (if it still holds any) to the pool."""

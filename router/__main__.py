@@ -28,7 +28,6 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     parser.add_argument("--host", default=defaults["host"])
     parser.add_argument("--port", type=int, default=defaults["port"])
     parser.add_argument("--served-model-name", default=defaults["served_model_name"])
-    parser.add_argument("--max-model-len", type=int, default=defaults["max_model_len"])
     parser.add_argument("--max-pending-requests", type=int, default=defaults["max_pending_requests"])
     parser.add_argument("--request-timeout-s", type=float, default=defaults["request_timeout_s"])
     parser.add_argument("--base-seed", type=int, default=defaults["base_seed"])
@@ -36,7 +35,7 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     return RouterConfig(
         model=args.model, prefill_addresses=tuple(args.prefill), decode_addresses=tuple(args.decode),
         served_model_name=args.served_model_name, host=args.host, port=args.port,
-        max_model_len=args.max_model_len, max_pending_requests=args.max_pending_requests,
+        max_pending_requests=args.max_pending_requests,
         request_timeout_s=args.request_timeout_s, base_seed=args.base_seed,
     )
 

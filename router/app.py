@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import time
-from pathlib import Path
 
 from aiohttp import web
 
@@ -15,8 +14,7 @@ from corun.tokenizer import load_tokenizer
 from router.errors import RequestError, error_body
 from router.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
 from router.metrics import RouterMetrics
-from router.nodes import NodePool, NodeStatus
-from router.openai_api import ModelInfo
+from router.nodes import NodePool, NodeStatus, PoolMismatch
 from router.pipeline import GenerationError
 from router.state import Admission, RouterState
 
@@ -43,19 +41,12 @@ def create_app(config: RouterConfig) -> web.Application:
 
 
 def build_state(config: RouterConfig) -> RouterState:
-    tokenizer = load_tokenizer(config.model)
-    model = ModelInfo(config.served_model_name, config.max_model_len, read_vocab_size(config.model, tokenizer),
-                      tokenizer)
+    """NOTE: what requests are validated against (max_model_len, vocab size, max logprobs) comes from the
+    nodes' Pongs (RouterState.model_info), not from copies of their settings here."""
     pool = NodePool(config)
     admission = Admission(config.max_pending_requests)
-    return RouterState(config, model, pool, admission, RouterMetrics(pool.statuses, lambda: admission.in_flight))
-
-
-def read_vocab_size(model_dir: str, tokenizer) -> int:
-    """The model's embedding rows (config.json), which may exceed the tokenizer's vocabulary."""
-    config_file = Path(model_dir) / "config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    return int(config.get("vocab_size") or tokenizer.vocab_size)
+    return RouterState(config, load_tokenizer(config.model), pool, admission,
+                       RouterMetrics(pool.statuses, lambda: admission.in_flight))
 
 
 async def start_site(app: web.Application, host: str, port: int) -> web.AppRunner:
@@ -110,18 +101,29 @@ def endpoint_label(request: web.Request) -> str:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    config = request.app[STATE_KEY].config
-    model = {"id": config.served_model_name, "object": "model", "created": int(time.time()), "owned_by": "corun",
-             "root": config.model, "max_model_len": config.max_model_len}
+    state = request.app[STATE_KEY]
+    model = {"id": state.config.served_model_name, "object": "model", "created": int(time.time()),
+             "owned_by": "corun", "root": state.config.model}
+    with contextlib.suppress(PoolMismatch):
+        facts = state.pool.model_facts()  # NOTE: listed once a node has told it; the list never waits for nodes
+        if facts is not None:
+            model["max_model_len"] = facts.max_model_len
     return web.json_response({"object": "list", "data": [model]})
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 when every node answered a ping in the last few seconds, else 503; lists the nodes either way."""
-    statuses = request.app[STATE_KEY].pool.statuses()
-    healthy = all(s.healthy for s in statuses)
-    body = {"status": "ok" if healthy else "unavailable", "nodes": [node_health(s) for s in statuses]}
-    return web.json_response(body, status=200 if healthy else 503)
+    """200 when every node answered a ping in the last few seconds and they agree on the model, else 503 (with
+    the field they disagree on); lists the nodes either way."""
+    pool = request.app[STATE_KEY].pool
+    statuses = pool.statuses()
+    body = {"status": "ok", "nodes": [node_health(s) for s in statuses]}
+    try:
+        pool.model_facts()
+    except PoolMismatch as error:
+        body["error"] = str(error)
+    if body.get("error") or not all(s.healthy for s in statuses):
+        body["status"] = "unavailable"
+    return web.json_response(body, status=200 if body["status"] == "ok" else 503)
 
 
 def node_health(status: NodeStatus) -> dict:

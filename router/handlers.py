@@ -48,16 +48,16 @@ async def serve_generation(request: web.Request,
     state = request.app[STATE_KEY]
     request_id = read_request_id(request)
     request[RESPONSE_HEADERS_KEY] = {"X-Request-Id": request_id}
-    generation = parse(await read_json_body(request), state.model)
+    generation = parse(await read_json_body(request), await state.model_info())
     # NOTE: one seed for every prompt of the request, so a prompt's output is the same alone or in a list.
     seed = generation.client_seed
     if seed is None:
         seed = seed_from_request_id(request_id, state.config.base_seed)
     request[RESPONSE_HEADERS_KEY]["X-CoRun-Seed"] = str(seed)
     ctx = ResponseContext(generation.kind, request_id, int(time.time()), state.config.served_model_name,
-                          state.system_fingerprint(), seed, generation.params.logprobs, state.model.tokenizer)
+                          state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer)
     with state.admission.admit(request_id, len(generation.prompts)):
-        deltas = merge([prompt_deltas(state.pool, state.model.tokenizer, state.metrics, i, f"{request_id}-{i}",
+        deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i, f"{request_id}-{i}",
                                       list(prompt), bind_seed(generation, seed), generation.stop_strings,
                                       read_placement(request))
                         for i, prompt in enumerate(generation.prompts)])

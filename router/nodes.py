@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -19,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from corun.config import RouterConfig
-from corun.protocol import Ping, Pong, ProtocolError, decode, encode
+from corun.protocol import ModelFacts, Ping, Pong, ProtocolError, decode, encode
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,21 @@ class NodePool:
         now = time.monotonic()
         return [node.status(now) for node in self.nodes]
 
+    def model_facts(self) -> ModelFacts | None:
+        """What the nodes report of the model (None before any answered); PoolMismatch if they disagree."""
+        pongs = [status.pong for status in self.statuses() if status.pong is not None]
+        return agreed_model_facts(pongs) if pongs else None
+
+    async def learned_model_facts(self, timeout_s: float) -> ModelFacts | None:
+        """model_facts() once every node has answered, or whatever answered by timeout_s."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._until_all_answered(), timeout_s)
+        return self.model_facts()
+
+    async def _until_all_answered(self) -> None:
+        while any(node.status().pong is None for node in self.nodes):
+            await asyncio.sleep(0.02)
+
     def node_fingerprints(self) -> set[str]:
         return {status.pong.fingerprint for status in self.statuses() if status.pong is not None}
 
@@ -191,6 +207,25 @@ class NodePool:
                 node.post(Ping(nonce))
             all_answered = all(node.status().pong is not None for node in self.nodes)
             await asyncio.sleep(PING_INTERVAL_S if all_answered else FIRST_PING_INTERVAL_S)
+
+
+class PoolMismatch(ValueError):
+    """The pool's nodes disagree on a model fact or their fingerprint: no request can be served consistently."""
+
+
+def agreed_model_facts(pongs: list[Pong]) -> ModelFacts:
+    """The facts (and fingerprint) every node reports; PoolMismatch names the first field two disagree on."""
+    first = pongs[0]
+    for pong in pongs[1:]:
+        for name in (f.name for f in dataclasses.fields(ModelFacts)):
+            ours, theirs = getattr(first.model_facts, name), getattr(pong.model_facts, name)
+            if ours != theirs:
+                raise PoolMismatch(f"the nodes disagree on {name}: {first.node_id} has {ours}, "
+                                   f"{pong.node_id} has {theirs}")
+        if pong.fingerprint != first.fingerprint:
+            raise PoolMismatch(f"the nodes disagree on fingerprint: {first.node_id} has {first.fingerprint}, "
+                               f"{pong.node_id} has {pong.fingerprint}")
+    return first.model_facts
 
 
 def least_loaded(nodes: list[NodeClient]) -> NodeClient:

@@ -27,7 +27,6 @@ from router.fields import (
 )
 
 Kind = Literal["completion", "chat"]
-MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
 SAMPLING_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
@@ -42,7 +41,8 @@ class ModelInfo:
     served_model_name: str
     max_model_len: int
     vocab_size: int
-    """The model's (config.json) vocabulary: token ids must be below it."""
+    """The model's embedding rows: token ids must be below it."""
+    max_logprobs: int
     tokenizer: Tokenizer
 
 
@@ -65,7 +65,7 @@ def parse_completion_request(body, model: ModelInfo) -> GenerationRequest:
     only_value_field(body, "best_of", "1", lambda v: v == 1 and is_int(v))
     only_value_field(body, "suffix", "null", lambda v: False)
     prompts = read_prompts(body, model.tokenizer)
-    logprobs = int_field(body, "logprobs", None, 0, MAX_LOGPROBS)
+    logprobs = int_field(body, "logprobs", None, 0, model.max_logprobs)
     max_tokens = int_field(body, "max_tokens", 16, 1)
     return build_request("completion", body, prompts, max_tokens, logprobs, model)
 
@@ -74,7 +74,7 @@ def parse_chat_request(body, model: ModelInfo) -> GenerationRequest:
     body = checked_body(body, SAMPLING_FIELDS | CHAT_FIELDS, model)
     prompt = tuple(model.tokenizer.encode(render_chat(body.get("messages"), model.tokenizer)))
     wants_logprobs = bool_field(body, "logprobs", False)
-    top_logprobs = int_field(body, "top_logprobs", 0, 0, MAX_LOGPROBS)
+    top_logprobs = int_field(body, "top_logprobs", 0, 0, model.max_logprobs)
     if top_logprobs and not wants_logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     # NOTE: as vLLM: max_completion_tokens (OpenAI's newer name) wins; without either, the chat may fill the context.

@@ -9,12 +9,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from corun.config import RouterConfig
+from corun.tokenizer import Tokenizer
 from router.errors import RequestError
 from router.metrics import RouterMetrics
-from router.nodes import NodePool
+from router.nodes import NodePool, PoolMismatch
 from router.openai_api import ModelInfo
 
 RETRY_AFTER_S = 1
+MODEL_FACTS_WAIT_S = 5.0
+"""How long a request waits for the nodes' first Pongs (what it is validated against) before a 503."""
 
 
 class Admission:
@@ -47,13 +50,27 @@ class Admission:
 @dataclass(frozen=True)
 class RouterState:
     config: RouterConfig
-    model: ModelInfo
+    tokenizer: Tokenizer
     pool: NodePool
     admission: Admission
     metrics: RouterMetrics
 
+    async def model_info(self) -> ModelInfo:
+        """The served model as the nodes report it; a 503 before any answered or while they disagree."""
+        try:
+            facts = await self.pool.learned_model_facts(MODEL_FACTS_WAIT_S)
+        except PoolMismatch as error:
+            raise RequestError(503, f"refusing requests: {error}") from None
+        if facts is None:
+            raise RequestError(503, "no node has answered the router yet; retry later",
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
+        return ModelInfo(self.config.served_model_name, facts.max_model_len, facts.vocab_size, facts.max_logprobs,
+                         self.tokenizer)
+
     def system_fingerprint(self) -> str:
         """Changes whenever anything that determines outputs changes: a node's fingerprint, the model, the length."""
+        facts = self.pool.model_facts()
         identity = {"node_fingerprints": sorted(self.pool.node_fingerprints()),
-                    "served_model_name": self.config.served_model_name, "max_model_len": self.config.max_model_len}
+                    "served_model_name": self.config.served_model_name,
+                    "max_model_len": None if facts is None else facts.max_model_len}
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from corun import LLM, SamplingParams
+from deploy.launch import PoolRefused
 from deploy.local import LocalCluster, LocalClusterConfig, free_port
 from router.responses import json_logprob, token_text
 from tests.conftest import varied_prompts
@@ -154,18 +155,20 @@ def test_bad_input_is_a_400_and_the_cluster_keeps_serving(cluster_1p1d, body, fr
 
 
 def test_incompatible_decode_node_is_refused_with_a_clear_error(cluster_1p1d, tiny_model_dir):
-    """A decode node built for another N must not read this prefill node's KV: the handshake refuses it."""
+    """A decode node built for another N beside this prefill node: the router refuses the pool at once, naming
+    what differs (their fingerprints), instead of serving requests whose outputs would depend on the node.
+    (The prefill node's own handshake refusal of such a decode node: tests/decode_node/.)"""
     mismatched = LocalCluster(LocalClusterConfig(engine_config(tiny_model_dir, max_num_seqs=16), port=free_port(
         "127.0.0.1"), num_prefill=1, num_decode=1))
     mismatched.prefill_addresses = list(cluster_1p1d.prefill_addresses)  # borrow the N=32 cluster's prefill node
     try:
         mismatched.start_node("decode", 0)
         mismatched.start_router()
-        mismatched.wait_healthy()
+        with pytest.raises(PoolRefused, match="disagree on fingerprint"):
+            mismatched.wait_healthy()
         with pytest.raises(openai.APIStatusError) as refused:
             complete(client(mismatched), PROMPTS[0], PARAMS)
-        assert refused.value.status_code == 503
-        assert "incompatible" in str(refused.value) and "max_num_seqs 32 != 16" in str(refused.value)
+        assert refused.value.status_code == 503 and "disagree on fingerprint" in str(refused.value)
     finally:
         mismatched.stop()
     ids, _ = complete(client(cluster_1p1d), PROMPTS[0], PARAMS)  # the prefill node keeps serving its own cluster

@@ -21,6 +21,7 @@ from corun.protocol import (
     DecodeRequest,
     ErrorReply,
     KVHandle,
+    ModelFacts,
     Ping,
     Pong,
     PrefillRequest,
@@ -69,11 +70,15 @@ class FakeBehaviour:
     """decode: after streaming this many tokens, fail the request with ErrorReply(503) (a lost KV read, a
     crashed peer), `num_failures` times in all; later requests run normally."""
     num_failures: int = 1
+    model_facts: ModelFacts | None = None
+    """What the node reports of its model; None: FakeNode's default_facts."""
 
 
 class FakeNode:
-    def __init__(self, role: str, node_id: str, candidate_ids: list[int], behaviour: FakeBehaviour):
+    def __init__(self, role: str, node_id: str, candidate_ids: list[int], behaviour: FakeBehaviour,
+                 default_facts: ModelFacts):
         self.role, self.node_id, self.candidate_ids, self.behaviour = role, node_id, candidate_ids, behaviour
+        self.model_facts = behaviour.model_facts or default_facts
         self.received: list = []
         self.address = ""
         self._socket: zmq.asyncio.Socket | None = None
@@ -109,7 +114,7 @@ class FakeNode:
             self.received.append(message)
             if isinstance(message, Ping):
                 await self._reply(identity, Pong(message.nonce, self.node_id, self.role, FAKE_FINGERPRINT,
-                                                 self.stats()))
+                                                 self.model_facts, self.stats()))
             elif self.behaviour.error is not None and hasattr(message, "params"):
                 await self._reply(identity, ErrorReply(message.request_id, *self.behaviour.error))
             elif not self.behaviour.silent:

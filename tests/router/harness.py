@@ -8,12 +8,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import zmq.asyncio
 from multidict import CIMultiDict
 
-from corun.config import RouterConfig
+from corun.config import EngineConfig, RouterConfig, SchedulerConfig
+from corun.protocol import ModelFacts
 from router.app import create_app, start_site
 from router.handlers import STATE_KEY
 from router.state import RouterState
@@ -31,14 +33,21 @@ class HttpReply:
     """Parsed JSON, or the text when the body is not JSON."""
 
 
+def model_facts(model_dir: str) -> ModelFacts:
+    """What real nodes on this checkpoint with default settings report."""
+    vocab_size = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    return ModelFacts(SchedulerConfig.max_model_len, vocab_size, EngineConfig.max_logprobs)
+
+
 class RouterHarness:
     """`with RouterHarness(model_dir, candidate_ids) as router:` serves at router.base_url until the block ends."""
 
     def __init__(self, model_dir: str, candidate_ids: list[int], *, num_prefill: int = 2, num_decode: int = 2,
                  prefill: FakeBehaviour = FakeBehaviour(), decode: FakeBehaviour = FakeBehaviour(), **config):
-        self.prefill_nodes = [FakePrefill("prefill", f"fake-prefill-{i}", candidate_ids, prefill)
+        facts = model_facts(model_dir)
+        self.prefill_nodes = [FakePrefill("prefill", f"fake-prefill-{i}", candidate_ids, prefill, facts)
                               for i in range(num_prefill)]
-        self.decode_nodes = [FakeDecode("decode", f"fake-decode-{i}", candidate_ids, decode)
+        self.decode_nodes = [FakeDecode("decode", f"fake-decode-{i}", candidate_ids, decode, facts)
                              for i in range(num_decode)]
         self._model_dir, self._config_overrides = model_dir, config
         self._loop = asyncio.new_event_loop()

@@ -6,21 +6,22 @@ import pytest
 import zmq.asyncio
 
 from corun.config import RouterConfig
-from corun.protocol import DecodeRequest, PrefillRequest
+from corun.protocol import DecodeRequest, ModelFacts, PrefillRequest
 from corun.sampling_params import SamplingParams
 from router.nodes import NodePool, least_loaded
 from router.pipeline import GenerationError, generate
 from tests.router.fake_nodes import FakeBehaviour, FakeDecode, FakePrefill, expected_token_ids
 
 pytestmark = pytest.mark.timeout(30)
+FACTS = ModelFacts(max_model_len=1024, vocab_size=4096, max_logprobs=20)
 
 
 async def with_cluster(candidate_ids, body, *, num_prefill=2, num_decode=2, decode=FakeBehaviour(),
                        prefill=FakeBehaviour(), timeout_s=5.0):
     """Start fake nodes and a NodePool, run body(pool, prefills, decodes), close everything."""
     context = zmq.asyncio.Context()
-    prefills = [FakePrefill("prefill", f"p{i}", candidate_ids, prefill) for i in range(num_prefill)]
-    decodes = [FakeDecode("decode", f"d{i}", candidate_ids, decode) for i in range(num_decode)]
+    prefills = [FakePrefill("prefill", f"p{i}", candidate_ids, prefill, FACTS) for i in range(num_prefill)]
+    decodes = [FakeDecode("decode", f"d{i}", candidate_ids, decode, FACTS) for i in range(num_decode)]
     addresses = [await node.start(context) for node in (*prefills, *decodes)]
     config = RouterConfig(model="unused", prefill_addresses=tuple(addresses[:num_prefill]),
                           decode_addresses=tuple(addresses[num_prefill:]), request_timeout_s=timeout_s)

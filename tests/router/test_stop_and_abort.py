@@ -41,8 +41,8 @@ def test_a_stop_string_truncates_the_text_and_aborts_the_decode(router, stream):
     assert (text, finish_reason) == (expected_text, "stop")
     # NOTE: the tokens end with the one that completed the stop string.
     assert token_ids == reference["token_ids"][:len(token_ids)]
-    assert stop in router.state.model.tokenizer.decode(token_ids)
-    assert stop not in router.state.model.tokenizer.decode(token_ids[:-1])
+    assert stop in router.state.tokenizer.decode(token_ids)
+    assert stop not in router.state.tokenizer.decode(token_ids[:-1])
     wait_for(lambda: f"stop-{stream}-0" in aborted_ids(router))
     assert f"ref-{stream}-0" not in aborted_ids(router)
 
