@@ -65,7 +65,7 @@ def main() -> None:
                 engine.scheduler.waiting:
             engine.step()
         runner, requests = engine.runner, list(engine.scheduler.running)
-        rows = runner.num_rows
+        rows = runner.max_num_seqs
         inputs = build_window_decode(requests, rows, runner.window_blocks, runner.block_size, runner.table_rows)
         logits = runner.decode_logits(requests, rows)
         result = {

@@ -50,7 +50,7 @@ def run_mode(model_dir: str, mode: str, args) -> dict:
     result["engine_stats"] = vars(llm.engine.stats)
     graph = llm.engine.runner.decode_graph
     result["cuda_graph"] = None if graph is None else {
-        "captured_sizes": graph.sizes, "replays": graph.num_replays, "rows": llm.engine.runner.num_rows,
+        "captured_sizes": graph.sizes, "replays": graph.num_replays, "rows": llm.engine.runner.max_num_seqs,
         "decode_steps": llm.engine.stats.num_decode_steps}
     return result
 

@@ -11,6 +11,7 @@ none above 1024, where the eager forward's launches hide behind its kernels."""
 
 Mode = Literal["corun", "standard", "batch_invariant"]
 DType = Literal["float32", "bfloat16", "float16"]
+Role = Literal["prefill", "decode"]
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class EngineConfig:
 class NodeConfig:
     """A prefill or decode server process."""
 
-    role: Literal["prefill", "decode"]
+    role: Role
     node_id: str
     """Unique in the cluster; also the node's NIXL agent name."""
     engine: EngineConfig

@@ -29,14 +29,14 @@ MAX_PROBE_BLOCKS_PER_REQUEST = 8
 
 def equivalent_decode_sizes(runner: ModelRunner, candidates: tuple[int, ...]) -> list[int]:
     """The candidates (< N) whose decode step matches the N-row step bit for bit, then N; ascending."""
-    return [size for size in candidates if matches_full_step(runner, size)] + [runner.num_rows]
+    return [size for size in candidates if matches_full_step(runner, size)] + [runner.max_num_seqs]
 
 
 def matches_full_step(runner: ModelRunner, size: int) -> bool:
     """Every row filled, and one row among padding: the two ends of what a step of `size` rows carries."""
     for num_real in sorted({1, size}):
         requests = probe_requests(runner, num_real, random.Random(PROBE_SEED + 1000 * size + num_real))
-        full, small = probe_outputs(runner, requests, runner.num_rows), probe_outputs(runner, requests, size)
+        full, small = probe_outputs(runner, requests, runner.max_num_seqs), probe_outputs(runner, requests, size)
         if not all(torch.equal(a, b) for a, b in zip(full, small, strict=True)):
             return False
     return True

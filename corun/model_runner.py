@@ -63,7 +63,7 @@ class ModelRunner:
         self.mode = config.scheduler.mode
         self.device = torch.device(config.device)
         self.block_size = config.cache.block_size
-        self.num_rows = config.scheduler.max_num_seqs
+        self.max_num_seqs = config.scheduler.max_num_seqs
         self.window_blocks = config.max_blocks_per_seq
         self.table_rows = BlockTableRows(self.window_blocks)
         self.model = load_model(config.model, config.dtype, config.device, config.scheduler.max_model_len)
@@ -94,7 +94,7 @@ class ModelRunner:
         """Padded prefill attention through the packed Triton kernel (CUDA: graph-capturable) rather than one SDPA
         call per chunk (CPU); tests turn it on for CPU to run it in Triton's interpreter."""
         self.decode_graph = self.prefill_graph = None
-        self.decode_sizes = [self.num_rows]
+        self.decode_sizes = [self.max_num_seqs]
         """Row counts a corun decode step may run at (ascending, N last): N and the verified smaller ones."""
         self.set_up_fixed_shapes(capture_decode_graph)
 
@@ -197,9 +197,9 @@ class ModelRunner:
         """corun captures N (and the candidate smaller sizes, kept if verified); standard modes capture several
         and pad a step to the next size."""
         if self.mode == "corun":
-            sizes = [*self.config.scheduler.decode_step_sizes, self.num_rows]
+            sizes = [*self.config.scheduler.decode_step_sizes, self.max_num_seqs]
         else:
-            sizes = capture_sizes(self.num_rows)
+            sizes = capture_sizes(self.max_num_seqs)
 
         def make_static(size: int) -> WindowDecodeInputs:
             return build_window_decode([], size, self.window_blocks, self.block_size).to(self.device)

@@ -50,7 +50,7 @@ class DecodeServer(NodeServer):
 
     def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent):
         super().__init__(config, agent_factory)
-        self.num_slots = config.engine.scheduler.max_num_seqs
+        self.max_num_seqs = config.engine.scheduler.max_num_seqs
         self.peers: dict[str, PrefillPeer] = {}
         self.waiting: deque[DecodeJob] = deque()
         self.claiming: dict[str, DecodeJob] = {}
@@ -73,7 +73,7 @@ class DecodeServer(NodeServer):
             self.postprocess(sampled)
 
     def admit(self) -> None:
-        while self.waiting and self.num_slots_used < self.num_slots:
+        while self.waiting and self.num_seqs_admitted < self.max_num_seqs:
             block_ids = self.block_manager.allocate(self.waiting[0].request.max_num_tokens)
             if block_ids is None:
                 return
@@ -82,7 +82,7 @@ class DecodeServer(NodeServer):
             self.claim(job)
 
     @property
-    def num_slots_used(self) -> int:
+    def num_seqs_admitted(self) -> int:
         return len(self.claiming) + len(self.transferring) + len(self.running)
 
     def postprocess(self, sampled: list[SampledToken]) -> None:

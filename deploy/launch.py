@@ -19,14 +19,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
-from corun.config import EngineConfig, NodeConfig, RouterConfig
+from corun.config import EngineConfig, NodeConfig, Role, RouterConfig
 from corun.engine_args import engine_args_to_argv
 
 logger = logging.getLogger(__name__)
 
-Role = Literal["prefill", "decode"]
 
 
 @dataclass(frozen=True)

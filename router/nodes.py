@@ -14,17 +14,15 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 import zmq
 import zmq.asyncio
 
-from corun.config import RouterConfig
+from corun.config import Role, RouterConfig
 from corun.protocol import ModelFacts, Ping, Pong, ProtocolError, decode, encode
 
 logger = logging.getLogger(__name__)
 
-Role = Literal["prefill", "decode"]
 PING_INTERVAL_S = 1.0
 FIRST_PING_INTERVAL_S = 0.1
 """Until every node has answered once (connections come up asynchronously), ping faster: /health turns 200

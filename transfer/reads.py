@@ -8,12 +8,11 @@ from typing import Any, Literal
 
 import torch
 
+from corun.block_manager import NULL_BLOCK
 from transfer.counters import TransferCounters
 
 XferState = Literal["DONE", "PROC", "ERR"]
 MemoryType = Literal["DRAM", "VRAM"]
-NULL_BLOCK_ID = 0
-"""corun's null block: padding rows read and write it, so it never holds a request's KV and is never moved."""
 
 
 @dataclass
@@ -56,7 +55,8 @@ def check_block_ids(remote_block_ids: Sequence[int], local_block_ids: Sequence[i
 
 
 def _check_range(side: str, block_ids: Sequence[int], num_blocks: int) -> None:
-    bad = [b for b in block_ids if not NULL_BLOCK_ID < b < num_blocks]
+    # NOTE: the null block (padding rows read and write it) never holds a request's KV, so it is never moved
+    bad = [b for b in block_ids if not NULL_BLOCK < b < num_blocks]
     if bad:
         raise ValueError(f"{side} block ids {bad} are not in 1..{num_blocks - 1} (block 0 is the null block)")
 

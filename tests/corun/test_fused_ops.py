@@ -173,7 +173,7 @@ def test_fused_model_matches_the_torch_path(tiny_model_dir):
     for _ in range(3):
         request.output_token_ids.append(int(torch_logits[-1].argmax()))
         torch_logits, fused_logits = (r.window_decode_logits(build_window_decode(
-            [request], r.num_rows, r.window_blocks, r.block_size).to(DEVICE)) for r in runners)
+            [request], r.max_num_seqs, r.window_blocks, r.block_size).to(DEVICE)) for r in runners)
         torch.testing.assert_close(fused_logits, torch_logits, atol=1e-4, rtol=1e-4)
         request.num_computed_tokens += 1
     torch.testing.assert_close(runners[1].kv_cache.data, runners[0].kv_cache.data, atol=1e-5, rtol=1e-5)
@@ -216,9 +216,9 @@ def test_fused_decode_step_replays_as_a_cuda_graph(tiny_model_dir):
     for request in requests:
         request.output_token_ids.append(runner.run_prefill([PrefillChunk(request, 0, request.num_prompt_tokens)])[0]
                                         .token_id)
-    replayed = runner.decode_logits(requests, runner.num_rows).clone()
-    inputs = build_window_decode(requests, runner.num_rows, runner.window_blocks, runner.block_size).to(DEVICE)
-    assert torch.equal(replayed, runner.window_decode_logits(inputs, runner.kv_splits(runner.num_rows)))
+    replayed = runner.decode_logits(requests, runner.max_num_seqs).clone()
+    inputs = build_window_decode(requests, runner.max_num_seqs, runner.window_blocks, runner.block_size).to(DEVICE)
+    assert torch.equal(replayed, runner.window_decode_logits(inputs, runner.kv_splits(runner.max_num_seqs)))
 
 
 @gpu_only

@@ -80,8 +80,8 @@ def test_chunked_prefill_then_decode_match_transformers(name, tmp_path):
     for position in range(40, 45):  # feed the reference's next tokens one decode step at a time
         request.output_token_ids.append(tokens[position])
         # both decode attentions: per-request (CPU) and fixed-window (the CUDA graph's), at N rows
-        per_request = runner.forward(build_step([request], runner.num_rows, [], runner.block_size, "cpu"))
-        window = build_window_decode([request], runner.num_rows, runner.window_blocks, runner.block_size)
+        per_request = runner.forward(build_step([request], runner.max_num_seqs, [], runner.block_size, "cpu"))
+        window = build_window_decode([request], runner.max_num_seqs, runner.window_blocks, runner.block_size)
         torch.testing.assert_close(runner.model.compute_logits(per_request)[0], theirs[position],
                                    atol=2e-4, rtol=1e-4)
         torch.testing.assert_close(runner.window_decode_logits(window)[0], theirs[position],
