@@ -193,15 +193,6 @@ def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, 
     return out
 
 
-def chunk_invariant_prefill_attention(q, k_cache, v_cache, segment: RequestSegment, scale: float):
-    """One segment through the packed prefill kernel (KV already written): a token's result does not depend on
-    how its prompt was chunked (corun/kernels/prefill_attention.py)."""
-    from corun.kernels.prefill_attention import paged_prefill_attention  # NOTE: Triton only on CUDA hosts
-
-    start_pos = segment.context_len - segment.num_query_tokens
-    return paged_prefill_attention(q, k_cache, v_cache, segment.block_table, start_pos, scale)
-
-
 def decode_rows_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float):
     if meta.num_kv_splits == 0:
         return fixed_window_decode_attention(

@@ -75,6 +75,11 @@ class SchedulerConfig:
             raise ValueError(f"packed prefill needs prefill_chunk_size ({self.prefill_chunk_size}) <= "
                              f"prefill_pack_tokens ({self.prefill_pack_tokens})")
 
+    @property
+    def prefill_seqs_per_forward(self) -> int:
+        """Prompts one corun prefill forward holds, and samples token 1 on: S packed, 1 isolated."""
+        return self.prefill_pack_seqs if self.prefill_pack_tokens else 1
+
     def prefill_rows(self, num_tokens: int) -> int:
         """Token rows of the forward that prefills a chunk of num_tokens alone (isolated mode)."""
         return next((b for b in self.prefill_buckets if b >= num_tokens), num_tokens)

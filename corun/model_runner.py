@@ -145,8 +145,7 @@ class ModelRunner:
         sched = self.config.scheduler
         self.num_prefill_forwards += 1
         num_rows = sched.prefill_pack_tokens or sched.prefill_rows(chunks[0].num_tokens)
-        num_seqs = sched.prefill_pack_seqs if sched.prefill_pack_tokens else 1
-        assert len(chunks) == 1 or sched.prefill_pack_tokens, "isolated prefill runs one chunk per forward"
+        assert len(chunks) <= sched.prefill_seqs_per_forward, "isolated prefill runs one chunk per forward"
         # NOTE: bucketed graphs take a prompt's first chunk (causal attention over the forward's own K and V);
         # later chunks of long prompts, and chunks longer than every bucket, run at natural length
         bucketed = chunks[0].start == 0 and chunks[0].num_tokens <= max(sched.prefill_buckets, default=0)
@@ -155,7 +154,8 @@ class ModelRunner:
         else:
             self.num_padded_prefill_forwards += 1
             logits = self.padded_prefill_logits(build_prefill_pack(
-                chunks, num_rows, num_seqs, self.block_size, self.table_rows, whole_prompt=bucketed))
+                chunks, num_rows, sched.prefill_seqs_per_forward, self.block_size, self.table_rows,
+                whole_prompt=bucketed))
         for chunk in chunks:
             chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
         finishing = [chunk.request for chunk in chunks if chunk.is_last]
@@ -185,7 +185,7 @@ class ModelRunner:
         return [sched.prefill_pack_tokens] if sched.prefill_pack_tokens else list(sched.prefill_buckets)
 
     def capture_prefill_graphs(self) -> CapturedGraphs[PrefillPackInputs]:
-        num_seqs = self.config.scheduler.prefill_pack_seqs if self.config.scheduler.prefill_pack_tokens else 1
+        num_seqs = self.config.scheduler.prefill_seqs_per_forward
 
         def make_static(num_rows: int) -> PrefillPackInputs:
             return build_prefill_pack([], num_rows, num_seqs, self.block_size, self.table_rows,

@@ -187,7 +187,8 @@ class PrefillPackInputs:
     slot_blocks: torch.Tensor  # [num_rows] int64
     slot_offsets: torch.Tensor  # [num_rows] int64
     sample_rows: torch.Tensor  # [num_seqs] int64: last rows of the chunks that end a prompt, first; then 0
-    packed: PackedPrefillMeta
+    packed: PackedPrefillMeta | None
+    """The packed kernel's launch facts; None for a whole prompt (its attention needs none of them)."""
     segments: tuple[RequestSegment, ...] = ()
     """The same chunks as per-request segments, for the SDPA path (CPU); not part of a captured graph."""
     whole_prompt: bool = False
@@ -201,7 +202,7 @@ class PrefillPackInputs:
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.input_ids, self.positions, self.slot_blocks, self.slot_offsets, self.sample_rows,
-                *self.packed.tensors()]
+                *(self.packed.tensors() if self.packed is not None else ())]
 
     def copy_to(self, static: PrefillPackInputs) -> None:
         for source, target in zip(self.tensors(), static.tensors(), strict=True):
@@ -209,7 +210,8 @@ class PrefillPackInputs:
 
     def to(self, device) -> PrefillPackInputs:
         return PrefillPackInputs(self.input_ids.to(device), self.positions.to(device), self.slot_blocks.to(device),
-                                 self.slot_offsets.to(device), self.sample_rows.to(device), self.packed.to(device),
+                                 self.slot_offsets.to(device), self.sample_rows.to(device),
+                                 None if self.packed is None else self.packed.to(device),
                                  _shifted(self.segments, 0, device), self.whole_prompt)
 
 
@@ -225,7 +227,9 @@ def build_prefill_pack(chunks: list[PrefillChunk], num_rows: int, num_seqs: int,
     ends = np.cumsum([c.num_tokens for c in chunks]).tolist()
     finishing = [end - 1 for chunk, end in zip(chunks, ends, strict=True) if chunk.is_last]
     sample_rows = torch.tensor(finishing + [0] * (num_seqs - len(finishing)), dtype=torch.int64)
-    packed = packed_prefill_meta(chunks, 0, num_seqs, max_prefill_tiles(num_rows, num_seqs), table_rows)
+    # NOTE: a whole prompt's graph attends with SDPA: building (and copying in) kernel launch facts is waste
+    packed = None if whole_prompt else packed_prefill_meta(chunks, 0, num_seqs, max_prefill_tiles(num_rows, num_seqs),
+                                                           table_rows)
     return PrefillPackInputs(torch.cat([step.input_ids, pad]), torch.cat([step.positions, pad]),
                              torch.cat([step.meta.slot_blocks, pad + NULL_BLOCK]),
                              torch.cat([step.meta.slot_offsets, pad]), sample_rows, packed, step.meta.segments,

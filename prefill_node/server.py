@@ -69,7 +69,7 @@ class PrefillServer(NodeServer):
         its blocks fit), while they fit the forward: one chunk isolated, T rows and S prompts packed."""
         sched = self.config.engine.scheduler
         rows_left = sched.prefill_pack_tokens or sched.prefill_chunk_size
-        max_prompts = sched.prefill_pack_seqs if sched.prefill_pack_tokens else 1
+        max_prompts = sched.prefill_seqs_per_forward
         chunks = []
         for pending in self.prefilling:
             chunk = self.next_chunk(pending.request)

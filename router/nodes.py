@@ -178,13 +178,15 @@ class NodePool:
         return agreed_model_facts(pongs) if pongs else None
 
     async def learned_model_facts(self, timeout_s: float) -> ModelFacts | None:
-        """model_facts() once every node has answered, or whatever answered by timeout_s."""
+        """model_facts() once a node has answered (None if none did within timeout_s).
+
+        NOTE: not once every node has: a node that never comes up must not delay every request."""
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._until_all_answered(), timeout_s)
+            await asyncio.wait_for(self._until_one_answered(), timeout_s)
         return self.model_facts()
 
-    async def _until_all_answered(self) -> None:
-        while any(node.status().pong is None for node in self.nodes):
+    async def _until_one_answered(self) -> None:
+        while all(node.status().pong is None for node in self.nodes):
             await asyncio.sleep(0.02)
 
     def node_fingerprints(self) -> set[str]:

@@ -96,12 +96,11 @@ def prefill_reference(prompt, k_cache, v_cache, table, start: int, scale: float)
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 def test_chunk_invariant_prefill_matches_causal_attention(dtype):
-    from corun.attention import RequestSegment, chunk_invariant_prefill_attention
+    from corun.kernels.prefill_attention import paged_prefill_attention
 
     prompt, k_cache, v_cache, table = prefill_case(100, dtype, seed=3)
     for start, num in ((0, 100), (37, 63), (99, 1)):
-        ours = chunk_invariant_prefill_attention(prompt[start:start + num], k_cache, v_cache,
-                                                 RequestSegment(0, num, start + num, table), 0.088)
+        ours = paged_prefill_attention(prompt[start:start + num], k_cache, v_cache, table, start, 0.088)
         expected = prefill_reference(prompt[start:start + num], k_cache, v_cache, table, start, 0.088)
         tolerance = 2e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(ours.float(), expected, atol=tolerance, rtol=tolerance)
@@ -109,15 +108,14 @@ def test_chunk_invariant_prefill_matches_causal_attention(dtype):
 
 def test_chunk_invariant_prefill_is_chunking_invariant():
     """batch_invariant mode's prompt attention: a token's output is the same however its prompt is chunked."""
-    from corun.attention import RequestSegment, chunk_invariant_prefill_attention
+    from corun.kernels.prefill_attention import paged_prefill_attention
 
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     prompt, k_cache, v_cache, table = prefill_case(100, dtype, seed=4)
 
     def chunked(cuts: list[int]) -> torch.Tensor:
         bounds = [0, *cuts, 100]
-        return torch.cat([chunk_invariant_prefill_attention(prompt[a:b], k_cache, v_cache,
-                                                            RequestSegment(0, b - a, b, table), 0.088)
+        return torch.cat([paged_prefill_attention(prompt[a:b], k_cache, v_cache, table, a, 0.088)
                           for a, b in zip(bounds, bounds[1:])])
 
     whole = chunked([])
