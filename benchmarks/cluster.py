@@ -24,11 +24,11 @@ from corun import LLM, SamplingParams
 from corun.config import RouterConfig
 from corun.models.tiny import make_tiny_model
 from corun.tokenizer import load_tokenizer
-from deploy.local import LocalCluster, LocalClusterConfig, free_port
+from launch.local import LocalCluster, LocalClusterConfig, free_port
 from router.nodes import NodePool
 from router.pipeline import generate
 from tests.conftest import varied_prompts
-from tests.deploy.cluster_client import MAX_MODEL_LEN, engine_config
+from tests.launch.cluster_client import MAX_MODEL_LEN, engine_config
 
 
 def percentiles(samples: list[float]) -> dict:

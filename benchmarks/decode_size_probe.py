@@ -16,7 +16,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from corun.bench import timed
+from benchmarks.harness import timed
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.cuda_graphs import CapturedGraphs
 from corun.model_runner import ModelRunner

@@ -13,8 +13,8 @@ import time
 
 import torch
 
+from benchmarks.harness import measure_hardware, step_floor
 from benchmarks.report import emit
-from corun.bench import measure_hardware, step_floor
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
 from corun.sampling_params import SamplingParams

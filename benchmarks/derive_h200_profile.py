@@ -27,7 +27,7 @@ import torch
 from corun.kv_cache import bytes_per_block
 from corun.models.decoder import DecoderLM
 from corun.models.presets import preset_config
-from deploy.perf_profile import DecodePoint, PerformanceProfile, PrefillPoint
+from planner.perf_profile import DecodePoint, PerformanceProfile, PrefillPoint
 
 RESULTS = Path(__file__).parent / "results"
 DECODE_RUNS = (("h200_bench_rerun.json", "1024x128"), ("h200_bench_rerun.json", "4096x2048"),
@@ -46,7 +46,7 @@ class BenchShape:
         dtype = getattr(torch, engine["dtype"])
         with torch.device("meta"):
             model = DecoderLM(self.arch, engine["scheduler"]["max_model_len"])
-        # NOTE: the same weights as corun.bench.step_floor counts (the embedding table is a gather, not a read)
+        # NOTE: the same weights as benchmarks.harness.step_floor counts (the embedding table is a gather, not a read)
         self.num_weights = sum(p.numel() for n, p in model.named_parameters()
                                if "embed_tokens" not in n or self.arch.tie_word_embeddings)
         self.elem = torch.empty((), dtype=dtype).element_size()
@@ -95,7 +95,7 @@ def prefill_points() -> list[PrefillPoint]:
         admitted = BenchShape(report["engine"]).num_admitted(run["num_requests"], sched["max_num_seqs"],
                                                             num_in + num_out)
         for quantile, key in ((0.5, "p50"), (0.99, "p99")):
-            rank = min(admitted - 1, int(quantile * admitted)) + 1  # NOTE: corun.bench.percentile's index, 1-based
+            rank = min(admitted - 1, int(quantile * admitted)) + 1  # NOTE: harness.percentile's index, 1-based
             points.append(PrefillPoint(num_in, run["ttft_s"][key] / rank))
     return points
 

@@ -14,8 +14,8 @@ import random
 
 import torch
 
+from benchmarks.harness import scheduler_for
 from corun import LLM, SamplingParams
-from corun.bench import scheduler_for
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -53,7 +53,7 @@ def needle(llm: LLM, vocab: int, params, num_trials: int = 4, max_batch: int = 6
 
 
 def run(model: str, dtype: str, mode: str, max_num_seqs: int, num_prompts: int) -> dict:
-    """mode: a bench mode spec (corun.bench.scheduler_for), e.g. corun:prefill_buckets=default."""
+    """mode: a bench mode spec (benchmarks.harness.scheduler_for), e.g. corun:prefill_buckets=default."""
     scheduler = scheduler_for(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=1024, prefill_chunk_size=256,
                                               max_num_batched_tokens=2048), mode)
     llm = LLM.from_config(EngineConfig(model=model, dtype=dtype, device=DEVICE, scheduler=scheduler,
@@ -75,7 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="random:qwen3-tiny:float32:32,random:qwen3-8b:bfloat16:256")
     parser.add_argument("--modes", default="corun,standard,batch_invariant",
-                        help="comma-separated mode specs (corun.bench.scheduler_for)")
+                        help="comma-separated mode specs (benchmarks.harness.scheduler_for)")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

@@ -9,7 +9,7 @@
 set -u
 part=$1; out=$2
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-BENCH="python3 -m corun.cli bench --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
+BENCH="python3 -m cli.main bench --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
   --max-model-len 6144 --prefill-chunk-size 4096 --max-num-batched-tokens 8192 --kv-cache-mib 112000
   --num-requests 256"
 BUCKETS=corun:prefill_buckets=default

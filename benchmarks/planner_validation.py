@@ -2,14 +2,14 @@
 
     python -m benchmarks.planner_validation --out benchmarks/results/planner_validation_cpu.json
 
-1. Profile: `profile_engine` on the engine config every cluster node runs (tests/deploy/cluster_client.py's
+1. Profile: `profile_engine` on the engine config every cluster node runs (tests/launch/cluster_client.py's
    engine_config: N = 32, max_model_len 512, chunk 64, 64 MiB of KV; one compute thread, as LocalCluster gives
    each node), in this process, with nothing else running.
 2. Workload: (input, output) lengths uniform in [50, 400] x [16, 64] (seeded), Poisson arrivals at rates set as
    fractions of the profiled single prefill server's capacity 1 / E[prefill] (default 0.3, 0.65 and 1.3: two
    that the plan serves with 1P1D under the SLO, one that it needs more prefill for).
 3. Per rate: the planner's analytic prediction for P = 1, D = 1 (Planner.feasible(1, 1): TTFT/TPOT p99; the p50
-   is the same formulas solved at quantile 0.5), the discrete-event simulation of 1P1D (deploy/plan_sim.py) in
+   is the same formulas solved at quantile 0.5), the discrete-event simulation of 1P1D (planner/plan_sim.py) in
    steady state (20000 requests, warm-up dropped) and replaying exactly the trace sent to the cluster (no
    warm-up dropped, as measured), and the plan's recommended P:D. Then a fresh LocalCluster (router + 1 prefill
    + 1 decode process), a short sequential warm-up, sequential requests on the idle cluster (what the path
@@ -43,14 +43,14 @@ import torch
 
 from benchmarks.report import emit
 from corun.models.tiny import make_tiny_model
-from deploy import capacity_model
-from deploy.capacity_model import WorkloadStats
-from deploy.launch import engine_with_threads
-from deploy.local import LocalCluster, LocalClusterConfig, free_port
-from deploy.perf_profile import PerformanceModel, profile_engine
-from deploy.plan_sim import ClusterSim, make_requests, simulate
-from deploy.planner import SLO, DecodeConfig, Planner, Workload, plan
-from tests.deploy.cluster_client import engine_config, node_stats
+from launch.cluster import engine_with_threads
+from launch.local import LocalCluster, LocalClusterConfig, free_port
+from planner import capacity_model
+from planner.capacity_model import WorkloadStats
+from planner.perf_profile import PerformanceModel, profile_engine
+from planner.plan import SLO, DecodeConfig, Planner, Workload, plan
+from planner.plan_sim import ClusterSim, make_requests, simulate
+from tests.launch.cluster_client import engine_config, node_stats
 
 INPUT_RANGE = (50, 400)
 OUTPUT_RANGE = (16, 64)

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from corun.bench import measure_hardware, scheduler_for
+from benchmarks.harness import measure_hardware, scheduler_for
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
 from corun.sampling_params import SamplingParams

@@ -1,87 +1,21 @@
-"""Command-line flags for an EngineConfig, shared by `corun generate`, the node servers and `corun serve`."""
+"""Command-line flags for an EngineConfig, shared by `corun generate`/`bench`/`serve` and the node servers.
+
+Each flag names the config field it sets; its default, its argv form (what the launchers pass to node
+processes) and its place in the nested config all come from that one table and the dataclasses' own defaults.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import get_args
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, get_args
 
 from corun.config import DEFAULT_PREFILL_BUCKETS, CacheConfig, DType, EngineConfig, Mode, SchedulerConfig
 
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="HF-format checkpoint directory")
-    parser.add_argument("--mode", default=SchedulerConfig.mode, choices=get_args(Mode))
-    parser.add_argument("--max-num-seqs", type=int, default=SchedulerConfig.max_num_seqs,
-                        help="N: decode rows per step")
-    parser.add_argument("--max-model-len", type=int, default=SchedulerConfig.max_model_len)
-    parser.add_argument("--prefill-chunk-size", type=int, default=SchedulerConfig.prefill_chunk_size)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens,
-                        help="standard mode token budget")
-    parser.add_argument("--prefill-buckets", type=parse_buckets, default=SchedulerConfig.prefill_buckets,
-                        help="corun: pad each isolated prefill chunk to the next of these sizes (CUDA graphs on "
-                             "CUDA): comma-separated sizes, 'default' for "
-                             + ",".join(map(str, DEFAULT_PREFILL_BUCKETS)) + ", or 'none' (natural length, default)")
-    parser.add_argument("--prefill-pack-tokens", type=int, default=SchedulerConfig.prefill_pack_tokens,
-                        help="corun: packed prefill, every prefill forward exactly this many token rows (0: isolated)")
-    parser.add_argument("--prefill-pack-seqs", type=int, default=SchedulerConfig.prefill_pack_seqs,
-                        help="corun packed prefill: most prompts per forward")
-    parser.add_argument("--decode-step-sizes", type=parse_sizes, default=SchedulerConfig.decode_step_sizes,
-                        help="corun: smaller decode step row counts to try (kept only if bitwise equal to the N-row "
-                             "step at start-up), comma-separated; default none (every step at N)")
-    parser.add_argument("--prefill-token-budget", type=int, default=SchedulerConfig.prefill_token_budget,
-                        help="corun: most prompt tokens prefilled between decode steps while requests decode "
-                             "(0: no bound, Algorithm 1)")
-    parser.add_argument("--block-size", type=int, default=CacheConfig.block_size)
-    parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: from --kv-cache-mib)")
-    parser.add_argument("--kv-cache-mib", type=int, default=CacheConfig.memory_budget_bytes // 2**20)
-    parser.add_argument("--dtype", default=EngineConfig.dtype, choices=get_args(DType))
-    parser.add_argument("--device", default=EngineConfig.device)
-    parser.add_argument("--base-seed", type=int, default=EngineConfig.seed,
-                        help="seeds of requests without one derive from it")
-    parser.add_argument("--num-threads", type=int, default=None, help="CPU compute threads (default: torch's)")
-    parser.add_argument("--no-cuda-graph", action="store_true")
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model, dtype=args.dtype, device=args.device, seed=args.base_seed, num_threads=args.num_threads,
-        use_cuda_graph=not args.no_cuda_graph,
-        scheduler=SchedulerConfig(mode=args.mode, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                                  prefill_chunk_size=args.prefill_chunk_size,
-                                  max_num_batched_tokens=args.max_num_batched_tokens,
-                                  prefill_buckets=args.prefill_buckets, prefill_pack_tokens=args.prefill_pack_tokens,
-                                  prefill_pack_seqs=args.prefill_pack_seqs,
-                                  prefill_token_budget=args.prefill_token_budget,
-                                  decode_step_sizes=args.decode_step_sizes),
-        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                          memory_budget_bytes=args.kv_cache_mib * 2**20))
-
-
-def engine_args_to_argv(config: EngineConfig) -> list[str]:
-    """The flags that rebuild `config` in another process (used by the launchers)."""
-    sched, cache = config.scheduler, config.cache
-    argv = ["--model", config.model, "--mode", sched.mode, "--max-num-seqs", str(sched.max_num_seqs),
-            "--max-model-len", str(sched.max_model_len), "--prefill-chunk-size", str(sched.prefill_chunk_size),
-            "--max-num-batched-tokens", str(sched.max_num_batched_tokens),
-            "--prefill-buckets", ",".join(map(str, sched.prefill_buckets)) or "none",
-            "--prefill-pack-tokens", str(sched.prefill_pack_tokens),
-            "--prefill-pack-seqs", str(sched.prefill_pack_seqs),
-            "--prefill-token-budget", str(sched.prefill_token_budget),
-            "--decode-step-sizes", ",".join(map(str, sched.decode_step_sizes)) or "none",
-            "--block-size", str(cache.block_size),
-            "--kv-cache-mib", str(cache.memory_budget_bytes // 2**20), "--dtype", config.dtype,
-            "--device", config.device, "--base-seed", str(config.seed)]
-    if cache.num_blocks is not None:
-        argv += ["--num-blocks", str(cache.num_blocks)]
-    if config.num_threads is not None:
-        argv += ["--num-threads", str(config.num_threads)]
-    if not config.use_cuda_graph:
-        argv.append("--no-cuda-graph")
-    return argv
-
-
-def parse_buckets(text: str) -> tuple[int, ...]:
-    return DEFAULT_PREFILL_BUCKETS if text == "default" else parse_sizes(text)
+SECTIONS = {"scheduler": SchedulerConfig, "cache": CacheConfig}
+"""EngineConfig's nested configs, by field name."""
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -92,3 +26,100 @@ def parse_sizes(text: str) -> tuple[int, ...]:
         return tuple(int(size) for size in text.replace("/", ",").split(","))
     except ValueError:
         raise ValueError(f"expected comma-separated sizes (or 'none'), got {text!r}") from None
+
+
+def parse_buckets(text: str) -> tuple[int, ...]:
+    return DEFAULT_PREFILL_BUCKETS if text == "default" else parse_sizes(text)
+
+
+def format_sizes(sizes: tuple[int, ...]) -> str:
+    return ",".join(map(str, sizes)) or "none"
+
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class EngineFlag:
+    flag: str
+    field: str
+    """'name' of EngineConfig, or 'section.name' of one of its nested configs."""
+    help: str | None = None
+    parse: Callable[[str], Any] = int
+    format: Callable[[Any], str] = str
+    scale: int = 1
+    """field value = flag value * scale (--kv-cache-mib sets bytes)."""
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def default(self):
+        section, _, name = self.field.rpartition(".")
+        owner = SECTIONS[section] if section else EngineConfig
+        value = next(f.default for f in dataclasses.fields(owner) if f.name == name)
+        return None if value is None else value // self.scale if self.scale > 1 else value
+
+
+ENGINE_FLAGS = (
+    EngineFlag("--mode", "scheduler.mode", parse=str, choices=get_args(Mode)),
+    EngineFlag("--max-num-seqs", "scheduler.max_num_seqs", "N: decode rows per step"),
+    EngineFlag("--max-model-len", "scheduler.max_model_len", "longest prompt + generated tokens of a request"),
+    EngineFlag("--prefill-chunk-size", "scheduler.prefill_chunk_size"),
+    EngineFlag("--max-num-batched-tokens", "scheduler.max_num_batched_tokens", "standard mode token budget"),
+    EngineFlag("--prefill-buckets", "scheduler.prefill_buckets",
+               "corun: pad each isolated prefill chunk to the next of these sizes (CUDA graphs on CUDA): "
+               "comma-separated sizes, 'default' for " + ",".join(map(str, DEFAULT_PREFILL_BUCKETS))
+               + ", or 'none' (natural length, default)", parse=parse_buckets, format=format_sizes),
+    EngineFlag("--prefill-pack-tokens", "scheduler.prefill_pack_tokens",
+               "corun: packed prefill, every prefill forward exactly this many token rows (0: isolated)"),
+    EngineFlag("--prefill-pack-seqs", "scheduler.prefill_pack_seqs", "corun packed prefill: most prompts per forward"),
+    EngineFlag("--decode-step-sizes", "scheduler.decode_step_sizes",
+               "corun: smaller decode step row counts to try (kept only if bitwise equal to the N-row step at "
+               "start-up), comma-separated; default none (every step at N)", parse=parse_sizes, format=format_sizes),
+    EngineFlag("--prefill-token-budget", "scheduler.prefill_token_budget",
+               "corun: most prompt tokens prefilled between decode steps while requests decode (0: no bound)"),
+    EngineFlag("--block-size", "cache.block_size"),
+    EngineFlag("--num-blocks", "cache.num_blocks", "KV blocks (default: from --kv-cache-mib)"),
+    EngineFlag("--kv-cache-mib", "cache.memory_budget_bytes", scale=MIB),
+    EngineFlag("--dtype", "dtype", parse=str, choices=get_args(DType)),
+    EngineFlag("--device", "device", parse=str),
+    EngineFlag("--base-seed", "seed", "seeds of requests without one derive from it"),
+    EngineFlag("--max-logprobs", "max_logprobs", "top-k alternatives computed per sampled token"),
+    EngineFlag("--num-threads", "num_threads", "CPU compute threads (default: torch's)"),
+)
+CUDA_GRAPH_FLAG = "--no-cuda-graph"
+"""The one boolean: EngineConfig.use_cuda_graph, on unless this flag is given."""
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="HF-format checkpoint directory")
+    for flag in ENGINE_FLAGS:
+        parser.add_argument(flag.flag, type=flag.parse, default=flag.default(), choices=flag.choices, help=flag.help)
+    parser.add_argument(CUDA_GRAPH_FLAG, dest="use_cuda_graph", action="store_false",
+                        help="run decode steps eagerly on CUDA")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    values: dict[str, Any] = {"model": args.model, "use_cuda_graph": args.use_cuda_graph}
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for flag in ENGINE_FLAGS:
+        value = getattr(args, flag.dest)
+        value = value * flag.scale if value is not None and flag.scale > 1 else value
+        section, _, name = flag.field.rpartition(".")
+        (sections[section] if section else values)[name] = value
+    return EngineConfig(**values, **{name: SECTIONS[name](**fields) for name, fields in sections.items()})
+
+
+def engine_args_to_argv(config: EngineConfig) -> list[str]:
+    """The flags that rebuild `config` in another process (used by the launchers)."""
+    argv = ["--model", config.model]
+    for flag in ENGINE_FLAGS:
+        section, _, name = flag.field.rpartition(".")
+        value = getattr(getattr(config, section) if section else config, name)
+        if value is not None:
+            argv += [flag.flag, flag.format(value // flag.scale if flag.scale > 1 else value)]
+    if not config.use_cuda_graph:
+        argv.append(CUDA_GRAPH_FLAG)
+    return argv

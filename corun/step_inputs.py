@@ -12,14 +12,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from corun.attention import (
-    AttentionMetadata,
-    PackedPrefillMeta,
-    RequestSegment,
-    max_prefill_tiles,
-    packed_prefill_tiles,
-)
+from corun.attention import AttentionMetadata, RequestSegment
 from corun.block_manager import NULL_BLOCK
+from corun.packed_prefill import PackedPrefillMeta, max_prefill_tiles, packed_prefill_tiles
 from corun.request import Request
 from corun.scheduler import PrefillChunk
 

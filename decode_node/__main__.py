@@ -1,6 +1,6 @@
 import sys
 
-from corun.serving import run_node
 from decode_node.server import DecodeServer
+from node_core.serving import run_node
 
 sys.exit(run_node("decode", DecodeServer))

@@ -17,7 +17,7 @@ from corun.config import NodeConfig
 from corun.model_runner import ModelRunner
 from corun.models.loader import model_digest
 from corun.request import Request
-from corun.serving import NodeSockets, compat_fields, engine_fingerprint
+from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
 from transfer.agent import KVTransferAgent
 from transfer.compat import compat_hash, compat_info
 from transfer.reads import KVRegion

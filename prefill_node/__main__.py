@@ -1,6 +1,6 @@
 import sys
 
-from corun.serving import run_node
+from node_core.serving import run_node
 from prefill_node.server import PrefillServer
 
 sys.exit(run_node("prefill", PrefillServer))

@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from corun.attention import PREFILL_QUERY_TILE, PackedPrefillMeta, packed_prefill_tiles
 from corun.kernels.decode_attention import precision_for
+from corun.packed_prefill import PREFILL_QUERY_TILE, PackedPrefillMeta, packed_prefill_tiles
 
 TILE_TOKENS = 64
 """KV positions per inner iteration, aligned at position 0: part of every prompt token's reduction order."""

@@ -1,6 +1,7 @@
 """Engine flags: the argv the launchers pass to node processes rebuilds the same EngineConfig."""
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -35,3 +36,26 @@ def test_flag_defaults_are_the_config_defaults(tiny_model_dir):
     add_engine_args(parser)
     assert engine_config_from_args(parser.parse_args(["--model", tiny_model_dir])) == EngineConfig(model=tiny_model_dir)
     assert LLM(tiny_model_dir).config == EngineConfig(model=tiny_model_dir)
+
+
+def test_every_config_field_has_exactly_one_flag():
+    """A field added to the engine's config without a flag would silently take its default in node processes."""
+    from corun.engine_args import ENGINE_FLAGS, SECTIONS
+
+    flagged = sorted(flag.field for flag in ENGINE_FLAGS) + ["model", "use_cuda_graph"]
+    fields = [f"{section}.{f.name}" for section, owner in SECTIONS.items() for f in dataclasses.fields(owner)]
+    fields += [f.name for f in dataclasses.fields(EngineConfig) if f.name not in SECTIONS]
+    assert sorted(flagged) == sorted(fields)
+
+
+def test_a_non_default_value_of_every_flag_reaches_the_config():
+    config = EngineConfig(model="m", dtype="bfloat16", device="cuda:1", seed=7, max_logprobs=5, use_cuda_graph=False,
+                          num_threads=3, cache=CacheConfig(block_size=32, num_blocks=7, memory_budget_bytes=3 * 2**20),
+                          scheduler=SchedulerConfig(mode="standard", max_num_seqs=9, max_model_len=99,
+                                                    prefill_chunk_size=33, max_num_batched_tokens=77,
+                                                    prefill_buckets=(8,), decode_step_sizes=(4,),
+                                                    prefill_token_budget=5, prefill_pack_seqs=3))
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    rebuilt = engine_config_from_args(parser.parse_args(engine_args_to_argv(config)))
+    assert rebuilt == config and rebuilt != EngineConfig(model="m")

@@ -126,8 +126,8 @@ def test_chunk_invariant_prefill_is_chunking_invariant():
 def test_packed_prefill_is_pack_invariant():
     """corun's packed prefill: a sequence's attention rows are the same alone, among other sequences, at any row of
     the step and with spare programs in the grid (a captured graph's fixed grid)."""
-    from corun.attention import PackedPrefillMeta, max_prefill_tiles, packed_prefill_tiles
     from corun.kernels.prefill_attention import packed_prefill_attention
+    from corun.packed_prefill import PackedPrefillMeta, max_prefill_tiles, packed_prefill_tiles
 
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     prompt, k_cache, v_cache, table = prefill_case(100, dtype, seed=5)

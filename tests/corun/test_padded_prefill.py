@@ -15,8 +15,8 @@ from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.model_runner import ModelRunner
 from corun.request import Request
 from corun.scheduler import PrefillChunk
-from corun.serving import engine_fingerprint
 from corun.step_inputs import build_prefill_pack
+from node_core.serving import engine_fingerprint
 from tests.conftest import varied_prompts
 from tests.corun.test_determinism import PARAMS, completions, first_difference
 

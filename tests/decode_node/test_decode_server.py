@@ -16,7 +16,7 @@ from corun import protocol
 from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
 from corun.sampling_params import SamplingParams
 from decode_node.server import DecodeServer
-from deploy.local import free_port
+from launch.local import free_port
 from prefill_node.server import PrefillServer
 from transfer.fake import FakeKVTransferAgent
 

@@ -9,7 +9,7 @@ import zmq
 from corun import protocol
 from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
 from corun.sampling_params import SamplingParams
-from deploy.local import free_port
+from launch.local import free_port
 from prefill_node.server import PrefillServer
 
 

@@ -15,12 +15,13 @@ import openai
 import pytest
 import ray
 
+from cli import main as cli
 from corun import LLM, SamplingParams
-from deploy import cli, ray_cluster
-from deploy.launch import ClusterConfig, free_port
-from deploy.ray_cluster import LABEL_AMOUNT, RayCluster, RayClusterConfig
+from launch import ray_cluster
+from launch.cluster import ClusterConfig, free_port
+from launch.ray_cluster import LABEL_AMOUNT, RayCluster, RayClusterConfig
 from tests.conftest import varied_prompts
-from tests.deploy.cluster_client import (
+from tests.launch.cluster_client import (
     CHUNK,
     MAX_MODEL_LEN,
     child_pids,
@@ -79,7 +80,7 @@ def test_corun_serve_on_ray_serves_and_stops_everything_on_sigterm(tiny_model_di
     model = tmp_path / "model"  # NOTE: a path of its own, to find this cluster's node processes by command line
     model.symlink_to(tiny_model_dir)
     port = free_port("127.0.0.1")
-    argv = [sys.executable, "-m", "deploy.cli", "serve", "--launcher", "ray", "--placement-strategy", "PACK",
+    argv = [sys.executable, "-m", "cli.main", "serve", "--launcher", "ray", "--placement-strategy", "PACK",
             "--cpus-per-node", "1", "--model", str(model), "--max-num-seqs", str(N), "--max-model-len", "256",
             "--kv-cache-mib", "32", "--port", str(port)]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

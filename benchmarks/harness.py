@@ -1,6 +1,6 @@
 """`corun bench`: synthetic workloads through one engine per mode, measured like a serving benchmark.
 
-Requests arrive as `vllm bench serve` sends them (corun.bench_workloads.Arrivals: all at t=0 by default, as in
+Requests arrive as `vllm bench serve` sends them (planner.workloads.Arrivals: all at t=0 by default, as in
 model evaluation and RL rollouts; or Poisson/gamma arrivals at --request-rate). Per mode and workload: output
 tokens/s, TTFT (from each request's arrival) and TPOT p50/p99, goodput under --goodput SLO targets, the prefill
 path and forward counts of the run, and the median time of full decode steps next to the step's floor:
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from corun.bench_workloads import Arrivals, Workload, check_fits, make_prompts, make_workload
 from corun.config import EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
 from corun.engine_args import parse_buckets
 from corun.request import Request
+from planner.workloads import Arrivals, Workload, check_fits, make_prompts
 
 DEFAULT_ARRIVALS = Arrivals()
 GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms"}
@@ -280,45 +280,3 @@ def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], o
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return report
-
-
-def add_bench(commands) -> None:
-    from corun.engine_args import add_engine_args
-
-    cmd = commands.add_parser("bench", help="throughput/TTFT/TPOT/goodput per mode on synthetic workloads (JSON)")
-    add_engine_args(cmd)
-    cmd.add_argument("--modes", default="corun,standard,batch_invariant",
-                     help="comma-separated mode specs: a mode, or mode:field=value:... with SchedulerConfig fields "
-                          "(e.g. corun:prefill_buckets=default) to run variants side by side")
-    cmd.add_argument("--workloads", default="1024x128,1024x2048,4096x128,4096x2048,burstgpt",
-                     help="comma-separated: 1024x128, 1024x2048, 4096x128, 4096x2048, burstgpt, sharegpt, rl_rollout")
-    cmd.add_argument("--num-requests", type=int, default=None,
-                     help="requests per workload (default: the workload's own, 256; rl_rollout 512)")
-    cmd.add_argument("--seed", type=int, default=DEFAULT_ARRIVALS.seed, help="seeds workload lengths and arrivals")
-    cmd.add_argument("--request-rate", type=float, default=DEFAULT_ARRIVALS.request_rate,
-                     help="requests/s with Poisson (gamma) arrivals; inf (default): every request at t=0")
-    cmd.add_argument("--burstiness", type=float, default=DEFAULT_ARRIVALS.burstiness,
-                     help="gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 more even")
-    cmd.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
-                     help="SLO targets for goodput, e.g. --goodput ttft:500 tpot:50")
-    cmd.add_argument("--max-seconds", type=float, default=None,
-                     help="cut each (mode, workload) run after this long; its result is marked truncated")
-    cmd.add_argument("--out", default=None)
-    cmd.set_defaults(run=run_bench_command)
-
-
-def run_bench_command(args) -> int:
-    from corun.engine_args import engine_config_from_args
-
-    base = engine_config_from_args(args)
-    arrivals = Arrivals(args.request_rate, args.burstiness, args.seed)
-    slo = parse_goodput(args.goodput)
-    workloads = [make_workload(name, args.num_requests, args.seed) for name in args.workloads.split(",")]
-    report = run_bench(base, args.modes.split(","), workloads, args.out, args.max_seconds, arrivals=arrivals, slo=slo)
-    report["command"] = vars(args) | {"run": None, "request_rate": arrivals.describe()["request_rate"]}
-    text = json.dumps(report, indent=2, default=str)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    return 0

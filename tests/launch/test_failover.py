@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from tests.deploy.cluster_client import client, node_stats, start_cluster
+from tests.launch.cluster_client import client, node_stats, start_cluster
 
 PARAMS = {"temperature": 0.8, "seed": 11, "max_tokens": 400, "logprobs": 2}
 PROMPT = "the river reads the morning light because"

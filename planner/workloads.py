@@ -1,4 +1,5 @@
-"""What `corun bench` sends: synthetic (input, output) length mixes and when each request arrives.
+"""The traffic mixes `corun bench` sends and `corun plan` sizes for: seeded (input, output) length samples, and when
+each request arrives.
 
 Every workload is seeded and bounded. Arrivals follow `vllm bench serve`: rate inf sends every request at t=0;
 a finite rate draws gamma-distributed gaps (shape = burstiness, mean 1/rate; burstiness 1 = Poisson).

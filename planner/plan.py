@@ -1,8 +1,8 @@
 """Capacity planner: how many prefill and decode instances a workload needs under TTFT and TPOT targets.
 
-Inputs: a fitted PerformanceModel (deploy/perf_profile.py), a Workload (Poisson rate, (input, output) samples),
+Inputs: a fitted PerformanceModel (planner/perf_profile.py), a Workload (Poisson rate, (input, output) samples),
 an SLO (TTFT p99, TPOT p99) and the decode instance's DecodeConfig (N, KV tokens, max_model_len).
-The analytic model (deploy/capacity_model.py; deploy/plan_sim.py replays the cluster event by event to check it):
+The analytic model (planner/capacity_model.py; planner/plan_sim.py replays the cluster event by event to check it):
 - Prefill pool: P servers, each prefills one request at a time: an M/G/P queue whose service time is the fitted
   isolated prefill of the prompt. An arrival waits with the Erlang-C probability C(P, lambda*E[S]); a wait is
   exponential with mean (1 + cv^2(S)) / 2 / (P/E[S] - lambda) (the M/M/c tail, Allen-Cunneen's factor). It
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deploy.capacity_model import (
+from planner.capacity_model import (
     QUANTILE,
     DecodeLoad,
     WaitTail,
@@ -45,7 +45,7 @@ from deploy.capacity_model import (
     tpot_alone_p99,
     ttft_p99,
 )
-from deploy.perf_profile import PerformanceModel
+from planner.perf_profile import PerformanceModel
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,8 @@ class Workload:
 
 
 def named_workload(name: str, rate: float, num_samples: int = 2000, seed: int = 0) -> Workload:
-    """A workload of corun.bench (1024x128, ..., burstgpt) as length samples."""
-    from corun.bench_workloads import make_workload
+    """A workload of benchmarks.harness (1024x128, ..., burstgpt) as length samples."""
+    from planner.workloads import make_workload
 
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")

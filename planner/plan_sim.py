@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deploy.capacity_model import QUANTILE
-from deploy.planner import split_too_long
+from planner.capacity_model import QUANTILE
+from planner.plan import split_too_long
 
 
 @dataclass(frozen=True)

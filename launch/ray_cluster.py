@@ -2,10 +2,10 @@
 
 Placement: one placement group with one bundle per node ({"CPU": cpus_per_node}, plus {"GPU": 1} when the
 engine runs on CUDA and an optional custom resource per role, so that prefill and decode can be pinned to host
-types), SPREAD over hosts by default or PACKed. Each node is a NodeActor (deploy/ray_node.py) in its bundle,
+types), SPREAD over hosts by default or PACKed. Each node is a NodeActor (launch/ray_node.py) in its bundle,
 running the node server as a subprocess on that host and advertising the host's IP.
 
-Health and restarts as in `corun serve` (deploy/local.py): start() returns once the router's /health says every
+Health and restarts as in `corun serve` (launch/local.py): start() returns once the router's /health says every
 node answers; restart_dead_nodes() starts an exited node process again on its actor, and replaces a dead actor by
 a new one in the same bundle (same host, same port: the router's addresses stay valid). stop() stops the router
 and the nodes, removes the placement group and shuts Ray down if start() initialized it.
@@ -27,9 +27,9 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from deploy import launch
-from deploy.launch import ClusterConfig, Role
-from deploy.ray_node import NodeActor
+from launch import cluster as launch
+from launch.cluster import ClusterConfig, Role
+from launch.ray_node import NodeActor
 
 logger = logging.getLogger(__name__)
 

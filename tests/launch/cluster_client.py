@@ -11,7 +11,7 @@ import zmq
 
 from corun import protocol
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
-from deploy.local import LocalCluster, LocalClusterConfig, free_port
+from launch.local import LocalCluster, LocalClusterConfig, free_port
 
 N = 32
 MAX_MODEL_LEN = 512

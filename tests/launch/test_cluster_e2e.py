@@ -13,11 +13,11 @@ import openai
 import pytest
 
 from corun import LLM, SamplingParams
-from deploy.launch import PoolRefused
-from deploy.local import LocalCluster, LocalClusterConfig, free_port
+from launch.cluster import PoolRefused
+from launch.local import LocalCluster, LocalClusterConfig, free_port
 from router.responses import json_logprob, token_text
 from tests.conftest import varied_prompts
-from tests.deploy.cluster_client import (
+from tests.launch.cluster_client import (
     CHUNK,
     MAX_MODEL_LEN,
     N,

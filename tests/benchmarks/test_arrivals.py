@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from corun.bench import RequestOutcome, SLOTargets, count_good, parse_goodput
-from corun.bench_workloads import Arrivals, Workload, check_fits, make_workload
+from benchmarks.harness import RequestOutcome, SLOTargets, count_good, parse_goodput
+from planner.workloads import Arrivals, Workload, check_fits, make_workload
 
 
 def gaps(times: tuple[float, ...]) -> list[float]:

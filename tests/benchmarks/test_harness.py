@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from corun.bench import SLOTargets, percentile, run_bench
-from corun.bench_workloads import Arrivals, Workload, make_workload
-from corun.cli import main
+from benchmarks.harness import SLOTargets, percentile, run_bench
+from cli.main import main
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+from planner.workloads import Arrivals, Workload, make_workload
 
 
 def config(model: str, max_num_seqs: int = 4) -> EngineConfig:
@@ -114,7 +114,7 @@ def test_cli_writes_strict_json_with_arrivals_and_goodput(tiny_model_dir, capsys
     argv = ["bench", "--model", tiny_model_dir, "--num-threads", "1", "--modes", "corun", "--workloads", "small",
             "--max-model-len", "160", "--num-requests", "2", "--goodput", "ttft:100000", "tpot:100000"]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("corun.bench.make_workload", lambda name, num, seed: small_workload(name, num))
+        patch.setattr("cli.bench.make_workload", lambda name, num, seed: small_workload(name, num))
         assert main(argv) == 0
     report = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"non-JSON {name}"))
     assert report["arrivals"]["request_rate"] == "inf" and report["command"]["request_rate"] == "inf"

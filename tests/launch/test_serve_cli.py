@@ -8,13 +8,13 @@ import time
 
 import openai
 
-from deploy.local import free_port
-from tests.deploy.cluster_client import child_pids, wait_for_line
+from launch.local import free_port
+from tests.launch.cluster_client import child_pids, wait_for_line
 
 
 def test_corun_serve_serves_chat_and_stops_everything_on_sigterm(tiny_model_dir):
     port = free_port("127.0.0.1")
-    argv = [sys.executable, "-m", "deploy.cli", "serve", "--model", tiny_model_dir, "--prefill", "1", "--decode", "1",
+    argv = [sys.executable, "-m", "cli.main", "serve", "--model", tiny_model_dir, "--prefill", "1", "--decode", "1",
             "--max-num-seqs", "8", "--max-model-len", "256", "--kv-cache-mib", "32", "--port", str(port)]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

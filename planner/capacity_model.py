@@ -1,6 +1,6 @@
 """The planner's analytic model of one (P, D) cluster: queue waits, decode step time, TTFT and TPOT p99.
 
-Formulas and their assumptions are in deploy/planner.py's docstring.
+Formulas and their assumptions are in planner/plan.py's docstring.
 """
 
 from __future__ import annotations

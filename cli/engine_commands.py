@@ -1,32 +1,13 @@
-"""The `corun` command: make-tiny-model, generate."""
+"""`corun make-tiny-model` and `corun generate` (offline, the colocated engine)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-from corun.bench import add_bench
 from corun.engine_args import add_engine_args, engine_config_from_args
-
-
-def main(argv: list[str] | None = None, extra_commands=()) -> int:
-    """extra_commands: functions adding subcommands of packages above the core (deploy's serve)."""
-    parser = argparse.ArgumentParser(prog="corun", description="Deterministic LLM inference (CoRun).")
-    commands = parser.add_subparsers(dest="command", required=True)
-    add_make_tiny_model(commands)
-    add_generate(commands)
-    add_bench(commands)
-    for add in extra_commands:
-        add(commands)
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"corun {args.command}: error: {error}", file=sys.stderr)
-        return 2
 
 
 def add_make_tiny_model(commands) -> None:
@@ -97,7 +78,3 @@ def output_record(output) -> dict:
     return {"request_id": output.request_id, "prompt": output.prompt, "seed": output.seed,
             "text": completion.text, "token_ids": completion.token_ids, "logprobs": logprobs,
             "finish_reason": completion.finish_reason}
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
+from cli.main import main
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
-from deploy.cli import main
-from deploy.perf_profile import (
+from planner.perf_profile import (
     DecodePoint,
     DecodeStepModel,
     PerformanceModel,
@@ -17,8 +17,8 @@ from deploy.perf_profile import (
     PrefillPoint,
     profile_engine,
 )
-from deploy.plan_sim import check_plan, simulate
-from deploy.planner import SLO, DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
+from planner.plan import SLO, DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
+from planner.plan_sim import check_plan, simulate
 
 # NOTE: close to the H200 fit of benchmarks/results/h200_planner_profile.json (Qwen3-8B, bf16, N = 256)
 H200_LIKE = PerformanceModel(PrefillModel(a=0.009, b=24e-6, c=2e-10, chunk_size=4096),

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import subprocess
 
-from deploy import launch
-from deploy.launch import ClusterConfig, free_port
+from launch import cluster as launch
+from launch.cluster import ClusterConfig, free_port
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import subprocess
 import ray
 
 from corun.config import EngineConfig
-from deploy import launch
-from deploy.launch import ClusterConfig, Role
+from launch import cluster as launch
+from launch.cluster import ClusterConfig, Role
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,26 @@
+"""The `corun` command: one parser, each subcommand's flags in its own module, one line per user error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cli import bench, engine_commands, plan, serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="corun", description="Deterministic LLM serving (CoRun).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add in (engine_commands.add_make_tiny_model, engine_commands.add_generate, bench.add_bench, serve.add_serve,
+                plan.add_profile, plan.add_plan):
+        add(commands)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"corun {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

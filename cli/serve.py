@@ -1,0 +1,67 @@
+"""`corun serve`: a cluster of prefill servers, decode servers and the router, on this host or on Ray."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import TYPE_CHECKING
+
+from corun.config import NodeConfig, RouterConfig
+from corun.engine_args import add_engine_args, engine_config_from_args
+
+if TYPE_CHECKING:
+    from launch.cluster import ClusterConfig
+    from launch.ray_cluster import RayClusterConfig
+
+RAY_FLAGS = {"ray_address": "address", "placement_strategy": "placement_strategy", "cpus_per_node": "cpus_per_node",
+             "prefill_resource": "prefill_resource", "decode_resource": "decode_resource"}
+"""--launcher ray flag (argparse dest) -> RayClusterConfig field. NOTE: the flags default to None so that the
+defaults live in RayClusterConfig alone."""
+
+
+def add_serve(commands) -> None:
+    cmd = commands.add_parser("serve", help="a cluster: prefill servers, decode servers and the router")
+    add_engine_args(cmd)
+    cmd.add_argument("--prefill", type=int, default=1, help="number of prefill servers")
+    cmd.add_argument("--decode", type=int, default=1, help="number of decode servers")
+    cmd.add_argument("--host", default="127.0.0.1", help="the router's interface (and the local nodes')")
+    cmd.add_argument("--port", type=int, default=8000)
+    cmd.add_argument("--served-model-name", default=RouterConfig.served_model_name)
+    cmd.add_argument("--max-pending-requests", type=int, default=RouterConfig.max_pending_requests)
+    cmd.add_argument("--kv-lease-seconds", type=float, default=NodeConfig.kv_lease_seconds)
+    cmd.add_argument("--launcher", default="local", choices=["local", "ray"],
+                     help="local: every process on this host; ray: the nodes on a Ray cluster, the router here")
+    ray_flags = cmd.add_argument_group("--launcher ray")
+    ray_flags.add_argument("--ray-address", help="'auto', ray://HOST:PORT or HOST:PORT (default: a local Ray head)")
+    ray_flags.add_argument("--placement-strategy", choices=["SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK"],
+                           help="how the nodes' bundles lie over hosts (default SPREAD)")
+    ray_flags.add_argument("--cpus-per-node", type=float, help="CPUs each node reserves (default 1)")
+    ray_flags.add_argument("--prefill-resource", help="custom Ray resource the prefill nodes need, e.g. corun_prefill")
+    ray_flags.add_argument("--decode-resource", help="custom Ray resource the decode nodes need")
+    cmd.set_defaults(run=run_serve)
+
+
+def run_serve(args) -> int:
+    from launch.cluster import ClusterConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s %(message)s")
+    config = ClusterConfig(
+        engine=engine_config_from_args(args), num_prefill=args.prefill, num_decode=args.decode, host=args.host,
+        port=args.port, served_model_name=args.served_model_name, max_pending_requests=args.max_pending_requests,
+        kv_lease_seconds=args.kv_lease_seconds)
+    if args.launcher == "ray":
+        from launch import ray_cluster
+
+        return ray_cluster.serve_forever(ray_config_from_args(args, config))
+    if given := [f"--{dest.replace('_', '-')}" for dest in RAY_FLAGS if getattr(args, dest) is not None]:
+        raise ValueError(f"{', '.join(given)}: only with --launcher ray")
+    from launch import local
+
+    return local.serve_forever(config)
+
+
+def ray_config_from_args(args: argparse.Namespace, cluster: ClusterConfig) -> RayClusterConfig:
+    from launch.ray_cluster import RayClusterConfig
+
+    given = {field: getattr(args, dest) for dest, field in RAY_FLAGS.items() if getattr(args, dest) is not None}
+    return RayClusterConfig(cluster=cluster, **given)

@@ -1,0 +1,50 @@
+"""What one launch of the packed prefill kernel (corun/kernels/prefill_attention.py) reads: its sequences and
+query tiles, built on the host by the step's inputs and read on the device by the kernel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PREFILL_QUERY_TILE = 16
+"""Query positions per program of the packed prefill kernel, tiles aligned at each sequence's position 0."""
+
+
+@dataclass
+class PackedPrefillMeta:
+    """The sequences of one packed prefill launch, as device tensors; shapes depend only on the forward's fixed
+    (rows, sequences), so a CUDA graph can capture the launch and replay it with other contents."""
+
+    query_starts: torch.Tensor  # [num_seqs] int32: step row of the sequence's first query token
+    start_positions: torch.Tensor  # [num_seqs] int32: absolute position of that token
+    num_tokens: torch.Tensor  # [num_seqs] int32: query tokens this step (0: an unused sequence slot)
+    block_tables: torch.Tensor  # [num_seqs, blocks] int64
+    tile_seqs: torch.Tensor  # [num_programs] int32: the sequence each program's query tile belongs to, -1: none
+    tile_starts: torch.Tensor  # [num_programs] int32: absolute position of the tile's first query token
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.query_starts, self.start_positions, self.num_tokens, self.block_tables, self.tile_seqs,
+                self.tile_starts]
+
+    def to(self, device) -> PackedPrefillMeta:
+        return PackedPrefillMeta(*(t.to(device) for t in self.tensors()))
+
+
+def max_prefill_tiles(num_rows: int, num_seqs: int) -> int:
+    """Query tiles a forward of num_rows rows holding up to num_seqs sequences can need (each sequence's chunk
+    starts anywhere in a tile, so it can straddle one more tile than its length fills)."""
+    return -(-num_rows // PREFILL_QUERY_TILE) + 2 * num_seqs
+
+
+def packed_prefill_tiles(start_positions: list[int], num_tokens: list[int], num_programs: int):
+    """-> (tile_seqs, tile_starts) lists padded with -1 / 0 to num_programs (0: exactly as many as needed)."""
+    tile_seqs, tile_starts = [], []
+    for seq, (start, count) in enumerate(zip(start_positions, num_tokens, strict=True)):
+        if count == 0:
+            continue
+        first, last = start // PREFILL_QUERY_TILE, (start + count - 1) // PREFILL_QUERY_TILE
+        tile_seqs += [seq] * (last - first + 1)
+        tile_starts += [t * PREFILL_QUERY_TILE for t in range(first, last + 1)]
+    padding = max(0, num_programs - len(tile_seqs))
+    return tile_seqs + [-1] * padding, tile_starts + [0] * padding

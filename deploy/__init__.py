@@ -1,1 +1,0 @@
-"""Launch: local (`corun serve`) and multi-node on Ray; the prefill:decode capacity planner."""

@@ -1,0 +1,1 @@
+"""The prefill:decode capacity planner: measured profiles, the analytic model, the plan and its simulation."""
