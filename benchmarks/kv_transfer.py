@@ -159,7 +159,7 @@ def measure_agent(case: Case, ucx_mode: str, kv_info: dict) -> dict:
 
     def read_once() -> None:
         start = time.perf_counter()
-        handle = agent.start_read(kv_info["engine_id"], remote_ids, local_ids, b"request-done")
+        handle = agent.start_read(kv_info["node_id"], remote_ids, local_ids, b"request-done")
         post_seconds.append(time.perf_counter() - start)
         while agent.poll(handle) == "PROC":
             pass

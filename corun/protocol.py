@@ -25,7 +25,7 @@ import msgpack
 from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 KV_DONE_PREFIX = b"done:"
 
 
@@ -37,7 +37,7 @@ class ProtocolError(ValueError):
 class KVHandle:
     """Where a prefilled request's KV lives: enough for a decode node to claim and pull it."""
 
-    engine_id: str
+    node_id: str
     """The prefill node's id, also its NIXL agent name."""
     address: str
     """The prefill node's zmq control address (handshake and claims)."""
@@ -129,13 +129,13 @@ class Pong:
 # --- decode -> prefill ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HandshakeRequest:
-    engine_id: str
+    node_id: str
     compat: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class HandshakeReply:
-    engine_id: str
+    node_id: str
     compat: dict[str, Any]
     compat_hash: str
     agent_metadata: bytes
@@ -150,7 +150,7 @@ class HandshakeReply:
 class HandshakeRefused:
     """prefill -> decode: the handshake is refused (the KV compatibility facts disagree)."""
 
-    engine_id: str
+    node_id: str
     """The refusing prefill node."""
     reason: str
 

@@ -97,9 +97,9 @@ class DecodeServer(NodeServer):
     # --- pulling KV ---------------------------------------------------------------------------------------------
     def claim(self, job: DecodeJob) -> None:
         self.claiming[job.request.request_id] = job
-        peer = self.peers.get(job.kv.engine_id)
+        peer = self.peers.get(job.kv.node_id)
         if peer is None:
-            peer = self.peers[job.kv.engine_id] = PrefillPeer(job.kv.address)
+            peer = self.peers[job.kv.node_id] = PrefillPeer(job.kv.address)
             self.sockets.send_peer(peer.address, protocol.HandshakeRequest(self.config.node_id, self.compat))
         if peer.ready:
             self.sockets.send_peer(peer.address, protocol.ClaimKV(job.request.request_id))
@@ -107,13 +107,13 @@ class DecodeServer(NodeServer):
             peer.jobs_waiting.append(job)
 
     def on_handshake_reply(self, address: str, reply: protocol.HandshakeReply) -> None:
-        peer = self.peers[reply.engine_id]
+        peer = self.peers[reply.node_id]
         try:
-            check_compatible(self.compat, reply.compat, reply.engine_id)
-            self.agent.add_peer(reply.engine_id, reply.agent_metadata, reply.kv_base_address, reply.num_blocks,
+            check_compatible(self.compat, reply.compat, reply.node_id)
+            self.agent.add_peer(reply.node_id, reply.agent_metadata, reply.kv_base_address, reply.num_blocks,
                                 reply.block_nbytes, reply.memory_type)
         except IncompatiblePeer as error:
-            self.fail_peer(reply.engine_id, str(error))
+            self.fail_peer(reply.node_id, str(error))
             return
         peer.ready = True
         for job in peer.jobs_waiting:
@@ -131,7 +131,7 @@ class DecodeServer(NodeServer):
             self.fail(job, f"KV of {reply.request_id} was made under compat hash {job.kv.compat_hash}")
             return
         local = job.request.block_ids[: len(reply.block_ids)]
-        job.read = self.agent.start_read(job.kv.engine_id, reply.block_ids, local,
+        job.read = self.agent.start_read(job.kv.node_id, reply.block_ids, local,
                                          protocol.kv_done_notification(reply.request_id))
         self.transferring[reply.request_id] = job
 
@@ -142,9 +142,9 @@ class DecodeServer(NodeServer):
                 continue
             del self.transferring[request_id]
             if state == "ERR":
-                self.agent.remove_peer(job.kv.engine_id)  # NOTE: likely a restarted peer: handshake again
-                self.peers.pop(job.kv.engine_id, None)
-                self.fail(job, f"NIXL read of {request_id}'s KV from {job.kv.engine_id} failed")
+                self.agent.remove_peer(job.kv.node_id)  # NOTE: likely a restarted peer: handshake again
+                self.peers.pop(job.kv.node_id, None)
+                self.fail(job, f"NIXL read of {request_id}'s KV from {job.kv.node_id} failed")
             elif job.aborted:
                 self.release(job)
             else:
@@ -197,7 +197,7 @@ class DecodeServer(NodeServer):
                 self.finish(job)
 
     def on_handshake_refused(self, source, message: protocol.HandshakeRefused) -> None:
-        self.fail_peer(message.engine_id, message.reason)
+        self.fail_peer(message.node_id, message.reason)
 
     handlers = {protocol.DecodeRequest: on_decode, protocol.Abort: on_abort, protocol.Ping: NodeServer.on_ping,
                 protocol.HandshakeReply: on_handshake_reply, protocol.ClaimReply: on_claim_reply,
@@ -220,9 +220,9 @@ class DecodeServer(NodeServer):
         if not job.aborted:
             self.sockets.reply(job.router, protocol.ErrorReply(job.request.request_id, 503, message))
 
-    def fail_peer(self, engine_id: str, message: str) -> None:
-        peer = self.peers.pop(engine_id, None) or PrefillPeer("")
-        logger.error("decode %s: prefill peer %s refused: %s", self.config.node_id, engine_id, message)
+    def fail_peer(self, node_id: str, message: str) -> None:
+        peer = self.peers.pop(node_id, None) or PrefillPeer("")
+        logger.error("decode %s: prefill peer %s refused: %s", self.config.node_id, node_id, message)
         for job in peer.jobs_waiting:
             self.claiming.pop(job.request.request_id, None)
             self.fail(job, message)

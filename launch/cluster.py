@@ -91,9 +91,9 @@ def router_argv(config: ClusterConfig, prefill_addresses: Iterable[str], decode_
             "--max-pending-requests", str(config.max_pending_requests),
             "--base-seed", str(config.engine.seed)]
     for address in prefill_addresses:
-        argv += ["--prefill", address]
+        argv += ["--prefill-address", address]
     for address in decode_addresses:
-        argv += ["--decode", address]
+        argv += ["--decode-address", address]
     return argv
 
 

@@ -144,7 +144,7 @@ class PrefillServer(NodeServer):
 
     def on_handshake(self, identity: bytes, message: protocol.HandshakeRequest) -> None:
         try:
-            check_compatible(self.compat, message.compat, message.engine_id)
+            check_compatible(self.compat, message.compat, message.node_id)
         except IncompatiblePeer as error:
             logger.error("prefill %s: refusing %s", self.config.node_id, error)
             self.sockets.reply(identity, protocol.HandshakeRefused(self.config.node_id, str(error)))

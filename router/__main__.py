@@ -1,4 +1,6 @@
-"""`python -m router --model DIR --prefill ADDR ... --decode ADDR ... --port P`: the HTTP front door."""
+"""`python -m router --model DIR --prefill-address ADDR ... --decode-address ADDR ... --port P`: the HTTP front door.
+
+(`corun serve --prefill N --decode N` counts nodes; here each flag is one node's address.)"""
 
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     defaults = {field.name: field.default for field in dataclasses.fields(RouterConfig)}
     parser = argparse.ArgumentParser(prog="python -m router", description="CoRun router (OpenAI-compatible).")
     parser.add_argument("--model", required=True, help="checkpoint directory (tokenizer files, config.json)")
-    parser.add_argument("--prefill", action="append", required=True, metavar="ADDR",
+    parser.add_argument("--prefill-address", action="append", required=True, metavar="ADDR",
                         help="prefill node zmq address, e.g. tcp://10.0.0.1:7001 (repeat for more)")
-    parser.add_argument("--decode", action="append", required=True, metavar="ADDR",
+    parser.add_argument("--decode-address", action="append", required=True, metavar="ADDR",
                         help="decode node zmq address (repeat for more)")
     parser.add_argument("--host", default=defaults["host"])
     parser.add_argument("--port", type=int, default=defaults["port"])
@@ -33,7 +35,7 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     parser.add_argument("--base-seed", type=int, default=defaults["base_seed"])
     args = parser.parse_args(argv)
     return RouterConfig(
-        model=args.model, prefill_addresses=tuple(args.prefill), decode_addresses=tuple(args.decode),
+        model=args.model, prefill_addresses=tuple(args.prefill_address), decode_addresses=tuple(args.decode_address),
         served_model_name=args.served_model_name, host=args.host, port=args.port,
         max_pending_requests=args.max_pending_requests,
         request_timeout_s=args.request_timeout_s, base_seed=args.base_seed,

@@ -73,34 +73,34 @@ class KVTransferAgent(KVRegion):
         return self._nixl.get_agent_metadata()
 
     # --- peers ------------------------------------------------------------------------------------------------
-    def add_peer(self, engine_id: str, agent_metadata: bytes, kv_base_address: int, num_blocks: int,
+    def add_peer(self, node_id: str, agent_metadata: bytes, kv_base_address: int, num_blocks: int,
                  block_nbytes: int, memory_type: str, device_id: int = 0) -> None:
         """Load a peer's metadata and prepare its block list; a peer added again (a restart) is replaced.
 
         device_id: the peer's GPU index for VRAM (its KV tensor's device), 0 for DRAM."""
         if block_nbytes != self.block_nbytes:
-            raise IncompatiblePeer(f"peer {engine_id} is incompatible: block_nbytes {self.block_nbytes} != "
+            raise IncompatiblePeer(f"peer {node_id} is incompatible: block_nbytes {self.block_nbytes} != "
                                    f"{block_nbytes}")
         if memory_type not in ("DRAM", "VRAM"):
-            raise IncompatiblePeer(f"peer {engine_id} offers memory type {memory_type!r}, not DRAM or VRAM")
-        self.remove_peer(engine_id)
+            raise IncompatiblePeer(f"peer {node_id} offers memory type {memory_type!r}, not DRAM or VRAM")
+        self.remove_peer(node_id)
         loaded_name = _as_str(self._nixl.add_remote_agent(agent_metadata))
-        if loaded_name != engine_id:
+        if loaded_name != node_id:
             self._nixl.remove_remote_agent(loaded_name)
-            raise IncompatiblePeer(f"peer {engine_id} sent the NIXL metadata of agent {loaded_name}")
+            raise IncompatiblePeer(f"peer {node_id} sent the NIXL metadata of agent {loaded_name}")
         descs = self._block_descs(kv_base_address, num_blocks, device_id)
-        dlist = self._nixl.prep_xfer_dlist(engine_id, descs, memory_type)
-        self._peers[engine_id] = _Peer(engine_id, num_blocks, dlist)
+        dlist = self._nixl.prep_xfer_dlist(node_id, descs, memory_type)
+        self._peers[node_id] = _Peer(node_id, num_blocks, dlist)
 
-    def has_peer(self, engine_id: str) -> bool:
-        return engine_id in self._peers
+    def has_peer(self, node_id: str) -> bool:
+        return node_id in self._peers
 
-    def remove_peer(self, engine_id: str) -> None:
+    def remove_peer(self, node_id: str) -> None:
         """Forget a peer (reads still in flight to it should be polled to the end first)."""
-        peer = self._peers.pop(engine_id, None)
+        peer = self._peers.pop(node_id, None)
         if peer is not None:
             self._nixl.release_dlist_handle(peer.blocks_dlist)
-            self._nixl.remove_remote_agent(engine_id)
+            self._nixl.remove_remote_agent(node_id)
 
     # --- reads ------------------------------------------------------------------------------------------------
     def start_read(self, peer: str, remote_block_ids: Sequence[int], local_block_ids: Sequence[int],
@@ -141,8 +141,8 @@ class KVTransferAgent(KVRegion):
                 for message in messages]
 
     def close(self) -> None:
-        for engine_id in list(self._peers):
-            self.remove_peer(engine_id)
+        for node_id in list(self._peers):
+            self.remove_peer(node_id)
         if self._blocks_dlist is not None:
             self._nixl.release_dlist_handle(self._blocks_dlist)
             self._nixl.deregister_memory(self._registration)

@@ -40,20 +40,20 @@ class FakeKVTransferAgent(KVRegion):
     def metadata(self) -> bytes:
         return self.name.encode()
 
-    def add_peer(self, engine_id: str, agent_metadata: bytes, kv_base_address: int, num_blocks: int,
+    def add_peer(self, node_id: str, agent_metadata: bytes, kv_base_address: int, num_blocks: int,
                  block_nbytes: int, memory_type: str, device_id: int = 0) -> None:
         if block_nbytes != self.block_nbytes:
-            raise IncompatiblePeer(f"peer {engine_id} is incompatible: block_nbytes {self.block_nbytes} != "
+            raise IncompatiblePeer(f"peer {node_id} is incompatible: block_nbytes {self.block_nbytes} != "
                                    f"{block_nbytes}")
-        if agent_metadata.decode() != engine_id or engine_id not in _AGENTS:
-            raise IncompatiblePeer(f"peer {engine_id} sent the metadata of agent {agent_metadata.decode()}")
-        self._peer_names.add(engine_id)
+        if agent_metadata.decode() != node_id or node_id not in _AGENTS:
+            raise IncompatiblePeer(f"peer {node_id} sent the metadata of agent {agent_metadata.decode()}")
+        self._peer_names.add(node_id)
 
-    def has_peer(self, engine_id: str) -> bool:
-        return engine_id in self._peer_names
+    def has_peer(self, node_id: str) -> bool:
+        return node_id in self._peer_names
 
-    def remove_peer(self, engine_id: str) -> None:
-        self._peer_names.discard(engine_id)
+    def remove_peer(self, node_id: str) -> None:
+        self._peer_names.discard(node_id)
 
     def start_read(self, peer: str, remote_block_ids: Sequence[int], local_block_ids: Sequence[int],
                    notification: bytes) -> ReadHandle:

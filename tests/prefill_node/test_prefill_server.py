@@ -84,7 +84,7 @@ def test_bad_requests_and_incompatible_peers_get_clear_errors(server, router):
     assert too_long.status == 400 and "max_model_len" in too_long.message
     [refused] = exchange(server, router, protocol.HandshakeRequest("decode-x", {**server.compat, "block_size": 32}))
     assert isinstance(refused, protocol.HandshakeRefused) and "block_size 16 != 32" in refused.reason
-    assert refused.engine_id == "prefill-t"
+    assert refused.node_id == "prefill-t"
     [accepted] = exchange(server, router, protocol.HandshakeRequest("decode-y", dict(server.compat)))
     assert isinstance(accepted, protocol.HandshakeReply) and accepted.compat_hash == server.compat_hash
 

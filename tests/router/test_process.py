@@ -38,8 +38,8 @@ def free_port() -> int:
 
 def test_python_m_router_serves_and_stops_on_sigterm(tiny_model_dir):
     port = free_port()
-    command = [sys.executable, "-m", "router", "--model", tiny_model_dir, "--prefill", "tcp://127.0.0.1:1",
-               "--decode", "tcp://127.0.0.1:2", "--port", str(port), "--served-model-name", "m"]
+    command = [sys.executable, "-m", "router", "--model", tiny_model_dir, "--prefill-address", "tcp://127.0.0.1:1",
+               "--decode-address", "tcp://127.0.0.1:2", "--port", str(port), "--served-model-name", "m"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         models = wait_for_json(f"http://127.0.0.1:{port}/v1/models", timeout_s=15)

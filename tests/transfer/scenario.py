@@ -36,19 +36,19 @@ def empty_kv() -> torch.Tensor:
 
 def peer_info(agent) -> dict:
     """What the handshake reply carries, as add_peer keyword arguments."""
-    return {"engine_id": agent.name, "agent_metadata": agent.metadata(), "kv_base_address": agent.kv_base_address,
+    return {"node_id": agent.name, "agent_metadata": agent.metadata(), "kv_base_address": agent.kv_base_address,
             "num_blocks": agent.num_blocks, "block_nbytes": agent.block_nbytes, "memory_type": agent.memory_type}
 
 
 def pull_blocks(agent, info: dict) -> dict:
     """The decode side: checks refusals, then reads REMOTE_BLOCK_IDS into LOCAL_BLOCK_IDS and waits."""
     result = {"refused_block_nbytes": _refuses_block_nbytes(agent, info)}
-    result["had_peer_after_refusal"] = agent.has_peer(info["engine_id"])
+    result["had_peer_after_refusal"] = agent.has_peer(info["node_id"])
     agent.add_peer(**info)
-    result["has_peer"] = agent.has_peer(info["engine_id"])
-    result["refused_uneven_ids"] = _raises(ValueError, agent.start_read, info["engine_id"], [1, 2], [3], b"x")
-    result["refused_null_block"] = _raises(ValueError, agent.start_read, info["engine_id"], [0], [3], b"x")
-    handle = agent.start_read(info["engine_id"], REMOTE_BLOCK_IDS, LOCAL_BLOCK_IDS, NOTIFICATION)
+    result["has_peer"] = agent.has_peer(info["node_id"])
+    result["refused_uneven_ids"] = _raises(ValueError, agent.start_read, info["node_id"], [1, 2], [3], b"x")
+    result["refused_null_block"] = _raises(ValueError, agent.start_read, info["node_id"], [0], [3], b"x")
+    handle = agent.start_read(info["node_id"], REMOTE_BLOCK_IDS, LOCAL_BLOCK_IDS, NOTIFICATION)
     result["state"] = wait_until_finished(agent, handle)
     result["state_after_finish"] = agent.poll(handle)
     result["counters"] = agent.counters.as_dict()

@@ -61,11 +61,11 @@ def test_read_from_a_killed_peer_fails_and_is_counted():
         prefill.start()
         info = _receive(prefill_conn, "prefill", decode.new_notifications)
         decode.add_peer(**info)
-        assert scenario.wait_until_finished(decode, decode.start_read(info["engine_id"], [1], [1], b"1")) == "DONE"
+        assert scenario.wait_until_finished(decode, decode.start_read(info["node_id"], [1], [1], b"1")) == "DONE"
         _receive(prefill_conn, "prefill", decode.new_notifications)  # NOTE: our notification has left
         prefill.kill()
         prefill.join(timeout=STEP_TIMEOUT_S)
-        handle = decode.start_read(info["engine_id"], [2], [2], b"2")
+        handle = decode.start_read(info["node_id"], [2], [2], b"2")
         assert scenario.wait_until_finished(decode, handle) == "ERR" and "DISCONNECT" in handle.error
         assert decode.counters.read_failures == 1 and decode.counters.reads_completed == 1
     finally:
@@ -89,7 +89,7 @@ def test_metadata_of_another_agent_is_refused():
     first = KVTransferAgent("first-0", scenario.patterned_kv())
     second = KVTransferAgent("second-0", scenario.empty_kv())
     try:
-        info = {**scenario.peer_info(first), "engine_id": "someone-else"}
+        info = {**scenario.peer_info(first), "node_id": "someone-else"}
         with pytest.raises(IncompatiblePeer, match="someone-else sent the NIXL metadata of agent first-0"):
             second.add_peer(**info)
         assert not second.has_peer("someone-else") and not second.has_peer("first-0")
