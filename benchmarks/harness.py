@@ -154,14 +154,15 @@ class Trace:
 
 def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: int = 0,
                  max_seconds: float | None = None, arrivals: Arrivals = DEFAULT_ARRIVALS,
-                 slo: SLOTargets = SLOTargets()) -> dict:
+                 slo: SLOTargets = SLOTargets(), label: str = "") -> dict:
     """Add each request once its arrival time has passed and run them all to their end, or until max_seconds
     pass; then the rest (arrived or not) count as unfinished and the result is marked truncated (its tokens/s
     then covers the tokens made so far, TPOT the tokens each request made)."""
     prompts = make_prompts(workload, engine.runner.model.cfg.vocab_size, seed)
     trace = Trace(arrivals.times(len(prompts)))
     counts_before, rows_before = engine.runner.forward_counts(), dict(engine.runner.decode_rows_histogram)
-    elapsed = serve_arrivals(engine, prompts, trace, math.inf if max_seconds is None else max_seconds)
+    elapsed = serve_arrivals(engine, prompts, trace, math.inf if max_seconds is None else max_seconds,
+                             label or workload.name)
     counts_after, rows_after = engine.runner.forward_counts(), engine.runner.decode_rows_histogram
     return summarize(engine, trace, elapsed, hardware, slo) | {
         "arrivals": arrivals.describe(), "prefill_path": engine.runner.prefill_path,
@@ -171,11 +172,20 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
         "truncated": trace.truncated}
 
 
-def serve_arrivals(engine: LLMEngine, prompts: list, trace: Trace, deadline: float) -> float:
+PROGRESS_EVERY_S = 15.0
+
+
+def serve_arrivals(engine: LLMEngine, prompts: list, trace: Trace, deadline: float, label: str = "") -> float:
     """The measured loop; returns its seconds. Past the deadline every request still running is aborted."""
     start = time.perf_counter()
+    next_progress = PROGRESS_EVERY_S
     while len(trace.requests) < len(prompts) or engine.has_unfinished():
         now = time.perf_counter() - start
+        if now > next_progress:  # NOTE: a line now and then, so a run of minutes is not silent
+            num_finished = sum(r.finish_reason is not None for r in trace.requests)
+            print(f"corun bench: {label}: {num_finished}/{len(prompts)} requests finished after {now:.0f} s",
+                  file=sys.stderr, flush=True)
+            next_progress += PROGRESS_EVERY_S
         if now > deadline:
             for request in trace.requests:
                 engine.abort_request(request)
@@ -267,10 +277,12 @@ def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], o
               "arrivals": arrivals.describe(), "slo_targets": slo.describe(), "prefill_paths": {}, "modes": {}}
     for mode in modes:
         config = dataclasses.replace(base, scheduler=scheduler_for(base.scheduler, mode))
+        print(f"corun bench: building the {mode} engine", file=sys.stderr, flush=True)
         engine = LLMEngine(config)
         report["prefill_paths"][mode], report["modes"][mode] = engine.runner.prefill_path, {}
         for workload in workloads:
-            result = run_workload(engine, workload, hardware, max_seconds=max_seconds, arrivals=arrivals, slo=slo)
+            result = run_workload(engine, workload, hardware, max_seconds=max_seconds, arrivals=arrivals, slo=slo,
+                                  label=f"{mode} {workload.name}")
             report["modes"][mode][workload.name] = result
             print(progress_line(mode, workload.name, result), file=sys.stderr, flush=True)
             if out:  # NOTE: written after every workload, so a run cut short still leaves its results

@@ -3,20 +3,36 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from benchmarks.harness import DEFAULT_ARRIVALS, parse_goodput, run_bench
 from corun.engine_args import add_engine_args, engine_config_from_args
-from planner.workloads import Arrivals, make_workload
+from planner.workloads import PAPER_WORKLOADS, Arrivals, Workload, default_workloads, make_workload
+
+CUDA_MODES = ("corun", "standard", "batch_invariant")
+CPU_MODES = ("corun", "standard")
+"""NOTE: batch_invariant's Triton kernels run in Triton's interpreter on CPU: minutes per step of a real run."""
+
+
+def chosen_workloads(args, max_model_len: int) -> list[Workload]:
+    if args.workloads:
+        return [make_workload(name, args.num_requests, args.seed) for name in args.workloads.split(",")]
+    workloads, note = default_workloads(max_model_len, args.num_requests, args.seed)
+    names = ",".join(workload.name for workload in workloads)
+    print(f"corun bench: workloads {names}" + (f" ({note})" if note else ""), file=sys.stderr, flush=True)
+    return workloads
 
 
 def add_bench(commands) -> None:
     cmd = commands.add_parser("bench", help="throughput/TTFT/TPOT/goodput per mode on synthetic workloads (JSON)")
     add_engine_args(cmd)
-    cmd.add_argument("--modes", default="corun,standard,batch_invariant",
+    cmd.add_argument("--modes", default=None,
                      help="comma-separated mode specs: a mode, or mode:field=value:... with SchedulerConfig fields "
-                          "(e.g. corun:prefill_buckets=default) to run variants side by side")
-    cmd.add_argument("--workloads", default="1024x128,1024x2048,4096x128,4096x2048,burstgpt",
-                     help="comma-separated: 1024x128, 1024x2048, 4096x128, 4096x2048, burstgpt, sharegpt, rl_rollout")
+                          "(e.g. corun:prefill_buckets=default) to run variants side by side (default: "
+                          f"{','.join(CUDA_MODES)} on CUDA, {','.join(CPU_MODES)} on CPU)")
+    cmd.add_argument("--workloads", default=None,
+                     help="comma-separated: INxOUT (e.g. 1024x128), burstgpt, sharegpt, rl_rollout (default: those of "
+                          f"{','.join(PAPER_WORKLOADS)} that fit --max-model-len, else one INxOUT sized to it)")
     cmd.add_argument("--num-requests", type=int, default=None,
                      help="requests per workload (default: the workload's own, 256; rl_rollout 512)")
     cmd.add_argument("--seed", type=int, default=DEFAULT_ARRIVALS.seed, help="seeds workload lengths and arrivals")
@@ -36,8 +52,9 @@ def run_bench_command(args) -> int:
     base = engine_config_from_args(args)
     arrivals = Arrivals(args.request_rate, args.burstiness, args.seed)
     slo = parse_goodput(args.goodput)
-    workloads = [make_workload(name, args.num_requests, args.seed) for name in args.workloads.split(",")]
-    report = run_bench(base, args.modes.split(","), workloads, args.out, args.max_seconds, arrivals=arrivals, slo=slo)
+    workloads = chosen_workloads(args, base.scheduler.max_model_len)
+    modes = args.modes.split(",") if args.modes else list(CUDA_MODES if base.device.startswith("cuda") else CPU_MODES)
+    report = run_bench(base, modes, workloads, args.out, args.max_seconds, arrivals=arrivals, slo=slo)
     report["command"] = vars(args) | {"run": None, "request_rate": arrivals.describe()["request_rate"]}
     text = json.dumps(report, indent=2, default=str)
     print(text)

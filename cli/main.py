@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from cli import bench, engine_commands, plan, serve
+from launch.cluster import StartupError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, StartupError) as error:
         print(f"corun {args.command}: error: {error}", file=sys.stderr)
         return 2
 

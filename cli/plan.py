@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 from planner.perf_profile import PerformanceModel, PerformanceProfile, profile_engine
 from planner.plan import SLO, DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
@@ -120,7 +121,8 @@ def measure_profile(args) -> PerformanceProfile:
         scheduler=SchedulerConfig(mode="corun", **{k: v for k, v in scheduler.items() if v is not None}),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks))
     profile = profile_engine(config, int_list(args.profile_lengths), int_list(args.profile_contexts),
-                             int_list(args.profile_rows))
+                             int_list(args.profile_rows),
+                             progress=lambda line: print(f"corun {args.command}: {line}", file=sys.stderr, flush=True))
     if args.profile_out:
         profile.save(args.profile_out)
     return profile

@@ -42,19 +42,23 @@ def add_serve(commands) -> None:
 
 
 def run_serve(args) -> int:
-    from launch.cluster import ClusterConfig
+    from launch.cluster import ClusterConfig, check_model, check_port_free
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s %(message)s")
     config = ClusterConfig(
         engine=engine_config_from_args(args), num_prefill=args.prefill, num_decode=args.decode, host=args.host,
         port=args.port, served_model_name=args.served_model_name, max_pending_requests=args.max_pending_requests,
         kv_lease_seconds=args.kv_lease_seconds)
-    if args.launcher == "ray":
+    if args.launcher != "ray" and (given := [f"--{dest.replace('_', '-')}" for dest in RAY_FLAGS
+                                             if getattr(args, dest) is not None]):
+        raise ValueError(f"{', '.join(given)}: only with --launcher ray")
+    ray_config = ray_config_from_args(args, config) if args.launcher == "ray" else None
+    check_model(config.engine.model)  # NOTE: after the flags, before any process starts
+    check_port_free(config.host, config.port)
+    if ray_config is not None:
         from launch import ray_cluster
 
-        return ray_cluster.serve_forever(ray_config_from_args(args, config))
-    if given := [f"--{dest.replace('_', '-')}" for dest in RAY_FLAGS if getattr(args, dest) is not None]:
-        raise ValueError(f"{', '.join(given)}: only with --launcher ray")
+        return ray_cluster.serve_forever(ray_config)
     from launch import local
 
     return local.serve_forever(config)

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from corun.config import EngineConfig, NodeConfig, Role, RouterConfig
@@ -26,6 +27,10 @@ from corun.engine_args import engine_args_to_argv
 
 logger = logging.getLogger(__name__)
 
+
+class StartupError(RuntimeError):
+    """The cluster could not start (a process exited, or /health never came): `corun serve` prints it as one
+    line after the failing process' own message."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,31 @@ class ClusterConfig:
     def nodes(self) -> list[tuple[Role, int]]:
         """(role, index) of every node, the prefill servers first."""
         return [("prefill", i) for i in range(self.num_prefill)] + [("decode", i) for i in range(self.num_decode)]
+
+
+def check_model(path: str) -> None:
+    """Before any node starts: the files the cluster's processes read (the nodes config.json and the weights, the
+    router tokenizer.json), so a wrong --model is one line now, not three processes failing later."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"--model {path}: no such directory (the built-in tiny model: "
+                                f"`corun make-tiny-model {path}`)")
+    missing = [name for name in ("config.json", "tokenizer.json") if not (directory / name).is_file()]
+    missing += [] if any(directory.glob("*.safetensors")) else ["*.safetensors"]
+    if missing:
+        raise FileNotFoundError(f"--model {path}: no {', '.join(missing)} there (an HF-format checkpoint directory)")
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket() as s:
+        # NOTE: as the router's server binds (aiohttp sets SO_REUSEADDR): a port a stopped cluster left in
+        # TIME_WAIT is free to it
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as error:
+            raise ValueError(f"cannot serve on {host}:{port}: {error.strerror} (another `corun serve`? pick "
+                             f"another --port)") from None
 
 
 def node_id(role: Role, index: int) -> str:
@@ -123,12 +153,15 @@ def wait_healthy(url: str, timeout_s: float, check_alive: Callable[[], None]) ->
     """Until the router at url reports every node up; check_alive raises if a process died meanwhile."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        check_alive()
+        try:
+            check_alive()
+        except RuntimeError as error:
+            raise StartupError(f"{error} during start-up (its message is above)") from None
         if router_healthy(url):
             logger.info("cluster ready at %s", url)
             return
         time.sleep(0.25)
-    raise TimeoutError(f"cluster not healthy after {timeout_s} s")
+    raise StartupError(f"cluster not healthy after {timeout_s} s: a node did not answer the router's pings")
 
 
 def stop_processes(processes: list[tuple[str, subprocess.Popen]], grace_s: float) -> None:

@@ -20,6 +20,7 @@ import logging
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -107,6 +108,37 @@ def check_address(address: str | None) -> None:
         raise ValueError(f"Ray address must be 'auto', 'ray://HOST:PORT' or 'HOST:PORT', got {address!r}")
 
 
+PLACEMENT_PROGRESS_S = 10.0
+
+
+def why_never_placed(bundles: list[dict[str, float]], strategy: PlacementStrategy,
+                     hosts: list[dict[str, float]]) -> str | None:
+    """Why these bundles cannot be placed on these hosts' total resources even with every host idle, or None.
+
+    Catches what waiting cannot fix (a GPU node on a cluster without GPUs, a resource no host offers, STRICT_PACK
+    beyond one host, more STRICT_SPREAD nodes than hosts); a placement that fits only once other jobs finish
+    is left to wait."""
+    def fits(bundle, host):
+        return all(host.get(name, 0) >= amount for name, amount in bundle.items())
+
+    for bundle in bundles:
+        if not any(fits(bundle, host) for host in hosts):
+            return (f"no host offers {bundle} (hosts: {hosts}); start hosts with what it needs, or lower "
+                    f"--cpus-per-node")
+    needed: dict[str, float] = {}
+    for bundle in bundles:
+        for name, amount in bundle.items():
+            needed[name] = needed.get(name, 0) + amount
+    if strategy == "STRICT_PACK" and not any(fits(needed, host) for host in hosts):
+        return f"STRICT_PACK needs {needed} on one host; no host offers that"
+    if strategy == "STRICT_SPREAD" and len(hosts) < len(bundles):
+        return f"STRICT_SPREAD needs a host per node: {len(bundles)} nodes, {len(hosts)} hosts"
+    short = {name: amount for name, amount in needed.items() if sum(h.get(name, 0) for h in hosts) < amount}
+    if short:
+        return f"the cluster offers less than the nodes need of {sorted(short)}: needed {needed}"
+    return None
+
+
 @dataclass
 class RayNode:
     role: Role
@@ -183,13 +215,22 @@ class RayCluster:
 
     def _reserve(self) -> PlacementGroup:
         bundles, strategy = self.config.bundles(), self.config.placement_strategy
+        hosts = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        if reason := why_never_placed(bundles, strategy, hosts):
+            raise ValueError(f"Ray can never place this cluster ({len(bundles)} nodes, {strategy}): {reason}")
         group = placement_group(bundles, strategy=strategy, name="corun")
-        try:
-            ray.get(group.ready(), timeout=self.config.placement_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(group)
-            raise TimeoutError(f"Ray could not place {bundles} ({strategy}) in {self.config.placement_timeout_s} s; "
-                               f"the cluster has {ray.available_resources()} free") from None
+        deadline, placed = time.monotonic() + self.config.placement_timeout_s, group.ready()
+        while True:  # NOTE: waits for resources other jobs hold; says so every few seconds
+            ready, _ = ray.wait([placed], timeout=max(0.0, min(PLACEMENT_PROGRESS_S, deadline - time.monotonic())))
+            if ready:
+                break
+            if time.monotonic() >= deadline:
+                remove_placement_group(group)
+                raise launch.StartupError(f"Ray could not place {bundles} ({strategy}) in "
+                                          f"{self.config.placement_timeout_s} s; the cluster has "
+                                          f"{ray.available_resources()} free")
+            logger.info("waiting for Ray to place %d bundles (%s); free now: %s", len(bundles), strategy,
+                        ray.available_resources())
         logger.info("placement group ready: %d bundles, %s", len(bundles), strategy)
         return group
 

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import signal
+import sys
 
 import torch
 import zmq
@@ -132,7 +133,12 @@ def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.node_id} %(levelname)s %(message)s")
     config = NodeConfig(role=role, node_id=args.node_id, engine=engine_config_from_args(args), host=args.host,
                         port=args.port, advertise_host=args.advertise_host, kv_lease_seconds=args.kv_lease_seconds)
-    server = server_factory(config)
+    try:
+        server = server_factory(config)
+    except Exception as error:  # NOTE: a bad model, a port in use...: one line; the traceback at debug level
+        logger.debug("start-up failed", exc_info=True)
+        print(f"{role}_node {config.node_id}: error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return 2
     stopping = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(True))

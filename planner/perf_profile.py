@@ -189,12 +189,14 @@ def fit_nonnegative(features: np.ndarray, seconds: np.ndarray) -> tuple[list[flo
 
 
 def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_rows=None, num_decode_steps: int = 8,
-                   repeats: int = 3, seed: int = 0) -> PerformanceProfile:
+                   repeats: int = 3, seed: int = 0, progress=None) -> PerformanceProfile:
     """Measure isolated prefills and N-row decode steps on a real corun LLMEngine built from `config`.
 
     prefill_lengths: prompt lengths to prefill alone (default: powers of 4 from 16, up to max_model_len - 1).
     decode_contexts x decode_rows: decode steps with that many active rows of that prompt length (default: three
-    of the prefill lengths x {1, N/2, N}); combinations whose KV does not fit are skipped.
+    of the prefill lengths x {1, N/2, N}); combinations whose KV does not fit are skipped. A decode context leaves
+    room for the steps it is timed over: at most max_model_len - num_decode_steps - 3.
+    progress: called with one line per measurement (they can take minutes on a large model).
     """
     from corun.engine import LLMEngine
 
@@ -204,20 +206,36 @@ def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_ro
     prefill_lengths = sorted(set(prefill_lengths or default_lengths(sched.max_model_len)))
     if prefill_lengths[0] < 1 or prefill_lengths[-1] >= sched.max_model_len:
         raise ValueError(f"prefill lengths must be in [1, max_model_len - 1 = {sched.max_model_len - 1}]")
-    decode_contexts = sorted(set(decode_contexts or prefill_lengths[:: max(1, len(prefill_lengths) // 3)]))
+    longest_context = sched.max_model_len - num_decode_steps - 3
+    if decode_contexts is None:
+        decode_contexts = [min(length, longest_context) for length in
+                           prefill_lengths[:: max(1, len(prefill_lengths) // 3)]]
+    decode_contexts = sorted(set(decode_contexts))
+    if decode_contexts[0] < 1 or decode_contexts[-1] > longest_context:
+        raise ValueError(f"decode contexts must be in [1, max_model_len - {num_decode_steps + 3} = {longest_context}] "
+                         f"(each is timed over {num_decode_steps} more tokens), got {decode_contexts[-1]}")
     decode_rows = sorted(set(decode_rows or (1, max(1, sched.max_num_seqs // 2), sched.max_num_seqs)))
+    report = progress or (lambda line: None)
+    report(f"building the engine ({config.model}, {config.dtype} on {config.device})")
     engine = LLMEngine(config)
     measure = EngineMeasurer(engine, random.Random(seed))
     measure.prefill(prefill_lengths[0])  # NOTE: warm-up (kernel compilation, allocator) outside the points
-    prefill_points = tuple(measure.prefill(length, repeats) for length in prefill_lengths)
-    decode_points = tuple(measure.decode_step(rows, context, num_decode_steps)
-                          for context in decode_contexts for rows in decode_rows
-                          if measure.fits(rows, context + num_decode_steps + 3))
+    prefill_points = []
+    for i, length in enumerate(prefill_lengths, 1):
+        prefill_points.append(measure.prefill(length, repeats))
+        report(f"prefill {i}/{len(prefill_lengths)}: {length} tokens, {prefill_points[-1].seconds * 1e3:.1f} ms")
+    shapes = [(rows, context) for context in decode_contexts for rows in decode_rows
+              if measure.fits(rows, context + num_decode_steps + 3)]
+    decode_points = []
+    for i, (rows, context) in enumerate(shapes, 1):
+        decode_points.append(measure.decode_step(rows, context, num_decode_steps))
+        report(f"decode step {i}/{len(shapes)}: {rows} rows of {context} tokens, "
+               f"{decode_points[-1].seconds * 1e3:.1f} ms")
     if not decode_points:
         raise ValueError("no decode measurement fits the KV cache; lower decode_rows or decode_contexts")
     return PerformanceProfile(
         max_num_seqs=sched.max_num_seqs, prefill_chunk_size=sched.prefill_chunk_size,
-        prefill_points=prefill_points, decode_points=decode_points,
+        prefill_points=tuple(prefill_points), decode_points=tuple(decode_points),
         kv_capacity_tokens=engine.block_manager.num_usable_blocks * config.cache.block_size,
         max_model_len=sched.max_model_len, block_size=config.cache.block_size,
         source=f"profile_engine: {config.model} {config.dtype} on {config.device}")

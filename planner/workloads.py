@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from corun.sampling_params import SamplingParams
 
-WORKLOADS = {"1024x128": (1024, 128), "1024x2048": (1024, 2048), "4096x128": (4096, 128), "4096x2048": (4096, 2048)}
+PAPER_WORKLOADS = ("1024x128", "1024x2048", "4096x128", "4096x2048", "burstgpt")
+"""The paper's workloads: `corun bench`'s default set."""
 DEFAULT_NUM_REQUESTS = 256
 RL_ROLLOUT_NUM_REQUESTS = 512
 """NOTE: the RL rollout batch of the issue: 512 prompts of 100-400 tokens, outputs 256-1024."""
@@ -60,14 +61,38 @@ SAMPLED_WORKLOADS: dict[str, tuple[LengthSampler, int]] = {
 
 
 def make_workload(name: str, num_requests: int | None = None, seed: int = 0) -> Workload:
-    """num_requests None: the workload's own default (256; 512 for rl_rollout)."""
-    if name in WORKLOADS:
-        return Workload(name, (WORKLOADS[name],) * checked_count(num_requests, DEFAULT_NUM_REQUESTS))
+    """name: a sampled mix (burstgpt, sharegpt, rl_rollout) or INxOUT, every request INPUT prompt tokens and OUTPUT
+    generated ones (1024x128, ...; vLLM's random dataset). num_requests None: the workload's own default (256; 512
+    for rl_rollout)."""
+    if fixed := fixed_lengths(name):
+        return Workload(name, (fixed,) * checked_count(num_requests, DEFAULT_NUM_REQUESTS))
     if name not in SAMPLED_WORKLOADS:
-        raise ValueError(f"unknown workload {name!r} (have {[*WORKLOADS, *SAMPLED_WORKLOADS]})")
+        raise ValueError(f"unknown workload {name!r} (have INxOUT such as 1024x128, or {', '.join(SAMPLED_WORKLOADS)})")
     sampler, default_count = SAMPLED_WORKLOADS[name]
     rng = random.Random(seed)
     return Workload(name, tuple(sampler(rng) for _ in range(checked_count(num_requests, default_count))))
+
+
+def fixed_lengths(name: str) -> tuple[int, int] | None:
+    num_in, sep, num_out = name.partition("x")
+    if not (sep and num_in.isdigit() and num_out.isdigit()):
+        return None
+    if int(num_in) < 1 or int(num_out) < 1:
+        raise ValueError(f"workload {name!r}: input and output lengths must be >= 1")
+    return int(num_in), int(num_out)
+
+
+def default_workloads(max_model_len: int, num_requests: int | None = None,
+                      seed: int = 0) -> tuple[list[Workload], str | None]:
+    """`corun bench`'s workloads when none are named: the paper's set, those of it that fit max_model_len; when none
+    fits (the built-in tiny model's 1024), one INxOUT sized to the engine. -> (workloads, what was left out)."""
+    paper = [make_workload(name, num_requests, seed) for name in PAPER_WORKLOADS]
+    fitting = [workload for workload in paper if workload.max_sequence_len <= max_model_len]
+    left_out = [workload.name for workload in paper if workload not in fitting]
+    note = f"{', '.join(left_out)} left out: longer than max_model_len {max_model_len}" if left_out else None
+    if not fitting:
+        fitting = [make_workload(f"{max_model_len * 3 // 4}x{max(1, max_model_len // 8)}", num_requests, seed)]
+    return fitting, note
 
 
 def checked_count(num_requests: int | None, default: int) -> int:

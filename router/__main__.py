@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         print(f"python -m router: error: {error}", file=sys.stderr)
         return 2
-    asyncio.run(serve(app, config))
+    try:
+        asyncio.run(serve(app, config))
+    except OSError as error:  # NOTE: the port is in use, or the host is not this machine's
+        print(f"python -m router: error: {error.strerror or error}", file=sys.stderr)
+        return 2
     return 0
 
 

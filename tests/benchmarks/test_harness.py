@@ -7,7 +7,7 @@ import pytest
 from benchmarks.harness import SLOTargets, percentile, run_bench
 from cli.main import main
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
-from planner.workloads import Arrivals, Workload, make_workload
+from planner.workloads import PAPER_WORKLOADS, Arrivals, Workload, default_workloads, make_workload
 
 
 def config(model: str, max_num_seqs: int = 4) -> EngineConfig:
@@ -61,7 +61,9 @@ def test_report_carries_prefill_path_and_per_run_forward_counts(tiny_model_dir, 
     assert corun["first"]["forward_counts"]["num_prefill_forwards"] >= 3
     assert report["modes"]["standard"]["first"]["forward_counts"]["num_mixed_forwards"] > 0
     progress = capsys.readouterr().err.splitlines()
-    assert len(progress) == 4 and all("prefill=" in line and "tok/s" in line for line in progress)
+    results = [line for line in progress if "tok/s" in line]
+    assert len(results) == 4 and all("prefill=" in line for line in results)
+    assert sum("building the" in line for line in progress) == 2
 
 
 def test_finite_rate_waits_for_arrivals_and_ttft_counts_from_arrival(tiny_model_dir):
@@ -103,8 +105,23 @@ def test_over_long_workload_is_refused_before_any_model_loads():
         run_bench(base, ["corun"], [Workload("wide", ((10, 10), (100, 61)))])
 
 
-def test_cli_refuses_defaults_on_the_tiny_model_and_bad_goodput(tiny_model_dir, capsys):
-    assert main(["bench", "--model", tiny_model_dir]) == 2
+def test_default_workloads_fit_the_engine():
+    """The newcomer's `corun bench --model models/tiny` (max_model_len 1024) runs: the paper's set needs >= 1152."""
+    def names(max_model_len):
+        workloads, note = default_workloads(max_model_len)
+        return [workload.name for workload in workloads], note
+
+    assert names(1024) == (["768x128"], "1024x128, 1024x2048, 4096x128, 4096x2048, burstgpt left out: longer than "
+                                        "max_model_len 1024")
+    assert names(2048)[0] == ["1024x128"]
+    assert names(8192) == (list(PAPER_WORKLOADS), None)
+    assert make_workload("96x8", 3).lengths == ((96, 8),) * 3
+    with pytest.raises(ValueError, match="unknown workload 'big'"):
+        make_workload("big")
+
+
+def test_cli_refuses_a_named_too_long_workload_and_bad_goodput(tiny_model_dir, capsys):
+    assert main(["bench", "--model", tiny_model_dir, "--workloads", "1024x128"]) == 2
     assert "workload '1024x128'" in capsys.readouterr().err
     assert main(["bench", "--model", tiny_model_dir, "--workloads", "sharegpt", "--goodput", "e2el:100"]) == 2
     assert "--goodput" in capsys.readouterr().err

@@ -187,10 +187,11 @@ def test_bundles_ask_one_gpu_per_cuda_node_and_the_roles_resources():
     assert ray_config().bundles() == [{"CPU": 1.0}, {"CPU": 1.0}]
 
 
-def test_serve_flags_reach_the_ray_config(monkeypatch, capsys):
+def test_serve_flags_reach_the_ray_config(monkeypatch, capsys, tiny_model_dir):
     seen = []
     monkeypatch.setattr(ray_cluster, "serve_forever", lambda config: seen.append(config) or 0)
-    flags = ["serve", "--model", "m", "--prefill", "2", "--decode", "3", "--launcher", "ray", "--ray-address", "auto",
+    flags = ["serve", "--model", tiny_model_dir, "--port", str(free_port("127.0.0.1")), "--prefill", "2",
+             "--decode", "3", "--launcher", "ray", "--ray-address", "auto",
              "--placement-strategy", "PACK", "--cpus-per-node", "2", "--decode-resource", "corun_decode"]
     assert cli.main(flags) == 0
     assert (seen[0].address, seen[0].placement_strategy, seen[0].cpus_per_node) == ("auto", "PACK", 2.0)
@@ -198,3 +199,25 @@ def test_serve_flags_reach_the_ray_config(monkeypatch, capsys):
     assert (seen[0].cluster.num_prefill, seen[0].cluster.num_decode) == (2, 3)
     assert cli.main(["serve", "--model", "m", "--cpus-per-node", "2"]) == 2  # a Ray flag without --launcher ray
     assert "--cpus-per-node: only with --launcher ray" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bundles, strategy, hosts, reason", [
+    ([{"CPU": 1, "GPU": 1}], "PACK", [{"CPU": 8}], "no host offers {'CPU': 1, 'GPU': 1}"),
+    ([{"CPU": 1, "corun_decode": LABEL_AMOUNT}], "SPREAD", [{"CPU": 8, "corun_prefill": 1}], "no host offers"),
+    ([{"CPU": 6}, {"CPU": 6}], "STRICT_PACK", [{"CPU": 8}, {"CPU": 8}], "STRICT_PACK needs {'CPU': 12} on one host"),
+    ([{"CPU": 1}] * 3, "STRICT_SPREAD", [{"CPU": 8}, {"CPU": 8}], "3 nodes, 2 hosts"),
+    ([{"CPU": 4}] * 5, "SPREAD", [{"CPU": 8}, {"CPU": 8}], "less than the nodes need of ['CPU']"),
+    ([{"CPU": 4}] * 4, "SPREAD", [{"CPU": 8}, {"CPU": 8}], None),  # NOTE: fits once the hosts are idle: wait
+    ([{"CPU": 6}, {"CPU": 6}], "STRICT_SPREAD", [{"CPU": 8}, {"CPU": 8}], None),
+])
+def test_a_placement_that_can_never_fit_is_named(bundles, strategy, hosts, reason):
+    found = ray_cluster.why_never_placed(bundles, strategy, hosts)
+    assert found is None if reason is None else reason in found
+
+
+def test_a_gpu_cluster_on_cpu_hosts_is_refused_at_once(tiny_model_dir):
+    """Not after placement_timeout_s (120 s): no amount of waiting gives a CPU-only Ray cluster a GPU."""
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"Ray can never place this cluster \(2 nodes, SPREAD\): no host offers"):
+        RayCluster(ray_config(tiny_model_dir, device="cuda", num_cpus=2)).start()
+    assert time.monotonic() - start < 60

@@ -1,7 +1,9 @@
 """`corun serve` itself: starts P + D + router, serves the official client (chat included), stops all on SIGTERM."""
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,3 +38,40 @@ def test_corun_serve_serves_chat_and_stops_everything_on_sigterm(tiny_model_dir)
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def serve_errors(argv: list[str], timeout_s: float = 120) -> tuple[int, list[str], float]:
+    """`corun serve ARGV` run to its exit: (exit code, stderr lines other than logging, seconds)."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "cli.main", "serve", *argv], capture_output=True, text=True,
+                          timeout=timeout_s)
+    lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
+    return done.returncode, lines, time.monotonic() - start
+
+
+def test_a_wrong_model_or_a_busy_port_is_one_line_before_any_node_starts(tiny_model_dir, tmp_path):
+    code, lines, _ = serve_errors(["--model", str(tmp_path / "missing")])
+    assert code == 2 and lines == [f"corun serve: error: --model {tmp_path / 'missing'}: no such directory (the "
+                                   f"built-in tiny model: `corun make-tiny-model {tmp_path / 'missing'}`)"]
+    code, lines, _ = serve_errors(["--model", str(tmp_path)])
+    assert code == 2 and lines == [f"corun serve: error: --model {tmp_path}: no config.json, tokenizer.json, "
+                                   "*.safetensors there (an HF-format checkpoint directory)"]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, lines, _ = serve_errors(["--model", tiny_model_dir, "--port", str(port)])
+    assert code == 2 and len(lines) == 1 and f"cannot serve on 127.0.0.1:{port}" in lines[0]
+
+
+def test_a_node_that_fails_at_start_up_is_one_line_per_process(tiny_model_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
+    code, lines, seconds = serve_errors(["--model", str(broken), "--port", str(free_port("127.0.0.1"))])
+    assert code == 2 and not any("Traceback" in line for line in lines), lines
+    assert any(line.startswith("prefill_node prefill-0: error: ") for line in lines)
+    assert lines[-1] == "corun serve: error: prefill-0 exited with code 2 during start-up (its message is above)" \
+        or lines[-1] == "corun serve: error: decode-0 exited with code 2 during start-up (its message is above)"
+    assert seconds < 60  # NOTE: not the 180 s start-up timeout
