@@ -66,21 +66,8 @@ class ModelRunner:
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.window_blocks = config.max_blocks_per_seq
         self.table_rows = BlockTableRows(self.window_blocks)
-        self.model = load_model(config.model, config.dtype, config.device, config.scheduler.max_model_len)
-        if self.mode == "batch_invariant":
-            from corun.kernels.batch_invariant import (
-                batch_invariant_linear,
-                batch_invariant_log_softmax,
-                batch_invariant_rms_norm,
-            )
-
-            self.model.use_batch_invariant_kernels(batch_invariant_linear, batch_invariant_rms_norm)
-        if self.on_cuda:  # NOTE: row-wise fixed-order kernels, so batch-invariant: every mode may use them
-            self.model.use_fused_kernels()
+        self.model, self.sampler = self.load_model_and_sampler()
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
-        self.sampler = Sampler()
-        if self.mode == "batch_invariant":
-            self.sampler.log_softmax = batch_invariant_log_softmax
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_padded_prefill_forwards = 0
         """corun prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
@@ -97,6 +84,24 @@ class ModelRunner:
         self.decode_sizes = [self.max_num_seqs]
         """Row counts a corun decode step may run at (ascending, N last): N and the verified smaller ones."""
         self.set_up_fixed_shapes(capture_decode_graph)
+
+    def load_model_and_sampler(self):
+        """The checkpoint, with the kernels this mode and device run."""
+        config = self.config
+        model = load_model(config.model, config.dtype, config.device, config.scheduler.max_model_len)
+        sampler = Sampler()
+        if self.mode == "batch_invariant":
+            from corun.kernels.batch_invariant import (
+                batch_invariant_linear,
+                batch_invariant_log_softmax,
+                batch_invariant_rms_norm,
+            )
+
+            model.use_batch_invariant_kernels(batch_invariant_linear, batch_invariant_rms_norm)
+            sampler.log_softmax = batch_invariant_log_softmax
+        if self.on_cuda:  # NOTE: row-wise fixed-order kernels, so batch-invariant: every mode may use them
+            model.use_fused_kernels()
+        return model, sampler
 
     def set_up_fixed_shapes(self, with_decode: bool) -> None:
         """CUDA graphs of the decode and padded prefill shapes; the decode sizes that keep the N-row bits."""

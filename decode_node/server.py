@@ -62,15 +62,20 @@ class DecodeServer(NodeServer):
         self.num_finished = 0
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
-    def step(self) -> None:
-        self.receive(timeout_ms=0 if (self.running or self.transferring) else 5)
+    def busy(self) -> bool:
+        return bool(self.running or self.transferring)
+
+    def schedule(self) -> list[Request]:
+        """Admit what fits, advance the KV reads; the step decodes every running request."""
         self.admit()
         self.poll_transfers()
-        if self.running:
-            sampled = self.runner.run_decode([job.request for job in self.running])
-            self.num_decode_steps += 1
-            self.num_decoded_rows += len(sampled)
-            self.postprocess(sampled)
+        return [job.request for job in self.running]
+
+    def run(self, requests: list[Request]) -> list[SampledToken]:
+        sampled = self.runner.run_decode(requests)
+        self.num_decode_steps += 1
+        self.num_decoded_rows += len(sampled)
+        return sampled
 
     def admit(self) -> None:
         while self.waiting and self.num_seqs_admitted < self.max_num_seqs:

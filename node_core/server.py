@@ -22,6 +22,9 @@ from transfer.agent import KVTransferAgent
 from transfer.compat import compat_hash, compat_info
 from transfer.reads import KVRegion
 
+IDLE_RECEIVE_MS = 5
+"""How long an idle node waits for a message per turn (a busy one only takes what has arrived)."""
+
 AgentFactory = Callable[[str, torch.Tensor], KVRegion]
 """(agent name, the KV cache's tensor) -> a KV transfer agent: KVTransferAgent, or transfer.fake's in tests."""
 
@@ -66,8 +69,29 @@ class NodeServer:
     def role_stats(self) -> dict:
         raise NotImplementedError
 
+    # --- the loop: schedule -> run -> postprocess (the role fills each in) ------------------------------------
     def step(self) -> None:
+        """One turn: the messages that arrived (waiting a little only when idle), one forward, the timers."""
+        self.receive(timeout_ms=0 if self.busy() else IDLE_RECEIVE_MS)
+        batch = self.schedule()
+        if batch:
+            self.postprocess(self.run(batch))
+        self.after_step()
+
+    def busy(self) -> bool:
         raise NotImplementedError
+
+    def schedule(self) -> list:
+        raise NotImplementedError
+
+    def run(self, batch: list) -> list:
+        raise NotImplementedError
+
+    def postprocess(self, sampled: list) -> None:
+        raise NotImplementedError
+
+    def after_step(self) -> None:
+        """Timers and releases that do not wait for a forward."""
 
     def close(self) -> None:
         self.sockets.close()

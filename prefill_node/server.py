@@ -56,11 +56,13 @@ class PrefillServer(NodeServer):
         self.num_prefills = 0
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
-    def step(self) -> None:
-        self.receive(timeout_ms=0 if (self.prefilling or self.waiting) else 5)
-        chunks = self.schedule()
-        if chunks:
-            self.postprocess(self.runner.run_prefill(chunks))
+    def busy(self) -> bool:
+        return bool(self.prefilling or self.waiting)
+
+    def run(self, chunks: list[PrefillChunk]) -> list:
+        return self.runner.run_prefill(chunks)
+
+    def after_step(self) -> None:
         self.release_notified()
         self.expire_leases()
 
