@@ -25,6 +25,22 @@ def run_make_tiny_model(args) -> int:
     return 0
 
 
+def add_make_random_model(commands) -> None:
+    cmd = commands.add_parser("make-random-model", help="a random-weight model of a preset's shape (e.g. qwen3-8b) "
+                              "that the cluster serves like a checkpoint: config and tokenizer, weights drawn at load")
+    cmd.add_argument("preset")
+    cmd.add_argument("dir", type=Path)
+    cmd.add_argument("--seed", type=int, default=0)
+    cmd.set_defaults(run=run_make_random_model)
+
+
+def run_make_random_model(args) -> int:
+    from corun.models.presets import make_random_model_dir
+
+    print(make_random_model_dir(args.preset, args.dir, seed=args.seed))
+    return 0
+
+
 def add_generate(commands) -> None:
     cmd = commands.add_parser("generate", help="offline generation for a file of prompts (one per line)")
     add_engine_args(cmd)

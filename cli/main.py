@@ -12,8 +12,8 @@ from launch.cluster import StartupError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="corun", description="Deterministic LLM serving (CoRun).")
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (engine_commands.add_make_tiny_model, engine_commands.add_generate, bench.add_bench, serve.add_serve,
-                plan.add_profile, plan.add_plan):
+    for add in (engine_commands.add_make_tiny_model, engine_commands.add_make_random_model,
+                engine_commands.add_generate, bench.add_bench, serve.add_serve, plan.add_profile, plan.add_plan):
         add(commands)
     args = parser.parse_args(argv)
     try:

@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from corun.config import NodeConfig, RouterConfig
-from corun.engine_args import add_engine_args, engine_config_from_args
+from corun.engine_args import add_engine_args, add_transfer_args, engine_config_from_args, transfer_config_from_args
 
 if TYPE_CHECKING:
     from launch.cluster import ClusterConfig
@@ -22,6 +22,7 @@ defaults live in RayClusterConfig alone."""
 def add_serve(commands) -> None:
     cmd = commands.add_parser("serve", help="a cluster: prefill servers, decode servers and the router")
     add_engine_args(cmd)
+    add_transfer_args(cmd)
     cmd.add_argument("--prefill", type=int, default=1, help="number of prefill servers")
     cmd.add_argument("--decode", type=int, default=1, help="number of decode servers")
     cmd.add_argument("--host", default="127.0.0.1", help="the router's interface (and the local nodes')")
@@ -48,7 +49,7 @@ def run_serve(args) -> int:
     config = ClusterConfig(
         engine=engine_config_from_args(args), num_prefill=args.prefill, num_decode=args.decode, host=args.host,
         port=args.port, served_model_name=args.served_model_name, max_pending_requests=args.max_pending_requests,
-        kv_lease_seconds=args.kv_lease_seconds)
+        kv_lease_seconds=args.kv_lease_seconds, transfer=transfer_config_from_args(args))
     if args.launcher != "ray" and (given := [f"--{dest.replace('_', '-')}" for dest in RAY_FLAGS
                                              if getattr(args, dest) is not None]):
         raise ValueError(f"{', '.join(given)}: only with --launcher ray")

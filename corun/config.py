@@ -134,6 +134,46 @@ class EngineConfig:
         return -(-self.scheduler.max_model_len // self.cache.block_size)
 
 
+ZcopySetting = Literal["y", "n", "auto"]
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How a node's KV agent moves blocks (NIXL over UCX). Applied when the agent is made; none of it changes
+    outputs, so none of it is in the fingerprint."""
+
+    cuda_ipc_get_zcopy: ZcopySetting = "y"
+    """UCX's CUDA-IPC READ path between processes of one host (UCX_CUDA_IPC_ENABLE_GET_ZCOPY). UCX's "auto"
+    turns it on only where it sees NVLink; without it a VRAM READ falls back to software emulation through host
+    memory (measured on one H200: 0.7 GB/s, against 300+ GB/s with "y")."""
+    ucx_transports: tuple[str, ...] = ()
+    """UCX_TLS, e.g. ("cuda_ipc", "cuda_copy", "rc", "sm", "self"); () leaves the choice to UCX."""
+    ucx_devices: tuple[str, ...] = ()
+    """Network devices UCX may use (NIXL's ucx_devices, e.g. ("mlx5_0:1",)); () = every device UCX finds."""
+    ucx_error_handling: Literal["none", "peer"] = "none"
+    """NIXL's ucx_error_handling_mode (see transfer/agent.py for what each costs)."""
+    min_vram_read_gbps: float = 20.0
+    """A VRAM peer whose probe READ (at the handshake) is slower than this is on an emulated path: the decode
+    node refuses it, naming the setting, unless allow_slow_reads."""
+    allow_slow_reads: bool = False
+
+    def __post_init__(self):
+        if self.cuda_ipc_get_zcopy not in ("y", "n", "auto"):
+            raise ValueError(f"cuda_ipc_get_zcopy must be 'y', 'n' or 'auto', got {self.cuda_ipc_get_zcopy!r}")
+        if self.ucx_error_handling not in ("none", "peer"):
+            raise ValueError(f"ucx_error_handling must be 'none' or 'peer', got {self.ucx_error_handling!r}")
+        if not self.min_vram_read_gbps >= 0:
+            raise ValueError(f"min_vram_read_gbps must be >= 0, got {self.min_vram_read_gbps}")
+
+    def ucx_environment(self, vram: bool) -> dict[str, str]:
+        """The UCX settings that exist only as environment variables (UCX reads them when NIXL makes its
+        context, i.e. in the agent's constructor). NOTE: the CUDA-IPC one only for GPU KV: a CPU-only UCX warns
+        about it as unused."""
+        zcopy = vram and self.cuda_ipc_get_zcopy != "auto"
+        env = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": self.cuda_ipc_get_zcopy} if zcopy else {}
+        return env | ({"UCX_TLS": ",".join(self.ucx_transports)} if self.ucx_transports else {})
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """A prefill or decode server process."""
@@ -151,6 +191,7 @@ class NodeConfig:
     several hosts); None: host."""
     kv_lease_seconds: float = 60.0
     """prefill: how long a finished prefill's KV blocks wait to be claimed by a decode node before being freed."""
+    transfer: TransferConfig = field(default_factory=TransferConfig)
 
     def __post_init__(self):
         if self.role not in ("prefill", "decode"):

@@ -1,4 +1,5 @@
-"""Command-line flags for an EngineConfig, shared by `corun generate`/`bench`/`serve` and the node servers.
+"""Command-line flags for an EngineConfig (and a node's TransferConfig), shared by `corun generate`/`bench`/`serve`
+and the node servers.
 
 Each flag names the config field it sets; its default, its argv form (what the launchers pass to node
 processes) and its place in the nested config all come from that one table and the dataclasses' own defaults.
@@ -12,10 +13,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from corun.config import DEFAULT_PREFILL_BUCKETS, CacheConfig, DType, EngineConfig, Mode, SchedulerConfig
+from corun.config import (
+    DEFAULT_PREFILL_BUCKETS,
+    CacheConfig,
+    DType,
+    EngineConfig,
+    Mode,
+    SchedulerConfig,
+    TransferConfig,
+)
 
 SECTIONS = {"scheduler": SchedulerConfig, "cache": CacheConfig}
 """EngineConfig's nested configs, by field name."""
+OWNERS = {"": EngineConfig, **SECTIONS, "transfer": TransferConfig}
+"""Where a flag's field (and its default) lives: EngineConfig, one of its sections, or TransferConfig."""
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -32,8 +43,12 @@ def parse_buckets(text: str) -> tuple[int, ...]:
     return DEFAULT_PREFILL_BUCKETS if text == "default" else parse_sizes(text)
 
 
-def format_sizes(sizes: tuple[int, ...]) -> str:
+def format_sizes(sizes: tuple) -> str:
     return ",".join(map(str, sizes)) or "none"
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    return () if text == "none" else tuple(name for name in text.split(",") if name)
 
 
 MIB = 2**20
@@ -57,8 +72,7 @@ class EngineFlag:
 
     def default(self):
         section, _, name = self.field.rpartition(".")
-        owner = SECTIONS[section] if section else EngineConfig
-        value = next(f.default for f in dataclasses.fields(owner) if f.name == name)
+        value = next(f.default for f in dataclasses.fields(OWNERS[section]) if f.name == name)
         return None if value is None else value // self.scale if self.scale > 1 else value
 
 
@@ -123,3 +137,38 @@ def engine_args_to_argv(config: EngineConfig) -> list[str]:
     if not config.use_cuda_graph:
         argv.append(CUDA_GRAPH_FLAG)
     return argv
+
+
+TRANSFER_FLAGS = (
+    EngineFlag("--kv-cuda-ipc-get-zcopy", "transfer.cuda_ipc_get_zcopy",
+               "UCX's CUDA-IPC READ path between processes of one host (y; auto: only with NVLink)", parse=str,
+               choices=("y", "n", "auto")),
+    EngineFlag("--kv-ucx-transports", "transfer.ucx_transports", "UCX_TLS, comma-separated (default: UCX's choice)",
+               parse=parse_names, format=format_sizes),
+    EngineFlag("--kv-ucx-devices", "transfer.ucx_devices", "network devices UCX may use, comma-separated",
+               parse=parse_names, format=format_sizes),
+    EngineFlag("--kv-ucx-error-handling", "transfer.ucx_error_handling", parse=str, choices=("none", "peer")),
+    EngineFlag("--kv-min-vram-read-gbps", "transfer.min_vram_read_gbps",
+               "a VRAM peer whose probe READ is slower is refused (an emulated path)", parse=float),
+)
+ALLOW_SLOW_READS_FLAG = "--kv-allow-slow-reads"
+
+
+def add_transfer_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("KV transfer (NIXL over UCX)")
+    for flag in TRANSFER_FLAGS:
+        group.add_argument(flag.flag, type=flag.parse, default=flag.default(), choices=flag.choices, help=flag.help)
+    group.add_argument(ALLOW_SLOW_READS_FLAG, dest="kv_allow_slow_reads", action="store_true",
+                       help="serve even when a VRAM peer's probe READ is slower than --kv-min-vram-read-gbps")
+
+
+def transfer_config_from_args(args: argparse.Namespace) -> TransferConfig:
+    values = {flag.field.partition(".")[2]: getattr(args, flag.dest) for flag in TRANSFER_FLAGS}
+    return TransferConfig(**values, allow_slow_reads=args.kv_allow_slow_reads)
+
+
+def transfer_args_to_argv(config: TransferConfig) -> list[str]:
+    argv = []
+    for flag in TRANSFER_FLAGS:
+        argv += [flag.flag, flag.format(getattr(config, flag.field.partition(".")[2]))]
+    return argv + ([ALLOW_SLOW_READS_FLAG] if config.allow_slow_reads else [])

@@ -25,7 +25,7 @@ import msgpack
 from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 KV_DONE_PREFIX = b"done:"
 
 
@@ -144,6 +144,10 @@ class HandshakeReply:
     block_nbytes: int
     memory_type: str
     """NIXL memory segment: "DRAM" or "VRAM"."""
+    device_id: int
+    """The KV tensor's CUDA device in the prefill process (0 for DRAM)."""
+    ucx_settings: dict[str, str]
+    """The UCX settings the prefill node's agent was made with (TransferConfig.ucx_environment()), for the log."""
 
 
 @dataclass(frozen=True)

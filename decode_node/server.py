@@ -52,6 +52,8 @@ class DecodeServer(NodeServer):
         super().__init__(config, agent_factory)
         self.max_num_seqs = config.engine.scheduler.max_num_seqs
         self.peers: dict[str, PrefillPeer] = {}
+        self.read_gbps: dict[str, float] = {}
+        """Per prefill peer: GB/s of its probe READ at the handshake."""
         self.waiting: deque[DecodeJob] = deque()
         self.claiming: dict[str, DecodeJob] = {}
         self.transferring: dict[str, DecodeJob] = {}
@@ -116,7 +118,8 @@ class DecodeServer(NodeServer):
         try:
             check_compatible(self.compat, reply.compat, reply.node_id)
             self.agent.add_peer(reply.node_id, reply.agent_metadata, reply.kv_base_address, reply.num_blocks,
-                                reply.block_nbytes, reply.memory_type)
+                                reply.block_nbytes, reply.memory_type, reply.device_id)
+            self.check_read_speed(reply)
         except IncompatiblePeer as error:
             self.fail_peer(reply.node_id, str(error))
             return
@@ -124,6 +127,23 @@ class DecodeServer(NodeServer):
         for job in peer.jobs_waiting:
             self.sockets.send_peer(address, protocol.ClaimKV(job.request.request_id))
         peer.jobs_waiting.clear()
+
+    def check_read_speed(self, reply: protocol.HandshakeReply) -> None:
+        """Time one READ from the new peer; refuse a VRAM path that UCX emulates through host memory."""
+        gbps = self.agent.probe_read(reply.node_id)
+        self.read_gbps[reply.node_id] = gbps
+        transfer = self.config.transfer
+        path = f"{reply.memory_type} -> {self.agent.memory_type}"
+        logger.info("decode %s: KV reads from %s: %s at %.1f GB/s (probe; peer's UCX settings %s)",
+                    self.config.node_id, reply.node_id, path, gbps, reply.ucx_settings or "UCX defaults")
+        vram = reply.memory_type == self.agent.memory_type == "VRAM"
+        if vram and gbps < transfer.min_vram_read_gbps and not transfer.allow_slow_reads:
+            self.agent.remove_peer(reply.node_id)
+            raise IncompatiblePeer(
+                f"KV reads from {reply.node_id} ({path}) run at {gbps:.1f} GB/s, below {transfer.min_vram_read_gbps} "
+                f"GB/s: UCX is emulating the READ through host memory (peer's UCX settings "
+                f"{reply.ucx_settings or 'defaults'}; set --kv-cuda-ipc-get-zcopy y on both nodes, or serve anyway "
+                f"with --kv-allow-slow-reads)")
 
     def on_claim_reply(self, address: str, reply: protocol.ClaimReply) -> None:
         job = self.claiming.pop(reply.request_id, None)
@@ -240,4 +260,5 @@ class DecodeServer(NodeServer):
         return {"num_running": len(self.running), "num_waiting": len(self.waiting),
                 "num_transferring": len(self.transferring), "num_decode_steps": self.num_decode_steps,
                 "num_decoded_rows": self.num_decoded_rows, "num_finished": self.num_finished,
-                "num_graph_replays": 0 if graph is None else graph.num_replays}
+                "num_graph_replays": 0 if graph is None else graph.num_replays,
+                "kv_probe_read_gbps_min": round(min(self.read_gbps.values(), default=0.0), 3)}

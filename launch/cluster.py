@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from corun.config import EngineConfig, NodeConfig, Role, RouterConfig
-from corun.engine_args import engine_args_to_argv
+from corun.config import EngineConfig, NodeConfig, Role, RouterConfig, TransferConfig
+from corun.engine_args import engine_args_to_argv, transfer_args_to_argv
+from corun.models.config import random_weights_spec
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class ClusterConfig:
     served_model_name: str = RouterConfig.served_model_name
     max_pending_requests: int = RouterConfig.max_pending_requests
     kv_lease_seconds: float = NodeConfig.kv_lease_seconds
+    transfer: TransferConfig = TransferConfig()
+    """Every node's KV transfer settings."""
     startup_timeout_s: float = 180.0
     """How long every node may take to answer the router's pings (model load) before start() gives up."""
 
@@ -71,7 +74,8 @@ def check_model(path: str) -> None:
         raise FileNotFoundError(f"--model {path}: no such directory (the built-in tiny model: "
                                 f"`corun make-tiny-model {path}`)")
     missing = [name for name in ("config.json", "tokenizer.json") if not (directory / name).is_file()]
-    missing += [] if any(directory.glob("*.safetensors")) else ["*.safetensors"]
+    weights = random_weights_spec(directory) is not None or any(directory.glob("*.safetensors"))
+    missing += [] if weights else ["*.safetensors"]
     if missing:
         raise FileNotFoundError(f"--model {path}: no {', '.join(missing)} there (an HF-format checkpoint directory)")
 
@@ -111,7 +115,8 @@ def node_argv(config: ClusterConfig, engine: EngineConfig, role: Role, index: in
               advertise_host: str | None = None) -> list[str]:
     """`python -m {role}_node ...` with this process' interpreter (on a Ray actor: the one on the node's host)."""
     argv = [sys.executable, "-m", f"{role}_node", "--node-id", node_id(role, index), "--host", host,
-            "--port", str(port), "--kv-lease-seconds", str(config.kv_lease_seconds), *engine_args_to_argv(engine)]
+            "--port", str(port), "--kv-lease-seconds", str(config.kv_lease_seconds), *engine_args_to_argv(engine),
+            *transfer_args_to_argv(config.transfer)]
     return argv + (["--advertise-host", advertise_host] if advertise_host else [])
 
 

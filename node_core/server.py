@@ -13,7 +13,7 @@ import torch
 
 from corun import protocol
 from corun.block_manager import BlockManager
-from corun.config import NodeConfig
+from corun.config import NodeConfig, TransferConfig
 from corun.model_runner import ModelRunner
 from corun.models.loader import model_digest
 from corun.request import Request
@@ -25,8 +25,9 @@ from transfer.reads import KVRegion
 IDLE_RECEIVE_MS = 5
 """How long an idle node waits for a message per turn (a busy one only takes what has arrived)."""
 
-AgentFactory = Callable[[str, torch.Tensor], KVRegion]
-"""(agent name, the KV cache's tensor) -> a KV transfer agent: KVTransferAgent, or transfer.fake's in tests."""
+AgentFactory = Callable[[str, torch.Tensor, TransferConfig], KVRegion]
+"""(agent name, the KV cache's tensor, the transfer settings) -> a KV transfer agent: KVTransferAgent, or
+transfer.fake's in tests."""
 
 
 class NodeServer:
@@ -44,7 +45,7 @@ class NodeServer:
         self.fingerprint = engine_fingerprint(config.engine, digest)
         self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest))
         self.compat_hash = compat_hash(self.compat)
-        self.agent = agent_factory(config.node_id, self.runner.kv_cache.data)
+        self.agent = agent_factory(config.node_id, self.runner.kv_cache.data, config.transfer)
         self.sockets = NodeSockets(config.bind_address)
         self.model_facts = protocol.ModelFacts(config.engine.scheduler.max_model_len,
                                                self.runner.model.cfg.vocab_size, config.engine.max_logprobs)

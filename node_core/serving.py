@@ -112,7 +112,7 @@ def compat_fields(config: EngineConfig, arch, model_digest: str) -> dict:
 
 
 def node_arg_parser(role: str) -> argparse.ArgumentParser:
-    from corun.engine_args import add_engine_args
+    from corun.engine_args import add_engine_args, add_transfer_args
 
     parser = argparse.ArgumentParser(prog=f"{role}_node", description=f"CoRun {role} server")
     parser.add_argument("--node-id", required=True, help="unique in the cluster; also the NIXL agent name")
@@ -122,17 +122,19 @@ def node_arg_parser(role: str) -> argparse.ArgumentParser:
                         help="host others reach this node at, if not --host (e.g. the host's IP with --host 0.0.0.0)")
     parser.add_argument("--kv-lease-seconds", type=float, default=NodeConfig.kv_lease_seconds)
     add_engine_args(parser)
+    add_transfer_args(parser)
     return parser
 
 
 def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     """Parse flags, build the server, loop step() until SIGTERM/SIGINT."""
-    from corun.engine_args import engine_config_from_args
+    from corun.engine_args import engine_config_from_args, transfer_config_from_args
 
     args = node_arg_parser(role).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.node_id} %(levelname)s %(message)s")
     config = NodeConfig(role=role, node_id=args.node_id, engine=engine_config_from_args(args), host=args.host,
-                        port=args.port, advertise_host=args.advertise_host, kv_lease_seconds=args.kv_lease_seconds)
+                        port=args.port, advertise_host=args.advertise_host, kv_lease_seconds=args.kv_lease_seconds,
+                        transfer=transfer_config_from_args(args))
     try:
         server = server_factory(config)
     except Exception as error:  # NOTE: a bad model, a port in use...: one line; the traceback at debug level

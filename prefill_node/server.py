@@ -154,7 +154,8 @@ class PrefillServer(NodeServer):
         agent = self.agent
         self.sockets.reply(identity, protocol.HandshakeReply(
             self.config.node_id, self.compat, self.compat_hash, agent.metadata(), agent.kv_base_address,
-            agent.num_blocks, agent.block_nbytes, agent.memory_type))
+            agent.num_blocks, agent.block_nbytes, agent.memory_type, agent.device_id,
+            self.config.transfer.ucx_environment(vram=agent.memory_type == "VRAM")))
 
     def on_claim(self, identity: bytes, message: protocol.ClaimKV) -> None:
         lease = self.leases.get(message.request_id)

@@ -1,9 +1,11 @@
 """KVTransferAgent: a node's one NIXL agent, moving paged-KV blocks between nodes by READ.
 
-Once per node: register the KV tensor (one region) and prepare its per-block descriptor list.
-Once per peer (after the zmq handshake): load the peer's agent metadata and prepare its per-block list.
-Per request: one make_prepped_xfer of block indices, posted with a notification; the caller polls it between
-model steps, and the peer gets the notification (keyed by this agent's name) once the bytes are read.
+Once per node: apply the UCX settings of its TransferConfig, make the agent, register the KV tensor (one region).
+Once per peer (after the zmq handshake): load the peer's agent metadata; probe_read() times one READ, so a path
+UCX emulates (VRAM through host memory) is seen before any request depends on it.
+Per request: one READ whose descriptors are runs of adjacent blocks (a run is adjacent on both sides: one
+descriptor however many blocks it holds), posted with a notification; the caller polls it between model steps,
+and the peer gets the notification (keyed by this agent's name) once the bytes are read.
 
 NOTE: there is no NIXL progress thread (on a 2-core host it cost ~3x bandwidth): work only advances inside this
 object's calls, so a node must keep calling poll() / new_notifications() in its loop, including while it waits
@@ -13,26 +15,31 @@ for something else, or a posted read stalls and a completion notification may ne
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
-from nixl._api import nixl_agent, nixl_agent_config, nixl_prepped_dlist_handle, nixl_xfer_handle, nixlBind
+from nixl._api import nixl_agent, nixl_agent_config, nixl_xfer_handle, nixlBind
 
+from corun.block_manager import NULL_BLOCK
+from corun.config import TransferConfig
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 from transfer.reads import (
+    PROBE_BYTES,
+    PROBE_TIMEOUT_S,
     KVRegion,
     ReadHandle,
     XferState,
+    block_runs,
     check_block_ids,
     check_kv_data,
     count_finished,
 )
 
-UcxErrorHandling = Literal["none", "peer"]
 logger = logging.getLogger(__name__)
 
 _TRANSFER_ERRORS = (nixlBind.nixlRemoteDisconnectError, nixlBind.nixlBackendError, nixlBind.nixlCancelledError,
@@ -44,13 +51,13 @@ _TRANSFER_ERRORS = (nixlBind.nixlRemoteDisconnectError, nixlBind.nixlBackendErro
 class _Peer:
     name: str
     num_blocks: int
-    blocks_dlist: nixl_prepped_dlist_handle
-    """The peer's per-block descriptors, prepared once: a read names blocks by index into it."""
+    kv_base_address: int
+    device_id: int
 
 
 class KVTransferAgent(KVRegion):
-    def __init__(self, name: str, kv_data: torch.Tensor, ucx_error_handling: UcxErrorHandling = "none"):
-        """ucx_error_handling (verified here, nixl 1.5.1, two processes on one host):
+    def __init__(self, name: str, kv_data: torch.Tensor, config: TransferConfig = TransferConfig()):
+        """config.ucx_error_handling (verified here, nixl 1.5.1, two processes on one host):
         "none" (default): the first read to a peer takes ~0.3 ms, and a read completes without the peer calling
             into NIXL; a dead peer is still detected on one host (the cma copy fails: state "ERR").
         "peer": the first read takes 10-200 ms, and every read posted with a notification stays "PROC" until
@@ -59,14 +66,13 @@ class KVTransferAgent(KVRegion):
         self.name = name
         self.counters = TransferCounters()
         self._kv_data = kv_data  # NOTE: held so the registered memory outlives the registration
-        self._device_id = max(kv_data.get_device(), 0)
         self._peers: dict[str, _Peer] = {}
-        config = nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=[])
-        self._nixl = nixl_agent(name, config)
-        self._nixl.create_backend("UCX", {"ucx_error_handling_mode": ucx_error_handling})
+        apply_ucx_environment(config, vram=kv_data.is_cuda)
+        self._nixl = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False,
+                                                        backends=[]))
+        self._nixl.create_backend("UCX", {"ucx_error_handling_mode": config.ucx_error_handling,
+                                          "ucx_devices": ",".join(config.ucx_devices)})
         self._registration = self._nixl.register_memory(kv_data)
-        self._blocks_dlist = self._nixl.prep_xfer_dlist(
-            "NIXL_INIT_AGENT", self._block_descs(self.kv_base_address, self.num_blocks), self.memory_type)
 
     # --- what the handshake reply carries ---------------------------------------------------------------------
     def metadata(self) -> bytes:
@@ -88,18 +94,14 @@ class KVTransferAgent(KVRegion):
         if loaded_name != node_id:
             self._nixl.remove_remote_agent(loaded_name)
             raise IncompatiblePeer(f"peer {node_id} sent the NIXL metadata of agent {loaded_name}")
-        descs = self._block_descs(kv_base_address, num_blocks, device_id)
-        dlist = self._nixl.prep_xfer_dlist(node_id, descs, memory_type)
-        self._peers[node_id] = _Peer(node_id, num_blocks, dlist)
+        self._peers[node_id] = _Peer(node_id, num_blocks, kv_base_address, device_id)
 
     def has_peer(self, node_id: str) -> bool:
         return node_id in self._peers
 
     def remove_peer(self, node_id: str) -> None:
         """Forget a peer (reads still in flight to it should be polled to the end first)."""
-        peer = self._peers.pop(node_id, None)
-        if peer is not None:
-            self._nixl.release_dlist_handle(peer.blocks_dlist)
+        if self._peers.pop(node_id, None) is not None:
             self._nixl.remove_remote_agent(node_id)
 
     # --- reads ------------------------------------------------------------------------------------------------
@@ -113,17 +115,34 @@ class KVTransferAgent(KVRegion):
         remote = self._peers[peer]
         check_block_ids(remote_block_ids, local_block_ids, remote.num_blocks, self.num_blocks)
         self.counters.reads_started += 1
+        runs = block_runs(remote_block_ids, local_block_ids)
+        self.counters.descriptors_posted += len(runs)
         num_blocks = len(local_block_ids)
         handle = ReadHandle(peer, num_blocks, num_blocks * self.block_nbytes, "PROC", None)
         try:
-            handle.backend_handle = self._nixl.make_prepped_xfer(
-                "READ", self._blocks_dlist, _indices(local_block_ids), remote.blocks_dlist,
-                _indices(remote_block_ids), notification)
+            handle.backend_handle = self._post_read(remote, runs, notification)
             state = self._nixl.transfer(handle.backend_handle)
         except _TRANSFER_ERRORS as error:
             state, handle.error = "ERR", repr(error)
         self._advance(handle, state)
         return handle
+
+    def probe_read(self, peer: str) -> float:
+        """GB/s of one READ of ~PROBE_BYTES from the peer (its null block, again and again, into ours: no
+        request's KV is touched). Waits for it: once per peer, at the handshake."""
+        remote = self._peers[peer]
+        repeats = max(1, min(4096, PROBE_BYTES // self.block_nbytes))
+        runs = [(NULL_BLOCK, NULL_BLOCK, 1)] * repeats
+        start = time.perf_counter()
+        xfer = self._post_read(remote, runs, b"")
+        state = self._nixl.transfer(xfer)
+        while state == "PROC" and time.perf_counter() - start < PROBE_TIMEOUT_S:
+            state = self._nixl.check_xfer_state(xfer)
+        seconds = time.perf_counter() - start
+        self._release(xfer, must_succeed=False)
+        if state != "DONE":
+            raise IncompatiblePeer(f"the probe READ from {peer} did not complete ({state} after {seconds:.1f} s)")
+        return repeats * self.block_nbytes / seconds / 1e9
 
     def poll(self, handle: ReadHandle) -> XferState:
         """The read's state; the first time it is "DONE" or "ERR" the transfer handle is released and counted."""
@@ -143,10 +162,9 @@ class KVTransferAgent(KVRegion):
     def close(self) -> None:
         for node_id in list(self._peers):
             self.remove_peer(node_id)
-        if self._blocks_dlist is not None:
-            self._nixl.release_dlist_handle(self._blocks_dlist)
+        if self._registration is not None:
             self._nixl.deregister_memory(self._registration)
-            self._blocks_dlist = None
+            self._registration = None
 
     # --- helpers ----------------------------------------------------------------------------------------------
     def _advance(self, handle: ReadHandle, state: XferState) -> None:
@@ -169,17 +187,37 @@ class KVTransferAgent(KVRegion):
             if must_succeed:
                 raise
 
-    def _block_descs(self, base_address: int, num_blocks: int, device_id: int | None = None) -> np.ndarray:
-        """[num_blocks, 3] (address, nbytes, device id): block i of a block-major tensor at base_address."""
-        descs = np.empty((num_blocks, 3), dtype=np.uint64)
-        descs[:, 0] = base_address + np.arange(num_blocks, dtype=np.uint64) * self.block_nbytes
-        descs[:, 1] = self.block_nbytes
-        descs[:, 2] = self._device_id if device_id is None else device_id
+    def _post_read(self, remote: _Peer, runs: list[tuple[int, int, int]], notification: bytes) -> nixl_xfer_handle:
+        """A READ of (remote first block, local first block, blocks) runs, one descriptor each."""
+        starts = np.asarray(runs, dtype=np.uint64).reshape(-1, 3)
+        local = self._run_descs(self.kv_base_address, starts[:, 1], starts[:, 2], self.device_id)
+        peer = self._run_descs(remote.kv_base_address, starts[:, 0], starts[:, 2], remote.device_id)
+        return self._nixl.initialize_xfer("READ", self._nixl.get_xfer_descs(local, self.memory_type),
+                                          self._nixl.get_xfer_descs(peer, self.memory_type), remote.name,
+                                          notification)
+
+    def _run_descs(self, base_address: int, first_blocks: np.ndarray, num_blocks: np.ndarray,
+                   device_id: int) -> np.ndarray:
+        """[runs, 3] (address, nbytes, device id) of block runs of a block-major tensor at base_address."""
+        descs = np.empty((len(first_blocks), 3), dtype=np.uint64)
+        descs[:, 0] = np.uint64(base_address) + first_blocks * np.uint64(self.block_nbytes)
+        descs[:, 1] = num_blocks * np.uint64(self.block_nbytes)
+        descs[:, 2] = device_id
         return descs
 
 
-def _indices(block_ids: Sequence[int]) -> np.ndarray:
-    return np.asarray(block_ids, dtype=np.int32)
+UCX_VARIABLES = ("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "UCX_TLS")
+"""The UCX settings TransferConfig owns: whatever the environment held for them is replaced."""
+
+
+def apply_ucx_environment(config: TransferConfig, vram: bool) -> None:
+    """Before NIXL makes its UCX context (create_backend): UCX reads these settings only from the environment."""
+    settings = config.ucx_environment(vram)
+    for name in UCX_VARIABLES:
+        if name in settings:
+            os.environ[name] = settings[name]
+        else:
+            os.environ.pop(name, None)
 
 
 def _as_str(name: str | bytes) -> str:

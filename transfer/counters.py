@@ -18,6 +18,8 @@ class TransferCounters:
     """decode: bytes of completed READs."""
     blocks_read: int = 0
     """decode: KV blocks of completed READs."""
+    descriptors_posted: int = 0
+    """decode: descriptors of posted READs (a run of blocks adjacent on both sides is one)."""
     kv_released: int = 0
     """prefill: leases freed after a decode node's completion notification (counted by the prefill node)."""
     lease_expiries: int = 0

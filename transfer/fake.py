@@ -7,16 +7,19 @@ exercised on the asynchronous path. The cluster itself always uses NIXL (transfe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
+from corun.config import TransferConfig
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 from transfer.reads import (
     KVRegion,
     ReadHandle,
     XferState,
+    block_runs,
     check_block_ids,
     check_kv_data,
     count_finished,
@@ -26,7 +29,10 @@ _AGENTS: dict[str, FakeKVTransferAgent] = {}
 
 
 class FakeKVTransferAgent(KVRegion):
-    def __init__(self, name: str, kv_data: torch.Tensor):
+    probe_gbps = math.inf
+    """What probe_read() reports (tests set a slow one to see a peer refused)."""
+
+    def __init__(self, name: str, kv_data: torch.Tensor, config: TransferConfig = TransferConfig()):
         check_kv_data(kv_data)
         if name in _AGENTS:
             raise ValueError(f"a fake agent named {name!r} is already open")
@@ -49,6 +55,11 @@ class FakeKVTransferAgent(KVRegion):
             raise IncompatiblePeer(f"peer {node_id} sent the metadata of agent {agent_metadata.decode()}")
         self._peer_names.add(node_id)
 
+    def probe_read(self, peer: str) -> float:
+        if peer not in self._peer_names:
+            raise KeyError(peer)
+        return self.probe_gbps
+
     def has_peer(self, node_id: str) -> bool:
         return node_id in self._peer_names
 
@@ -61,6 +72,7 @@ class FakeKVTransferAgent(KVRegion):
             raise KeyError(peer)
         check_block_ids(remote_block_ids, local_block_ids, _AGENTS[peer].num_blocks, self.num_blocks)
         self.counters.reads_started += 1
+        self.counters.descriptors_posted += len(block_runs(remote_block_ids, local_block_ids))
         num_blocks = len(local_block_ids)
         pending = (list(remote_block_ids), list(local_block_ids), notification)
         return ReadHandle(peer, num_blocks, num_blocks * self.block_nbytes, "PROC", pending)

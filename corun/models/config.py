@@ -6,6 +6,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+RANDOM_WEIGHTS_KEY = "corun_random_weights"
+"""config.json key of a random-weight model directory (corun/models/presets.py): {"preset": name, "seed": s}."""
+
+
+def random_weights_spec(model_dir: str | Path) -> dict | None:
+    """{"preset", "seed"} when model_dir is a random-weight model directory (its weights drawn at load time, no
+    weight file), else None."""
+    config_file = Path(model_dir) / "config.json"
+    return json.loads(config_file.read_text()).get(RANDOM_WEIGHTS_KEY) if config_file.is_file() else None
+
+
 SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "LlamaForCausalLM": "llama",

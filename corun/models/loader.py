@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from corun.models.config import ModelArchConfig
+from corun.models.config import ModelArchConfig, random_weights_spec
 from corun.models.decoder import DecoderLM
 from corun.models.presets import fill_random_, is_random_spec, preset_config, preset_digest
 from corun.models.rope import cos_sin_table
@@ -51,8 +51,10 @@ def fuse_projections(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 def load_model(model_dir: str | Path, dtype: str, device: str, max_positions: int) -> DecoderLM:
     if is_random_spec(str(model_dir)):
-        return random_model(str(model_dir), dtype, device, max_positions)
+        return random_model(preset_config(str(model_dir)), dtype, device, max_positions)
     cfg = ModelArchConfig.from_dir(model_dir)
+    if (spec := random_weights_spec(model_dir)) is not None:
+        return random_model(cfg, dtype, device, max_positions, seed=spec["seed"])
     with torch.device("meta"):
         model = DecoderLM(cfg, max_positions)
     state = fuse_projections(read_checkpoint(model_dir))
@@ -73,11 +75,10 @@ def load_model(model_dir: str | Path, dtype: str, device: str, max_positions: in
     return model.eval().requires_grad_(False)
 
 
-def random_model(spec: str, dtype: str, device: str, max_positions: int) -> DecoderLM:
-    cfg = preset_config(spec)
+def random_model(cfg: ModelArchConfig, dtype: str, device: str, max_positions: int, seed: int = 0) -> DecoderLM:
     with torch.device(device):
         model = DecoderLM(cfg, max_positions).to(DTYPES[dtype])
-    fill_random_(model)
+    fill_random_(model, seed)
     model.rope_cos, model.rope_sin = (t.to(device) for t in cos_sin_table(cfg, max_positions))
     return model.eval().requires_grad_(False)
 
@@ -87,7 +88,9 @@ def model_digest(model_dir: str | Path) -> str:
     if is_random_spec(str(model_dir)):
         return preset_digest(str(model_dir))
     digest = hashlib.sha256()
-    for path in [Path(model_dir) / "config.json", *safetensors_files(model_dir)]:
+    # NOTE: a random-weight directory's weights are a function of its config.json (preset and seed) alone
+    weights = [] if random_weights_spec(model_dir) is not None else safetensors_files(model_dir)
+    for path in [Path(model_dir) / "config.json", *weights]:
         digest.update(path.name.encode())
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -11,7 +11,7 @@ import json
 
 import torch
 
-from corun.models.config import ModelArchConfig
+from corun.models.config import RANDOM_WEIGHTS_KEY, ModelArchConfig
 
 RANDOM_PREFIX = "random:"
 PRESETS = {
@@ -51,3 +51,38 @@ def fill_random_(model: torch.nn.Module, seed: int = 0) -> None:
             fan_in = param.shape[-1]
             std = 3.0 / fan_in ** 0.5 if "embed" in name or "lm_head" in name else 1.0 / fan_in ** 0.5
             param.normal_(0.0, std, generator=generator)
+
+
+END_OF_TEXT = "<|endoftext|>"
+
+
+def make_random_model_dir(preset: str, out_dir, seed: int = 0):
+    """config.json, tokenizer files and generation_config.json of preset; -> the directory. Its weights are drawn
+    at load time (no weight file: a 16 GB model in a few KB), so it is served like a checkpoint: the router reads
+    its tokenizer, the nodes its config.
+
+    The tokenizer is one word per id ("t0" ... "t{vocab-2}", then <|endoftext|>): it covers the whole vocabulary,
+    so every sampled id detokenizes, and token-id prompts (what benchmarks send) need nothing else."""
+    from pathlib import Path
+
+    import tokenizers
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown random model {preset!r} (have {sorted(PRESETS)})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab_size = PRESETS[preset]["vocab_size"]
+    eos_id = vocab_size - 1
+    vocab = {f"t{i}": i for i in range(eos_id)} | {END_OF_TEXT: eos_id}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=END_OF_TEXT))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([END_OF_TEXT])
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = {**PRESETS[preset], "eos_token_id": eos_id, "bos_token_id": eos_id,
+              RANDOM_WEIGHTS_KEY: {"preset": preset, "seed": seed}}
+    files = {"config.json": config, "generation_config.json": {"eos_token_id": [eos_id]},
+             "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": END_OF_TEXT,
+                                       "bos_token": None, "model_max_length": config["max_position_embeddings"]}}
+    for name, data in files.items():
+        (out / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return out

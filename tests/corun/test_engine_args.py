@@ -59,3 +59,30 @@ def test_a_non_default_value_of_every_flag_reaches_the_config():
     add_engine_args(parser)
     rebuilt = engine_config_from_args(parser.parse_args(engine_args_to_argv(config)))
     assert rebuilt == config and rebuilt != EngineConfig(model="m")
+
+
+def test_transfer_flags_round_trip_and_reach_the_node_argv():
+    from corun.config import TransferConfig
+    from corun.engine_args import add_transfer_args, transfer_args_to_argv, transfer_config_from_args
+    from launch.cluster import ClusterConfig, node_argv
+
+    parser = argparse.ArgumentParser()
+    add_transfer_args(parser)
+    assert transfer_config_from_args(parser.parse_args([])) == TransferConfig()
+    config = TransferConfig(cuda_ipc_get_zcopy="auto", ucx_transports=("cuda_ipc", "rc"), ucx_devices=("mlx5_0:1",),
+                            ucx_error_handling="peer", min_vram_read_gbps=5.5, allow_slow_reads=True)
+    assert transfer_config_from_args(parser.parse_args(transfer_args_to_argv(config))) == config != TransferConfig()
+    argv = node_argv(ClusterConfig(EngineConfig(model="m"), transfer=config), EngineConfig(model="m"), "decode", 0,
+                     "127.0.0.1", 1)
+    assert argv[argv.index("--kv-ucx-transports") + 1] == "cuda_ipc,rc" and "--kv-allow-slow-reads" in argv
+
+
+def test_ucx_settings_come_from_the_config_alone():
+    from corun.config import TransferConfig
+
+    assert TransferConfig().ucx_environment(vram=True) == {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
+    assert TransferConfig().ucx_environment(vram=False) == {}  # NOTE: a CPU-only UCX warns about the CUDA one
+    assert TransferConfig(cuda_ipc_get_zcopy="auto", ucx_transports=("sm", "self")).ucx_environment(vram=True) == {
+        "UCX_TLS": "sm,self"}
+    with pytest.raises(ValueError, match="cuda_ipc_get_zcopy"):
+        TransferConfig(cuda_ipc_get_zcopy="yes")

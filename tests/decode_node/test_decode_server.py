@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from corun import protocol
-from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig, TransferConfig
 from corun.sampling_params import SamplingParams
 from decode_node.server import DecodeServer
 from launch.local import free_port
@@ -32,11 +32,11 @@ def node_config(model_dir: str, role: str, node_id: str, **node) -> NodeConfig:
 class Bench:
     """A prefill and a decode server, both in this process on fake agents, and the router's two sockets."""
 
-    def __init__(self, model_dir: str, prefill_id: str = "prefill-a", lease_s: float = 30.0):
+    def __init__(self, model_dir: str, prefill_id: str = "prefill-a", lease_s: float = 30.0,
+                 agent=FakeKVTransferAgent, transfer: TransferConfig = TransferConfig()):
         self.model_dir = model_dir
-        self.prefill = PrefillServer(node_config(model_dir, "prefill", prefill_id, kv_lease_seconds=lease_s),
-                                     FakeKVTransferAgent)
-        self.decode = DecodeServer(node_config(model_dir, "decode", "decode-a"), FakeKVTransferAgent)
+        self.prefill = PrefillServer(node_config(model_dir, "prefill", prefill_id, kv_lease_seconds=lease_s), agent)
+        self.decode = DecodeServer(node_config(model_dir, "decode", "decode-a", transfer=transfer), agent)
         self.to_prefill, self.to_decode = self.socket(self.prefill), self.socket(self.decode)
 
     @staticmethod
@@ -218,3 +218,36 @@ def test_a_kv_handle_for_another_prompt_length_is_a_400(bench):
     [error] = bench.until(finished)
     assert error.status == 400 and "KV handle" in error.message
     bench.assert_idle()
+
+
+class EmulatedVramAgent(FakeKVTransferAgent):
+    """GPU KV whose READs UCX emulates through host memory (0.8 GB/s, as measured on one H200 by default)."""
+
+    memory_type = "VRAM"
+    probe_gbps = 0.8
+
+
+@pytest.mark.parametrize("agent_gbps, transfer, refused", [
+    (0.8, TransferConfig(), True),
+    (0.8, TransferConfig(allow_slow_reads=True), False),  # NOTE: told to allow it
+    (300.0, TransferConfig(), False),  # NOTE: the direct CUDA-IPC path
+    (0.8, TransferConfig(min_vram_read_gbps=0.5), False),
+])
+def test_an_emulated_vram_path_is_refused_naming_the_setting(tiny_model_dir, monkeypatch, agent_gbps, transfer,
+                                                            refused):
+    monkeypatch.setattr(EmulatedVramAgent, "probe_gbps", agent_gbps)
+    bench = Bench(tiny_model_dir, agent=EmulatedVramAgent, transfer=transfer)
+    try:
+        result, prompt = bench.prefilled("gpu")
+        bench.send_decode(result, prompt)
+        replies = bench.until(finished)
+        if refused:
+            [error] = replies
+            assert error.status == 503 and "0.8 GB/s" in error.message and "--kv-cuda-ipc-get-zcopy y" in error.message
+            assert "prefill-a" not in bench.decode.peers
+        else:
+            assert replies[-1].finish_reason == "length"
+            assert bench.decode.stats()["kv_probe_read_gbps_min"] == agent_gbps
+        bench.assert_idle()
+    finally:
+        bench.close()

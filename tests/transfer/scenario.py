@@ -1,8 +1,9 @@
 """One behavioural scenario for any KV transfer agent (NIXL in two processes, or the fake in one).
 
-A prefill agent holds blocks with a known pattern; a decode agent refuses a peer of another block size, then
-pulls a non-contiguous list of the prefill's blocks into other local block ids, and the prefill agent receives
-the completion notification keyed by the decode agent's name.
+A prefill agent holds blocks with a known pattern; a decode agent refuses a peer of another block size, probes
+the peer's read speed, then pulls a list of the prefill's blocks into other local block ids (three of them
+adjacent on both sides: one descriptor; the others scattered), and the prefill agent receives the completion
+notification keyed by the decode agent's name.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ PREFILL_NAME = "prefill-0"
 DECODE_NAME = "decode-0"
 KV_SHAPE = (12, 2, 2, 4, 2, 8)
 """[num_blocks, num_layers, kv, block_size, num_kv_heads, head_dim]: 1 KiB blocks of float32."""
-REMOTE_BLOCK_IDS = [7, 2, 9, 4]
-LOCAL_BLOCK_IDS = [1, 5, 3, 10]
+REMOTE_BLOCK_IDS = [7, 8, 9, 2, 4]
+LOCAL_BLOCK_IDS = [1, 2, 3, 5, 10]
+NUM_DESCRIPTORS = 3
+"""7-9 -> 1-3 is one run; 2 -> 5 and 4 -> 10 are one block each."""
 NOTIFICATION = b"req-42:done"
 TIMEOUT_S = 10.0
 
@@ -48,6 +51,7 @@ def pull_blocks(agent, info: dict) -> dict:
     result["has_peer"] = agent.has_peer(info["node_id"])
     result["refused_uneven_ids"] = _raises(ValueError, agent.start_read, info["node_id"], [1, 2], [3], b"x")
     result["refused_null_block"] = _raises(ValueError, agent.start_read, info["node_id"], [0], [3], b"x")
+    result["probe_gbps"] = agent.probe_read(info["node_id"])
     handle = agent.start_read(info["node_id"], REMOTE_BLOCK_IDS, LOCAL_BLOCK_IDS, NOTIFICATION)
     result["state"] = wait_until_finished(agent, handle)
     result["state_after_finish"] = agent.poll(handle)
@@ -59,7 +63,8 @@ def check_pulled(local_kv: torch.Tensor, remote_kv: torch.Tensor) -> None:
     """Byte-exact copies at the local ids; every other local block untouched (zeros)."""
     for remote_id, local_id in zip(REMOTE_BLOCK_IDS, LOCAL_BLOCK_IDS, strict=True):
         assert torch.equal(local_kv[local_id].view(torch.uint8), remote_kv[remote_id].view(torch.uint8)), local_id
-    untouched = [b for b in range(KV_SHAPE[0]) if b not in LOCAL_BLOCK_IDS]
+    # NOTE: the null block (0) takes the probe READ
+    untouched = [b for b in range(1, KV_SHAPE[0]) if b not in LOCAL_BLOCK_IDS]
     assert not local_kv[untouched].any()
 
 
@@ -69,7 +74,8 @@ def check_pull_result(result: dict, block_nbytes: int) -> None:
     assert result["state"] == "DONE" and result["state_after_finish"] == "DONE"
     counters = result["counters"]
     assert counters["reads_started"] == counters["reads_completed"] == 1 and counters["read_failures"] == 0
-    assert counters["blocks_read"] == len(LOCAL_BLOCK_IDS)
+    assert counters["blocks_read"] == len(LOCAL_BLOCK_IDS) and counters["descriptors_posted"] == NUM_DESCRIPTORS
+    assert result["probe_gbps"] > 0
     assert counters["bytes_read"] == len(LOCAL_BLOCK_IDS) * block_nbytes
 
 
