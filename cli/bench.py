@@ -14,6 +14,18 @@ CPU_MODES = ("corun", "standard")
 """NOTE: batch_invariant's Triton kernels run in Triton's interpreter on CPU: minutes per step of a real run."""
 
 
+def run_url_bench(args, base, workloads: list[Workload], arrivals: Arrivals, slo) -> dict:
+    from benchmarks.http_bench import run_http_bench
+    from corun.models.config import ModelArchConfig
+
+    if args.modes:
+        raise ValueError("--modes: the cluster at --url runs the modes its nodes were started with")
+    vocab_size = ModelArchConfig.from_dir(base.model).vocab_size
+    return run_http_bench(args.url.rstrip("/"), workloads, vocab_size, base.scheduler.max_model_len,
+                          arrivals=arrivals, slo=slo, seed=args.seed, max_seconds=args.max_seconds,
+                          max_concurrency=args.max_concurrency, label=args.label)
+
+
 def chosen_workloads(args, max_model_len: int) -> list[Workload]:
     if args.workloads:
         return [make_workload(name, args.num_requests, args.seed) for name in args.workloads.split(",")]
@@ -45,6 +57,11 @@ def add_bench(commands) -> None:
     cmd.add_argument("--max-seconds", type=float, default=None,
                      help="cut each (mode, workload) run after this long; its result is marked truncated")
     cmd.add_argument("--out", default=None)
+    served = cmd.add_argument_group("a running cluster (vllm bench serve-like); --model names its checkpoint")
+    served.add_argument("--url", default=None, help="the router, e.g. http://127.0.0.1:8000: stream every request "
+                        "to it instead of running engines here")
+    served.add_argument("--max-concurrency", type=int, default=None, help="--url: most requests in flight")
+    served.add_argument("--label", default=None, help="--url: the mode name in the report (default served@URL)")
     cmd.set_defaults(run=run_bench_command)
 
 
@@ -53,8 +70,12 @@ def run_bench_command(args) -> int:
     arrivals = Arrivals(args.request_rate, args.burstiness, args.seed)
     slo = parse_goodput(args.goodput)
     workloads = chosen_workloads(args, base.scheduler.max_model_len)
-    modes = args.modes.split(",") if args.modes else list(CUDA_MODES if base.device.startswith("cuda") else CPU_MODES)
-    report = run_bench(base, modes, workloads, args.out, args.max_seconds, arrivals=arrivals, slo=slo)
+    if args.url:
+        report = run_url_bench(args, base, workloads, arrivals, slo)
+    else:
+        default_modes = CUDA_MODES if base.device.startswith("cuda") else CPU_MODES
+        modes = args.modes.split(",") if args.modes else list(default_modes)
+        report = run_bench(base, modes, workloads, args.out, args.max_seconds, arrivals=arrivals, slo=slo)
     report["command"] = vars(args) | {"run": None, "request_rate": arrivals.describe()["request_rate"]}
     text = json.dumps(report, indent=2, default=str)
     print(text)

@@ -1,0 +1,143 @@
+"""`corun bench --url`: the bench's workloads and arrivals against a running router, over streaming HTTP.
+
+As `vllm bench serve` measures a server: each request is a streaming /v1/completions call with token-id prompts
+(the engine bench's prompts, so both see the same requests), sent at its arrival time. TTFT is from the request's
+arrival to its first streamed token; ITL the gaps between streamed chunks; TPOT a request's mean gap between its
+later tokens. The result has the engine bench's schema (plus itl_ms), so colocated and served runs sit side by
+side in one report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from benchmarks.harness import RequestOutcome, SLOTargets, count_good, percentile
+from planner.workloads import Arrivals, Workload, make_prompts
+
+REQUEST_TIMEOUT_S = 3600.0
+
+
+@dataclass
+class StreamedRequest:
+    """What one streamed request saw, in seconds from the run's start."""
+
+    arrived_at: float
+    chunk_at: list[float] = field(default_factory=list)
+    """When each chunk carrying tokens arrived."""
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def outcome(self) -> RequestOutcome:
+        ttft = self.chunk_at[0] - self.arrived_at if self.chunk_at else None
+        tpot = (self.chunk_at[-1] - self.chunk_at[0]) / (self.num_tokens - 1) if self.num_tokens > 1 else None
+        return RequestOutcome(self.finish_reason is not None and self.error is None, ttft, tpot)
+
+
+async def served_model_name(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(f"{url}/v1/models") as response:
+        response.raise_for_status()
+        return (await response.json())["data"][0]["id"]
+
+
+async def stream_one(session: aiohttp.ClientSession, url: str, body: dict, record: StreamedRequest,
+                     start: float) -> None:
+    try:
+        async with session.post(f"{url}/v1/completions", json=body) as response:
+            if response.status != 200:
+                record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
+                return
+            async for line in response.content:
+                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                    continue
+                for choice in json.loads(line[6:]).get("choices", []):
+                    token_ids = choice.get("token_ids") or []
+                    if token_ids:
+                        record.chunk_at.append(time.perf_counter() - start)
+                        record.num_tokens += len(token_ids)
+                    record.finish_reason = choice.get("finish_reason") or record.finish_reason
+    except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+        record.error = repr(error)
+
+
+async def run_http_workload_async(url: str, workload: Workload, vocab_size: int, arrivals: Arrivals,
+                                  slo: SLOTargets, seed: int, max_seconds: float | None,
+                                  max_concurrency: int | None) -> dict:
+    prompts = make_prompts(workload, vocab_size, seed)
+    times = arrivals.times(len(prompts))
+    limit = asyncio.Semaphore(max_concurrency or len(prompts))
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        model = await served_model_name(session, url)
+        records: list[StreamedRequest] = []
+        start = time.perf_counter()
+
+        async def send(prompt, arrive_at: float) -> None:
+            await asyncio.sleep(max(0.0, arrive_at - (time.perf_counter() - start)))
+            _, token_ids, params = prompt
+            record = StreamedRequest(time.perf_counter() - start)
+            records.append(record)
+            body = {"model": model, "prompt": token_ids, "max_tokens": params.max_tokens,
+                    "temperature": params.temperature, "seed": params.seed, "ignore_eos": params.ignore_eos,
+                    "stream": True}
+            async with limit:
+                await stream_one(session, url, body, record, start)
+
+        tasks = [asyncio.ensure_future(send(prompt, at)) for prompt, at in zip(prompts, times, strict=True)]
+        done, pending = await asyncio.wait(tasks, timeout=max_seconds)
+        for task in pending:  # NOTE: cut at max_seconds: what is still streaming counts as unfinished
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        elapsed = time.perf_counter() - start
+    return summarize_http(records, len(prompts), elapsed, arrivals, slo, truncated=bool(pending))
+
+
+def summarize_http(records: list[StreamedRequest], num_requests: int, elapsed: float, arrivals: Arrivals,
+                   slo: SLOTargets, truncated: bool) -> dict:
+    outcomes = [record.outcome() for record in records]
+    ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
+    tpots = [o.tpot_s for o in outcomes if o.tpot_s is not None]
+    itls = [b - a for record in records for a, b in zip(record.chunk_at, record.chunk_at[1:])]
+    num_tokens = sum(record.num_tokens for record in records)
+    num_good = count_good(outcomes, slo)
+    errors = [record.error for record in records if record.error]
+    return {"num_requests": num_requests, "num_finished": sum(o.finished for o in outcomes),
+            "output_tokens": num_tokens, "seconds": round(elapsed, 3),
+            "output_tok_per_s": round(num_tokens / elapsed, 1),
+            "ttft_s": {"p50": round(percentile(ttfts, 0.5), 4), "p99": round(percentile(ttfts, 0.99), 4)},
+            "tpot_ms": {"p50": round(1e3 * percentile(tpots, 0.5), 3), "p99": round(1e3 * percentile(tpots, 0.99), 3)},
+            "itl_ms": {"p50": round(1e3 * percentile(itls, 0.5), 3), "p99": round(1e3 * percentile(itls, 0.99), 3)},
+            "num_good": num_good, "goodput_req_per_s": round(num_good / elapsed, 3), "slo_targets": slo.describe(),
+            "arrivals": arrivals.describe(), "prefill_path": "served", "num_errors": len(errors),
+            "first_errors": errors[:3], "truncated": truncated or len(records) < num_requests}
+
+
+def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_model_len: int, *,
+                   arrivals: Arrivals, slo: SLOTargets, seed: int = 0, max_seconds: float | None = None,
+                   max_concurrency: int | None = None, label: str | None = None) -> dict:
+    """One report in the engine bench's schema, its one mode named after the URL."""
+    from benchmarks.harness import progress_line
+    from planner.workloads import check_fits
+
+    for workload in workloads:
+        check_fits(workload, max_model_len)
+    mode = label or f"served@{url}"
+    report = {"url": url, "arrivals": arrivals.describe(), "slo_targets": slo.describe(), "modes": {mode: {}}}
+    for workload in workloads:
+        try:
+            result = asyncio.run(run_http_workload_async(url, workload, vocab_size, arrivals, slo, seed,
+                                                         max_seconds, max_concurrency))
+        except (aiohttp.ClientError, OSError) as error:
+            raise ValueError(f"cannot reach the router at {url}: {error}") from None
+        if math.isnan(result["ttft_s"]["p50"]):  # NOTE: not one token came back: a report of NaNs helps no one
+            raise ValueError(f"no request to {url} produced a token ({workload.name}): {result['first_errors']}")
+        report["modes"][mode][workload.name] = result
+        print(progress_line(mode, workload.name, result), file=sys.stderr, flush=True)
+    return report

@@ -1,0 +1,60 @@
+"""`corun bench --url`: the bench's workloads streamed to a running cluster, reported in the engine bench's schema."""
+
+import json
+
+import pytest
+
+from benchmarks.harness import SLOTargets, run_bench
+from benchmarks.http_bench import run_http_bench
+from cli.main import main
+from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+from launch.cluster import free_port
+from planner.workloads import Arrivals, Workload
+from tests.launch.cluster_client import start_cluster
+
+WORKLOADS = [Workload("short", ((12, 5),) * 6), Workload("mixed", ((40, 9), (7, 3), (90, 12), (25, 1)))]
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir):
+    with start_cluster(tiny_model_dir, 1, 1) as cluster:
+        yield cluster
+
+
+def test_every_request_streams_to_its_end_with_the_engine_schema(cluster, tiny_model_dir):
+    slo = SLOTargets(ttft_ms=60_000)
+    report = run_http_bench(cluster.url, WORKLOADS, 2048, 512, arrivals=Arrivals(request_rate=50), slo=slo,
+                            max_concurrency=3, label="cluster")
+    served = report["modes"]["cluster"]
+    for workload in WORKLOADS:
+        result = served[workload.name]
+        assert result["num_finished"] == result["num_requests"] == len(workload.lengths) and not result["truncated"]
+        assert result["output_tokens"] == sum(num_out for _, num_out in workload.lengths) and result["num_errors"] == 0
+        assert result["num_good"] == len(workload.lengths) and 0 < result["ttft_s"]["p50"] <= result["ttft_s"]["p99"]
+        assert result["itl_ms"]["p50"] > 0 and result["tpot_ms"]["p50"] > 0
+    engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=128),
+                          scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512))
+    colocated = run_bench(engine, ["corun"], WORKLOADS[:1], slo=slo)["modes"]["corun"]["short"]
+    shared = {"num_requests", "num_finished", "output_tokens", "seconds", "output_tok_per_s", "ttft_s", "tpot_ms",
+              "num_good", "goodput_req_per_s", "slo_targets", "arrivals", "prefill_path", "truncated"}
+    assert shared <= colocated.keys() and shared <= served["short"].keys()  # NOTE: side by side in one report
+
+
+def test_a_run_cut_short_is_marked_truncated(cluster):
+    slow = Workload("long", ((30, 200),) * 4)
+    report = run_http_bench(cluster.url, [slow], 2048, 512, arrivals=Arrivals(), slo=SLOTargets(), max_seconds=0.3)
+    result = report["modes"][f"served@{cluster.url}"]["long"]
+    assert result["truncated"] and result["num_finished"] < 4
+
+
+def test_cli_streams_to_the_url_and_refuses_what_it_cannot_run(cluster, tiny_model_dir, capsys):
+    argv = ["bench", "--url", cluster.url, "--model", tiny_model_dir, "--workloads", "20x4", "--num-requests", "3",
+            "--max-model-len", "512"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["modes"][f"served@{cluster.url}"]["20x4"]["num_finished"] == 3
+    assert main([*argv, "--modes", "corun"]) == 2
+    assert "--modes" in capsys.readouterr().err
+    assert main(["bench", "--url", f"http://127.0.0.1:{free_port('127.0.0.1')}", "--model", tiny_model_dir,
+                 "--workloads", "20x4", "--num-requests", "1"]) == 2
+    assert "cannot reach the router" in capsys.readouterr().err
