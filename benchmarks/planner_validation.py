@@ -43,7 +43,6 @@ import torch
 
 from benchmarks.report import emit
 from corun.models.tiny import make_tiny_model
-from launch.cluster import engine_with_threads
 from launch.local import LocalCluster, LocalClusterConfig, free_port
 from planner import capacity_model
 from planner.capacity_model import WorkloadStats
@@ -296,7 +295,7 @@ def main() -> None:
     slo = SLO(ttft_p99_s=args.ttft_p99, tpot_p99_s=args.tpot / 1e3)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(make_tiny_model(tmp))
-        engine = engine_with_threads(engine_config(model_dir), 1)
+        engine = dataclasses.replace(engine_config(model_dir), num_threads=1)  # NOTE: as the nodes run
         profile_started = time.perf_counter()
         profile = profile_engine(engine, PROFILE_LENGTHS, PROFILE_CONTEXTS, seed=args.seed)
         profile_s = time.perf_counter() - profile_started

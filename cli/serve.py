@@ -7,14 +7,21 @@ import logging
 from typing import TYPE_CHECKING
 
 from corun.config import NodeConfig, RouterConfig
-from corun.engine_args import add_engine_args, add_transfer_args, engine_config_from_args, transfer_config_from_args
+from corun.engine_args import (
+    add_engine_args,
+    add_transfer_args,
+    engine_config_from_args,
+    parse_names,
+    transfer_config_from_args,
+)
 
 if TYPE_CHECKING:
     from launch.cluster import ClusterConfig
     from launch.ray_cluster import RayClusterConfig
 
 RAY_FLAGS = {"ray_address": "address", "placement_strategy": "placement_strategy", "cpus_per_node": "cpus_per_node",
-             "prefill_resource": "prefill_resource", "decode_resource": "decode_resource"}
+             "gpus_per_node": "gpus_per_node", "prefill_resource": "prefill_resource",
+             "decode_resource": "decode_resource"}
 """--launcher ray flag (argparse dest) -> RayClusterConfig field. NOTE: the flags default to None so that the
 defaults live in RayClusterConfig alone."""
 
@@ -30,6 +37,13 @@ def add_serve(commands) -> None:
     cmd.add_argument("--served-model-name", default=RouterConfig.served_model_name)
     cmd.add_argument("--max-pending-requests", type=int, default=RouterConfig.max_pending_requests)
     cmd.add_argument("--kv-lease-seconds", type=float, default=NodeConfig.kv_lease_seconds)
+    gpus = cmd.add_argument_group("--device cuda")
+    gpus.add_argument("--prefill-gpus", type=parse_names, default=(), help="local launcher: each prefill node's GPU "
+                      "index, comma-separated (one for all; nodes may share a GPU)")
+    gpus.add_argument("--decode-gpus", type=parse_names, default=(), help="local launcher: each decode node's GPU")
+    gpus.add_argument("--prefill-kv-cache-mib", type=int, default=None, help="each prefill node's KV cache "
+                      "(default --kv-cache-mib)")
+    gpus.add_argument("--decode-kv-cache-mib", type=int, default=None, help="each decode node's KV cache")
     cmd.add_argument("--launcher", default="local", choices=["local", "ray"],
                      help="local: every process on this host; ray: the nodes on a Ray cluster, the router here")
     ray_flags = cmd.add_argument_group("--launcher ray")
@@ -37,6 +51,8 @@ def add_serve(commands) -> None:
     ray_flags.add_argument("--placement-strategy", choices=["SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK"],
                            help="how the nodes' bundles lie over hosts (default SPREAD)")
     ray_flags.add_argument("--cpus-per-node", type=float, help="CPUs each node reserves (default 1)")
+    ray_flags.add_argument("--gpus-per-node", type=float, help="--device cuda: the share of a GPU each node reserves "
+                           "(default 1; 0.5: two nodes per GPU)")
     ray_flags.add_argument("--prefill-resource", help="custom Ray resource the prefill nodes need, e.g. corun_prefill")
     ray_flags.add_argument("--decode-resource", help="custom Ray resource the decode nodes need")
     cmd.set_defaults(run=run_serve)
@@ -49,7 +65,9 @@ def run_serve(args) -> int:
     config = ClusterConfig(
         engine=engine_config_from_args(args), num_prefill=args.prefill, num_decode=args.decode, host=args.host,
         port=args.port, served_model_name=args.served_model_name, max_pending_requests=args.max_pending_requests,
-        kv_lease_seconds=args.kv_lease_seconds, transfer=transfer_config_from_args(args))
+        kv_lease_seconds=args.kv_lease_seconds, transfer=transfer_config_from_args(args),
+        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
+        prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.decode_kv_cache_mib)
     if args.launcher != "ray" and (given := [f"--{dest.replace('_', '-')}" for dest in RAY_FLAGS
                                              if getattr(args, dest) is not None]):
         raise ValueError(f"{', '.join(given)}: only with --launcher ray")

@@ -50,6 +50,15 @@ class ClusterConfig:
     kv_lease_seconds: float = NodeConfig.kv_lease_seconds
     transfer: TransferConfig = TransferConfig()
     """Every node's KV transfer settings."""
+    prefill_gpus: tuple[str, ...] = ()
+    """--device cuda, local launcher: the GPU of each prefill node (CUDA_VISIBLE_DEVICES of its process), one per
+    node or one for all; several nodes may share a GPU. (): the launching process' default GPU."""
+    decode_gpus: tuple[str, ...] = ()
+    prefill_kv_cache_mib: int | None = None
+    """KV cache of each prefill node (it holds prompts being prefilled and their leases); None: the engine's."""
+    decode_kv_cache_mib: int | None = None
+    """KV cache of each decode node (it holds every running request's context); None: the engine's. Nodes that
+    share a GPU split it: weights once per node, plus these."""
     startup_timeout_s: float = 180.0
     """How long every node may take to answer the router's pings (model load) before start() gives up."""
 
@@ -60,6 +69,18 @@ class ClusterConfig:
                                  f"got {getattr(self, name)}")
         if self.startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+        for role, gpus, count in (("prefill", self.prefill_gpus, self.num_prefill),
+                                  ("decode", self.decode_gpus, self.num_decode)):
+            if gpus and not self.engine.device.startswith("cuda"):
+                raise ValueError(f"--{role}-gpus needs --device cuda")
+            if len(gpus) not in (0, 1, count):
+                raise ValueError(f"--{role}-gpus names {len(gpus)} GPUs for {count} {role} nodes: give one per "
+                                 f"node, or one for all")
+            if any(not gpu.isdigit() for gpu in gpus):
+                raise ValueError(f"--{role}-gpus must be GPU indices, got {','.join(gpus)}")
+        for name in ("prefill_kv_cache_mib", "decode_kv_cache_mib"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     def nodes(self) -> list[tuple[Role, int]]:
         """(role, index) of every node, the prefill servers first."""
@@ -92,6 +113,25 @@ def check_port_free(host: str, port: int) -> None:
                              f"another --port)") from None
 
 
+def node_gpu(config: ClusterConfig, role: Role, index: int) -> str | None:
+    """The GPU index a local node's process sees as its one device, or None (the launching process' default)."""
+    gpus = config.prefill_gpus if role == "prefill" else config.decode_gpus
+    return None if not gpus else gpus[index] if len(gpus) > 1 else gpus[0]
+
+
+def node_engine(config: ClusterConfig, role: Role, num_threads: int) -> EngineConfig:
+    """The engine a node of this role runs: the cluster's, with its role's KV budget and a thread count.
+
+    NOTE: the thread count changes the bits (it is in every node's fingerprint), so a node never keeps torch's
+    default, which follows the host's cores."""
+    engine = config.engine if config.engine.num_threads is not None else dataclasses.replace(
+        config.engine, num_threads=num_threads)
+    kv_mib = config.prefill_kv_cache_mib if role == "prefill" else config.decode_kv_cache_mib
+    if kv_mib is None:
+        return engine
+    return dataclasses.replace(engine, cache=dataclasses.replace(engine.cache, memory_budget_bytes=kv_mib * 2**20))
+
+
 def node_id(role: Role, index: int) -> str:
     """A node's id: its NIXL agent name, its name in logs and in the router's X-CoRun-*-Node headers."""
     return f"{role}-{index}"
@@ -101,14 +141,6 @@ def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def engine_with_threads(engine: EngineConfig, num_threads: int) -> EngineConfig:
-    """engine, with num_threads if it names none.
-
-    NOTE: the thread count changes the bits (it is in every node's fingerprint), so a node never keeps torch's
-    default, which follows the host's cores."""
-    return engine if engine.num_threads is not None else dataclasses.replace(engine, num_threads=num_threads)
 
 
 def node_argv(config: ClusterConfig, engine: EngineConfig, role: Role, index: int, host: str, port: int,

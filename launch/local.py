@@ -8,6 +8,7 @@ router retries its requests elsewhere meanwhile); if the router dies, everything
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 
 from launch import cluster as launch
@@ -26,6 +27,7 @@ class LocalCluster:
         self.config = config
         self.processes: list[tuple[str, subprocess.Popen]] = []
         self.argvs: dict[str, list[str]] = {}
+        self.envs: dict[str, dict[str, str] | None] = {}
         self.num_restarts = 0
         self.prefill_addresses: list[str] = []
         self.decode_addresses: list[str] = []
@@ -48,17 +50,19 @@ class LocalCluster:
     def start_node(self, role: str, index: int) -> None:
         host, port = self.config.host, free_port(self.config.host)
         # NOTE: several busy processes share the host's cores: one thread each unless the engine names a count
-        engine = launch.engine_with_threads(self.config.engine, 1)
-        self.spawn(launch.node_id(role, index), launch.node_argv(self.config, engine, role, index, host, port))
+        engine = launch.node_engine(self.config, role, 1)
+        gpu = launch.node_gpu(self.config, role, index)
+        env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+        self.spawn(launch.node_id(role, index), launch.node_argv(self.config, engine, role, index, host, port), env)
         (self.prefill_addresses if role == "prefill" else self.decode_addresses).append(f"tcp://{host}:{port}")
 
     def start_router(self) -> None:
         self.spawn("router", launch.router_argv(self.config, self.prefill_addresses, self.decode_addresses))
 
-    def spawn(self, name: str, argv: list[str]) -> None:
-        logger.info("starting %s", name)
-        self.argvs[name] = argv
-        self.processes.append((name, subprocess.Popen(argv)))
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        logger.info("starting %s%s", name, "" if env is None else f" on GPU {env['CUDA_VISIBLE_DEVICES']}")
+        self.argvs[name], self.envs[name] = argv, env
+        self.processes.append((name, subprocess.Popen(argv, env=env)))
 
     def restart_dead_nodes(self) -> None:
         """Start again every prefill/decode process that exited; raise if the router did."""
@@ -68,7 +72,7 @@ class LocalCluster:
             if name == "router":
                 raise RuntimeError(f"router exited with code {process.returncode}")
             logger.warning("%s exited with code %s; starting it again", name, process.returncode)
-            self.processes[i] = (name, subprocess.Popen(self.argvs[name]))
+            self.processes[i] = (name, subprocess.Popen(self.argvs[name], env=self.envs[name]))
             self.num_restarts += 1
 
     def wait_healthy(self) -> None:

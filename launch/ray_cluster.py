@@ -52,6 +52,9 @@ class RayClusterConfig:
     """How the nodes' bundles are laid over hosts (Ray placement group strategies)."""
     cpus_per_node: float = 1.0
     """CPUs each node reserves; a CPU node computes with that many threads unless the engine names a count."""
+    gpus_per_node: float = 1.0
+    """--device cuda: the share of a GPU each node reserves; a fraction (e.g. 0.5) lets nodes share a GPU, each
+    with its own KV budget (--prefill-kv-cache-mib / --decode-kv-cache-mib)."""
     prefill_resource: str | None = None
     """A custom resource the prefill nodes need (e.g. "corun_prefill"): they go only to hosts that offer it."""
     decode_resource: str | None = None
@@ -69,6 +72,10 @@ class RayClusterConfig:
                              f"got {self.placement_strategy!r}")
         if not self.cpus_per_node > 0:
             raise ValueError(f"cpus_per_node must be > 0, got {self.cpus_per_node}")
+        if not 0 < self.gpus_per_node <= 1:
+            raise ValueError(f"gpus_per_node must be in (0, 1] (a node runs on one GPU), got {self.gpus_per_node}")
+        if self.cluster.prefill_gpus or self.cluster.decode_gpus:
+            raise ValueError("on Ray, Ray picks each node's GPU: use --gpus-per-node, not --prefill-gpus/--decode-gpus")
         if not self.placement_timeout_s > 0:
             raise ValueError(f"placement_timeout_s must be > 0, got {self.placement_timeout_s}")
         check_address(self.address)
@@ -82,8 +89,8 @@ class RayClusterConfig:
             raise ValueError(f"on Ray each node sees only the GPU Ray gives it: use device 'cuda', not {device!r}")
 
     @property
-    def num_gpus_per_node(self) -> int:
-        return 1 if self.cluster.engine.device.startswith("cuda") else 0
+    def num_gpus_per_node(self) -> float:
+        return self.gpus_per_node if self.cluster.engine.device.startswith("cuda") else 0
 
     def node_resources(self, role: Role) -> dict[str, float]:
         """What one node of this role reserves: its bundle, and what its actor asks of it."""
@@ -239,7 +246,7 @@ class RayCluster:
         num_cpus, num_gpus = resources.pop("CPU"), resources.pop("GPU", 0)
         strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=bundle_index)
         cluster = self.config.cluster
-        engine = launch.engine_with_threads(cluster.engine, max(1, int(self.config.cpus_per_node)))
+        engine = launch.node_engine(cluster, role, max(1, int(self.config.cpus_per_node)))
         # NOTE: max_restarts=0: a dead actor is replaced by restart_dead_nodes(), which keeps its port.
         options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources, scheduling_strategy=strategy,
                        max_restarts=0)
