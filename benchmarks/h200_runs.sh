@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 measurements of issues 4 and 8, in the device calls they were run in (each must end inside 10 minutes).
+# The H200 measurements of issues 4, 8 and 10, in the device calls they were run in (each must end inside 10 minutes).
 #   bash benchmarks/h200_runs.sh <part> <out-dir>
 # part "kernels": the kernel tests on the GPU, the decode-step profile (graph, sampler, engine step, per-kernel
 #   eager times) and the 8B determinism suite; "bench_1024" and "bench_4096": the workloads, every run cut at
@@ -16,7 +16,25 @@ BUCKETS=corun:prefill_buckets=default
 PACKED=corun:prefill_chunk_size=2048:prefill_pack_tokens=2048:prefill_pack_seqs=32
 LADDER=decode_step_sizes=16/32/64/128/160/192/224  # NOTE: candidates; each engine keeps those it verifies
 BURST_RATE=${BURST_RATE:-3}; SHAREGPT_RATE=${SHAREGPT_RATE:-8}  # NOTE: the rates the poisson part ran at
+# issue 10 (the cluster on GPUs): nixl and pyzmq from the wheels `bash ../shared/tools/gpu-wheels.sh .whl` makes
+# (carried along: no package index there)
+if [ -d .whl ]; then
+  pip install -q --no-index --no-deps --target /tmp/pydeps .whl/*.whl > "$out/wheels.log" 2>&1
+  export PYTHONPATH=/tmp/pydeps:.
+fi
 case $part in
+  kv)  # the device-only tests (kernels, prefill graphs, 1P1D on one GPU over CUDA-IPC); KV READ speed between two
+    # processes on one GPU: UCX's default vs the CUDA-IPC zcopy setting, a descriptor per block vs per run
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/launch/test_gpu_cluster.py \
+      tests/corun/test_kernels.py tests/corun/test_fused_ops.py tests/corun/test_prefill_graphs.py \
+      > "$out/gpu_tests.log" 2>&1
+    timeout 300 python3 -m benchmarks.kv_transfer --device cuda --ucx-modes none --zcopy auto,y \
+      --cases qwen3-8b-1024-tokens,qwen3-8b-4096-tokens,qwen3-8b-16384-tokens --layouts scattered,adjacent \
+      --out "$out/h200_kv_transfer.json" > "$out/kv_transfer.log" 2>&1 ;;
+  cluster)  # 1P1D on one GPU through HTTP (8B shape, bf16): determinism vs colocated, bench --url next to the
+    # colocated corun and standard engines
+    timeout 560 python3 -m benchmarks.gpu_cluster --preset qwen3-8b --max-seconds ${CLUSTER_SECONDS:-30} \
+      --out "$out/h200_cluster_1p1d.json" > "$out/cluster.log" 2>&1 ;;
   kernels)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/corun/test_fused_ops.py tests/corun/test_kernels.py \
       > "$out/tests.log" 2>&1

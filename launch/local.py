@@ -37,6 +37,8 @@ class LocalCluster:
         return f"http://{self.config.host}:{self.config.port}"
 
     def start(self) -> LocalCluster:
+        if self.processes:
+            raise RuntimeError("this cluster is already started (use `with LocalCluster(config)` or start(), not both)")
         try:
             for role, index in self.config.nodes():
                 self.start_node(role, index)

@@ -54,13 +54,18 @@ class PrefillServer(NodeServer):
         self.prefilling: list[PendingPrefill] = []
         self.leases: dict[str, Lease] = {}
         self.num_prefills = 0
+        self.prefill_seconds_total = 0.0
+        """Seconds of prefill forwards (token 1 sampled included), summed: / num_prefills = per prompt."""
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
     def busy(self) -> bool:
         return bool(self.prefilling or self.waiting)
 
     def run(self, chunks: list[PrefillChunk]) -> list:
-        return self.runner.run_prefill(chunks)
+        start = time.perf_counter()
+        sampled = self.runner.run_prefill(chunks)
+        self.prefill_seconds_total += time.perf_counter() - start
+        return sampled
 
     def after_step(self) -> None:
         self.release_notified()
@@ -200,4 +205,5 @@ class PrefillServer(NodeServer):
                 logger.warning("prefill %s: KV lease of %s expired", self.config.node_id, request_id)
 
     def role_stats(self) -> dict:
-        return {"num_prefills": self.num_prefills, "num_waiting": len(self.waiting), "num_leased": len(self.leases)}
+        return {"num_prefills": self.num_prefills, "num_waiting": len(self.waiting), "num_leased": len(self.leases),
+                "prefill_seconds_total": round(self.prefill_seconds_total, 6)}

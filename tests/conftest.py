@@ -20,6 +20,17 @@ def varied_prompts(num: int, seed: int, min_words: int = 3, max_words: int = 120
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words))) for _ in range(num)]
 
 
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (pytest -m gpu on the H200)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_configure(config):
     # NOTE: without a GPU, Triton kernels run in Triton's CPU interpreter (set before anything imports triton).
     import os

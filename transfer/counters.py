@@ -18,6 +18,8 @@ class TransferCounters:
     """decode: bytes of completed READs."""
     blocks_read: int = 0
     """decode: KV blocks of completed READs."""
+    read_seconds_total: float = 0.0
+    """decode: seconds from posting each completed READ to the poll that saw it done, summed."""
     descriptors_posted: int = 0
     """decode: descriptors of posted READs (a run of blocks adjacent on both sides is one)."""
     kv_released: int = 0
@@ -25,5 +27,5 @@ class TransferCounters:
     lease_expiries: int = 0
     """prefill: leases freed because no decode node claimed or finished them in time (counted by the prefill node)."""
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)

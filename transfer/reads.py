@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -31,6 +32,7 @@ class ReadHandle:
     """The backend's transfer handle; None once released."""
     error: str = ""
     """Why the read failed (state "ERR")."""
+    started_at: float = field(default_factory=time.perf_counter)
 
 
 def memory_type_of(kv_data: torch.Tensor) -> MemoryType:
@@ -82,6 +84,8 @@ def count_finished(counters: TransferCounters, handle: ReadHandle) -> None:
         counters.reads_completed += 1
         counters.bytes_read += handle.num_bytes
         counters.blocks_read += handle.num_blocks
+        # NOTE: to the poll that saw it done: a decode node polls between steps, so this includes up to one step
+        counters.read_seconds_total += time.perf_counter() - handle.started_at
     else:
         counters.read_failures += 1
 

@@ -17,8 +17,9 @@ WORKLOADS = [Workload("short", ((12, 5),) * 6), Workload("mixed", ((40, 9), (7, 
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
-    with start_cluster(tiny_model_dir, 1, 1) as cluster:
-        yield cluster
+    cluster = start_cluster(tiny_model_dir, 1, 1)
+    yield cluster
+    cluster.stop()
 
 
 def test_every_request_streams_to_its_end_with_the_engine_schema(cluster, tiny_model_dir):

@@ -27,7 +27,7 @@ from corun.step_inputs import build_step, build_window_decode
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
-gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+gpu_only = pytest.mark.gpu
 EPS = 1e-6
 ROW_COUNTS = (1, 3, 8)
 TOLERANCE = dict(atol=1e-6, rtol=1e-5)

@@ -11,7 +11,7 @@ from corun import LLM, SamplingParams
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from tests.corun.test_determinism import completions, first_difference
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+pytestmark = pytest.mark.gpu  # NOTE: CUDA graphs need a GPU
 PARAMS = SamplingParams(temperature=0.6, seed=42, max_tokens=12, logprobs=5, ignore_eos=True)
 OPTIONS = {"buckets": dict(prefill_buckets=(16, 32, 64, 128)), "packed": dict(prefill_pack_tokens=256,
                                                                              prefill_pack_seqs=8)}

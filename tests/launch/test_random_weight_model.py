@@ -37,10 +37,13 @@ def test_cluster_serves_it_bitwise_like_the_colocated_engine(random_model_dir):
     llm = LLM.from_config(dataclasses.replace(engine_config(random_model_dir), num_threads=1))
     expected = [llm.generate([prompt], SamplingParams(**params, ignore_eos=True))[0]
                 for prompt in PROMPTS]
-    with start_cluster(random_model_dir, 1, 1) as cluster:
+    cluster = start_cluster(random_model_dir, 1, 1)
+    try:
         api = client(cluster)
         for prompt, want in zip(PROMPTS, expected, strict=True):
             choice = api.completions.create(model="corun-tiny", prompt=prompt, extra_body={"ignore_eos": True},
                                             **params).choices[0]
             assert choice.model_extra["token_ids"] == want.outputs[0].token_ids
             assert choice.logprobs.token_logprobs == [lp.logprob for lp in want.outputs[0].logprobs]
+    finally:
+        cluster.stop()
