@@ -202,7 +202,8 @@ def measure_agent(setting: Setting, kv_info: dict) -> dict:
     kv = new_kv(setting, 0)
     agent = KVTransferAgent(f"decode-{setting.label}", kv, setting.transfer_config())
     agent.add_peer(**kv_info)
-    probe_gbps = agent.probe_read(kv_info["node_id"])
+    probe = list(range(1, 1 + min(28, setting.case.num_request_blocks)))  # NOTE: ~64 MB of 8B blocks, as a node
+    probe_gbps = agent.probe_read(kv_info["node_id"], probe, probe)
     remote_ids, local_ids = request_block_ids(setting, seed=1), request_block_ids(setting, seed=2)
 
     post_seconds = []

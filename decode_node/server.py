@@ -13,6 +13,7 @@ Slots in use = claiming + transferring + running <= N, so an admitted request al
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ from corun.request import Request
 from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
 from transfer.compat import IncompatiblePeer, check_compatible
-from transfer.reads import ReadHandle
+from transfer.reads import PROBE_BYTES, ReadHandle
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class DecodeServer(NodeServer):
 
     def check_read_speed(self, reply: protocol.HandshakeReply) -> None:
         """Time one READ from the new peer; refuse a VRAM path that UCX emulates through host memory."""
-        gbps = self.agent.probe_read(reply.node_id)
+        gbps = self.probe(reply)
         self.read_gbps[reply.node_id] = gbps
         transfer = self.config.transfer
         path = f"{reply.memory_type} -> {self.agent.memory_type}"
@@ -144,6 +145,18 @@ class DecodeServer(NodeServer):
                 f"GB/s: UCX is emulating the READ through host memory (peer's UCX settings "
                 f"{reply.ucx_settings or 'defaults'}; set --kv-cuda-ipc-get-zcopy y on both nodes, or serve anyway "
                 f"with --kv-allow-slow-reads)")
+
+    def probe(self, reply: protocol.HandshakeReply) -> float:
+        """GB/s of a READ of the peer's first blocks into free blocks of ours (~PROBE_BYTES, fewer if not free)."""
+        num_blocks = max(1, min(PROBE_BYTES // reply.block_nbytes, reply.num_blocks - 1,
+                                self.block_manager.num_free_blocks))
+        local = self.block_manager.allocate(num_blocks * self.block_manager.block_size)
+        if local is None:  # NOTE: every block taken: the probe waits for the peer's next handshake
+            return math.inf
+        try:
+            return self.agent.probe_read(reply.node_id, list(range(1, 1 + num_blocks)), local)
+        finally:
+            self.block_manager.free(local)
 
     def on_claim_reply(self, address: str, reply: protocol.ClaimReply) -> None:
         job = self.claiming.pop(reply.request_id, None)

@@ -24,12 +24,10 @@ import numpy as np
 import torch
 from nixl._api import nixl_agent, nixl_agent_config, nixl_xfer_handle, nixlBind
 
-from corun.block_manager import NULL_BLOCK
 from corun.config import TransferConfig
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 from transfer.reads import (
-    PROBE_BYTES,
     PROBE_TIMEOUT_S,
     KVRegion,
     ReadHandle,
@@ -127,12 +125,12 @@ class KVTransferAgent(KVRegion):
         self._advance(handle, state)
         return handle
 
-    def probe_read(self, peer: str) -> float:
-        """GB/s of one READ of ~PROBE_BYTES from the peer (its null block, again and again, into ours: no
-        request's KV is touched). Waits for it: once per peer, at the handshake."""
+    def probe_read(self, peer: str, remote_block_ids: Sequence[int], local_block_ids: Sequence[int]) -> float:
+        """GB/s of one READ of these blocks (free ones locally: a probe must not overwrite a request's KV), with no
+        notification. Waits for it: once per peer, at the handshake. Not counted as a read."""
         remote = self._peers[peer]
-        repeats = max(1, min(4096, PROBE_BYTES // self.block_nbytes))
-        runs = [(NULL_BLOCK, NULL_BLOCK, 1)] * repeats
+        check_block_ids(remote_block_ids, local_block_ids, remote.num_blocks, self.num_blocks)
+        runs = block_runs(remote_block_ids, local_block_ids)
         start = time.perf_counter()
         xfer = self._post_read(remote, runs, b"")
         state = self._nixl.transfer(xfer)
@@ -142,7 +140,7 @@ class KVTransferAgent(KVRegion):
         self._release(xfer, must_succeed=False)
         if state != "DONE":
             raise IncompatiblePeer(f"the probe READ from {peer} did not complete ({state} after {seconds:.1f} s)")
-        return repeats * self.block_nbytes / seconds / 1e9
+        return len(local_block_ids) * self.block_nbytes / seconds / 1e9
 
     def poll(self, handle: ReadHandle) -> XferState:
         """The read's state; the first time it is "DONE" or "ERR" the transfer handle is released and counted."""

@@ -55,9 +55,10 @@ class FakeKVTransferAgent(KVRegion):
             raise IncompatiblePeer(f"peer {node_id} sent the metadata of agent {agent_metadata.decode()}")
         self._peer_names.add(node_id)
 
-    def probe_read(self, peer: str) -> float:
+    def probe_read(self, peer: str, remote_block_ids: Sequence[int], local_block_ids: Sequence[int]) -> float:
         if peer not in self._peer_names:
             raise KeyError(peer)
+        check_block_ids(remote_block_ids, local_block_ids, _AGENTS[peer].num_blocks, self.num_blocks)
         return self.probe_gbps
 
     def has_peer(self, node_id: str) -> bool:
