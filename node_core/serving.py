@@ -23,6 +23,11 @@ def engine_fingerprint(config: EngineConfig, model_digest: str) -> str:
     """Everything that determines outputs: weights, engine config (N, dtype, chunking...), software versions."""
     engine = dataclasses.asdict(config)
     engine.pop("model")  # NOTE: the path does not matter, the digest of what is in it does
+    # NOTE: how many KV blocks a node holds changes where a request's KV lives, not what is computed from it
+    # (attention reads a request's blocks in table order, wherever they are): prefill and decode nodes of one pool
+    # may have different KV budgets. The block size stays: it shapes the paged reads.
+    engine["cache"].pop("num_blocks")
+    engine["cache"].pop("memory_budget_bytes")
     # NOTE: the CPU thread count changes GEMM reductions (measured: logprobs of 7 of 32 prompts moved between 1
     # and 2 threads), so the effective count is part of what determines outputs.
     engine["num_threads"] = torch.get_num_threads()

@@ -166,3 +166,13 @@ def test_padding_rows_write_only_the_null_block(pack_runner):
     written = {b for layer in pack_runner.kv_cache.layers for b in range(1, pack_runner.kv_cache.num_blocks)
                if layer[0][b].abs().sum() > 0}
     assert written == {3}
+
+
+def test_a_node_s_kv_budget_is_not_in_the_fingerprint_but_its_block_size_is():
+    """Prefill and decode nodes of one pool hold different amounts of KV (one GPU shared by both)."""
+    base = EngineConfig(model="m")
+    budgets = [dataclasses.replace(base, cache=CacheConfig(memory_budget_bytes=mib * 2**20)) for mib in (64, 60000)]
+    assert engine_fingerprint(budgets[0], "d") == engine_fingerprint(budgets[1], "d") == engine_fingerprint(
+        dataclasses.replace(base, cache=CacheConfig(num_blocks=99)), "d")
+    assert engine_fingerprint(base, "d") != engine_fingerprint(
+        dataclasses.replace(base, cache=CacheConfig(block_size=32)), "d")
