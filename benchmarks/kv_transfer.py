@@ -118,7 +118,8 @@ def request_block_ids(setting: Setting, seed: int) -> list[int]:
 
 def new_raw_agent(name: str, region: torch.Tensor, setting: Setting) -> nixl_agent:
     apply_ucx_environment(setting.transfer_config(), vram=region.is_cuda)
-    agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=[]))
+    progress = setting.transfer_config().uses_progress_thread(vram=region.is_cuda)
+    agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=progress, enable_listen_thread=False, backends=[]))
     agent.create_backend("UCX", {"ucx_error_handling_mode": setting.ucx_mode})
     agent.register_memory(region)
     return agent

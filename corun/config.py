@@ -152,6 +152,10 @@ class TransferConfig:
     """Network devices UCX may use (NIXL's ucx_devices, e.g. ("mlx5_0:1",)); () = every device UCX finds."""
     ucx_error_handling: Literal["none", "peer"] = "none"
     """NIXL's ucx_error_handling_mode (see transfer/agent.py for what each costs)."""
+    progress_thread: Literal["auto", "on", "off"] = "auto"
+    """NIXL's progress thread. Without it a READ advances only inside the agents' calls, and a VRAM READ needs
+    the holder's too: between two processes on one H200 a 88 MB read took 18 ms, the holder's loop turns it
+    waited for. auto: on for GPU KV, off for CPU KV (on a 2-core host the thread cost ~3x bandwidth)."""
     min_vram_read_gbps: float = 20.0
     """A VRAM peer whose probe READ (at the handshake) is slower than this is on an emulated path: the decode
     node refuses it, naming the setting, unless allow_slow_reads."""
@@ -160,10 +164,15 @@ class TransferConfig:
     def __post_init__(self):
         if self.cuda_ipc_get_zcopy not in ("y", "n", "auto"):
             raise ValueError(f"cuda_ipc_get_zcopy must be 'y', 'n' or 'auto', got {self.cuda_ipc_get_zcopy!r}")
+        if self.progress_thread not in ("auto", "on", "off"):
+            raise ValueError(f"progress_thread must be 'auto', 'on' or 'off', got {self.progress_thread!r}")
         if self.ucx_error_handling not in ("none", "peer"):
             raise ValueError(f"ucx_error_handling must be 'none' or 'peer', got {self.ucx_error_handling!r}")
         if not self.min_vram_read_gbps >= 0:
             raise ValueError(f"min_vram_read_gbps must be >= 0, got {self.min_vram_read_gbps}")
+
+    def uses_progress_thread(self, vram: bool) -> bool:
+        return self.progress_thread == "on" or (self.progress_thread == "auto" and vram)
 
     def ucx_environment(self, vram: bool) -> dict[str, str]:
         """The UCX settings that exist only as environment variables (UCX reads them when NIXL makes its

@@ -148,6 +148,8 @@ TRANSFER_FLAGS = (
     EngineFlag("--kv-ucx-devices", "transfer.ucx_devices", "network devices UCX may use, comma-separated",
                parse=parse_names, format=format_sizes),
     EngineFlag("--kv-ucx-error-handling", "transfer.ucx_error_handling", parse=str, choices=("none", "peer")),
+    EngineFlag("--kv-progress-thread", "transfer.progress_thread", "NIXL's progress thread (auto: on for GPU KV)",
+               parse=str, choices=("auto", "on", "off")),
     EngineFlag("--kv-min-vram-read-gbps", "transfer.min_vram_read_gbps",
                "a VRAM peer whose probe READ is slower is refused (an emulated path)", parse=float),
 )

@@ -7,9 +7,10 @@ Per request: one READ whose descriptors are runs of adjacent blocks (a run is ad
 descriptor however many blocks it holds), posted with a notification; the caller polls it between model steps,
 and the peer gets the notification (keyed by this agent's name) once the bytes are read.
 
-NOTE: there is no NIXL progress thread (on a 2-core host it cost ~3x bandwidth): work only advances inside this
-object's calls, so a node must keep calling poll() / new_notifications() in its loop, including while it waits
-for something else, or a posted read stalls and a completion notification may never leave the process.
+NOTE: on CPU KV there is no NIXL progress thread by default (on a 2-core host it cost ~3x bandwidth): work only
+advances inside this object's calls, so a node must keep calling poll() / new_notifications() in its loop,
+including while it waits for something else, or a posted read stalls and a completion notification may never leave
+the process. GPU KV runs the thread (TransferConfig.progress_thread).
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ class KVTransferAgent(KVRegion):
         self._kv_data = kv_data  # NOTE: held so the registered memory outlives the registration
         self._peers: dict[str, _Peer] = {}
         apply_ucx_environment(config, vram=kv_data.is_cuda)
-        self._nixl = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False,
-                                                        backends=[]))
+        progress = config.uses_progress_thread(vram=kv_data.is_cuda)
+        self._nixl = nixl_agent(name, nixl_agent_config(enable_prog_thread=progress, enable_listen_thread=False,
+                                                        backends=[], capture_telemetry=True))
         self._nixl.create_backend("UCX", {"ucx_error_handling_mode": config.ucx_error_handling,
                                           "ucx_devices": ",".join(config.ucx_devices)})
         self._registration = self._nixl.register_memory(kv_data)
@@ -175,8 +177,19 @@ class KVTransferAgent(KVRegion):
                            handle.error)
         xfer, handle.backend_handle = handle.backend_handle, None
         if xfer is not None:
+            if state == "DONE":
+                self._count_transfer_time(xfer)
             self._release(xfer, must_succeed=state == "DONE")
         count_finished(self.counters, handle)
+
+    def _count_transfer_time(self, xfer: nixl_xfer_handle) -> None:
+        """NIXL's own post + transfer time of a completed READ (what the wire took, without the wait for this
+        node's next poll that read_seconds_total includes)."""
+        try:
+            telemetry = self._nixl.get_xfer_telemetry(xfer)
+        except _TRANSFER_ERRORS:  # NOTE: telemetry is a measurement; its absence must not fail a read
+            return
+        self.counters.read_transfer_seconds_total += (telemetry.postDuration + telemetry.xferDuration) / 1e6
 
     def _release(self, xfer: nixl_xfer_handle, must_succeed: bool) -> None:
         try:

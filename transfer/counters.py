@@ -20,6 +20,8 @@ class TransferCounters:
     """decode: KV blocks of completed READs."""
     read_seconds_total: float = 0.0
     """decode: seconds from posting each completed READ to the poll that saw it done, summed."""
+    read_transfer_seconds_total: float = 0.0
+    """decode: NIXL's post + transfer time of each completed READ (its telemetry), summed."""
     descriptors_posted: int = 0
     """decode: descriptors of posted READs (a run of blocks adjacent on both sides is one)."""
     kv_released: int = 0

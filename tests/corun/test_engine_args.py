@@ -70,7 +70,8 @@ def test_transfer_flags_round_trip_and_reach_the_node_argv():
     add_transfer_args(parser)
     assert transfer_config_from_args(parser.parse_args([])) == TransferConfig()
     config = TransferConfig(cuda_ipc_get_zcopy="auto", ucx_transports=("cuda_ipc", "rc"), ucx_devices=("mlx5_0:1",),
-                            ucx_error_handling="peer", min_vram_read_gbps=5.5, allow_slow_reads=True)
+                            ucx_error_handling="peer", progress_thread="on", min_vram_read_gbps=5.5,
+                            allow_slow_reads=True)
     assert transfer_config_from_args(parser.parse_args(transfer_args_to_argv(config))) == config != TransferConfig()
     argv = node_argv(ClusterConfig(EngineConfig(model="m"), transfer=config), EngineConfig(model="m"), "decode", 0,
                      "127.0.0.1", 1)

@@ -101,3 +101,24 @@ def test_metadata_of_another_agent_is_refused():
 def test_non_contiguous_kv_is_refused():
     with pytest.raises(ValueError, match="contiguous"):
         KVTransferAgent("strided-0", scenario.empty_kv().transpose(1, 2))
+
+
+@pytest.mark.timeout(60)
+def test_a_read_with_nixl_s_progress_thread_lands_and_notifies():
+    """TransferConfig.progress_thread "on" (GPU KV's default): the same read, advanced by NIXL's own thread."""
+    from corun.config import TransferConfig
+
+    config = TransferConfig(progress_thread="on")
+    holder = KVTransferAgent("threaded-prefill", scenario.patterned_kv(), config)
+    reader_kv = scenario.empty_kv()
+    reader = KVTransferAgent("threaded-decode", reader_kv, config)
+    try:
+        reader.add_peer(**scenario.peer_info(holder))
+        handle = reader.start_read("threaded-prefill", [7, 8, 9], [1, 2, 3], b"threaded")
+        assert scenario.wait_until_finished(reader, handle) == "DONE"
+        assert torch.equal(reader_kv[1:4], scenario.patterned_kv()[7:10])
+        assert scenario.wait_for_notifications(holder, 1) == [("threaded-decode", b"threaded")]
+        assert reader.counters.descriptors_posted == 1
+    finally:
+        reader.close()
+        holder.close()
