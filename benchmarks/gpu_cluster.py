@@ -95,6 +95,9 @@ def node_costs(url: str) -> dict:
             "kv_mb_per_request": round(decode["bytes_read"] / reads / 1e6, 3),
             "kv_read_gb_per_s": round(decode["bytes_read"] / max(1e-9, decode["read_seconds_total"]) / 1e9, 2),
             "kv_transfer_ms_per_request": round(1e3 * decode["read_transfer_seconds_total"] / reads, 3),
+            "kv_post_ms_per_request": round(1e3 * decode["read_post_seconds_total"] / reads, 3),
+            "kv_transfer_ms_max": round(1e3 * decode["read_transfer_seconds_max"], 3),
+            "reads_over_1ms": decode["reads_over_1ms"],
             "descriptors_per_read": round(decode["descriptors_posted"] / max(1, decode["reads_started"]), 2),
             "probe_read_gbps": decode["kv_probe_read_gbps_min"]}
 
@@ -119,6 +122,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--max-seconds", type=float, default=30.0)
     parser.add_argument("--skip-colocated-bench", action="store_true")
+    parser.add_argument("--skip-served-bench", action="store_true", help="determinism and node costs only")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     model_dir = str(make_random_model_dir(args.preset, tempfile.mkdtemp(prefix=f"random-{args.preset}-")))
@@ -152,6 +156,8 @@ def main() -> None:
                                  "needle_differing": differing([alone[0]] * len(needles), needles)}
         report["costs_after_determinism"] = node_costs(cluster.url)
         save()
+        if args.skip_served_bench:
+            return save()
         served = run_http_bench(cluster.url, workloads, vocab, args.max_model_len, arrivals=DEFAULT_ARRIVALS,
                                 slo=SLOTargets(), max_seconds=args.max_seconds, label="cluster_1p1d")
         report["modes"] = served["modes"]
@@ -170,7 +176,7 @@ def main() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     save()
-    if not args.skip_colocated_bench:
+    if not args.skip_colocated_bench and "modes" in report:
         colocated = run_bench(colocated_engine, [args.corun_spec, "standard"], workloads, max_seconds=args.max_seconds)
         report["modes"].update({f"colocated_{mode}": runs for mode, runs in colocated["modes"].items()})
     save()

@@ -16,6 +16,7 @@ releasing its transfer handle, on both paths. On cuda, a torch device copy of th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -56,6 +57,8 @@ class Case:
     name: str
     shape: KVShape
     num_tokens: int
+    cache_gib: float = 0.0
+    """The size of each side's KV cache (a node's is tens of GB); 0: just enough for the request."""
 
     @property
     def num_request_blocks(self) -> int:
@@ -63,8 +66,13 @@ class Case:
 
     @property
     def num_cache_blocks(self) -> int:
-        """The null block, the request's blocks and a quarter more, so the request's ids can be scattered."""
-        return 1 + self.num_request_blocks + max(self.num_request_blocks // 4, 4)
+        """The null block, the request's blocks and a quarter more, so the request's ids can be scattered (or
+        cache_gib's worth)."""
+        needed = 1 + self.num_request_blocks + max(self.num_request_blocks // 4, 4)
+        shape = self.shape
+        block_nbytes = shape.num_layers * 2 * shape.block_size * shape.num_kv_heads * shape.head_dim * (
+            4 if shape.dtype == "float32" else 2)
+        return max(needed, int(self.cache_gib * 2**30 // block_nbytes))
 
 
 QWEN3_8B = KVShape(num_layers=36, num_kv_heads=8, head_dim=128, dtype="bfloat16")
@@ -84,10 +92,15 @@ class Setting:
     ucx_mode: str
     zcopy: str
     layout: str
+    holder_poll_ms: float = 0.0
+    """How long the holder sleeps between its NIXL calls (0: it calls as fast as it can; a prefill node between
+    forwards waits up to 5 ms for a message): shows whether a READ needs the holder's progress."""
 
     @property
     def label(self) -> str:
-        return f"{self.case.name}-{self.ucx_mode}-{self.zcopy}-{self.layout}"
+        parts = (self.case.name, self.ucx_mode, self.zcopy, self.layout, f"{self.holder_poll_ms:g}",
+                 f"{self.case.cache_gib:g}")
+        return "-".join(parts)
 
     def transfer_config(self) -> TransferConfig:
         return TransferConfig(cuda_ipc_get_zcopy=self.zcopy, ucx_error_handling=self.ucx_mode)
@@ -142,7 +155,8 @@ def run_holder(conn, settings: list[Setting]) -> None:
         conn.send({"kv": peer_info(agent) | {"device_id": agent.device_id},
                    "raw": (raw_agent.get_agent_metadata(), raw_region.data_ptr())})
         # NOTE: no progress thread: a VRAM READ advances only while the holder calls into NIXL
-        recv_within(conn, STEP_TIMEOUT_S, lambda: (agent.new_notifications(), raw_agent.get_new_notifs()))
+        recv_within(conn, STEP_TIMEOUT_S, lambda: (agent.new_notifications(), raw_agent.get_new_notifs(),
+                                                   time.sleep(setting.holder_poll_ms / 1e3)))
         agent.close()
 
 
@@ -155,7 +169,9 @@ def run_reader(conn, result_conn, settings: list[Setting]) -> None:
         info = recv_within(conn, STEP_TIMEOUT_S)
         raw = measure_raw(setting, info["raw"], info["kv"]["block_nbytes"])
         results.append({"case": case.name, "device": setting.device, "ucx_error_handling_mode": setting.ucx_mode,
-                        "cuda_ipc_get_zcopy": setting.zcopy, "layout": setting.layout, **asdict(case.shape),
+                        "cuda_ipc_get_zcopy": setting.zcopy, "layout": setting.layout,
+                        "holder_poll_ms": setting.holder_poll_ms, "cache_gib": case.cache_gib,
+                        **asdict(case.shape),
                         "num_tokens": case.num_tokens, "raw": raw, **measure_agent(setting, info["kv"])})
         results[-1]["ratio_to_raw"] = round(raw["best_seconds"] / results[-1]["agent"]["median_seconds"], 3)
         if setting.device == "cuda":
@@ -263,7 +279,8 @@ def run_both(settings: list[Setting]) -> list[dict]:
 def summarize(results: list[dict]) -> list[dict]:
     """One line per case: bytes, seconds, GB/s (1e9 bytes/s), ratio to raw."""
     return [{"case": r["case"], "device": r["device"], "ucx_error_handling_mode": r["ucx_error_handling_mode"],
-             "cuda_ipc_get_zcopy": r["cuda_ipc_get_zcopy"], "layout": r["layout"], "bytes": r["bytes"],
+             "cuda_ipc_get_zcopy": r["cuda_ipc_get_zcopy"], "layout": r["layout"],
+             "holder_poll_ms": r["holder_poll_ms"], "cache_gib": r["cache_gib"], "bytes": r["bytes"],
              "descriptors": r["counters"]["descriptors_posted"] // (NUM_TIMED_READS + 1),
              "probe_read_gbps": r["probe_read_gbps"],
              "device_copy_gb_per_s": round(r["bytes"] / r["device_copy"]["best_seconds"] / 1e9, 3)
@@ -285,10 +302,14 @@ def main() -> None:
     parser.add_argument("--ucx-modes", default="none,peer")
     parser.add_argument("--zcopy", default="y", help="TransferConfig.cuda_ipc_get_zcopy values (cuda only)")
     parser.add_argument("--layouts", default="scattered", help="scattered (a descriptor per block), adjacent")
+    parser.add_argument("--holder-poll-ms", default="0", help="comma-separated: the holder's sleep between NIXL calls")
+    parser.add_argument("--cache-gib", default="0", help="comma-separated: each side's KV cache GiB (0: the request's)")
     args = parser.parse_args()
-    settings = [Setting(ALL_CASES[name], args.device, mode, zcopy, layout) for name in args.cases.split(",")
-                for mode in args.ucx_modes.split(",") for zcopy in args.zcopy.split(",")
-                for layout in args.layouts.split(",")]
+    settings = [Setting(dataclasses.replace(ALL_CASES[name], cache_gib=float(gib)), args.device, mode, zcopy, layout,
+                        float(poll)) for gib in args.cache_gib.split(",")
+                for name in args.cases.split(",") for mode in args.ucx_modes.split(",")
+                for zcopy in args.zcopy.split(",") for layout in args.layouts.split(",")
+                for poll in args.holder_poll_ms.split(",")]
     results = run_both(settings)
     report = {"host": {"machine": platform.machine(), "num_cpus": multiprocessing.cpu_count(),
                        "python": platform.python_version(), "torch": torch.__version__,

@@ -189,7 +189,11 @@ class KVTransferAgent(KVRegion):
             telemetry = self._nixl.get_xfer_telemetry(xfer)
         except _TRANSFER_ERRORS:  # NOTE: telemetry is a measurement; its absence must not fail a read
             return
-        self.counters.read_transfer_seconds_total += (telemetry.postDuration + telemetry.xferDuration) / 1e6
+        seconds = (telemetry.postDuration + telemetry.xferDuration) / 1e6
+        self.counters.read_post_seconds_total += telemetry.postDuration / 1e6
+        self.counters.read_transfer_seconds_total += seconds
+        self.counters.read_transfer_seconds_max = max(self.counters.read_transfer_seconds_max, seconds)
+        self.counters.reads_over_1ms += seconds > 1e-3
 
     def _release(self, xfer: nixl_xfer_handle, must_succeed: bool) -> None:
         try:

@@ -22,6 +22,12 @@ class TransferCounters:
     """decode: seconds from posting each completed READ to the poll that saw it done, summed."""
     read_transfer_seconds_total: float = 0.0
     """decode: NIXL's post + transfer time of each completed READ (its telemetry), summed."""
+    read_post_seconds_total: float = 0.0
+    """decode: the posting part of read_transfer_seconds_total."""
+    read_transfer_seconds_max: float = 0.0
+    """decode: the slowest completed READ (telemetry): whether a mean is many slow reads or a few very slow ones."""
+    reads_over_1ms: int = 0
+    """decode: completed READs whose telemetry time exceeded 1 ms."""
     descriptors_posted: int = 0
     """decode: descriptors of posted READs (a run of blocks adjacent on both sides is one)."""
     kv_released: int = 0
