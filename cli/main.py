@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import bench, engine_commands, plan, serve
+from cli import bench, engine_commands, plan, scale, serve
 from launch.cluster import StartupError
 
 
@@ -13,7 +13,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="corun", description="Deterministic LLM serving (CoRun).")
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (engine_commands.add_make_tiny_model, engine_commands.add_make_random_model,
-                engine_commands.add_generate, bench.add_bench, serve.add_serve, plan.add_profile, plan.add_plan):
+                engine_commands.add_generate, bench.add_bench, serve.add_serve, scale.add_scale, plan.add_profile,
+                plan.add_plan):
         add(commands)
     args = parser.parse_args(argv)
     try:

@@ -34,6 +34,8 @@ def add_serve(commands) -> None:
     cmd.add_argument("--decode", type=int, default=1, help="number of decode servers")
     cmd.add_argument("--host", default="127.0.0.1", help="the router's interface (and the local nodes')")
     cmd.add_argument("--port", type=int, default=8000)
+    cmd.add_argument("--admin-port", type=int, default=None, help="control port for `corun scale` (add or remove "
+                     "nodes at run time); default: none")
     cmd.add_argument("--served-model-name", default=RouterConfig.served_model_name)
     cmd.add_argument("--max-pending-requests", type=int, default=RouterConfig.max_pending_requests)
     cmd.add_argument("--kv-lease-seconds", type=float, default=NodeConfig.kv_lease_seconds)
@@ -66,7 +68,7 @@ def run_serve(args) -> int:
         engine=engine_config_from_args(args), num_prefill=args.prefill, num_decode=args.decode, host=args.host,
         port=args.port, served_model_name=args.served_model_name, max_pending_requests=args.max_pending_requests,
         kv_lease_seconds=args.kv_lease_seconds, transfer=transfer_config_from_args(args),
-        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
+        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, admin_port=args.admin_port,
         prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.decode_kv_cache_mib)
     if args.launcher != "ray" and (given := [f"--{dest.replace('_', '-')}" for dest in RAY_FLAGS
                                              if getattr(args, dest) is not None]):
@@ -74,6 +76,8 @@ def run_serve(args) -> int:
     ray_config = ray_config_from_args(args, config) if args.launcher == "ray" else None
     check_model(config.engine.model)  # NOTE: after the flags, before any process starts
     check_port_free(config.host, config.port)
+    if config.admin_port is not None:
+        check_port_free(config.host, config.admin_port)
     if ray_config is not None:
         from launch import ray_cluster
 

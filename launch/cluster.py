@@ -61,6 +61,10 @@ class ClusterConfig:
     share a GPU split it: weights once per node, plus these."""
     startup_timeout_s: float = 180.0
     """How long every node may take to answer the router's pings (model load) before start() gives up."""
+    drain_timeout_s: float = 600.0
+    """How long a node being removed may take to finish what it holds."""
+    admin_port: int | None = None
+    """`corun serve`'s control port (`corun scale`: add or remove nodes at run time); None: none."""
 
     def __post_init__(self):
         for name in ("num_prefill", "num_decode"):
@@ -222,6 +226,8 @@ class Cluster(Protocol):
 
     def start(self) -> Cluster: ...
     def restart_dead_nodes(self) -> None: ...
+    def add_node(self, role: Role) -> str: ...
+    def remove_node(self, node_id: str) -> None: ...
     def stop(self) -> None: ...
 
 
@@ -231,16 +237,24 @@ def serve_forever(cluster: Cluster, config: ClusterConfig) -> int:
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: stopping.append(signum))
+    from launch.scaling import ScaleControl  # NOTE: scaling needs this module's errors
+
     cluster.start()
+    control = None if config.admin_port is None else ScaleControl(config.host, config.admin_port)
     print(f"CoRun cluster ready: {cluster.url}/v1 ({config.num_prefill}P{config.num_decode}D, "
-          f"N={config.engine.scheduler.max_num_seqs})", flush=True)
+          f"N={config.engine.scheduler.max_num_seqs})" + (f"; scale at http://{config.host}:{config.admin_port}"
+                                                          if control else ""), flush=True)
     try:
         while not stopping:
             cluster.restart_dead_nodes()
+            if control is not None:
+                control.run_pending(cluster)
             time.sleep(0.5)
     except RuntimeError as error:
         logger.error("%s; stopping the cluster", error)
         return 1
     finally:
+        if control is not None:
+            control.close()
         cluster.stop()
     return 0

@@ -2,7 +2,9 @@
 
 Starts them, waits until the router's /health says every node answers, then waits for Ctrl-C or SIGTERM and
 stops them all (SIGTERM, then SIGKILL after a grace period). A node that dies is started again on its port (the
-router retries its requests elsewhere meanwhile); if the router dies, everything stops.
+router retries its requests elsewhere meanwhile); if the router dies, everything stops. At run time add_node()
+starts one more node and adds it to the router's pool; remove_node() drains one (no new requests, what it holds
+finishes) and then stops it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import subprocess
 
 from launch import cluster as launch
+from launch import scaling
 from launch.cluster import ClusterConfig, free_port
 
 logger = logging.getLogger(__name__)
@@ -31,6 +34,10 @@ class LocalCluster:
         self.num_restarts = 0
         self.prefill_addresses: list[str] = []
         self.decode_addresses: list[str] = []
+        self.node_addresses: dict[str, str] = {}
+        """node id -> tcp://HOST:PORT, of the nodes running now."""
+        self.num_started = {"prefill": 0, "decode": 0}
+        """Nodes ever started per role: the next one's index (ids are never reused)."""
 
     @property
     def url(self) -> str:
@@ -49,14 +56,36 @@ class LocalCluster:
             raise
         return self
 
-    def start_node(self, role: str, index: int) -> None:
+    def start_node(self, role: str, index: int) -> str:
+        """Start node role-index; -> its address."""
         host, port = self.config.host, free_port(self.config.host)
+        self.num_started[role] = max(self.num_started[role], index + 1)
         # NOTE: several busy processes share the host's cores: one thread each unless the engine names a count
         engine = launch.node_engine(self.config, role, 1)
         gpu = launch.node_gpu(self.config, role, index)
         env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
         self.spawn(launch.node_id(role, index), launch.node_argv(self.config, engine, role, index, host, port), env)
-        (self.prefill_addresses if role == "prefill" else self.decode_addresses).append(f"tcp://{host}:{port}")
+        address = f"tcp://{host}:{port}"
+        (self.prefill_addresses if role == "prefill" else self.decode_addresses).append(address)
+        self.node_addresses[launch.node_id(role, index)] = address
+        return address
+
+    def add_node(self, role: str) -> str:
+        """One more node of this role, in the router's pool (it takes requests once it answers); -> its id."""
+        index = self.num_started[role]
+        address = self.start_node(role, index)
+        scaling.router_admin(self.url, "POST", {"role": role, "address": address})
+        return launch.node_id(role, index)
+
+    def remove_node(self, node_id: str) -> None:
+        """Drain the node (the router sends it nothing new; what it holds finishes), then stop it."""
+        if node_id not in self.node_addresses:
+            raise ValueError(f"no running node {node_id!r} (have {', '.join(self.node_addresses)})")
+        scaling.drain_and_remove(self.url, self.node_addresses[node_id], self.config.drain_timeout_s)
+        [process] = [process for name, process in self.processes if name == node_id]
+        launch.stop_processes([(node_id, process)], grace_s=10.0)
+        self.processes = [(name, p) for name, p in self.processes if name != node_id]
+        del self.node_addresses[node_id]
 
     def start_router(self) -> None:
         self.spawn("router", launch.router_argv(self.config, self.prefill_addresses, self.decode_addresses))

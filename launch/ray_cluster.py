@@ -16,6 +16,7 @@ SGLang on Ray.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from launch import cluster as launch
+from launch import scaling
 from launch.cluster import ClusterConfig, Role
 from launch.ray_node import NodeActor
 
@@ -154,6 +156,8 @@ class RayNode:
     actor: ray.actor.ActorHandle
     address: str = ""
     """tcp://HOST_IP:PORT, as the actor reported it."""
+    placement_group: PlacementGroup | None = None
+    """Its own group, for a node added at run time (bundle 0 of it); None: the cluster's group."""
 
     @property
     def name(self) -> str:
@@ -171,6 +175,8 @@ class RayCluster:
         self.router: subprocess.Popen | None = None
         self.placement_group: PlacementGroup | None = None
         self.num_restarts = 0
+        self.num_started = {"prefill": config.cluster.num_prefill, "decode": config.cluster.num_decode}
+        """Nodes ever started per role: the next added node's index (ids are never reused)."""
         self._initialized_ray = False
 
     @property
@@ -241,10 +247,42 @@ class RayCluster:
         logger.info("placement group ready: %d bundles, %s", len(bundles), strategy)
         return group
 
-    def _new_actor(self, role: Role, index: int, bundle_index: int, port: int | None = None):
+    def add_node(self, role: Role) -> str:
+        """One more node of this role, in a placement group of its own (one bundle), added to the router's pool;
+        -> its id."""
+        index = self.num_started[role]
+        group = placement_group([self.config.node_resources(role)], name=f"corun-{launch.node_id(role, index)}")
+        try:
+            ray.get(group.ready(), timeout=self.config.placement_timeout_s)
+            node = RayNode(role, index, 0, self._new_actor(role, index, 0, group=group), placement_group=group)
+            node.address = ray.get(node.actor.address.remote(), timeout=self.config.placement_timeout_s)
+        except BaseException:
+            remove_placement_group(group)
+            raise
+        self.num_started[role] = index + 1
+        self.nodes.append(node)
+        scaling.router_admin(self.url, "POST", {"role": role, "address": node.address})
+        return node.name
+
+    def remove_node(self, node_id: str) -> None:
+        """Drain the node (the router sends it nothing new; what it holds finishes), then stop its actor."""
+        node = next((n for n in self.nodes if n.name == node_id), None)
+        if node is None:
+            raise ValueError(f"no running node {node_id!r} (have {', '.join(n.name for n in self.nodes)})")
+        scaling.drain_and_remove(self.url, node.address, self.config.cluster.drain_timeout_s)
+        self.nodes.remove(node)
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(node.actor.stop.remote(10.0), timeout=20)
+        ray.kill(node.actor, no_restart=True)
+        if node.placement_group is not None:
+            remove_placement_group(node.placement_group)
+
+    def _new_actor(self, role: Role, index: int, bundle_index: int, port: int | None = None,
+                   group: PlacementGroup | None = None):
         resources = dict(self.config.node_resources(role))
         num_cpus, num_gpus = resources.pop("CPU"), resources.pop("GPU", 0)
-        strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=bundle_index)
+        strategy = PlacementGroupSchedulingStrategy(group or self.placement_group,
+                                                    placement_group_bundle_index=bundle_index)
         cluster = self.config.cluster
         engine = launch.node_engine(cluster, role, max(1, int(self.config.cpus_per_node)))
         # NOTE: max_restarts=0: a dead actor is replaced by restart_dead_nodes(), which keeps its port.
@@ -291,7 +329,7 @@ class RayCluster:
     def _replace_actor(self, node: RayNode) -> None:
         ray.kill(node.actor, no_restart=True)
         port = int(node.address.rsplit(":", 1)[1])
-        node.actor = self._new_actor(node.role, node.index, node.bundle_index, port)
+        node.actor = self._new_actor(node.role, node.index, node.bundle_index, port, node.placement_group)
         address = ray.get(node.actor.address.remote(), timeout=self.config.placement_timeout_s)
         if address != node.address:
             # NOTE: the bundle moved to another host (its host died); the router knows nodes by address.
@@ -312,6 +350,8 @@ class RayCluster:
             except ray.exceptions.RayError as error:
                 logger.warning("%s did not stop cleanly: %s", node.name, error)
             ray.kill(node.actor, no_restart=True)
+            if node.placement_group is not None:
+                remove_placement_group(node.placement_group)
         self.nodes.clear()
         if self.placement_group is not None:
             remove_placement_group(self.placement_group)

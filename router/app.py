@@ -11,6 +11,7 @@ from aiohttp import web
 
 from corun.config import RouterConfig
 from corun.tokenizer import load_tokenizer
+from router.admin import add_admin_routes
 from router.errors import RequestError, error_body
 from router.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
 from router.metrics import RouterMetrics
@@ -35,6 +36,7 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    add_admin_routes(app)
     app.on_startup.append(start_pool)
     app.on_cleanup.append(close_pool)
     return app
@@ -130,6 +132,7 @@ def node_health(status: NodeStatus) -> dict:
     pong = status.pong
     age = None if status.seconds_since_pong is None else round(status.seconds_since_pong, 3)
     return {"role": status.role, "index": status.index, "address": status.address, "healthy": status.healthy,
+            "draining": status.draining,
             "seconds_since_pong": age, "node_id": pong.node_id if pong else None,
             "fingerprint": pong.fingerprint if pong else None, "stats": pong.stats if pong else {}}
 

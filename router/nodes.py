@@ -1,7 +1,11 @@
 """Connections to prefill and decode nodes: one zmq DEALER per node, replies demultiplexed by request id.
 
 Instance choice is least outstanding work (prefill: prompt tokens not yet answered; decode: requests not yet
-finished), ties to the lowest index. Nodes that answered a recent ping are preferred over silent ones.
+finished), ties to the lowest index. Nodes that answered a recent ping are preferred over silent ones; draining
+nodes get no new requests.
+
+Membership changes at run time (router/admin.py): a node is added, drained (no new requests; what it holds
+finishes), and removed once drained.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class NodeStatus:
     role: Role
     address: str
     healthy: bool
+    draining: bool
     pong: Pong | None
     """The latest Pong (node id, fingerprint, stats), None before the first one."""
     seconds_since_pong: float | None
@@ -50,6 +55,8 @@ class NodeClient:
     def __init__(self, context: zmq.asyncio.Context, role: Role, index: int, address: str):
         self.role, self.index, self.address = role, index, address
         self.outstanding_work = 0
+        self.draining = False
+        """No new requests: it is being removed (router/admin.py)."""
         self._context = context
         self._socket: zmq.asyncio.Socket | None = None
         self._request_queues: dict[str, asyncio.Queue] = {}
@@ -106,7 +113,18 @@ class NodeClient:
         now = time.monotonic() if now is None else now
         age = None if self._latest_pong_time is None else now - self._latest_pong_time
         return NodeStatus(self.index, self.role, self.address, age is not None and age <= HEALTHY_WITHIN_S,
-                          self._latest_pong, age)
+                          self.draining, self._latest_pong, age)
+
+    @property
+    def num_open_requests(self) -> int:
+        return len(self._request_queues)
+
+    def is_drained(self) -> bool:
+        """Draining, and nothing left on it: no request of ours open, and (from its latest stats) nothing
+        waiting, running, transferring or leased (a prefill node's KV stays until its decode node read it)."""
+        stats = self._latest_pong.stats if self._latest_pong is not None else {}
+        held = sum(stats.get(key, 0) for key in ("num_waiting", "num_running", "num_transferring", "num_leased"))
+        return self.draining and not self._request_queues and held == 0
 
     @property
     def healthy(self) -> bool:
@@ -161,6 +179,31 @@ class NodePool:
             await asyncio.gather(self._ping_task, return_exceptions=True)
         await asyncio.gather(*(node.close() for node in self.nodes))
         self._context.term()
+
+    def add(self, role: Role, address: str) -> NodeClient:
+        """A new node of the pool (call from the event loop); it takes requests once it answers a ping."""
+        nodes = self.prefill_nodes if role == "prefill" else self.decode_nodes
+        if any(node.address == address for node in self.nodes):
+            raise ValueError(f"{address} is already a node of this pool")
+        node = NodeClient(self._context, role, max((n.index for n in nodes), default=-1) + 1, address)
+        node.start()
+        nodes.append(node)
+        return node
+
+    def find(self, address: str) -> NodeClient:
+        for node in self.nodes:
+            if node.address == address:
+                return node
+        raise UnknownNode(f"no node at {address!r}")
+
+    async def remove(self, address: str) -> None:
+        """Drop a drained node; ValueError if it still holds work or is the last of its role."""
+        node = self.find(address)
+        nodes = self.prefill_nodes if node.role == "prefill" else self.decode_nodes
+        if not node.is_drained():
+            raise ValueError(f"{address} is not drained yet: drain it and wait until it holds nothing")
+        nodes.remove(node)
+        await node.close()
 
     def choose_prefill(self, pinned: str | None = None) -> NodeClient:
         return pick(self.prefill_nodes, pinned) if pinned else least_loaded(self.prefill_nodes)
@@ -229,9 +272,17 @@ def agreed_model_facts(pongs: list[Pong]) -> ModelFacts:
 
 
 def least_loaded(nodes: list[NodeClient]) -> NodeClient:
-    """Least outstanding work among healthy nodes (all nodes when none is), ties to the lowest index."""
-    candidates = [node for node in nodes if node.healthy] or nodes
+    """Least outstanding work among healthy nodes (all nodes when none is), ties to the lowest index; never a
+    draining node."""
+    open_nodes = [node for node in nodes if not node.draining]
+    if not open_nodes:
+        raise NoNodeAvailable(f"every {nodes[0].role} node is draining" if nodes else "no nodes")
+    candidates = [node for node in open_nodes if node.healthy] or open_nodes
     return min(candidates, key=lambda node: (node.outstanding_work, node.index))
+
+
+class NoNodeAvailable(ValueError):
+    """No node of a role may take a new request (all draining): the request gets a 503."""
 
 
 @dataclass(frozen=True)

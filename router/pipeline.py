@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 from corun.protocol import Abort, DecodeRequest, ErrorReply, PrefillRequest, PrefillResult, TokenEvent
 from corun.sampling_params import SamplingParams
-from router.nodes import NodeClient, NodePool, Placement, UnknownNode
+from router.nodes import NodeClient, NodePool, NoNodeAvailable, Placement, UnknownNode
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,8 @@ def choose(choose_node, pinned: str | None) -> NodeClient:
         return choose_node(pinned)
     except UnknownNode as error:
         raise GenerationError(400, str(error)) from None
+    except NoNodeAvailable as error:
+        raise GenerationError(503, str(error)) from None
 
 
 async def run_prefill(node: NodeClient, request: PrefillRequest, timeout_s: float) -> PrefillResult:

@@ -1,0 +1,36 @@
+"""`corun scale`: add or remove a node of a running `corun serve` (started with --admin-port)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+
+def add_scale(commands) -> None:
+    cmd = commands.add_parser("scale", help="add a node to a running cluster, or drain one and stop it")
+    cmd.add_argument("--control", required=True, help="corun serve's control URL, e.g. http://127.0.0.1:8001 "
+                     "(its --admin-port)")
+    action = cmd.add_subparsers(dest="action", required=True)
+    add = action.add_parser("add", help="start one more node of a role and add it to the router's pool")
+    add.add_argument("role", choices=["prefill", "decode"])
+    remove = action.add_parser("remove", help="drain a node (no new requests; what it holds finishes), then stop it")
+    remove.add_argument("node_id", help="e.g. decode-1")
+    cmd.set_defaults(run=run_scale)
+
+
+def run_scale(args) -> int:
+    url = args.control.rstrip("/")
+    if args.action == "add":
+        request = urllib.request.Request(f"{url}/nodes", json.dumps({"role": args.role}).encode(),
+                                         {"Content-Type": "application/json"}, method="POST")
+    else:
+        request = urllib.request.Request(f"{url}/nodes/{args.node_id}", method="DELETE")
+    try:
+        with urllib.request.urlopen(request, timeout=3600) as response:
+            print(json.loads(response.read())["node_id"], "added" if args.action == "add" else "removed")
+            return 0
+    except urllib.error.HTTPError as error:
+        raise ValueError(json.loads(error.read()).get("error", f"HTTP {error.code}")) from None
+    except urllib.error.URLError as error:
+        raise ValueError(f"cannot reach corun serve's control port at {url}: {error.reason}") from None

@@ -1,0 +1,93 @@
+"""Pool membership at run time, for launchers and operators: add a node, drain one, remove it once drained.
+
+    GET    /admin/nodes                                   every node: role, address, id, health, draining, drained
+    POST   /admin/nodes        {"role": ROLE, "address": ADDR}    a new node (it takes requests once it answers)
+    POST   /admin/nodes/drain  {"address": ADDR}          no new requests; what it holds finishes
+    DELETE /admin/nodes        {"address": ADDR}          forget a drained node (409 while it still holds work)
+
+Draining loses nothing: requests already on the node finish there, and a prefill node counts as drained only once
+every decode node has read the KV it leased.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from router.errors import error_body
+from router.handlers import STATE_KEY
+from router.nodes import NodeClient, UnknownNode
+
+ROLES = ("prefill", "decode")
+
+
+def add_admin_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/nodes", list_nodes)
+    app.router.add_post("/admin/nodes", add_node)
+    app.router.add_post("/admin/nodes/drain", drain_node)
+    app.router.add_delete("/admin/nodes", remove_node)
+
+
+def node_entry(node: NodeClient) -> dict:
+    status = node.status()
+    return {"role": node.role, "index": node.index, "address": node.address,
+            "node_id": status.pong.node_id if status.pong else None, "healthy": status.healthy,
+            "draining": node.draining, "drained": node.is_drained(), "outstanding_work": node.outstanding_work,
+            "open_requests": node.num_open_requests}
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    return web.json_response({"nodes": [node_entry(node) for node in request.app[STATE_KEY].pool.nodes]})
+
+
+async def add_node(request: web.Request) -> web.Response:
+    body = await json_body(request, ("role", "address"))
+    if body["role"] not in ROLES:
+        return refusal(400, f"role must be 'prefill' or 'decode', got {body['role']!r}")
+    if not str(body["address"]).startswith("tcp://"):
+        return refusal(400, f"address must be tcp://HOST:PORT, got {body['address']!r}")
+    try:
+        node = request.app[STATE_KEY].pool.add(body["role"], body["address"])
+    except ValueError as error:
+        return refusal(409, str(error))
+    return web.json_response(node_entry(node), status=201)
+
+
+async def drain_node(request: web.Request) -> web.Response:
+    body = await json_body(request, ("address",))
+    pool = request.app[STATE_KEY].pool
+    try:
+        node = pool.find(body["address"])
+    except UnknownNode as error:
+        return refusal(404, str(error))
+    siblings = pool.prefill_nodes if node.role == "prefill" else pool.decode_nodes
+    if all(other.draining or other is node for other in siblings):
+        return refusal(409, f"{node.address} is the last {node.role} node that takes requests")
+    node.draining = True
+    return web.json_response(node_entry(node))
+
+
+async def remove_node(request: web.Request) -> web.Response:
+    body = await json_body(request, ("address",))
+    try:
+        await request.app[STATE_KEY].pool.remove(body["address"])
+    except UnknownNode as error:
+        return refusal(404, str(error))
+    except ValueError as error:
+        return refusal(409, str(error))
+    return web.json_response({"removed": body["address"]})
+
+
+async def json_body(request: web.Request, fields: tuple[str, ...]) -> dict:
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        raise web.HTTPBadRequest(reason="the body must be JSON") from None
+    if not isinstance(body, dict) or any(name not in body for name in fields):
+        raise web.HTTPBadRequest(reason=f"the body must be a JSON object with {', '.join(fields)}")
+    return body
+
+
+def refusal(status: int, message: str) -> web.Response:
+    return web.json_response(error_body(status, message), status=status)
