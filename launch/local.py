@@ -14,7 +14,7 @@ import os
 import subprocess
 
 from launch import cluster as launch
-from launch import scaling
+from launch import scaling, serve_loop
 from launch.cluster import ClusterConfig, free_port
 
 logger = logging.getLogger(__name__)
@@ -130,4 +130,4 @@ class LocalCluster:
 
 def serve_forever(config: ClusterConfig) -> int:
     """Run until SIGINT/SIGTERM or until the router dies (then exit non-zero)."""
-    return launch.serve_forever(LocalCluster(config), config)
+    return serve_loop.serve_forever(LocalCluster(config), config)

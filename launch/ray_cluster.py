@@ -30,7 +30,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from launch import cluster as launch
-from launch import scaling
+from launch import scaling, serve_loop
 from launch.cluster import ClusterConfig, Role
 from launch.ray_node import NodeActor
 
@@ -369,4 +369,4 @@ class RayCluster:
 
 def serve_forever(config: RayClusterConfig) -> int:
     """Run until SIGINT/SIGTERM or until the router dies (then exit non-zero)."""
-    return launch.serve_forever(RayCluster(config), config.cluster)
+    return serve_loop.serve_forever(RayCluster(config), config.cluster)
