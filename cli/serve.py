@@ -38,6 +38,8 @@ def add_serve(commands) -> None:
                      "nodes at run time); default: none")
     cmd.add_argument("--served-model-name", default=RouterConfig.served_model_name)
     cmd.add_argument("--max-pending-requests", type=int, default=RouterConfig.max_pending_requests)
+    cmd.add_argument("--strict-fields", action="store_true", help="unknown request fields are a 400 (default: "
+                     "ignored with a warning, as vLLM does)")
     cmd.add_argument("--kv-lease-seconds", type=float, default=NodeConfig.kv_lease_seconds)
     gpus = cmd.add_argument_group("--device cuda")
     gpus.add_argument("--prefill-gpus", type=parse_names, default=(), help="local launcher: each prefill node's GPU "
@@ -67,6 +69,7 @@ def run_serve(args) -> int:
     config = ClusterConfig(
         engine=engine_config_from_args(args), num_prefill=args.prefill, num_decode=args.decode, host=args.host,
         port=args.port, served_model_name=args.served_model_name, max_pending_requests=args.max_pending_requests,
+        strict_fields=args.strict_fields,
         kv_lease_seconds=args.kv_lease_seconds, transfer=transfer_config_from_args(args),
         prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, admin_port=args.admin_port,
         prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.decode_kv_cache_mib)

@@ -234,6 +234,9 @@ class RouterConfig:
     request_timeout_s: float = 600.0
     base_seed: int = 0
     """Seeds of requests that bring none are derived from it and the request id."""
+    strict_fields: bool = False
+    """Unknown request fields are a 400; by default they are ignored with a warning (logged, and named in the
+    response's X-CoRun-Ignored-Fields header), as vLLM does."""
 
     def __post_init__(self):
         if not self.prefill_addresses or not self.decode_addresses:

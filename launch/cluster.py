@@ -45,6 +45,7 @@ class ClusterConfig:
     """The router's HTTP port."""
     served_model_name: str = RouterConfig.served_model_name
     max_pending_requests: int = RouterConfig.max_pending_requests
+    strict_fields: bool = RouterConfig.strict_fields
     kv_lease_seconds: float = NodeConfig.kv_lease_seconds
     transfer: TransferConfig = TransferConfig()
     """Every node's KV transfer settings."""
@@ -158,7 +159,7 @@ def router_argv(config: ClusterConfig, prefill_addresses: Iterable[str], decode_
     argv = [sys.executable, "-m", "router", "--model", config.engine.model, "--host", config.host,
             "--port", str(config.port), "--served-model-name", config.served_model_name,
             "--max-pending-requests", str(config.max_pending_requests),
-            "--base-seed", str(config.engine.seed)]
+            "--base-seed", str(config.engine.seed)] + (["--strict-fields"] if config.strict_fields else [])
     for address in prefill_addresses:
         argv += ["--prefill-address", address]
     for address in decode_addresses:

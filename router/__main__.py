@@ -33,12 +33,14 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     parser.add_argument("--max-pending-requests", type=int, default=defaults["max_pending_requests"])
     parser.add_argument("--request-timeout-s", type=float, default=defaults["request_timeout_s"])
     parser.add_argument("--base-seed", type=int, default=defaults["base_seed"])
+    parser.add_argument("--strict-fields", action="store_true", help="unknown request fields are a 400 (default: "
+                        "ignored with a warning, as vLLM does)")
     args = parser.parse_args(argv)
     return RouterConfig(
         model=args.model, prefill_addresses=tuple(args.prefill_address), decode_addresses=tuple(args.decode_address),
         served_model_name=args.served_model_name, host=args.host, port=args.port,
         max_pending_requests=args.max_pending_requests,
-        request_timeout_s=args.request_timeout_s, base_seed=args.base_seed,
+        request_timeout_s=args.request_timeout_s, base_seed=args.base_seed, strict_fields=args.strict_fields,
     )
 
 

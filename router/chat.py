@@ -7,8 +7,11 @@ import jinja2
 from corun.tokenizer import Tokenizer
 from router.errors import bad_request
 
-CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
-ROLES = ("system", "user", "assistant")
+CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs", "response_format", "tool_choice",
+                         "tools", "parallel_tool_calls"})
+ROLES = ("system", "developer", "user", "assistant")
+TEMPLATE_ROLES = {"developer": "system"}
+"""OpenAI's newer name for the system role, rendered as the template's system turn (as vLLM does)."""
 MESSAGE_KEYS = frozenset({"role", "content", "name"})
 
 
@@ -33,7 +36,7 @@ def plain_message(message, index: int) -> dict:
     role = message.get("role")
     if role not in ROLES:
         raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}", param="messages")
-    return {"role": role, "content": content_text(message.get("content"), where)}
+    return {"role": TEMPLATE_ROLES.get(role, role), "content": content_text(message.get("content"), where)}
 
 
 def content_text(content, where: str) -> str:

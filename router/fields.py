@@ -54,11 +54,13 @@ def only_value_field(body: dict, name: str, allowed: str, is_allowed: Callable[[
     read_field(body, name, None, is_allowed, f"{allowed} (the only supported value)")
 
 
-def reject_unknown_fields(body: dict, known: frozenset[str]) -> None:
-    unknown = sorted(set(body) - known)
-    if unknown:
+def unknown_fields(body: dict, known: frozenset[str], strict: bool, prefix: str = "") -> list[str]:
+    """The fields of body the router does not know, to be ignored (as vLLM does); strict: a 400 naming them."""
+    unknown = sorted(f"{prefix}{name}" for name in set(body) - known)
+    if unknown and strict:
         names = ", ".join(f"'{name}'" for name in unknown)
         raise bad_request(f"unknown field(s): {names}", param=unknown[0])
+    return unknown
 
 
 def shorten(value, limit: int = 60) -> str:

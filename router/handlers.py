@@ -22,6 +22,7 @@ from router.responses import (
     chunk_body,
     response_body,
     role_chunk,
+    usage,
     usage_chunk,
 )
 from router.state import RouterState
@@ -49,6 +50,10 @@ async def serve_generation(request: web.Request,
     request_id = read_request_id(request)
     request[RESPONSE_HEADERS_KEY] = {"X-Request-Id": request_id}
     generation = parse(await read_json_body(request), await state.model_info())
+    if generation.ignored_fields:
+        names = ", ".join(generation.ignored_fields)
+        logger.warning("request %s: ignored unknown field(s) %s", request_id, names)
+        request[RESPONSE_HEADERS_KEY]["X-CoRun-Ignored-Fields"] = names
     # NOTE: one seed for every prompt of the request, so a prompt's output is the same alone or in a list.
     seed = generation.client_seed
     if seed is None:
@@ -119,9 +124,10 @@ async def stream_response(request: web.Request, ctx: ResponseContext, generation
 async def write_events(response: web.StreamResponse, ctx: ResponseContext, generation: GenerationRequest,
                        deltas: AsyncIterator[ChoiceDelta]) -> None:
     try:
-        num_completion_tokens = await write_deltas(response, ctx, deltas)
+        num_prompt_tokens = sum(len(prompt) for prompt in generation.prompts)
+        continuous = num_prompt_tokens if generation.continuous_usage else None
+        num_completion_tokens = await write_deltas(response, ctx, deltas, continuous)
         if generation.include_usage:
-            num_prompt_tokens = sum(len(prompt) for prompt in generation.prompts)
             await send_event(response, usage_chunk(ctx, num_prompt_tokens, num_completion_tokens))
     except GenerationError as error:
         # NOTE: the status line is gone already; the error travels as an event, as vLLM sends it.
@@ -130,17 +136,20 @@ async def write_events(response: web.StreamResponse, ctx: ResponseContext, gener
     await response.write(b"data: [DONE]\n\n")
 
 
-async def write_deltas(response: web.StreamResponse, ctx: ResponseContext,
-                       deltas: AsyncIterator[ChoiceDelta]) -> int:
-    """Send each delta as a chunk (a chat choice opens with its role); returns the completion tokens sent."""
+async def write_deltas(response: web.StreamResponse, ctx: ResponseContext, deltas: AsyncIterator[ChoiceDelta],
+                       continuous_prompt_tokens: int | None = None) -> int:
+    """Send each delta as a chunk (a chat choice opens with its role); returns the completion tokens sent.
+    continuous_prompt_tokens: every chunk carries the usage so far (stream_options.continuous_usage_stats)."""
     text_offsets: dict[int, int] = {}
     num_tokens = 0
     async for delta in deltas:
         if ctx.kind == "chat" and delta.index not in text_offsets:
             await send_event(response, role_chunk(ctx, delta.index))
         chunk, text_offsets[delta.index] = chunk_body(ctx, delta, text_offsets.get(delta.index, 0))
-        await send_event(response, chunk)
         num_tokens += len(delta.token_ids)
+        if continuous_prompt_tokens is not None:
+            chunk["usage"] = usage(continuous_prompt_tokens, num_tokens)
+        await send_event(response, chunk)
     return num_tokens
 
 

@@ -23,7 +23,7 @@ from router.fields import (
     is_str_list,
     only_value_field,
     read_field,
-    reject_unknown_fields,
+    unknown_fields,
 )
 
 Kind = Literal["completion", "chat"]
@@ -31,7 +31,8 @@ MAX_STOP_STRINGS = 4
 SAMPLING_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
     "stop_token_ids", "ignore_eos", "logprobs", "n", "user", "presence_penalty", "frequency_penalty", "logit_bias"})
-COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "best_of", "suffix"}
+COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "best_of", "suffix", "max_completion_tokens"}
+STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class ModelInfo:
     """The model's embedding rows: token ids must be below it."""
     max_logprobs: int
     tokenizer: Tokenizer
+    strict_fields: bool = False
+    """Unknown fields are a 400 (RouterConfig.strict_fields), not ignored with a warning."""
 
 
 @dataclass(frozen=True)
@@ -57,21 +60,27 @@ class GenerationRequest:
     stop_strings: tuple[str, ...]
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False
+    """stream_options.continuous_usage_stats (vLLM's): usage in every chunk too."""
+    ignored_fields: tuple[str, ...] = ()
+    """Fields the router does not know and ignored (named in X-CoRun-Ignored-Fields)."""
 
 
 def parse_completion_request(body, model: ModelInfo) -> GenerationRequest:
-    body = checked_body(body, COMPLETION_FIELDS, model)
+    body, ignored = checked_body(body, COMPLETION_FIELDS, model)
     only_value_field(body, "echo", "false", lambda v: v is False)
     only_value_field(body, "best_of", "1", lambda v: v == 1 and is_int(v))
     only_value_field(body, "suffix", "null", lambda v: False)
     prompts = read_prompts(body, model.tokenizer)
     logprobs = int_field(body, "logprobs", None, 0, model.max_logprobs)
-    max_tokens = int_field(body, "max_tokens", 16, 1)
-    return build_request("completion", body, prompts, max_tokens, logprobs, model)
+    # NOTE: as vLLM: max_completion_tokens (OpenAI's newer name) wins over max_tokens
+    max_tokens = int_field(body, "max_completion_tokens", int_field(body, "max_tokens", 16, 1), 1)
+    return build_request("completion", body, prompts, max_tokens, logprobs, model, ignored)
 
 
 def parse_chat_request(body, model: ModelInfo) -> GenerationRequest:
-    body = checked_body(body, SAMPLING_FIELDS | CHAT_FIELDS, model)
+    body, ignored = checked_body(body, SAMPLING_FIELDS | CHAT_FIELDS, model)
+    check_chat_options(body)
     prompt = tuple(model.tokenizer.encode(render_chat(body.get("messages"), model.tokenizer)))
     wants_logprobs = bool_field(body, "logprobs", False)
     top_logprobs = int_field(body, "top_logprobs", 0, 0, model.max_logprobs)
@@ -80,21 +89,32 @@ def parse_chat_request(body, model: ModelInfo) -> GenerationRequest:
     # NOTE: as vLLM: max_completion_tokens (OpenAI's newer name) wins; without either, the chat may fill the context.
     max_tokens = int_field(body, "max_tokens", None, 1)
     max_tokens = int_field(body, "max_completion_tokens", max_tokens, 1) or max(1, model.max_model_len - len(prompt))
-    return build_request("chat", body, (prompt,), max_tokens, top_logprobs if wants_logprobs else None, model)
+    return build_request("chat", body, (prompt,), max_tokens, top_logprobs if wants_logprobs else None, model,
+                         ignored)
 
 
-def checked_body(body, known_fields: frozenset[str], model: ModelInfo) -> dict:
+def checked_body(body, known_fields: frozenset[str], model: ModelInfo) -> tuple[dict, list[str]]:
+    """-> (body, the unknown fields it ignores)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    reject_unknown_fields(body, known_fields)
+    ignored = unknown_fields(body, known_fields, model.strict_fields)
     requested = read_field(body, "model", model.served_model_name, lambda v: isinstance(v, str), "a string")
     if requested != model.served_model_name:
         raise RequestError(404, f"The model `{requested}` does not exist.", param="model")
-    return body
+    return body, ignored
+
+
+def check_chat_options(body: dict) -> None:
+    """Chat fields clients send by default: accepted where they change nothing, a 400 where they would."""
+    read_field(body, "response_format", None, lambda v: isinstance(v, dict) and v.get("type") == "text",
+               '{"type": "text"} (structured output is not supported)')
+    read_field(body, "tool_choice", None, lambda v: v == "none", '"none" (tool calling is not supported)')
+    read_field(body, "tools", None, lambda v: v == [], "empty (tool calling is not supported)")
+    read_field(body, "parallel_tool_calls", None, lambda v: isinstance(v, bool), "a boolean")
 
 
 def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], max_tokens: int,
-                  logprobs: int | None, model: ModelInfo) -> GenerationRequest:
+                  logprobs: int | None, model: ModelInfo, ignored: list[str]) -> GenerationRequest:
     reject_unsupported_sampling(body)
     for prompt in prompts:
         check_prompt(prompt, max_tokens, model)
@@ -108,8 +128,9 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
         logprobs=logprobs,
     )
     stream = bool_field(body, "stream", False)
+    include_usage, continuous_usage, ignored_options = read_stream_options(body, stream, model.strict_fields)
     return GenerationRequest(kind, prompts, params, read_seed(body), read_stop_strings(body), stream,
-                             read_include_usage(body, stream))
+                             include_usage, continuous_usage, tuple(ignored + ignored_options))
 
 
 def reject_unsupported_sampling(body: dict) -> None:
@@ -169,14 +190,17 @@ def read_stop_strings(body: dict) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def read_include_usage(body: dict, stream: bool) -> bool:
+def read_stream_options(body: dict, stream: bool, strict: bool) -> tuple[bool, bool, list[str]]:
+    """-> (include_usage, continuous usage: in every chunk too, as vLLM's continuous_usage_stats; ignored
+    options)."""
     options = read_field(body, "stream_options", None, lambda v: isinstance(v, dict), "an object")
     if options is None:
-        return False
+        return False, False, []
     if not stream:
         raise bad_request("'stream_options' is only allowed with 'stream': true", param="stream_options")
-    reject_unknown_fields(options, frozenset({"include_usage"}))
-    return bool_field(options, "include_usage", False)
+    ignored = unknown_fields(options, STREAM_OPTIONS, strict, prefix="stream_options.")
+    include_usage = bool_field(options, "include_usage", False)
+    return include_usage, include_usage and bool_field(options, "continuous_usage_stats", False), ignored
 
 
 def bind_seed(request: GenerationRequest, seed: int) -> SamplingParams:

@@ -67,8 +67,13 @@ def test_a_field_of_the_wrong_type_or_range_is_a_400_naming_it(router, field, va
     assert reply.body["error"]["param"] == field
 
 
-def test_unknown_fields_are_named(router):
-    assert_error(completions(router, {**VALID, "temprature": 1, "foo": 2}), 400, "'foo'", "'temprature'")
+def test_unknown_fields_are_named_with_strict_fields(tiny_model_dir, word_token_ids):
+    """--strict-fields: a 400 naming them (by default they are ignored with a warning: test_field_policy.py)."""
+    with RouterHarness(tiny_model_dir, word_token_ids, strict_fields=True) as strict:
+        strict.wait_until_healthy()
+        assert_error(completions(strict, {**VALID, "temprature": 1, "foo": 2}), 400, "'foo'", "'temprature'")
+        stream = {**VALID, "stream": True, "stream_options": {"include_usage": True, "compress": True}}
+        assert_error(completions(strict, stream), 400, "'stream_options.compress'")
 
 
 @pytest.mark.parametrize("prompt", ["", [], [[]], [[1], []]])
