@@ -18,6 +18,7 @@ from router.metrics import RouterMetrics
 from router.nodes import NodePool, NodeStatus, PoolMismatch
 from router.pipeline import GenerationError
 from router.state import Admission, RouterState
+from router.tokens import add_token_routes
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     add_admin_routes(app)
+    add_token_routes(app)
     app.on_startup.append(start_pool)
     app.on_cleanup.append(close_pool)
     return app

@@ -33,9 +33,14 @@ class IncrementalDetokenizer:
     leading space or merge bytes across tokens right; decoding everything each time would cost O(length).
     """
 
-    def __init__(self, tokenizer: Tokenizer, stop_strings: tuple[str, ...] = ()):
+    def __init__(self, tokenizer: Tokenizer, stop_strings: tuple[str, ...] = (), include_stop_string: bool = False,
+                 skip_special_tokens: bool = True):
         self._tokenizer = tokenizer
         self._stop_strings = stop_strings
+        self._include_stop_string = include_stop_string
+        self._skip_special_tokens = skip_special_tokens
+        self.matched_stop_string: str | None = None
+        """The stop string that ended the output (vLLM's stop_reason)."""
         # NOTE: a possible stop string's beginning is held back, or it could be streamed before it matched.
         self._hold_back = max((len(s) for s in stop_strings), default=1) - 1
         self._token_ids: list[int] = []
@@ -67,9 +72,11 @@ class IncrementalDetokenizer:
     def _advance(self, is_last: bool) -> bool:
         """Take in the newest token; True when a stop string matched."""
         self._decode_window(is_last)
-        stop_at = self._find_stop(self._text)
-        if stop_at is not None:
-            self._emitted, self.stopped = self._text[:stop_at], True
+        stop = self._find_stop(self._text)
+        if stop is not None:
+            stop_at, self.matched_stop_string = stop
+            end = stop_at + len(self.matched_stop_string) if self._include_stop_string else stop_at
+            self._emitted, self.stopped = self._text[:end], True
             return True
         visible_len = len(self._text) if is_last else max(len(self._emitted), len(self._text) - self._hold_back)
         self._emitted = self._text[:visible_len]
@@ -84,10 +91,11 @@ class IncrementalDetokenizer:
             self._prefix_offset, self._read_offset = self._read_offset, len(self._token_ids)
 
     def _decode(self, token_ids: list[int]) -> str:
-        return self._tokenizer.decode(token_ids) if token_ids else ""
+        return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens) if token_ids else ""
 
-    def _find_stop(self, text: str) -> int | None:
+    def _find_stop(self, text: str) -> tuple[int, str] | None:
+        """(where the first stop string starts, which one), or None."""
         # NOTE: earlier text held no match (we would have stopped), so only its last few characters can start one.
         search_from = max(0, len(self._emitted) - self._hold_back)
-        positions = [p for p in (text.find(s, search_from) for s in self._stop_strings) if p >= 0]
-        return min(positions, default=None)
+        found = [(p, s) for p, s in ((text.find(s, search_from), s) for s in self._stop_strings) if p >= 0]
+        return min(found, default=None)

@@ -60,11 +60,12 @@ async def serve_generation(request: web.Request,
         seed = seed_from_request_id(request_id, state.config.base_seed)
     request[RESPONSE_HEADERS_KEY]["X-CoRun-Seed"] = str(seed)
     ctx = ResponseContext(generation.kind, request_id, int(time.time()), state.config.served_model_name,
-                          state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer)
+                          state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer,
+                          generation.output.return_tokens_as_token_ids)
     with state.admission.admit(request_id, len(generation.prompts)):
         deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i, f"{request_id}-{i}",
                                       list(prompt), bind_seed(generation, seed), generation.stop_strings,
-                                      read_placement(request))
+                                      read_placement(request), generation.output)
                         for i, prompt in enumerate(generation.prompts)])
         try:
             if generation.stream:

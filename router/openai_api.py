@@ -30,7 +30,8 @@ Kind = Literal["completion", "chat"]
 MAX_STOP_STRINGS = 4
 SAMPLING_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
-    "stop_token_ids", "ignore_eos", "logprobs", "n", "user", "presence_penalty", "frequency_penalty", "logit_bias"})
+    "stop_token_ids", "ignore_eos", "logprobs", "n", "user", "presence_penalty", "frequency_penalty", "logit_bias",
+    "include_stop_str_in_output", "skip_special_tokens", "return_tokens_as_token_ids"})
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "best_of", "suffix", "max_completion_tokens"}
 STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
 
@@ -50,6 +51,16 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class OutputOptions:
+    """How the output is written back (vLLM's fields); none of it changes the tokens."""
+
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    return_tokens_as_token_ids: bool = False
+    """Logprob entries name tokens as "token_id:<id>" (text that cannot be mistaken for another token)."""
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     kind: Kind
     prompts: tuple[tuple[int, ...], ...]
@@ -64,6 +75,7 @@ class GenerationRequest:
     """stream_options.continuous_usage_stats (vLLM's): usage in every chunk too."""
     ignored_fields: tuple[str, ...] = ()
     """Fields the router does not know and ignored (named in X-CoRun-Ignored-Fields)."""
+    output: OutputOptions = OutputOptions()
 
 
 def parse_completion_request(body, model: ModelInfo) -> GenerationRequest:
@@ -129,8 +141,11 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
     )
     stream = bool_field(body, "stream", False)
     include_usage, continuous_usage, ignored_options = read_stream_options(body, stream, model.strict_fields)
+    output = OutputOptions(bool_field(body, "include_stop_str_in_output", False),
+                           bool_field(body, "skip_special_tokens", True),
+                           bool_field(body, "return_tokens_as_token_ids", False))
     return GenerationRequest(kind, prompts, params, read_seed(body), read_stop_strings(body), stream,
-                             include_usage, continuous_usage, tuple(ignored + ignored_options))
+                             include_usage, continuous_usage, tuple(ignored + ignored_options), output)
 
 
 def reject_unsupported_sampling(body: dict) -> None:

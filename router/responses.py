@@ -25,6 +25,8 @@ class ChoiceDelta:
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprobs, ...] | None
     finish_reason: str | None
+    stop_reason: str | int | None = None
+    """What stopped it (vLLM's): the stop string, or the stop token id that is not EOS; None otherwise."""
 
 
 @dataclass
@@ -36,6 +38,7 @@ class ChoiceTotal:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] | None = None
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
 
     def add(self, delta: ChoiceDelta) -> None:
         self.text += delta.text
@@ -44,6 +47,7 @@ class ChoiceTotal:
             self.logprobs = self.logprobs if self.logprobs is not None else []
             self.logprobs.extend(delta.logprobs)
         self.finish_reason = delta.finish_reason or self.finish_reason
+        self.stop_reason = delta.stop_reason if delta.stop_reason is not None else self.stop_reason
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ class ResponseContext:
     seed: int
     num_top_logprobs: int | None
     tokenizer: Tokenizer
+    tokens_as_ids: bool = False
+    """return_tokens_as_token_ids: logprob entries name tokens "token_id:<id>"."""
 
     def envelope(self, streaming: bool) -> dict:
         if self.kind == "completion":
@@ -70,20 +76,21 @@ class ResponseContext:
 
 
 def response_body(ctx: ResponseContext, totals: list[ChoiceTotal], num_prompt_tokens: int) -> dict:
-    choices = [choice_body(ctx, total.index, total.text, total.token_ids, total.logprobs, total.finish_reason)
-               for total in totals]
+    choices = [choice_body(ctx, total.index, total.text, total.token_ids, total.logprobs, total.finish_reason,
+                           total.stop_reason) for total in totals]
     num_completion_tokens = sum(len(total.token_ids) for total in totals)
     return {**ctx.envelope(streaming=False), "choices": choices,
             "usage": usage(num_prompt_tokens, num_completion_tokens)}
 
 
-def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs, finish_reason) -> dict:
+def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs, finish_reason,
+                stop_reason=None) -> dict:
     formatted = None if logprobs is None else format_logprobs(ctx, logprobs, text_offset=0)[0]
     if ctx.kind == "completion":
         return {"index": index, "text": text, "logprobs": formatted, "finish_reason": finish_reason,
-                "stop_reason": None, "token_ids": list(token_ids)}
+                "stop_reason": stop_reason, "token_ids": list(token_ids)}
     return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": formatted,
-            "finish_reason": finish_reason, "stop_reason": None, "token_ids": list(token_ids)}
+            "finish_reason": finish_reason, "stop_reason": stop_reason, "token_ids": list(token_ids)}
 
 
 def chunk_body(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int) -> tuple[dict, int]:
@@ -92,7 +99,7 @@ def chunk_body(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int) -> tu
     if delta.logprobs is not None:
         formatted, end_offset = format_logprobs(ctx, delta.logprobs, text_offset)
     choice = {"index": delta.index, "logprobs": formatted, "finish_reason": delta.finish_reason,
-              "token_ids": list(delta.token_ids)}
+              "stop_reason": delta.stop_reason, "token_ids": list(delta.token_ids)}
     if ctx.kind == "completion":
         choice["text"] = delta.text
     else:
@@ -126,8 +133,8 @@ def completion_logprobs(ctx: ResponseContext, logprobs, text_offset: int) -> tup
     """{tokens, token_logprobs, top_logprobs (token text -> logprob, chosen token included), text_offset}."""
     body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for lp in logprobs:
-        token = token_text(ctx.tokenizer, lp.token_id)
-        top = {token_text(ctx.tokenizer, t): json_logprob(v) for t, v in lp.top[:ctx.num_top_logprobs]}
+        token = token_text(ctx, lp.token_id)
+        top = {token_text(ctx, t): json_logprob(v) for t, v in lp.top[:ctx.num_top_logprobs]}
         body["tokens"].append(token)
         body["token_logprobs"].append(json_logprob(lp.logprob))
         body["top_logprobs"].append({**top, token: json_logprob(lp.logprob)})
@@ -137,18 +144,20 @@ def completion_logprobs(ctx: ResponseContext, logprobs, text_offset: int) -> tup
 
 
 def chat_token_logprob(ctx: ResponseContext, lp: TokenLogprobs) -> dict:
-    top = [token_entry(ctx.tokenizer, t, v) for t, v in lp.top[:ctx.num_top_logprobs]]
-    return {**token_entry(ctx.tokenizer, lp.token_id, lp.logprob), "top_logprobs": top}
+    top = [token_entry(ctx, t, v) for t, v in lp.top[:ctx.num_top_logprobs]]
+    return {**token_entry(ctx, lp.token_id, lp.logprob), "top_logprobs": top}
 
 
-def token_entry(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict:
-    token = token_text(tokenizer, token_id)
+def token_entry(ctx: ResponseContext, token_id: int, logprob: float) -> dict:
+    token = token_text(ctx, token_id)
     return {"token": token, "logprob": json_logprob(logprob), "bytes": list(token.encode("utf-8"))}
 
 
-def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+def token_text(ctx: ResponseContext, token_id: int) -> str:
+    if ctx.tokens_as_ids:
+        return f"token_id:{token_id}"
     # NOTE: special tokens are shown (a logprob entry must name its token even if the text hides it).
-    return tokenizer.decode([token_id], skip_special_tokens=False)
+    return ctx.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 def json_logprob(logprob: float) -> float:

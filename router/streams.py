@@ -12,22 +12,25 @@ from corun.tokenizer import Tokenizer
 from router.detokenizer import IncrementalDetokenizer
 from router.metrics import RouterMetrics
 from router.nodes import NodePool, Placement
+from router.openai_api import OutputOptions
 from router.pipeline import generate
 from router.responses import ChoiceDelta
 
 
 async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMetrics, index: int, request_id: str,
                         prompt_token_ids: list[int], params: SamplingParams, stop_strings: tuple[str, ...],
-                        placement: Placement = Placement()) -> AsyncIterator[ChoiceDelta]:
+                        placement: Placement = Placement(),
+                        output: OutputOptions = OutputOptions()) -> AsyncIterator[ChoiceDelta]:
     """One prompt's choice: detokenised, cut at a stop string (which aborts the decode), timed for metrics."""
     start = time.monotonic()
-    detokenizer = IncrementalDetokenizer(tokenizer, stop_strings)
+    detokenizer = IncrementalDetokenizer(tokenizer, stop_strings, output.include_stop_str_in_output,
+                                         output.skip_special_tokens)
     events = generate(pool, request_id, prompt_token_ids, params, params.seed, placement)
     try:
         async for event in events:
             if detokenizer.num_tokens == 0:
                 metrics.time_to_first_token.observe(time.monotonic() - start)
-            delta = to_delta(detokenizer, index, event)
+            delta = to_delta(detokenizer, index, event, params.stop_token_ids)
             metrics.generated_tokens.inc(len(delta.token_ids))
             yield delta
             if delta.finish_reason is not None:
@@ -38,12 +41,16 @@ async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMet
         await events.aclose()
 
 
-def to_delta(detokenizer: IncrementalDetokenizer, index: int, event: TokenEvent) -> ChoiceDelta:
+def to_delta(detokenizer: IncrementalDetokenizer, index: int, event: TokenEvent,
+             stop_token_ids: tuple[int, ...] = ()) -> ChoiceDelta:
     text = detokenizer.add(event.token_ids, finished=event.finish_reason is not None)
     kept = event.token_ids[:text.num_tokens]
     logprobs = None if event.logprobs is None else tuple(event.logprobs[:text.num_tokens])
     finish_reason = "stop" if text.stopped else event.finish_reason
-    return ChoiceDelta(index, text.text, tuple(kept), logprobs, finish_reason)
+    stop_reason = detokenizer.matched_stop_string if text.stopped else None
+    if finish_reason == "stop" and stop_reason is None and kept and kept[-1] in stop_token_ids:
+        stop_reason = kept[-1]  # NOTE: as vLLM: a stop token id names itself; EOS leaves it None
+    return ChoiceDelta(index, text.text, tuple(kept), logprobs, finish_reason, stop_reason)
 
 
 async def merge(streams: list[AsyncIterator[ChoiceDelta]]) -> AsyncIterator[ChoiceDelta]:
