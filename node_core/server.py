@@ -64,7 +64,9 @@ class NodeServer:
             request.block_ids = []
 
     def stats(self) -> dict:
-        return {**self.role_stats(), "num_free_blocks": self.block_manager.num_free_blocks,
+        blocks = self.block_manager
+        return {**self.role_stats(), "num_free_blocks": blocks.num_free_blocks,
+                "kv_cache_usage_perc": round(1 - blocks.num_free_blocks / blocks.num_usable_blocks, 6),
                 **self.runner.forward_counts(), **self.agent.counters.as_dict()}
 
     def role_stats(self) -> dict:

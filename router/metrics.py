@@ -1,4 +1,8 @@
-"""Prometheus metrics of the router, plus every numeric stat of each node's latest Pong as a gauge."""
+"""Prometheus metrics of the router, plus every numeric stat of each node's latest Pong as a gauge.
+
+Request metrics carry vLLM's names and types (vllm:time_to_first_token_seconds, ...), so dashboards built for vLLM
+read a CoRun cluster; the cluster's own (HTTP requests, nodes) are corun_*.
+"""
 
 from __future__ import annotations
 
@@ -25,14 +29,24 @@ class RouterMetrics:
         self.in_flight = Gauge("corun_router_requests_in_flight", "Prompts admitted and not finished",
                                registry=self.registry)
         self.in_flight.set_function(count_in_flight)
-        self.time_to_first_token = Histogram("corun_router_time_to_first_token_seconds",
+        self.time_to_first_token = Histogram("vllm:time_to_first_token_seconds",
                                              "From a prompt's start to its first token", buckets=LATENCY_BUCKETS_S,
                                              registry=self.registry)
-        self.request_latency = Histogram("corun_router_e2e_request_latency_seconds",
+        self.inter_token_latency = Histogram("vllm:inter_token_latency_seconds",
+                                             "Between a prompt's consecutive streamed token groups",
+                                             buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.time_per_output_token = Histogram("vllm:request_time_per_output_token_seconds",
+                                               "A finished prompt's mean gap between its later tokens",
+                                               buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.request_latency = Histogram("vllm:e2e_request_latency_seconds",
                                          "From a prompt's start to its last token", buckets=LATENCY_BUCKETS_S,
                                          registry=self.registry)
-        self.generated_tokens = Counter("corun_router_generation_tokens", "Tokens returned to clients",
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of prompts started",
+                                     registry=self.registry)
+        self.generated_tokens = Counter("vllm:generation_tokens", "Tokens returned to clients",
                                         registry=self.registry)
+        self.request_success = Counter("vllm:request_success", "Prompts finished, by finish reason",
+                                       ["finished_reason"], registry=self.registry)
         self.registry.register(NodeStatsCollector(node_statuses))
 
     def render(self) -> bytes:
@@ -59,6 +73,23 @@ class NodeStatsCollector(Collector):
                 family.add_metric(labels, float(value))
         yield up
         yield from stat_families.values()
+        yield from pool_gauges(statuses)
+
+
+def pool_gauges(statuses: list[NodeStatus]) -> Iterator[GaugeMetricFamily]:
+    """vLLM's engine gauges for the whole pool: requests running and waiting (summed over the nodes' latest
+    stats), and each node's KV cache usage."""
+    stats = [(status, status.pong.stats) for status in statuses if status.pong is not None]
+    running = GaugeMetricFamily("vllm:num_requests_running", "Requests decoding, over the decode nodes")
+    running.add_metric([], float(sum(s.get("num_running", 0) for status, s in stats if status.role == "decode")))
+    waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Requests queued on the nodes (prefill and decode)")
+    waiting.add_metric([], float(sum(s.get("num_waiting", 0) for _, s in stats)))
+    usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "Fraction of a node's KV blocks in use (1 = full)",
+                              labels=NODE_LABELS)
+    for status, s in stats:
+        if "kv_cache_usage_perc" in s:
+            usage.add_metric(node_labels(status), float(s["kv_cache_usage_perc"]))
+    yield from (running, waiting, usage)
 
 
 def node_labels(status: NodeStatus) -> list[str]:

@@ -133,8 +133,8 @@ def completion_logprobs(ctx: ResponseContext, logprobs, text_offset: int) -> tup
     """{tokens, token_logprobs, top_logprobs (token text -> logprob, chosen token included), text_offset}."""
     body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for lp in logprobs:
-        token = token_text(ctx, lp.token_id)
-        top = {token_text(ctx, t): json_logprob(v) for t, v in lp.top[:ctx.num_top_logprobs]}
+        token = entry_token(ctx, lp.token_id)
+        top = {entry_token(ctx, t): json_logprob(v) for t, v in lp.top[:ctx.num_top_logprobs]}
         body["tokens"].append(token)
         body["token_logprobs"].append(json_logprob(lp.logprob))
         body["top_logprobs"].append({**top, token: json_logprob(lp.logprob)})
@@ -149,15 +149,18 @@ def chat_token_logprob(ctx: ResponseContext, lp: TokenLogprobs) -> dict:
 
 
 def token_entry(ctx: ResponseContext, token_id: int, logprob: float) -> dict:
-    token = token_text(ctx, token_id)
+    token = entry_token(ctx, token_id)
     return {"token": token, "logprob": json_logprob(logprob), "bytes": list(token.encode("utf-8"))}
 
 
-def token_text(ctx: ResponseContext, token_id: int) -> str:
-    if ctx.tokens_as_ids:
-        return f"token_id:{token_id}"
+def entry_token(ctx: ResponseContext, token_id: int) -> str:
+    """How a logprob entry names its token: its text, or "token_id:<id>" (return_tokens_as_token_ids)."""
+    return f"token_id:{token_id}" if ctx.tokens_as_ids else token_text(ctx.tokenizer, token_id)
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     # NOTE: special tokens are shown (a logprob entry must name its token even if the text hides it).
-    return ctx.tokenizer.decode([token_id], skip_special_tokens=False)
+    return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 def json_logprob(logprob: float) -> float:

@@ -22,19 +22,29 @@ async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMet
                         placement: Placement = Placement(),
                         output: OutputOptions = OutputOptions()) -> AsyncIterator[ChoiceDelta]:
     """One prompt's choice: detokenised, cut at a stop string (which aborts the decode), timed for metrics."""
-    start = time.monotonic()
+    start = last = time.monotonic()
+    first = None
     detokenizer = IncrementalDetokenizer(tokenizer, stop_strings, output.include_stop_str_in_output,
                                          output.skip_special_tokens)
+    metrics.prompt_tokens.inc(len(prompt_token_ids))
     events = generate(pool, request_id, prompt_token_ids, params, params.seed, placement)
     try:
         async for event in events:
-            if detokenizer.num_tokens == 0:
-                metrics.time_to_first_token.observe(time.monotonic() - start)
+            now = time.monotonic()
+            if first is None:
+                first = now
+                metrics.time_to_first_token.observe(now - start)
+            else:
+                metrics.inter_token_latency.observe(now - last)
+            last = now
             delta = to_delta(detokenizer, index, event, params.stop_token_ids)
             metrics.generated_tokens.inc(len(delta.token_ids))
             yield delta
             if delta.finish_reason is not None:
-                metrics.request_latency.observe(time.monotonic() - start)
+                metrics.request_latency.observe(now - start)
+                metrics.request_success.labels(delta.finish_reason).inc()
+                if detokenizer.num_tokens > 1:
+                    metrics.time_per_output_token.observe((now - first) / (detokenizer.num_tokens - 1))
                 return
     finally:
         # NOTE: closing the event stream early is what sends the decode node an Abort.

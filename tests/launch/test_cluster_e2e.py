@@ -6,6 +6,7 @@ prove each request's KV crossed over NIXL. Bad input gets a 400 and the cluster 
 """
 
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -144,7 +145,7 @@ def post(cluster, path: str, body: bytes):
     (b"{not json", "not valid JSON"),
     (json.dumps({"prompt": "hi", "max_tokens": "many"}).encode(), "max_tokens"),
     (json.dumps({"prompt": "hi", "temperature": [1]}).encode(), "temperature"),
-    (json.dumps({"prompt": "hi", "max_tokens": 4, "surprise": 1}).encode(), "surprise"),
+    (json.dumps({"prompt": "hi", "max_tokens": 4, "n": "surprise"}).encode(), "'n'"),
     (json.dumps({"prompt": "word " * (MAX_MODEL_LEN + 10), "max_tokens": 4}).encode(), "maximum context length"),
 ])
 def test_bad_input_is_a_400_and_the_cluster_keeps_serving(cluster_1p1d, body, fragment):
@@ -152,6 +153,16 @@ def test_bad_input_is_a_400_and_the_cluster_keeps_serving(cluster_1p1d, body, fr
     assert status == 400 and fragment in reply["error"]["message"], reply
     ids, _ = complete(client(cluster_1p1d), PROMPTS[0], PARAMS)
     assert len(ids) == PARAMS["max_tokens"]
+
+
+def test_an_unknown_field_is_ignored_and_named_as_vllm_does(cluster_1p1d):
+    """(It was a 400 before issue 11's field policy; --strict-fields keeps that: tests/router/test_errors.py.)"""
+    body = json.dumps({"prompt": "hi", "max_tokens": 4, "surprise": 1}).encode()
+    request = urllib.request.Request(f"{cluster_1p1d.url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200 and response.headers["X-CoRun-Ignored-Fields"] == "surprise"
+        assert len(json.loads(response.read())["choices"][0]["token_ids"]) == 4
 
 
 def test_incompatible_decode_node_is_refused_with_a_clear_error(cluster_1p1d, tiny_model_dir):
@@ -183,3 +194,14 @@ def test_a_prompt_gives_the_same_output_alone_or_inside_a_list(cluster_2p2d):
     listed = {c.index: completion_record(c.model_extra["token_ids"], c.logprobs) for c in response.choices}
     for i, prompt in enumerate(PROMPTS[:4]):
         assert listed[i] == complete(api, prompt, PARAMS), f"prompt {i} differs inside the list"
+
+
+def test_metrics_carry_vllm_s_names_with_each_node_s_kv_usage(cluster_1p1d):
+    import urllib.request
+
+    complete(client(cluster_1p1d), PROMPTS[0], PARAMS)
+    with urllib.request.urlopen(f"{cluster_1p1d.url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    usage = re.findall(r'vllm:kv_cache_usage_perc\{[^}]*node_id="(\w+-\d)"[^}]*\} ([0-9.e-]+)', text)
+    assert {node for node, _ in usage} == {"prefill-0", "decode-0"} and all(0 <= float(v) <= 1 for _, v in usage)
+    assert 'vllm:request_success_total{finished_reason="length"}' in text

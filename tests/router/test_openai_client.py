@@ -154,9 +154,13 @@ def test_metrics_export_requests_latencies_and_node_stats(client, router):
     client.completions.create(model=MODEL, prompt="metrics please", max_tokens=3, seed=1)
     text = get(router.base_url + "/metrics").body
     assert 'corun_router_requests_total{endpoint="/v1/completions",status="200"}' in text
-    assert "corun_router_time_to_first_token_seconds_bucket" in text
-    assert "corun_router_e2e_request_latency_seconds_count" in text
-    assert "corun_router_generation_tokens_total" in text
+    # NOTE: vLLM's names and types for what a request saw
+    assert "vllm:time_to_first_token_seconds_bucket" in text and "vllm:inter_token_latency_seconds_count" in text
+    assert "vllm:e2e_request_latency_seconds_count" in text
+    assert "vllm:request_time_per_output_token_seconds_count" in text
+    assert "vllm:generation_tokens_total" in text and "vllm:prompt_tokens_total" in text
+    assert 'vllm:request_success_total{finished_reason="length"}' in text
+    assert "vllm:num_requests_running" in text and "vllm:num_requests_waiting" in text
     assert "corun_router_requests_in_flight 0.0" in text
     for node_id, role in [("fake-prefill-0", "prefill"), ("fake-decode-1", "decode")]:
         assert re.search(rf'corun_node_kv_usage\{{[^}}]*node_id="{node_id}"[^}}]*\}} 0.25', text)
