@@ -76,8 +76,9 @@ class LLM:
         text = self.tokenizer.decode(request.output_token_ids) if self.tokenizer else ""
         completion = CompletionOutput(0, text,
                                       list(request.output_token_ids), logprobs, request.finish_reason)
+        prompt_logprobs = request.prompt_logprobs if request.params.prompt_logprobs is not None else None
         return RequestOutput(request.request_id, prompt, request.prompt_token_ids, [completion], request.seed,
-                             finished=request.finish_reason is not None)
+                             finished=request.finish_reason is not None, prompt_logprobs=prompt_logprobs)
 
 
 def _is_single_prompt(prompts) -> bool:

@@ -154,22 +154,62 @@ class ModelRunner:
         # NOTE: bucketed graphs take a prompt's first chunk (causal attention over the forward's own K and V);
         # later chunks of long prompts, and chunks longer than every bucket, run at natural length
         bucketed = chunks[0].start == 0 and chunks[0].num_tokens <= max(sched.prefill_buckets, default=0)
+        wants_prompt_logprobs = any(c.request.params.prompt_logprobs is not None for c in chunks)
         if not (sched.prefill_pack_tokens or bucketed):
-            logits = self.natural_prefill_logits(chunks[0])
+            logits = self.natural_prefill_logits(chunks[0], wants_prompt_logprobs)
         else:
             self.num_padded_prefill_forwards += 1
-            logits = self.padded_prefill_logits(build_prefill_pack(
-                chunks, num_rows, sched.prefill_seqs_per_forward, self.block_size, self.table_rows,
-                whole_prompt=bucketed))
+            pack = build_prefill_pack(chunks, num_rows, sched.prefill_seqs_per_forward, self.block_size,
+                                      self.table_rows, whole_prompt=bucketed)
+            if wants_prompt_logprobs:
+                # NOTE: eager, for the hidden states of every row; the same kernels as the shape's graph
+                hidden = self.prefill_pack_hidden(pack.to(self.device))
+                logits = self.model.compute_logits(hidden[pack.sample_rows.to(self.device)])
+                self.add_prompt_logprobs(hidden, chunks)
+            else:
+                logits = self.padded_prefill_logits(pack)
         for chunk in chunks:
             chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
         finishing = [chunk.request for chunk in chunks if chunk.is_last]
         return self.sample(logits, finishing) if finishing else []
 
-    def natural_prefill_logits(self, chunk: PrefillChunk) -> torch.Tensor:
+    def natural_prefill_logits(self, chunk: PrefillChunk, with_prompt_logprobs: bool = False) -> torch.Tensor:
         """The paper's isolated prefill: the chunk alone at its natural length, eager. -> [1, vocab]"""
         hidden = self.forward(build_step([], 0, [chunk], self.block_size, self.device))
+        if with_prompt_logprobs:
+            self.add_prompt_logprobs(hidden, [chunk])
         return self.model.compute_logits(hidden[-1:])
+
+    @torch.inference_mode()
+    def add_prompt_logprobs(self, hidden: torch.Tensor, chunks: list[PrefillChunk]) -> None:
+        """For each chunk wanting them (rows in chunk order from row 0): the logprobs of the prompt tokens its
+        rows predict, with params.prompt_logprobs alternatives, appended to its request's prompt_logprobs.
+
+        NOTE: the chunk's rows go through lm_head and log_softmax together, at the chunk's length: a function
+        of the prompt alone, as the forward is."""
+        row = 0
+        for chunk in chunks:
+            request, start, count = chunk.request, chunk.start, chunk.num_tokens
+            k = request.params.prompt_logprobs
+            targets = request.prompt_token_ids[start + 1:start + count + 1]  # NOTE: the last row predicts output
+            if k is not None and targets:
+                logprobs = self.sampler.log_softmax(self.model.compute_logits(hidden[row:row + count]).float())
+                logprobs = logprobs[:len(targets)]
+                target_ids = torch.tensor(targets, device=logprobs.device).unsqueeze(1)
+                chosen = logprobs.gather(1, target_ids).squeeze(1).tolist()
+                top_values, top_ids = logprobs.topk(k, dim=1) if k else (logprobs[:, :0], logprobs[:, :0])
+                request.prompt_logprobs += [
+                    TokenLogprobs(t, lp, tuple(zip(ids, values, strict=True)))
+                    for t, lp, ids, values in zip(targets, chosen, top_ids.tolist(), top_values.tolist(),
+                                                  strict=True)]
+            if k is not None and start == 0:
+                request.prompt_logprobs.insert(0, None)
+            row += count
+
+    @torch.inference_mode()
+    def prefill_pack_hidden(self, inputs: PrefillPackInputs) -> torch.Tensor:
+        meta = inputs.metadata(use_kernel=self.packed_prefill_kernel)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, meta)
 
     def padded_prefill_logits(self, inputs: PrefillPackInputs) -> torch.Tensor:
         """-> [num_seqs, vocab]: row i is the logits of the i-th prompt finishing in this pack."""

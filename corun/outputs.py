@@ -35,3 +35,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     seed: int
     finished: bool
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    """SamplingParams.prompt_logprobs set: one per prompt token, None for the first."""

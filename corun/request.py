@@ -27,6 +27,8 @@ class Request:
     stop_token_ids: frozenset[int]
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    """params.prompt_logprobs set: per prompt token, as its prefill chunks run (the first token's is None)."""
     num_computed_tokens: int = 0
     """Tokens whose KV is in the cache."""
     block_ids: list[int] = field(default_factory=list)

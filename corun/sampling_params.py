@@ -23,6 +23,9 @@ class SamplingParams:
     """Keep generating past the model's EOS token."""
     logprobs: int | None = None
     """None: no logprobs; k >= 0: the sampled token's logprob plus the k most likely alternatives."""
+    prompt_logprobs: int | None = None
+    """None: none; k >= 0: each prompt token's logprob given the tokens before it (the first has none) plus the
+    k most likely alternatives, from the prompt's own isolated prefill (a function of the prompt alone)."""
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -43,6 +46,8 @@ class SamplingParams:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise ValueError(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
 
     @property
     def is_greedy(self) -> bool:
