@@ -25,7 +25,7 @@ import msgpack
 from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 KV_DONE_PREFIX = b"done:"
 
 
@@ -63,6 +63,8 @@ class PrefillResult:
     kv: KVHandle | None
     """None when the request already finished with its first token (then no decode is needed)."""
     finish_reason: str | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    """params.prompt_logprobs set: one per prompt token (the first None), from this node's isolated prefill."""
 
 
 # --- router -> decode -> router ------------------------------------------------------------------------------
@@ -85,6 +87,8 @@ class TokenEvent:
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None
     finish_reason: str | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    """Set by the router on a request's first event, from the PrefillResult (decode nodes never set it)."""
 
 
 @dataclass(frozen=True)
@@ -204,8 +208,8 @@ def decode(data: bytes):
 def _to_wire(value):
     if isinstance(value, TokenLogprobs):
         return [value.token_id, value.logprob, [list(t) for t in value.top]]
-    if isinstance(value, list) and value and isinstance(value[0], TokenLogprobs):
-        return [_to_wire(v) for v in value]
+    if isinstance(value, list) and any(isinstance(v, TokenLogprobs) for v in value):
+        return [None if v is None else _to_wire(v) for v in value]
     if dataclasses.is_dataclass(value):
         return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple):
@@ -230,9 +234,11 @@ def _params(wire) -> SamplingParams:
 
 _FIELD_DECODERS: dict[type, dict[str, Any]] = {
     PrefillRequest: {"params": _params},
-    PrefillResult: {"first_logprobs": _token_logprobs, "kv": _kv_handle},
+    PrefillResult: {"first_logprobs": _token_logprobs, "kv": _kv_handle,
+                    "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
     DecodeRequest: {"params": _params, "first_logprobs": _token_logprobs, "kv": _kv_handle},
-    TokenEvent: {"logprobs": lambda items: [_token_logprobs(i) for i in items]},
+    TokenEvent: {"logprobs": lambda items: [_token_logprobs(i) for i in items],
+                 "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
     ClaimReply: {"block_ids": tuple},
     Pong: {"model_facts": lambda wire: ModelFacts(**wire)},
 }

@@ -124,8 +124,9 @@ class PrefillServer(NodeServer):
             self.leases[request.request_id] = Lease(request, time.monotonic() + self.config.kv_lease_seconds)
         else:
             self.free(request)
+        prompt_logprobs = request.prompt_logprobs if request.params.prompt_logprobs is not None else None
         self.sockets.reply(pending.router, protocol.PrefillResult(
-            request.request_id, item.token_id, item.logprobs, kv, finish_reason))
+            request.request_id, item.token_id, item.logprobs, kv, finish_reason, prompt_logprobs))
 
     # --- messages -----------------------------------------------------------------------------------------------
     def on_prefill(self, identity: bytes, message: protocol.PrefillRequest) -> None:
@@ -146,6 +147,10 @@ class PrefillServer(NodeServer):
         if request.max_num_tokens > scheduler.max_model_len:
             raise RequestRejected(f"request {request.request_id}: {request.max_num_tokens} tokens exceed "
                                   f"max_model_len {scheduler.max_model_len}")
+        wanted = request.params.prompt_logprobs
+        if wanted is not None and wanted > self.config.engine.max_logprobs:
+            raise RequestRejected(f"request {request.request_id}: prompt_logprobs must be <= "
+                                  f"{self.config.engine.max_logprobs}")
         if self.block_manager.blocks_needed(request.num_prompt_tokens) > self.block_manager.num_usable_blocks:
             raise RequestRejected(f"request {request.request_id}: prompt needs more KV blocks than this node has")
 

@@ -61,7 +61,7 @@ async def serve_generation(request: web.Request,
     request[RESPONSE_HEADERS_KEY]["X-CoRun-Seed"] = str(seed)
     ctx = ResponseContext(generation.kind, request_id, int(time.time()), state.config.served_model_name,
                           state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer,
-                          generation.output.return_tokens_as_token_ids)
+                          generation.output, generation.prompts)
     with state.admission.admit(request_id, len(generation.prompts)):
         deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i, f"{request_id}-{i}",
                                       list(prompt), bind_seed(generation, seed), generation.stop_strings,
@@ -146,8 +146,9 @@ async def write_deltas(response: web.StreamResponse, ctx: ResponseContext, delta
     async for delta in deltas:
         if ctx.kind == "chat" and delta.index not in text_offsets:
             await send_event(response, role_chunk(ctx, delta.index))
-        chunk, text_offsets[delta.index] = chunk_body(ctx, delta, text_offsets.get(delta.index, 0))
-        num_tokens += len(delta.token_ids)
+        first = delta.index not in text_offsets
+        chunk, text_offsets[delta.index] = chunk_body(ctx, delta, text_offsets.get(delta.index, 0), first)
+        num_tokens += 0 if ctx.output.drop_generated else len(delta.token_ids)
         if continuous_prompt_tokens is not None:
             chunk["usage"] = usage(continuous_prompt_tokens, num_tokens)
         await send_event(response, chunk)

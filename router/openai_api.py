@@ -32,7 +32,8 @@ SAMPLING_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
     "stop_token_ids", "ignore_eos", "logprobs", "n", "user", "presence_penalty", "frequency_penalty", "logit_bias",
     "include_stop_str_in_output", "skip_special_tokens", "return_tokens_as_token_ids"})
-COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "best_of", "suffix", "max_completion_tokens"}
+COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "best_of", "suffix", "max_completion_tokens",
+                                       "prompt_logprobs"}
 STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
 
 
@@ -58,6 +59,12 @@ class OutputOptions:
     skip_special_tokens: bool = True
     return_tokens_as_token_ids: bool = False
     """Logprob entries name tokens as "token_id:<id>" (text that cannot be mistaken for another token)."""
+    echo: bool = False
+    """Completions: the prompt before the completion, in the text and (with logprobs) in the logprobs."""
+    prompt_logprobs: int | None = None
+    """vLLM's prompt_logprobs field: each prompt token's logprob and this many alternatives, in the choice."""
+    drop_generated: bool = False
+    """max_tokens 0 with echo (lm-eval's loglikelihood request): the prompt alone comes back."""
 
 
 @dataclass(frozen=True)
@@ -80,14 +87,21 @@ class GenerationRequest:
 
 def parse_completion_request(body, model: ModelInfo) -> GenerationRequest:
     body, ignored = checked_body(body, COMPLETION_FIELDS, model)
-    only_value_field(body, "echo", "false", lambda v: v is False)
+    echo = bool_field(body, "echo", False)
     only_value_field(body, "best_of", "1", lambda v: v == 1 and is_int(v))
     only_value_field(body, "suffix", "null", lambda v: False)
     prompts = read_prompts(body, model.tokenizer)
     logprobs = int_field(body, "logprobs", None, 0, model.max_logprobs)
-    # NOTE: as vLLM: max_completion_tokens (OpenAI's newer name) wins over max_tokens
-    max_tokens = int_field(body, "max_completion_tokens", int_field(body, "max_tokens", 16, 1), 1)
-    return build_request("completion", body, prompts, max_tokens, logprobs, model, ignored)
+    prompt_logprobs = int_field(body, "prompt_logprobs", None, 0, model.max_logprobs)
+    # NOTE: as vLLM: max_completion_tokens (OpenAI's newer name) wins over max_tokens; 0 only to echo the prompt
+    lowest = 0 if echo else 1
+    max_tokens = int_field(body, "max_completion_tokens", int_field(body, "max_tokens", 16, lowest), lowest)
+    echoed = logprobs if echo else None
+    wanted = max((k for k in (echoed, prompt_logprobs) if k is not None), default=None)
+    prompt_options = {"echo": echo, "prompt_logprobs": prompt_logprobs, "drop_generated": max_tokens == 0}
+    # NOTE: max_tokens 0 runs the prefill (which makes token 1 and the prompt's logprobs) and drops the token
+    return build_request("completion", body, prompts, max(1, max_tokens), logprobs, model, ignored, wanted,
+                         prompt_options)
 
 
 def parse_chat_request(body, model: ModelInfo) -> GenerationRequest:
@@ -126,7 +140,8 @@ def check_chat_options(body: dict) -> None:
 
 
 def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], max_tokens: int,
-                  logprobs: int | None, model: ModelInfo, ignored: list[str]) -> GenerationRequest:
+                  logprobs: int | None, model: ModelInfo, ignored: list[str], prompt_logprobs: int | None = None,
+                  prompt_options: dict | None = None) -> GenerationRequest:
     reject_unsupported_sampling(body)
     for prompt in prompts:
         check_prompt(prompt, max_tokens, model)
@@ -138,12 +153,13 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
         stop_token_ids=tuple(read_token_ids(body, "stop_token_ids", model.vocab_size)),
         ignore_eos=bool_field(body, "ignore_eos", False),
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
     stream = bool_field(body, "stream", False)
     include_usage, continuous_usage, ignored_options = read_stream_options(body, stream, model.strict_fields)
     output = OutputOptions(bool_field(body, "include_stop_str_in_output", False),
                            bool_field(body, "skip_special_tokens", True),
-                           bool_field(body, "return_tokens_as_token_ids", False))
+                           bool_field(body, "return_tokens_as_token_ids", False), **(prompt_options or {}))
     return GenerationRequest(kind, prompts, params, read_seed(body), read_stop_strings(body), stream,
                              include_usage, continuous_usage, tuple(ignored + ignored_options), output)
 

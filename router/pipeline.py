@@ -65,15 +65,19 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
     if prefill.finish_reason is not None:
         # NOTE: finished by its first token (stop token or max_tokens == 1): the prefill node kept no KV.
         logprobs = None if prefill.first_logprobs is None else [prefill.first_logprobs]
-        yield TokenEvent(request_id, [prefill.first_token_id], logprobs, prefill.finish_reason)
+        yield TokenEvent(request_id, [prefill.first_token_id], logprobs, prefill.finish_reason,
+                         prefill.prompt_logprobs)
         return
     decode_request = DecodeRequest(request_id, prompt_token_ids, params, seed, prefill.first_token_id,
                                    prefill.first_logprobs, prefill.kv)
     # NOTE: chosen only now, so that the decode work of requests prefilled meanwhile counts in the choice.
     decode_node = choose(pool.choose_decode, placement.decode)
+    prompt_logprobs = prefill.prompt_logprobs
     async with contextlib.aclosing(run_decode(decode_node, decode_request, pool.request_timeout_s)) as events:
         async for event in events:
-            yield event
+            # NOTE: the prompt's logprobs travel with its first event
+            yield event if prompt_logprobs is None else dataclasses.replace(event, prompt_logprobs=prompt_logprobs)
+            prompt_logprobs = None
 
 
 def choose(choose_node, pinned: str | None) -> NodeClient:

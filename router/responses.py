@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from corun.outputs import TokenLogprobs
 from corun.tokenizer import Tokenizer
-from router.openai_api import Kind
+from router.openai_api import Kind, OutputOptions
 
 LOWEST_LOGPROB = -9999.0
 """JSON has no -inf: as vLLM, impossible tokens get this logprob."""
@@ -27,6 +27,8 @@ class ChoiceDelta:
     finish_reason: str | None
     stop_reason: str | int | None = None
     """What stopped it (vLLM's): the stop string, or the stop token id that is not EOS; None otherwise."""
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    """On a prompt's first delta, when asked for (echo with logprobs, or prompt_logprobs)."""
 
 
 @dataclass
@@ -39,8 +41,10 @@ class ChoiceTotal:
     logprobs: list[TokenLogprobs] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
     def add(self, delta: ChoiceDelta) -> None:
+        self.prompt_logprobs = delta.prompt_logprobs if delta.prompt_logprobs is not None else self.prompt_logprobs
         self.text += delta.text
         self.token_ids += delta.token_ids
         if delta.logprobs is not None:
@@ -62,8 +66,18 @@ class ResponseContext:
     seed: int
     num_top_logprobs: int | None
     tokenizer: Tokenizer
-    tokens_as_ids: bool = False
-    """return_tokens_as_token_ids: logprob entries name tokens "token_id:<id>"."""
+    output: OutputOptions = OutputOptions()
+    prompts: tuple[tuple[int, ...], ...] = ()
+    """Each choice's prompt token ids (echo, prompt_logprobs)."""
+
+    @property
+    def tokens_as_ids(self) -> bool:
+        """return_tokens_as_token_ids: logprob entries name tokens "token_id:<id>"."""
+        return self.output.return_tokens_as_token_ids
+
+    @property
+    def shows_prompt(self) -> bool:
+        return self.kind == "completion" and (self.output.echo or self.output.prompt_logprobs is not None)
 
     def envelope(self, streaming: bool) -> dict:
         if self.kind == "completion":
@@ -77,14 +91,17 @@ class ResponseContext:
 
 def response_body(ctx: ResponseContext, totals: list[ChoiceTotal], num_prompt_tokens: int) -> dict:
     choices = [choice_body(ctx, total.index, total.text, total.token_ids, total.logprobs, total.finish_reason,
-                           total.stop_reason) for total in totals]
-    num_completion_tokens = sum(len(total.token_ids) for total in totals)
+                           total.stop_reason, total.prompt_logprobs) for total in totals]
+    num_completion_tokens = 0 if ctx.output.drop_generated else sum(len(total.token_ids) for total in totals)
     return {**ctx.envelope(streaming=False), "choices": choices,
             "usage": usage(num_prompt_tokens, num_completion_tokens)}
 
 
 def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs, finish_reason,
-                stop_reason=None) -> dict:
+                stop_reason=None, prompt_logprobs=None) -> dict:
+    if ctx.shows_prompt:
+        return {"index": index, **completion_with_prompt(ctx, index, text, token_ids, logprobs, prompt_logprobs, 0),
+                "finish_reason": finish_reason, "stop_reason": stop_reason}
     formatted = None if logprobs is None else format_logprobs(ctx, logprobs, text_offset=0)[0]
     if ctx.kind == "completion":
         return {"index": index, "text": text, "logprobs": formatted, "finish_reason": finish_reason,
@@ -93,8 +110,72 @@ def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs
             "finish_reason": finish_reason, "stop_reason": stop_reason, "token_ids": list(token_ids)}
 
 
-def chunk_body(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int) -> tuple[dict, int]:
-    """A stream chunk for one delta, and the text offset after it (completions logprobs count from it)."""
+def completion_with_prompt(ctx: ResponseContext, index: int, text: str, token_ids, logprobs, prompt_logprobs,
+                           text_offset: int) -> dict:
+    """A completion choice's text, logprobs and token ids with the prompt shown: echo puts the prompt's text
+    (and, with logprobs, its tokens: the first without a logprob, as OpenAI's) before the completion;
+    prompt_logprobs adds vLLM's field; max_tokens 0 drops the one generated token."""
+    prompt_ids = ctx.prompts[index]
+    if ctx.output.drop_generated:
+        text, token_ids, logprobs = "", (), (() if logprobs is not None else None)
+    body = {"text": text, "token_ids": list(token_ids), "logprobs": None}
+    prompt_text = ctx.tokenizer.decode(list(prompt_ids)) if ctx.output.echo else ""
+    if ctx.output.echo:
+        body["text"] = prompt_text + text
+    if logprobs is not None:
+        prompt_part = echoed_logprobs(ctx, prompt_ids, prompt_logprobs) if ctx.output.echo else None
+        start = text_offset + (len(prompt_text) if ctx.output.echo else 0)
+        generated, _ = completion_logprobs(ctx, logprobs, start)
+        body["logprobs"] = generated if prompt_part is None else {
+            key: prompt_part[key] + generated[key] for key in generated}
+    if ctx.output.prompt_logprobs is not None and prompt_logprobs is not None:
+        body["prompt_logprobs"] = vllm_prompt_logprobs(ctx, prompt_logprobs, ctx.output.prompt_logprobs)
+    return body
+
+
+def echoed_logprobs(ctx: ResponseContext, prompt_ids, prompt_logprobs) -> dict:
+    """The prompt's part of completion logprobs (echo); the first token has none (null), as OpenAI's."""
+    body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    offset = 0
+    for position, token_id in enumerate(prompt_ids):
+        lp = prompt_logprobs[position] if prompt_logprobs is not None else None
+        token = entry_token(ctx, token_id)
+        body["tokens"].append(token)
+        body["text_offset"].append(offset)
+        offset += len(token)
+        if lp is None:
+            body["token_logprobs"].append(None)
+            body["top_logprobs"].append(None)
+            continue
+        top = {entry_token(ctx, t): json_logprob(v) for t, v in lp.top[:ctx.num_top_logprobs]}
+        body["token_logprobs"].append(json_logprob(lp.logprob))
+        body["top_logprobs"].append({**top, token: json_logprob(lp.logprob)})
+    return body
+
+
+def vllm_prompt_logprobs(ctx: ResponseContext, prompt_logprobs, num_top: int) -> list:
+    """vLLM's prompt_logprobs: per prompt token None (the first) or {token id: {logprob, decoded_token}} with
+    the token itself and its num_top most likely alternatives."""
+    entries = []
+    for lp in prompt_logprobs:
+        if lp is None:
+            entries.append(None)
+            continue
+        pairs = [*lp.top[:num_top], (lp.token_id, lp.logprob)]
+        entries.append({str(t): {"logprob": json_logprob(v), "decoded_token": entry_token(ctx, t)} for t, v in pairs})
+    return entries
+
+
+def chunk_body(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int,
+               first: bool = False) -> tuple[dict, int]:
+    """A stream chunk for one delta, and the text offset after it (completions logprobs count from it); a
+    choice's first chunk shows the prompt when asked (echo, prompt_logprobs)."""
+    if ctx.shows_prompt and first:
+        shown = completion_with_prompt(ctx, delta.index, delta.text, delta.token_ids, delta.logprobs,
+                                       delta.prompt_logprobs, 0)
+        choice = {"index": delta.index, **shown, "finish_reason": delta.finish_reason,
+                  "stop_reason": delta.stop_reason}
+        return {**ctx.envelope(streaming=True), "choices": [choice], "usage": None}, len(shown["text"])
     formatted, end_offset = None, text_offset
     if delta.logprobs is not None:
         formatted, end_offset = format_logprobs(ctx, delta.logprobs, text_offset)

@@ -86,3 +86,22 @@ def test_prompt_logprobs_need_corun_mode_and_at_most_max_logprobs(tiny_model_dir
     standard = engine(tiny_model_dir, mode="standard")
     with pytest.raises(RequestRejected, match="prompt_logprobs needs mode corun"):
         standard.engine.add_request("standard", PROMPT, params())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_cuda_asking_for_them_changes_no_token_of_the_graphed_bucket_path(tiny_model_dir, dtype):
+    """A prompt-logprob prefill runs its bucket eagerly (for every row's hidden state); the token it samples must
+    be the captured graph's."""
+    config = EngineConfig(model=tiny_model_dir, device="cuda", dtype=dtype, cache=CacheConfig(num_blocks=256),
+                          scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512, prefill_chunk_size=64,
+                                                    prefill_buckets=(16, 32, 64)))
+    llm = LLM.from_config(config)
+    assert llm.engine.runner.prefill_graph is not None
+    prompts = [PROMPT[:n] for n in (5, 20, 64, 100)]
+    plain = llm.generate(prompts, params(prompt_logprobs=None, logprobs=2))
+    asked = llm.generate(prompts, params(logprobs=2))
+    for a, b in zip(plain, asked, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids and a.outputs[0].logprobs == b.outputs[0].logprobs
+    again = llm.generate(prompts, params(logprobs=2))
+    assert [o.prompt_logprobs for o in again] == [o.prompt_logprobs for o in asked]

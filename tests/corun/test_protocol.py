@@ -15,6 +15,7 @@ MESSAGES = [
     protocol.PrefillRequest("r1", [1, 2, 3], PARAMS, 11),
     protocol.PrefillResult("r1", 7, LOGPROBS, KV, None),
     protocol.PrefillResult("r2", 7, None, None, "length"),
+    protocol.PrefillResult("r3", 7, LOGPROBS, KV, None, [None, LOGPROBS, LOGPROBS]),
     protocol.DecodeRequest("r1", [1, 2, 3], PARAMS, 11, 7, LOGPROBS, KV),
     protocol.TokenEvent("r1", [5], [LOGPROBS], None),
     protocol.TokenEvent("r1", [5, 6], None, "stop"),
