@@ -25,7 +25,7 @@ import msgpack
 from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 KV_DONE_PREFIX = b"done:"
 
 
@@ -128,6 +128,8 @@ class Pong:
     """Hash of everything on this node that determines outputs (model digest, engine config, versions)."""
     model_facts: ModelFacts
     stats: dict[str, Any] = field(default_factory=dict)
+    counters: tuple[str, ...] = ()
+    """Which stats only ever grow (exported as Prometheus counters; the others are gauges)."""
 
 
 # --- decode -> prefill ---------------------------------------------------------------------------------------
@@ -240,7 +242,7 @@ _FIELD_DECODERS: dict[type, dict[str, Any]] = {
     TokenEvent: {"logprobs": lambda items: [_token_logprobs(i) for i in items],
                  "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
     ClaimReply: {"block_ids": tuple},
-    Pong: {"model_facts": lambda wire: ModelFacts(**wire)},
+    Pong: {"model_facts": lambda wire: ModelFacts(**wire), "counters": tuple},
 }
 """Per message type, the fields whose wire form (msgpack maps and lists) is not their Python form."""
 

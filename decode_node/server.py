@@ -268,6 +268,8 @@ class DecodeServer(NodeServer):
     def release(self, job: DecodeJob) -> None:
         self.free(job.request)
 
+    ROLE_COUNTERS = ("num_decode_steps", "num_decoded_rows", "num_finished", "num_graph_replays")
+
     def role_stats(self) -> dict:
         graph = self.runner.decode_graph
         return {"num_running": len(self.running), "num_waiting": len(self.waiting),

@@ -55,7 +55,7 @@ class NodeServer:
 
     def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
         self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, self.role, self.fingerprint,
-                                                   self.model_facts, self.stats()))
+                                                   self.model_facts, self.stats(), self.counter_names()))
 
     def free(self, request: Request) -> None:
         """Return a request's KV blocks (if it still holds any) to the pool."""
@@ -71,6 +71,13 @@ class NodeServer:
 
     def role_stats(self) -> dict:
         raise NotImplementedError
+
+    ROLE_COUNTERS: ClassVar[tuple[str, ...]] = ()
+    """The role's stats that only ever grow."""
+
+    def counter_names(self) -> tuple[str, ...]:
+        """Stats that only ever grow: the transfer counters, the forward counts and the role's."""
+        return tuple(sorted({*self.agent.counters.as_dict(), *self.runner.forward_counts(), *self.ROLE_COUNTERS}))
 
     # --- the loop: schedule -> run -> postprocess (the role fills each in) ------------------------------------
     def step(self) -> None:

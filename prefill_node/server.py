@@ -209,6 +209,8 @@ class PrefillServer(NodeServer):
                 self.agent.counters.lease_expiries += 1
                 logger.warning("prefill %s: KV lease of %s expired", self.config.node_id, request_id)
 
+    ROLE_COUNTERS = ("num_prefills", "prefill_seconds_total")
+
     def role_stats(self) -> dict:
         return {"num_prefills": self.num_prefills, "num_waiting": len(self.waiting), "num_leased": len(self.leases),
                 "prefill_seconds_total": round(self.prefill_seconds_total, 6)}

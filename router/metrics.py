@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from router.nodes import NodeStatus
@@ -62,14 +62,17 @@ class NodeStatsCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         statuses = self._node_statuses()
         up = GaugeMetricFamily("corun_router_node_up", "1 when the node answered a recent ping", labels=NODE_LABELS)
-        stat_families: dict[str, GaugeMetricFamily] = {}
+        stat_families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         for status in statuses:
             labels = node_labels(status)
             up.add_metric(labels, 1.0 if status.healthy else 0.0)
+            counters = set(status.pong.counters) if status.pong is not None else set()
             for key, value in numeric_stats(status).items():
-                name = "corun_node_" + metric_name(key)
-                family = stat_families.setdefault(name, GaugeMetricFamily(name, f"Node stat {key!r}",
-                                                                          labels=NODE_LABELS))
+                # NOTE: a counter's exposed name ends in _total (the client library adds it to the family's)
+                base = "corun_node_" + metric_name(key).removesuffix("_total")
+                kind = CounterMetricFamily if key in counters else GaugeMetricFamily
+                family = stat_families.setdefault(f"{kind.__name__}:{base}", kind(base, f"Node stat {key!r}",
+                                                                                   labels=NODE_LABELS))
                 family.add_metric(labels, float(value))
         yield up
         yield from stat_families.values()

@@ -205,3 +205,7 @@ def test_metrics_carry_vllm_s_names_with_each_node_s_kv_usage(cluster_1p1d):
     usage = re.findall(r'vllm:kv_cache_usage_perc\{[^}]*node_id="(\w+-\d)"[^}]*\} ([0-9.e-]+)', text)
     assert {node for node, _ in usage} == {"prefill-0", "decode-0"} and all(0 <= float(v) <= 1 for _, v in usage)
     assert 'vllm:request_success_total{finished_reason="length"}' in text
+    # NOTE: node stats that only grow are counters, the rest gauges
+    assert "# TYPE corun_node_reads_completed_total counter" in text and "corun_node_reads_completed_total{" in text
+    assert "# TYPE corun_node_prefill_seconds_total counter" in text
+    assert "# TYPE corun_node_num_running gauge" in text and "# TYPE corun_node_num_free_blocks gauge" in text

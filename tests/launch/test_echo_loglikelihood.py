@@ -93,3 +93,19 @@ def test_a_streamed_echo_opens_with_the_prompt(cluster):
 def test_max_tokens_0_without_echo_is_a_400(cluster):
     status, body = post(cluster, {"model": "corun-tiny", "prompt": "hi", "max_tokens": 0})
     assert status == 400 and "'max_tokens' must be an integer >= 1" in body["error"]["message"]
+
+
+def test_the_openai_client_sends_echo_and_the_new_fields(cluster, colocated):
+    from tests.launch.cluster_client import client
+
+    api = client(cluster)
+    echoed = api.completions.create(model="corun-tiny", prompt=PROMPTS[2], echo=True, logprobs=1, max_tokens=0,
+                                    temperature=0.0)
+    choice = echoed.choices[0]
+    assert choice.text == PROMPTS[2] and choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == [lp.logprob for lp in colocated[2][1][1:]]
+    named = api.completions.create(model="corun-tiny", prompt=PROMPTS[2], max_tokens=3, logprobs=1, seed=2,
+                                   extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True,
+                                               "unknown_field": 1})
+    assert named.choices[0].logprobs.tokens == [f"token_id:{t}" for t in named.choices[0].model_extra["token_ids"]]
+    assert named.choices[0].model_extra["stop_reason"] is None

@@ -59,6 +59,7 @@ def test_concurrent_requests_are_demultiplexed_and_spread(word_token_ids):
     prompts = [[i, i + 1] for i in range(1, 9)]
 
     async def body(pool, prefills, decodes):
+        await pool.wait_until_healthy(5.0)  # NOTE: healthy nodes are preferred; before all answered, not spread
         outputs = await asyncio.gather(*(collect(pool, f"r{i}", p, params, i) for i, p in enumerate(prompts)))
         loads = [len(node.request_ids(PrefillRequest)) for node in prefills]
         return outputs, loads, [len(node.request_ids(DecodeRequest)) for node in decodes]

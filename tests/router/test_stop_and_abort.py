@@ -66,6 +66,9 @@ async def read_first_event_then_hang_up(base_url: str) -> None:
 def test_requests_spread_over_the_least_loaded_decode_nodes(tiny_model_dir, word_token_ids):
     slow = FakeBehaviour(event_delay_s=0.05)
     with RouterHarness(tiny_model_dir, word_token_ids, num_decode=2, decode=slow) as router:
+        # NOTE: healthy nodes are preferred: before both answered a ping, every request went to the one that had
+        # (the test's old flakiness)
+        router.wait_until_healthy()
         asyncio.run(concurrent_completions(router.base_url, 4))
         counts = [len(node.request_ids(DecodeRequest)) for node in router.decode_nodes]
         assert counts == [2, 2]
