@@ -17,13 +17,13 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import random
 import tempfile
 import time
 
 import aiohttp
 import torch
 
+from benchmarks.gpu_determinism import token_prompts
 from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets, run_bench, scheduler_for
 from benchmarks.http_bench import run_http_bench
 from corun import LLM, SamplingParams
@@ -34,11 +34,6 @@ from launch.local import LocalCluster
 from planner.workloads import make_workload
 
 PARAMS = {"temperature": 0.7, "seed": 5, "max_tokens": 24, "logprobs": 5}
-
-
-def token_prompts(num: int, vocab: int, seed: int, max_len: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(vocab - 1) for _ in range(rng.randint(5, max_len))] for _ in range(num)]
 
 
 async def complete(session: aiohttp.ClientSession, url: str, prompt: list[int], params: dict) -> dict:
@@ -132,7 +127,7 @@ def main() -> None:
                            max_num_batched_tokens=args.max_num_batched_tokens)
     engine = EngineConfig(model=model_dir, dtype=args.dtype, device=args.device, num_threads=1,
                           scheduler=scheduler_for(base, args.corun_spec))
-    prompts = token_prompts(args.num_prompts, vocab, 1, args.prompt_len)
+    prompts = token_prompts(args.num_prompts, vocab - 1, 1, args.prompt_len)  # NOTE: never the EOS id (the last)
     workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
     report = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "command": vars(args),
               "engine": dataclasses.asdict(engine)}

@@ -213,20 +213,24 @@ def timed_step(engine: LLMEngine, trace: Trace, start: float) -> None:
         trace.last_at[item.request.request_id] = now - start
 
 
-def summarize(engine: LLMEngine, trace: Trace, elapsed: float, hardware: dict, slo: SLOTargets) -> dict:
-    outcomes = trace.outcomes()
-    num_tokens = sum(len(r.output_token_ids) for r in trace.requests)
+def outcome_summary(outcomes: Sequence[RequestOutcome], num_requests: int, num_tokens: int, elapsed: float,
+                    slo: SLOTargets) -> dict:
+    """The schema every bench result shares (engines here, a cluster through `corun bench --url`)."""
     ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
     tpots = [o.tpot_s for o in outcomes if o.tpot_s is not None]
     num_good = count_good(outcomes, slo)
-    result = {"num_requests": len(trace.arrival_at), "num_finished": sum(o.finished for o in outcomes),
-              "output_tokens": num_tokens, "seconds": round(elapsed, 3),
-              "output_tok_per_s": round(num_tokens / elapsed, 1),
-              "ttft_s": {"p50": round(percentile(ttfts, 0.5), 4), "p99": round(percentile(ttfts, 0.99), 4)},
-              "tpot_ms": {"p50": round(1e3 * percentile(tpots, 0.5), 3),
-                          "p99": round(1e3 * percentile(tpots, 0.99), 3)},
-              "num_good": num_good, "goodput_req_per_s": round(num_good / elapsed, 3),
-              "slo_targets": slo.describe(), "num_decode_steps": len(trace.decode_steps)}
+    return {"num_requests": num_requests, "num_finished": sum(o.finished for o in outcomes),
+            "output_tokens": num_tokens, "seconds": round(elapsed, 3),
+            "output_tok_per_s": round(num_tokens / elapsed, 1),
+            "ttft_s": {"p50": round(percentile(ttfts, 0.5), 4), "p99": round(percentile(ttfts, 0.99), 4)},
+            "tpot_ms": {"p50": round(1e3 * percentile(tpots, 0.5), 3), "p99": round(1e3 * percentile(tpots, 0.99), 3)},
+            "num_good": num_good, "goodput_req_per_s": round(num_good / elapsed, 3), "slo_targets": slo.describe()}
+
+
+def summarize(engine: LLMEngine, trace: Trace, elapsed: float, hardware: dict, slo: SLOTargets) -> dict:
+    num_tokens = sum(len(r.output_token_ids) for r in trace.requests)
+    result = outcome_summary(trace.outcomes(), len(trace.arrival_at), num_tokens, elapsed, slo)
+    result["num_decode_steps"] = len(trace.decode_steps)
     if trace.decode_steps and hardware:
         result["decode_step"] = decode_step_summary(engine, trace.decode_steps, hardware)
     return result

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from benchmarks.harness import RequestOutcome, SLOTargets, count_good, percentile
+from benchmarks.harness import RequestOutcome, SLOTargets, outcome_summary, percentile
 from planner.workloads import Arrivals, Workload, make_prompts
 
 REQUEST_TIMEOUT_S = 3600.0
@@ -101,22 +101,14 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
 
 def summarize_http(records: list[StreamedRequest], num_requests: int, elapsed: float, arrivals: Arrivals,
                    slo: SLOTargets, truncated: bool) -> dict:
-    outcomes = [record.outcome() for record in records]
-    ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
-    tpots = [o.tpot_s for o in outcomes if o.tpot_s is not None]
     itls = [b - a for record in records for a, b in zip(record.chunk_at, record.chunk_at[1:])]
     num_tokens = sum(record.num_tokens for record in records)
-    num_good = count_good(outcomes, slo)
     errors = [record.error for record in records if record.error]
-    return {"num_requests": num_requests, "num_finished": sum(o.finished for o in outcomes),
-            "output_tokens": num_tokens, "seconds": round(elapsed, 3),
-            "output_tok_per_s": round(num_tokens / elapsed, 1),
-            "ttft_s": {"p50": round(percentile(ttfts, 0.5), 4), "p99": round(percentile(ttfts, 0.99), 4)},
-            "tpot_ms": {"p50": round(1e3 * percentile(tpots, 0.5), 3), "p99": round(1e3 * percentile(tpots, 0.99), 3)},
-            "itl_ms": {"p50": round(1e3 * percentile(itls, 0.5), 3), "p99": round(1e3 * percentile(itls, 0.99), 3)},
-            "num_good": num_good, "goodput_req_per_s": round(num_good / elapsed, 3), "slo_targets": slo.describe(),
-            "arrivals": arrivals.describe(), "prefill_path": "served", "num_errors": len(errors),
-            "first_errors": errors[:3], "truncated": truncated or len(records) < num_requests}
+    result = outcome_summary([record.outcome() for record in records], num_requests, num_tokens, elapsed, slo)
+    return result | {
+        "itl_ms": {"p50": round(1e3 * percentile(itls, 0.5), 3), "p99": round(1e3 * percentile(itls, 0.99), 3)},
+        "arrivals": arrivals.describe(), "prefill_path": "served", "num_errors": len(errors),
+        "first_errors": errors[:3], "truncated": truncated or len(records) < num_requests}
 
 
 def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_model_len: int, *,

@@ -69,10 +69,8 @@ class Case:
         """The null block, the request's blocks and a quarter more, so the request's ids can be scattered (or
         cache_gib's worth)."""
         needed = 1 + self.num_request_blocks + max(self.num_request_blocks // 4, 4)
-        shape = self.shape
-        block_nbytes = shape.num_layers * 2 * shape.block_size * shape.num_kv_heads * shape.head_dim * (
-            4 if shape.dtype == "float32" else 2)
-        return max(needed, int(self.cache_gib * 2**30 // block_nbytes))
+        block = torch.empty(self.shape.cache_shape(1)[1:], dtype=getattr(torch, self.shape.dtype), device="meta")
+        return max(needed, int(self.cache_gib * 2**30 // (block.numel() * block.element_size())))
 
 
 QWEN3_8B = KVShape(num_layers=36, num_kv_heads=8, head_dim=128, dtype="bfloat16")

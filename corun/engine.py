@@ -14,7 +14,7 @@ from corun.config import EngineConfig
 from corun.model_runner import ModelRunner, SampledToken
 from corun.request import Request
 from corun.sampling_params import SamplingParams
-from corun.scheduler import RequestRejected, ScheduledBatch, make_scheduler
+from corun.scheduler import RequestRejected, ScheduledBatch, check_prompt_logprobs, make_scheduler
 from corun.seeding import seed_from_request_id
 
 
@@ -43,12 +43,11 @@ class LLMEngine:
         vocab = self.runner.model.cfg.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise RequestRejected(f"request {request_id}: prompt token ids must be in [0, {vocab})")
-        if params.prompt_logprobs is not None:
-            if self.config.scheduler.mode != "corun":
-                raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode corun (its isolated prefill "
-                                      "makes them a function of the prompt alone)")
-            if params.prompt_logprobs > self.config.max_logprobs:
-                raise RequestRejected(f"request {request_id}: prompt_logprobs must be <= {self.config.max_logprobs}")
+        if params.prompt_logprobs is not None and self.config.scheduler.mode != "corun":
+            # NOTE: the prefill node prefills every prompt alone whatever its mode; this engine only in corun's
+            raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode corun (its isolated prefill "
+                                  "makes them a function of the prompt alone)")
+        check_prompt_logprobs(request_id, params, self.config)
         seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
         request = Request.create(request_id, prompt_token_ids, params, seed, self.eos_token_ids)
         self.scheduler.add(request)

@@ -27,6 +27,13 @@ class RequestRejected(ValueError):
     """The request can never run on this engine (too long for the model or the KV cache)."""
 
 
+def check_prompt_logprobs(request_id: str, params, config) -> None:
+    """params.prompt_logprobs asks for at most config.max_logprobs (an EngineConfig's) alternatives."""
+    wanted = params.prompt_logprobs
+    if wanted is not None and wanted > config.max_logprobs:
+        raise RequestRejected(f"request {request_id}: prompt_logprobs must be <= {config.max_logprobs}")
+
+
 @dataclass
 class PrefillChunk:
     request: Request

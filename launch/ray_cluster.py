@@ -16,7 +16,6 @@ SGLang on Ray.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import subprocess
@@ -271,11 +270,7 @@ class RayCluster:
             raise ValueError(f"no running node {node_id!r} (have {', '.join(n.name for n in self.nodes)})")
         scaling.drain_and_remove(self.url, node.address, self.config.cluster.drain_timeout_s)
         self.nodes.remove(node)
-        with contextlib.suppress(ray.exceptions.RayError):
-            ray.get(node.actor.stop.remote(10.0), timeout=20)
-        ray.kill(node.actor, no_restart=True)
-        if node.placement_group is not None:
-            remove_placement_group(node.placement_group)
+        self._release(node, node.actor.stop.remote(10.0), grace_s=10.0)
 
     def _new_actor(self, role: Role, index: int, bundle_index: int, port: int | None = None,
                    group: PlacementGroup | None = None):
@@ -345,13 +340,7 @@ class RayCluster:
             launch.stop_processes([("router", self.router)], grace_s)
             self.router = None
         for node, ref in zip(self.nodes, stopping, strict=True):
-            try:
-                ray.get(ref, timeout=grace_s + 5)
-            except ray.exceptions.RayError as error:
-                logger.warning("%s did not stop cleanly: %s", node.name, error)
-            ray.kill(node.actor, no_restart=True)
-            if node.placement_group is not None:
-                remove_placement_group(node.placement_group)
+            self._release(node, ref, grace_s)
         self.nodes.clear()
         if self.placement_group is not None:
             remove_placement_group(self.placement_group)
@@ -359,6 +348,17 @@ class RayCluster:
         if self._initialized_ray:
             ray.shutdown()
             self._initialized_ray = False
+
+    @staticmethod
+    def _release(node: RayNode, stopping: ray.ObjectRef, grace_s: float) -> None:
+        """Once the node's stop (already asked) returned or timed out: end its actor and free its own group."""
+        try:
+            ray.get(stopping, timeout=grace_s + 5)
+        except ray.exceptions.RayError as error:
+            logger.warning("%s did not stop cleanly: %s", node.name, error)
+        ray.kill(node.actor, no_restart=True)
+        if node.placement_group is not None:
+            remove_placement_group(node.placement_group)
 
     def __enter__(self) -> RayCluster:
         return self.start()

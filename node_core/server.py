@@ -6,6 +6,7 @@ its step() (schedule -> run -> postprocess) and its share of the stats.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -55,7 +56,7 @@ class NodeServer:
 
     def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
         self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, self.role, self.fingerprint,
-                                                   self.model_facts, self.stats(), self.counter_names()))
+                                                   self.model_facts, self.stats(), self.counters))
 
     def free(self, request: Request) -> None:
         """Return a request's KV blocks (if it still holds any) to the pool."""
@@ -75,8 +76,9 @@ class NodeServer:
     ROLE_COUNTERS: ClassVar[tuple[str, ...]] = ()
     """The role's stats that only ever grow."""
 
-    def counter_names(self) -> tuple[str, ...]:
-        """Stats that only ever grow: the transfer counters, the forward counts and the role's."""
+    @functools.cached_property
+    def counters(self) -> tuple[str, ...]:
+        """Stats that only ever grow: the transfer counters, the forward counts and the role's (fixed names)."""
         return tuple(sorted({*self.agent.counters.as_dict(), *self.runner.forward_counts(), *self.ROLE_COUNTERS}))
 
     # --- the loop: schedule -> run -> postprocess (the role fills each in) ------------------------------------

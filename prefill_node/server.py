@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from corun import protocol
 from corun.config import NodeConfig
 from corun.request import Request
-from corun.scheduler import PrefillChunk, RequestRejected
+from corun.scheduler import PrefillChunk, RequestRejected, check_prompt_logprobs
 from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
 from transfer.compat import IncompatiblePeer, check_compatible
@@ -147,10 +147,7 @@ class PrefillServer(NodeServer):
         if request.max_num_tokens > scheduler.max_model_len:
             raise RequestRejected(f"request {request.request_id}: {request.max_num_tokens} tokens exceed "
                                   f"max_model_len {scheduler.max_model_len}")
-        wanted = request.params.prompt_logprobs
-        if wanted is not None and wanted > self.config.engine.max_logprobs:
-            raise RequestRejected(f"request {request.request_id}: prompt_logprobs must be <= "
-                                  f"{self.config.engine.max_logprobs}")
+        check_prompt_logprobs(request.request_id, request.params, self.config.engine)
         if self.block_manager.blocks_needed(request.num_prompt_tokens) > self.block_manager.num_usable_blocks:
             raise RequestRejected(f"request {request.request_id}: prompt needs more KV blocks than this node has")
 

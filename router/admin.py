@@ -11,12 +11,10 @@ every decode node has read the KV it leased.
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
-from router.errors import error_body
-from router.handlers import STATE_KEY
+from router.errors import bad_request, error_body
+from router.handlers import STATE_KEY, read_json_body
 from router.nodes import NodeClient, UnknownNode
 
 ROLES = ("prefill", "decode")
@@ -80,12 +78,9 @@ async def remove_node(request: web.Request) -> web.Response:
 
 
 async def json_body(request: web.Request, fields: tuple[str, ...]) -> dict:
-    try:
-        body = await request.json()
-    except json.JSONDecodeError:
-        raise web.HTTPBadRequest(reason="the body must be JSON") from None
+    body = await read_json_body(request)
     if not isinstance(body, dict) or any(name not in body for name in fields):
-        raise web.HTTPBadRequest(reason=f"the body must be a JSON object with {', '.join(fields)}")
+        raise bad_request(f"the body must be a JSON object with {', '.join(fields)}")
     return body
 
 
