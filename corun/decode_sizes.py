@@ -74,6 +74,6 @@ def probe_outputs(runner: ModelRunner, requests: list[Request], num_rows: int) -
     """The requests' rows of a decode step at num_rows rows: logits, then the sampler's outputs."""
     logits = runner.decode_logits(requests, num_rows).clone()  # NOTE: a graph's output buffer is reused
     batch = SamplingBatch.build([r.params for r in requests], [r.seed for r in requests],
-                                [r.num_tokens for r in requests], num_rows, logits.device)
+                                [r.num_tokens for r in requests], num_rows, logits.device, requests)
     out = runner.sampler(logits, batch, runner.config.max_logprobs)
     return [t[: len(requests)] for t in (logits, out.token_ids, out.logprobs, out.topk_ids, out.topk_logprobs)]

@@ -14,7 +14,7 @@ from corun.config import EngineConfig
 from corun.model_runner import ModelRunner, SampledToken
 from corun.request import Request
 from corun.sampling_params import SamplingParams
-from corun.scheduler import RequestRejected, ScheduledBatch, check_prompt_logprobs, make_scheduler
+from corun.scheduler import RequestRejected, ScheduledBatch, check_prompt_logprobs, check_vocab_ids, make_scheduler
 from corun.seeding import seed_from_request_id
 
 
@@ -48,6 +48,10 @@ class LLMEngine:
             raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode corun (its isolated prefill "
                                   "makes them a function of the prompt alone)")
         check_prompt_logprobs(request_id, params, self.config)
+        check_vocab_ids(request_id, params, vocab)
+        if params.n != 1:
+            raise RequestRejected(f"request {request_id}: the engine runs one sample per request (LLM.generate "
+                                  "splits n samples into requests)")
         seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
         request = Request.create(request_id, prompt_token_ids, params, seed, self.eos_token_ids)
         self.scheduler.add(request)

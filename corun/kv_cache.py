@@ -34,3 +34,11 @@ class PagedKVCache:
     @property
     def block_nbytes(self) -> int:
         return self.data[0].numel() * self.data.element_size()
+
+    def copy_blocks(self, source_ids: list[int], target_ids: list[int]) -> None:
+        """Blocks target_ids[i] become copies of source_ids[i] (every layer's K and V: one indexed copy)."""
+        if len(source_ids) != len(target_ids):
+            raise ValueError(f"{len(source_ids)} source blocks for {len(target_ids)} targets")
+        if source_ids:
+            index = torch.tensor(source_ids, device=self.data.device)
+            self.data[torch.tensor(target_ids, device=self.data.device)] = self.data[index]

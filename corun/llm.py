@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -11,6 +12,7 @@ from corun.models.presets import is_random_spec
 from corun.outputs import CompletionOutput, RequestOutput
 from corun.request import Request
 from corun.sampling_params import SamplingParams
+from corun.seeding import sample_seed, seed_from_request_id
 from corun.tokenizer import load_tokenizer
 
 Prompt = str | Sequence[int]
@@ -53,32 +55,56 @@ class LLM:
         """Run every prompt to completion; outputs come back in prompt order."""
         prompts = [prompts] if _is_single_prompt(prompts) else list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts))
-        requests = []
+        added: list[tuple[str, int, list[Request]]] = []
         try:
             for prompt, p in zip(prompts, params, strict=True):
-                requests.append(self.add(prompt, p))
+                added.append(self.add(prompt, p))
         except ValueError:
-            for request in requests:  # NOTE: all or nothing, so no orphan runs in the next call
-                self.engine.abort_request(request)
+            for _, _, samples in added:  # NOTE: all or nothing, so no orphan runs in the next call
+                for request in samples:
+                    self.engine.abort_request(request)
             raise
         while self.engine.has_unfinished():
             self.engine.step()
-        return [self.to_output(r, p if isinstance(p, str) else None) for r, p in zip(requests, prompts, strict=True)]
+        return [self.to_output(request_id, seed, samples, p if isinstance(p, str) else None)
+                for (request_id, seed, samples), p in zip(added, prompts, strict=True)]
 
-    def add(self, prompt: Prompt, params: SamplingParams) -> Request:
+    def add(self, prompt: Prompt, params: SamplingParams) -> tuple[str, int, list[Request]]:
+        """-> (request id, request seed, one engine request per sample).
+
+        NOTE: each of the n samples is its own engine request with seed sample_seed(seed, i), prefilled alone as
+        any request is here (the cluster prefills the prompt once and copies its KV to the samples)."""
         if isinstance(prompt, str) and self.tokenizer is None:
             raise ValueError(f"{self.config.model} has no tokenizer: pass prompts as token ids")
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return self.engine.add_request(str(next(self.request_counter)), token_ids, params)
+        request_id = str(next(self.request_counter))
+        if params.n == 1:
+            request = self.engine.add_request(request_id, token_ids, params)
+            return request_id, request.seed, [request]
+        seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
+        samples = []
+        try:
+            for index in range(params.n):
+                sample_params = dataclasses.replace(params, n=1, seed=sample_seed(seed, index))
+                samples.append(self.engine.add_request(f"{request_id}-{index}", token_ids, sample_params))
+        except ValueError:
+            for request in samples:
+                self.engine.abort_request(request)
+            raise
+        return request_id, seed, samples
 
-    def to_output(self, request: Request, prompt: str | None) -> RequestOutput:
-        logprobs = request.output_logprobs if request.params.logprobs is not None else None
-        text = self.tokenizer.decode(request.output_token_ids) if self.tokenizer else ""
-        completion = CompletionOutput(0, text,
-                                      list(request.output_token_ids), logprobs, request.finish_reason)
-        prompt_logprobs = request.prompt_logprobs if request.params.prompt_logprobs is not None else None
-        return RequestOutput(request.request_id, prompt, request.prompt_token_ids, [completion], request.seed,
-                             finished=request.finish_reason is not None, prompt_logprobs=prompt_logprobs)
+    def to_output(self, request_id: str, seed: int, samples: list[Request], prompt: str | None) -> RequestOutput:
+        completions = []
+        for index, request in enumerate(samples):
+            logprobs = request.output_logprobs if request.params.logprobs is not None else None
+            text = self.tokenizer.decode(request.output_token_ids) if self.tokenizer else ""
+            completions.append(CompletionOutput(index, text, list(request.output_token_ids), logprobs,
+                                                request.finish_reason, request.seed))
+        first = samples[0]
+        prompt_logprobs = first.prompt_logprobs if first.params.prompt_logprobs is not None else None
+        return RequestOutput(request_id, prompt, first.prompt_token_ids, completions, seed,
+                             finished=all(r.finish_reason is not None for r in samples),
+                             prompt_logprobs=prompt_logprobs)
 
 
 def _is_single_prompt(prompts) -> bool:

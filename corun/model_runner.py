@@ -29,6 +29,7 @@ from corun.outputs import TokenLogprobs
 from corun.request import Request
 from corun.sampler import Sampler, SamplerOutput, SamplingBatch
 from corun.scheduler import PrefillChunk, ScheduledBatch
+from corun.seeding import sample_seed
 from corun.step_inputs import (
     BlockTableRows,
     PrefillPackInputs,
@@ -46,6 +47,8 @@ class SampledToken:
     request: Request
     token_id: int
     logprobs: TokenLogprobs | None
+    index: int = 0
+    """The sample of request.params.n (a prefill node samples every sample's first token)."""
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -309,13 +312,26 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
-        """logits: [rows, vocab] with rows >= len(requests); row i belongs to requests[i]."""
-        batch = SamplingBatch.build([r.params for r in requests], [r.seed for r in requests],
-                                    [r.num_tokens for r in requests], logits.shape[0], logits.device)
+        """logits: [rows, vocab] with rows >= len(requests); row i belongs to requests[i].
+
+        A request with params.n > 1 (on a prefill node) gets one row per sample, each a copy of its logits row
+        sampled with seed sample_seed(seed, i): the sampler's rows are independent, so sample i's token is the
+        one a request with that seed gets."""
+        seeds = [r.seed for r in requests]
+        indices = [0] * len(requests)
+        if any(r.params.n > 1 for r in requests):
+            rows = [row for row, r in enumerate(requests) for _ in range(r.params.n)]
+            logits = logits[rows]
+            indices = [i for r in requests for i in range(r.params.n)]
+            requests = [requests[row] for row in rows]
+            seeds = [sample_seed(r.seed, i) for r, i in zip(requests, indices, strict=True)]
+        batch = SamplingBatch.build([r.params for r in requests], seeds, [r.num_tokens for r in requests],
+                                    logits.shape[0], logits.device, requests)
         wanted = any(r.params.logprobs is not None for r in requests)
         num_logprobs = self.config.max_logprobs if wanted else None
         out = self.sampler(logits, batch, num_logprobs)
-        return [SampledToken(r, tok, lp) for r, tok, lp in zip(requests, *to_host(out, requests), strict=True)]
+        return [SampledToken(r, tok, lp, i)
+                for r, tok, lp, i in zip(requests, *to_host(out, requests), indices, strict=True)]
 
 
 def to_host(out: SamplerOutput, requests: list[Request]) -> tuple[list[int], list[TokenLogprobs | None]]:

@@ -21,6 +21,8 @@ class CompletionOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None
     finish_reason: str | None
+    seed: int | None = None
+    """The seed this sample was drawn with (sample i of n: corun.seeding.sample_seed(request seed, i))."""
 
     @property
     def cumulative_logprob(self) -> float | None:

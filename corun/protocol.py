@@ -9,6 +9,13 @@ Version history:
   2: HandshakeRefused (was an ErrorReply with an empty request id, matched to the peer by its address); the
      NIXL "KV read done" notification defined here (kv_done_notification); Pong.model_facts (the router learns
      max_model_len, vocab size and max logprobs from the nodes instead of copies in its own flags).
+  3: node_id names a node in every message (was engine_id).
+  4: HandshakeReply.device_id and ucx_settings.
+  5: PrefillResult.prompt_logprobs, TokenEvent.prompt_logprobs.
+  6: Pong.counters.
+  7: n samples per prompt: PrefillResult.first_tokens and DecodeRequest.first_tokens (one FirstToken per sample,
+     replacing first_token_id / first_logprobs / finish_reason), TokenEvent.index and Abort.index; the sampling
+     controls in SamplingParams (n, penalties, min_p, min_tokens, logit_bias); PrefillResult.queue_seconds.
 
 Besides the messages, one NIXL notification: a decode node's READ of a prefill node's KV ends with
 kv_done_notification(request_id), on which the prefill node frees its copy.
@@ -25,7 +32,7 @@ import msgpack
 from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 KV_DONE_PREFIX = b"done:"
 
 
@@ -46,6 +53,18 @@ class KVHandle:
     compat_hash: str
 
 
+@dataclass(frozen=True)
+class FirstToken:
+    """Token 1 of one sample of a prompt, sampled by the prefill node with seed sample_seed(seed, index)."""
+
+    index: int
+    """The sample: 0 .. params.n - 1."""
+    token_id: int
+    logprobs: TokenLogprobs | None
+    finish_reason: str | None = None
+    """Set when this token already ends the sample (a stop token, or max_tokens == 1)."""
+
+
 # --- router -> prefill -> router -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PrefillRequest:
@@ -53,29 +72,33 @@ class PrefillRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int
+    """The request's seed; sample i samples with corun.seeding.sample_seed(seed, i)."""
 
 
 @dataclass(frozen=True)
 class PrefillResult:
     request_id: str
-    first_token_id: int
-    first_logprobs: TokenLogprobs | None
+    first_tokens: list[FirstToken]
+    """One per sample, in index order."""
     kv: KVHandle | None
-    """None when the request already finished with its first token (then no decode is needed)."""
-    finish_reason: str | None = None
+    """None when every sample already finished with its first token (then no decode is needed)."""
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     """params.prompt_logprobs set: one per prompt token (the first None), from this node's isolated prefill."""
+    queue_seconds: float = 0.0
+    """How long the request waited in this node's queue before its first chunk ran (vLLM's queue time)."""
 
 
 # --- router -> decode -> router ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DecodeRequest:
+    """The prompt's KV is read once; every sample listed decodes from its own copy of it."""
+
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int
-    first_token_id: int
-    first_logprobs: TokenLogprobs | None
+    first_tokens: list[FirstToken]
+    """The samples to decode (those their first token did not finish), with their first tokens."""
     kv: KVHandle
 
 
@@ -88,7 +111,9 @@ class TokenEvent:
     logprobs: list[TokenLogprobs] | None
     finish_reason: str | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
-    """Set by the router on a request's first event, from the PrefillResult (decode nodes never set it)."""
+    """Set by the router on a sample's first event, from the PrefillResult (decode nodes never set it)."""
+    index: int = 0
+    """The sample (of params.n) these tokens belong to."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +127,8 @@ class ErrorReply:
 @dataclass(frozen=True)
 class Abort:
     request_id: str
+    index: int | None = None
+    """One sample (a stop string ended it); None: every sample of the request."""
 
 
 @dataclass(frozen=True)
@@ -210,12 +237,10 @@ def decode(data: bytes):
 def _to_wire(value):
     if isinstance(value, TokenLogprobs):
         return [value.token_id, value.logprob, [list(t) for t in value.top]]
-    if isinstance(value, list) and any(isinstance(v, TokenLogprobs) for v in value):
-        return [None if v is None else _to_wire(v) for v in value]
     if dataclasses.is_dataclass(value):
         return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple):
-        return list(value)
+    if isinstance(value, list | tuple):
+        return [_to_wire(v) for v in value]
     return value
 
 
@@ -234,11 +259,16 @@ def _params(wire) -> SamplingParams:
     return SamplingParams(**wire)
 
 
+def _first_tokens(items) -> list[FirstToken]:
+    return [FirstToken(item["index"], item["token_id"], _token_logprobs(item["logprobs"]), item["finish_reason"])
+            for item in items]
+
+
 _FIELD_DECODERS: dict[type, dict[str, Any]] = {
     PrefillRequest: {"params": _params},
-    PrefillResult: {"first_logprobs": _token_logprobs, "kv": _kv_handle,
+    PrefillResult: {"first_tokens": _first_tokens, "kv": _kv_handle,
                     "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
-    DecodeRequest: {"params": _params, "first_logprobs": _token_logprobs, "kv": _kv_handle},
+    DecodeRequest: {"params": _params, "first_tokens": _first_tokens, "kv": _kv_handle},
     TokenEvent: {"logprobs": lambda items: [_token_logprobs(i) for i in items],
                  "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
     ClaimReply: {"block_ids": tuple},

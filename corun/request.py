@@ -70,8 +70,12 @@ class Request:
             self.output_logprobs.append(logprobs)
         # NOTE: every token but the newest has its KV in the cache (the newest is the next step's input).
         self.num_computed_tokens = self.num_tokens - 1
+        return self.finish_reason_for(token_id, len(self.output_token_ids))
+
+    def finish_reason_for(self, token_id: int, num_output_tokens: int) -> str | None:
+        """"stop" or "length" if an output of num_output_tokens tokens ending in token_id is done, else None."""
         if token_id in self.stop_token_ids:
             return "stop"
-        if len(self.output_token_ids) >= self.params.max_tokens:
+        if num_output_tokens >= self.params.max_tokens:
             return "length"
         return None

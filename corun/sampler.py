@@ -1,4 +1,5 @@
-"""Stateless sampler: greedy, temperature, top-k, top-p, then Gumbel-max with request-keyed noise.
+"""Stateless sampler: logit bias, min_tokens and penalties, then greedy or temperature, min-p, top-k, top-p and
+Gumbel-max with request-keyed noise.
 
 The noise of a token is a pure function of (request seed, absolute token position, vocab index), computed
 with integer tensor ops: no torch.Generator, no global RNG state. A request therefore samples the same token
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +82,92 @@ def request_noise(seeds: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
     return (bits * 2 + 1).to(torch.float32) * 2.0 ** -(NOISE_BITS + 1)
 
 
+class TokenHistory(Protocol):
+    """What logit adjustments read of a request (corun.request.Request has it)."""
+
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    stop_token_ids: frozenset[int]
+
+
+@dataclass(frozen=True)
+class LogitAdjustments:
+    """Per-row changes to the logits before sampling: logit_bias, min_tokens and the penalties.
+
+    NOTE: every operation is elementwise on a row, and a row without adjustments goes through exact identities
+    (x / 1, x * 1, x - 0): its bits do not depend on whether a co-row made this run.
+    """
+
+    bias_rows: Tensor  # [entries] int64
+    bias_ids: Tensor  # [entries] int64
+    bias_values: Tensor  # [entries] float32
+    banned_rows: Tensor  # [entries] int64
+    """min_tokens not reached: (row, stop token) pairs that cannot be sampled."""
+    banned_ids: Tensor  # [entries] int64
+    penalties: tuple[Tensor, Tensor, Tensor] | None
+    """(presence, frequency, repetition) [rows] float32, or None when no row uses a penalty."""
+    prompt_ids: Tensor  # [rows, max prompt len] int64, padded with -1
+    output_ids: Tensor  # [rows, max output len] int64, padded with -1
+
+    @classmethod
+    def build(cls, params: Sequence[SamplingParams], histories: Sequence[TokenHistory], num_rows: int,
+              device) -> LogitAdjustments:
+        bias = [(row, t, b) for row, p in enumerate(params) for t, b in p.logit_bias]
+        banned = [(row, t) for row, (p, h) in enumerate(zip(params, histories, strict=True))
+                  if len(h.output_token_ids) < p.min_tokens for t in sorted(h.stop_token_ids)]
+        penalized = any(p.uses_penalties for p in params)
+
+        def ids(rows: list[list[int]]) -> Tensor:
+            rows = rows + [[]] * (num_rows - len(rows))
+            width = max(map(len, rows), default=0)
+            return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64,
+                                device=device).reshape(num_rows, width)
+
+        def per_row(values: list[float], pad: float) -> Tensor:
+            return torch.tensor(values + [pad] * (num_rows - len(values)), dtype=torch.float32, device=device)
+
+        penalties = None
+        if penalized:
+            penalties = (per_row([p.presence_penalty for p in params], 0.0),
+                         per_row([p.frequency_penalty for p in params], 0.0),
+                         per_row([p.repetition_penalty for p in params], 1.0))
+        empty_rows = [[] for _ in params]
+        return cls(
+            bias_rows=torch.tensor([r for r, _, _ in bias], dtype=torch.int64, device=device),
+            bias_ids=torch.tensor([t for _, t, _ in bias], dtype=torch.int64, device=device),
+            bias_values=torch.tensor([b for _, _, b in bias], dtype=torch.float32, device=device),
+            banned_rows=torch.tensor([r for r, _ in banned], dtype=torch.int64, device=device),
+            banned_ids=torch.tensor([t for _, t in banned], dtype=torch.int64, device=device),
+            penalties=penalties,
+            prompt_ids=ids([list(h.prompt_token_ids) for h in histories] if penalized else empty_rows),
+            output_ids=ids([list(h.output_token_ids) for h in histories] if penalized else empty_rows),
+        )
+
+    def apply(self, logits: Tensor) -> Tensor:
+        """[rows, vocab] float32 -> the adjusted logits (a new tensor)."""
+        logits = logits.index_put((self.bias_rows, self.bias_ids), self.bias_values, accumulate=True)
+        if self.penalties is not None:
+            logits = self.apply_penalties(logits)
+        return logits.index_put((self.banned_rows, self.banned_ids), logits.new_tensor(float("-inf")))
+
+    def apply_penalties(self, logits: Tensor) -> Tensor:
+        """vLLM's (and HF's) formulas: repetition over prompt and output, presence and frequency over output."""
+        presence, frequency, repetition = (t[:, None] for t in self.penalties)  # [rows, 1]
+        output_counts = token_counts(self.output_ids, logits.shape[-1])  # [rows, vocab]
+        seen = (token_counts(self.prompt_ids, logits.shape[-1]) > 0) | (output_counts > 0)
+        factor = torch.where(seen, repetition, 1.0)  # [rows, vocab]
+        logits = torch.where(logits > 0, logits / factor, logits * factor)
+        return logits - frequency * output_counts - presence * (output_counts > 0).float()
+
+
+def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:
+    """[rows, width] ids padded with -1 -> float32 [rows, vocab]: how often each token occurs in the row."""
+    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=torch.float32, device=token_ids.device)
+    index = torch.where(token_ids >= 0, token_ids, vocab_size)  # NOTE: padding counts in a column dropped below
+    counts.scatter_add_(1, index, torch.ones_like(index, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
 @dataclass(frozen=True)
 class SamplingBatch:
     """Per-row sampling inputs of one step; padding rows are greedy and their outputs are ignored."""
@@ -93,6 +181,10 @@ class SamplingBatch:
     seeds: Tensor  # [rows] int64
     positions: Tensor  # [rows] int64
     """Absolute position of the token being sampled (= number of tokens in the sequence before it)."""
+    min_ps: Tensor | None = None  # [rows] float32
+    """None when no sampled row uses min_p."""
+    adjustments: LogitAdjustments | None = None
+    """None when no row has logit_bias, min_tokens or a penalty."""
     all_greedy: bool = False
     """Host-side hint: skip the noise entirely (no device sync needed to know it)."""
     needs_top_k_top_p: bool = True
@@ -106,7 +198,10 @@ class SamplingBatch:
         positions: Sequence[int],
         num_rows: int,
         device: torch.device | str,
+        histories: Sequence[TokenHistory] | None = None,
     ) -> SamplingBatch:
+        """histories: each row's tokens so far; needed when some row adjusts its logits (bias, penalties,
+        min_tokens)."""
         if not len(params) == len(seeds) == len(positions) <= num_rows:
             raise ValueError(
                 f"{len(params)} params, {len(seeds)} seeds, {len(positions)} positions, "
@@ -118,12 +213,20 @@ class SamplingBatch:
         def column(values: list, dtype: torch.dtype, pad_value) -> Tensor:
             return torch.tensor(values + [pad_value] * num_padding, dtype=dtype, device=device)
 
+        adjustments = None
+        if any(p.adjusts_logits for p in params):
+            if histories is None:
+                raise ValueError("logit_bias, penalties and min_tokens need each row's token history")
+            adjustments = LogitAdjustments.build(params, histories, num_rows, device)
+        uses_min_p = any(p.min_p > 0.0 for p in sampled)
         return cls(
             temperatures=column([p.temperature for p in params], torch.float32, 0.0),
             top_ks=column([p.top_k for p in params], torch.int64, 0),
             top_ps=column([p.top_p for p in params], torch.float32, 1.0),
             seeds=column(list(seeds), torch.int64, 0),
             positions=column(list(positions), torch.int64, 0),
+            min_ps=column([p.min_p for p in params], torch.float32, 0.0) if uses_min_p else None,
+            adjustments=adjustments,
             all_greedy=not sampled,
             needs_top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in sampled),
         )
@@ -163,8 +266,18 @@ def gumbel_noise(seeds: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
     return -torch.log(-torch.log(request_noise(seeds, positions, vocab_size)))
 
 
+def min_p_mask(scaled: Tensor, min_ps: Tensor) -> Tensor:
+    """Bool [rows, vocab]: p >= min_p * p_max, computed as logit - max logit >= log(min_p).
+
+    NOTE: in logit space there is no softmax sum, only a max and a subtraction, both exact; min_p = 0 keeps all.
+    """
+    return scaled - scaled.amax(dim=-1, keepdim=True) >= torch.log(min_ps)[:, None]
+
+
 def sample_token_ids(logits: Tensor, batch: SamplingBatch) -> Tensor:
     """int64 [rows]: argmax for greedy rows, Gumbel-max over the scaled, masked logits for the others."""
+    if batch.adjustments is not None:
+        logits = batch.adjustments.apply(logits)
     greedy_ids = logits.argmax(dim=-1)  # [rows]
     if batch.all_greedy:
         return greedy_ids
@@ -172,6 +285,8 @@ def sample_token_ids(logits: Tensor, batch: SamplingBatch) -> Tensor:
     # NOTE: greedy rows divide by 1 (not 0) and their sampled id is discarded below.
     temperatures = torch.where(is_greedy, 1.0, batch.temperatures)[:, None]  # [rows, 1]
     scaled = logits / temperatures  # [rows, vocab]
+    if batch.min_ps is not None:
+        scaled = scaled.masked_fill(~min_p_mask(scaled, batch.min_ps), float("-inf"))
     if batch.needs_top_k_top_p:
         keep = top_k_top_p_mask(scaled, batch.top_ks, batch.top_ps)
         scaled = scaled.masked_fill(~keep, float("-inf"))

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_LOGIT_BIAS = 100.0
+"""OpenAI's bound on a logit_bias value."""
+MAX_REPETITION_PENALTY = 100.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -26,9 +30,26 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """None: none; k >= 0: each prompt token's logprob given the tokens before it (the first has none) plus the
     k most likely alternatives, from the prompt's own isolated prefill (a function of the prompt alone)."""
+    n: int = 1
+    """Samples of the prompt; sample i uses seed sample_seed(seed, i) (sample 0 the seed itself)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token already generated (OpenAI's, in [-2, 2])."""
+    frequency_penalty: float = 0.0
+    """Times how often a token was generated, subtracted from its logit (OpenAI's, in [-2, 2])."""
+    repetition_penalty: float = 1.0
+    """Tokens of the prompt or the output: positive logits divided by it, negative ones multiplied (> 0)."""
+    min_p: float = 0.0
+    """Keep tokens whose probability is at least min_p times the most likely one's (after temperature)."""
+    min_tokens: int = 0
+    """Until this many tokens are generated, stop tokens (EOS included) cannot be sampled and stop strings do
+    not match."""
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    """(token id, bias) pairs added to the logits before sampling; a dict {token id: bias} is accepted too."""
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         self.validate()
@@ -48,7 +69,36 @@ class SamplingParams:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
             raise ValueError(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
+        self.validate_controls()
+
+    def validate_controls(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}], got "
+                             f"{self.repetition_penalty}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        token_ids = [t for t, _ in self.logit_bias]
+        if len(set(token_ids)) != len(token_ids) or any(t < 0 for t in token_ids):
+            raise ValueError("logit_bias must name distinct token ids >= 0")
+        if any(not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
+            raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}]")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Bias, penalties or min_tokens change this request's logits before sampling (greedy included)."""
+        return bool(self.logit_bias or self.min_tokens or self.uses_penalties)
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0

@@ -34,6 +34,14 @@ def check_prompt_logprobs(request_id: str, params, config) -> None:
         raise RequestRejected(f"request {request_id}: prompt_logprobs must be <= {config.max_logprobs}")
 
 
+def check_vocab_ids(request_id: str, params, vocab_size: int) -> None:
+    """Token ids in params (stop_token_ids, logit_bias) name tokens of the model."""
+    outside = [t for t in (*params.stop_token_ids, *(t for t, _ in params.logit_bias)) if not 0 <= t < vocab_size]
+    if outside:
+        raise RequestRejected(f"request {request_id}: token id {outside[0]} is outside the vocabulary "
+                              f"[0, {vocab_size})")
+
+
 @dataclass
 class PrefillChunk:
     request: Request

@@ -18,3 +18,13 @@ def seed_from_request_id(request_id: str, base_seed: int = 0) -> int:
     prefix = base_seed.to_bytes(16, "little", signed=True)
     digest = hashlib.blake2b(prefix + request_id.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little") % SEED_BOUND
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request with n samples: the request's seed for sample 0, else a hash of
+    (seed, index) in [0, 2**63). Sample i is bitwise a single request sent with this seed."""
+    if index == 0:
+        return seed
+    digest = hashlib.blake2b(seed.to_bytes(8, "little") + index.to_bytes(8, "little"), digest_size=8,
+                             person=b"corun-sample").digest()
+    return int.from_bytes(digest, "little") % SEED_BOUND

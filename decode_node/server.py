@@ -6,12 +6,15 @@ Lifecycle of a request (queues):
   transferring (NIXL READ of its blocks into ours, polled each turn) --DONE; NIXL notifies the prefill node,
       which frees its copy; token 1 (sampled by prefill) streamed--> running
   running (the N-row decode step; a TokenEvent per token) --stop / length / abort--> finished: slot + blocks free
+A request with n samples holds n slots and n KV reservations from admission on; the prompt's KV is read once, into
+the first sample's blocks, and copied to the others' before they run (each sample is then a request of its own).
   refused handshake, refused claim (lease expired) or failed READ --> ErrorReply(503) to the router, blocks free
 Slots in use = claiming + transferring + running <= N, so an admitted request always has a decode row.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import deque
@@ -21,6 +24,8 @@ from corun import protocol
 from corun.config import NodeConfig
 from corun.model_runner import SampledToken
 from corun.request import Request
+from corun.scheduler import RequestRejected, check_vocab_ids
+from corun.seeding import sample_seed
 from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
 from transfer.compat import IncompatiblePeer, check_compatible
@@ -31,11 +36,28 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class DecodeJob:
+    """One DecodeRequest: its prompt's KV is read once into the first sample's blocks, then copied to the others."""
+
     router: bytes
-    request: Request
+    request_id: str
+    samples: dict[int, Request]
+    """Sample index -> its request (seed sample_seed(seed, index)); the first one receives the READ."""
     kv: protocol.KVHandle
     read: ReadHandle | None = None
     aborted: bool = False
+    dropped: set[int] = field(default_factory=set)
+    """Samples aborted alone before running (a stop string ended them): freed once the READ is done."""
+
+    @property
+    def reader(self) -> Request:
+        return next(iter(self.samples.values()))
+
+
+@dataclass(eq=False)
+class RunningSample:
+    job: DecodeJob
+    index: int
+    request: Request
 
 
 @dataclass
@@ -58,7 +80,7 @@ class DecodeServer(NodeServer):
         self.waiting: deque[DecodeJob] = deque()
         self.claiming: dict[str, DecodeJob] = {}
         self.transferring: dict[str, DecodeJob] = {}
-        self.running: list[DecodeJob] = []
+        self.running: list[RunningSample] = []
         self.num_decode_steps = 0
         self.num_decoded_rows = 0
         """Running requests summed over decode steps: / num_decode_steps = how many shared a step on average."""
@@ -69,10 +91,10 @@ class DecodeServer(NodeServer):
         return bool(self.running or self.transferring)
 
     def schedule(self) -> list[Request]:
-        """Admit what fits, advance the KV reads; the step decodes every running request."""
+        """Admit what fits, advance the KV reads; the step decodes every running sample."""
         self.admit()
         self.poll_transfers()
-        return [job.request for job in self.running]
+        return [sample.request for sample in self.running]
 
     def run(self, requests: list[Request]) -> list[SampledToken]:
         sampled = self.runner.run_decode(requests)
@@ -81,36 +103,45 @@ class DecodeServer(NodeServer):
         return sampled
 
     def admit(self) -> None:
-        while self.waiting and self.num_seqs_admitted < self.max_num_seqs:
-            block_ids = self.block_manager.allocate(self.waiting[0].request.max_num_tokens)
-            if block_ids is None:
-                return
-            job = self.waiting.popleft()
-            job.request.block_ids = block_ids
+        """FIFO: the head job is admitted when all its samples have a slot and KV for prompt + max_tokens."""
+        while self.waiting and self.num_seqs_admitted + len(self.waiting[0].samples) <= self.max_num_seqs:
+            job = self.waiting[0]
+            allocated = []
+            for request in job.samples.values():
+                block_ids = self.block_manager.allocate(request.max_num_tokens)
+                if block_ids is None:
+                    for block_ids in allocated:
+                        self.block_manager.free(block_ids)
+                    return
+                allocated.append(block_ids)
+            self.waiting.popleft()
+            for request, block_ids in zip(job.samples.values(), allocated, strict=True):
+                request.block_ids = block_ids
             self.claim(job)
 
     @property
     def num_seqs_admitted(self) -> int:
-        return len(self.claiming) + len(self.transferring) + len(self.running)
+        pulling = [*self.claiming.values(), *self.transferring.values()]
+        return sum(len(job.samples) for job in pulling) + len(self.running)
 
     def postprocess(self, sampled: list[SampledToken]) -> None:
-        jobs = {job.request.request_id: job for job in self.running}
+        samples = {id(sample.request): sample for sample in self.running}
         for item in sampled:
-            job = jobs[item.request.request_id]
+            sample = samples[id(item.request)]
             finish_reason = item.request.append_token(item.token_id, item.logprobs)
-            self.send_tokens(job, [item.token_id], item.logprobs, finish_reason)
+            self.send_tokens(sample.job, sample.index, [item.token_id], item.logprobs, finish_reason)
             if finish_reason is not None:
-                self.finish(job)
+                self.finish(sample)
 
     # --- pulling KV ---------------------------------------------------------------------------------------------
     def claim(self, job: DecodeJob) -> None:
-        self.claiming[job.request.request_id] = job
+        self.claiming[job.request_id] = job
         peer = self.peers.get(job.kv.node_id)
         if peer is None:
             peer = self.peers[job.kv.node_id] = PrefillPeer(job.kv.address)
             self.sockets.send_peer(peer.address, protocol.HandshakeRequest(self.config.node_id, self.compat))
         if peer.ready:
-            self.sockets.send_peer(peer.address, protocol.ClaimKV(job.request.request_id))
+            self.sockets.send_peer(peer.address, protocol.ClaimKV(job.request_id))
         else:
             peer.jobs_waiting.append(job)
 
@@ -126,7 +157,7 @@ class DecodeServer(NodeServer):
             return
         peer.ready = True
         for job in peer.jobs_waiting:
-            self.sockets.send_peer(address, protocol.ClaimKV(job.request.request_id))
+            self.sockets.send_peer(address, protocol.ClaimKV(job.request_id))
         peer.jobs_waiting.clear()
 
     def check_read_speed(self, reply: protocol.HandshakeReply) -> None:
@@ -168,7 +199,7 @@ class DecodeServer(NodeServer):
         if job.kv.compat_hash != self.compat_hash:
             self.fail(job, f"KV of {reply.request_id} was made under compat hash {job.kv.compat_hash}")
             return
-        local = job.request.block_ids[: len(reply.block_ids)]
+        local = job.reader.block_ids[: len(reply.block_ids)]
         job.read = self.agent.start_read(job.kv.node_id, reply.block_ids, local,
                                          protocol.kv_done_notification(reply.request_id))
         self.transferring[reply.request_id] = job
@@ -189,50 +220,79 @@ class DecodeServer(NodeServer):
                 self.start_running(job)
 
     def start_running(self, job: DecodeJob) -> None:
-        request = job.request
-        self.running.append(job)
-        first_logprobs = request.output_logprobs[0] if request.output_logprobs else None
-        self.send_tokens(job, [request.output_token_ids[0]], first_logprobs, None)
+        """Every other sample gets its own copy of the prompt's KV (the reader's blocks), then all run."""
+        reader = job.reader
+        prompt_blocks = slice(0, self.block_manager.blocks_needed(reader.num_prompt_tokens))
+        for request in list(job.samples.values())[1:]:
+            self.runner.kv_cache.copy_blocks(reader.block_ids[prompt_blocks], request.block_ids[prompt_blocks])
+        for index, request in job.samples.items():
+            if index in job.dropped:
+                self.free(request)
+                continue
+            self.running.append(RunningSample(job, index, request))
+            first_logprobs = request.output_logprobs[0] if request.output_logprobs else None
+            self.send_tokens(job, index, [request.output_token_ids[0]], first_logprobs, None)
 
     # --- messages -----------------------------------------------------------------------------------------------
     def on_decode(self, identity: bytes, message: protocol.DecodeRequest) -> None:
-        request = self.new_request(message)
-        error = self.admission_error(request, message)
+        error = self.admission_error(message)
         if error:
             self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, error))
-        else:
-            self.waiting.append(DecodeJob(identity, request, message.kv))
+            return
+        samples = {first.index: self.new_request(message, first) for first in message.first_tokens}
+        self.waiting.append(DecodeJob(identity, message.request_id, samples, message.kv))
 
-    def new_request(self, message: protocol.DecodeRequest) -> Request:
-        request = Request.create(message.request_id, message.prompt_token_ids, message.params, message.seed,
-                                 self.eos_token_ids)
-        request.output_token_ids.append(message.first_token_id)
-        if message.first_logprobs is not None:
-            request.output_logprobs.append(message.first_logprobs)
+    def new_request(self, message: protocol.DecodeRequest, first: protocol.FirstToken) -> Request:
+        """Sample first.index as a request of its own, with its own seed, as the prefill node sampled it."""
+        params = dataclasses.replace(message.params, n=1)
+        request = Request.create(message.request_id, message.prompt_token_ids, params,
+                                 sample_seed(message.seed, first.index), self.eos_token_ids)
+        request.output_token_ids.append(first.token_id)
+        if first.logprobs is not None:
+            request.output_logprobs.append(first.logprobs)
         request.num_computed_tokens = request.num_prompt_tokens
         return request
 
-    def admission_error(self, request: Request, message: protocol.DecodeRequest) -> str | None:
+    def admission_error(self, message: protocol.DecodeRequest) -> str | None:
+        request_id, params = message.request_id, message.params
+        num_tokens = len(message.prompt_token_ids) + params.max_tokens
         max_model_len = self.config.engine.scheduler.max_model_len
-        if message.kv is None or message.kv.num_tokens != request.num_prompt_tokens:
-            return f"request {request.request_id}: no KV handle matching its {request.num_prompt_tokens}-token prompt"
-        if request.max_num_tokens > max_model_len:
-            return f"request {request.request_id}: {request.max_num_tokens} tokens exceed max_model_len {max_model_len}"
-        if self.block_manager.blocks_needed(request.max_num_tokens) > self.block_manager.num_usable_blocks:
-            return f"request {request.request_id}: needs more KV blocks than this node has"
+        indices = [first.index for first in message.first_tokens]
+        if message.kv is None or message.kv.num_tokens != len(message.prompt_token_ids):
+            return f"request {request_id}: no KV handle matching its {len(message.prompt_token_ids)}-token prompt"
+        if not indices or len(set(indices)) != len(indices) or not all(0 <= i < params.n for i in indices):
+            return f"request {request_id}: first tokens must name distinct samples in [0, n={params.n})"
+        if len(indices) > self.max_num_seqs:
+            return f"request {request_id}: {len(indices)} samples exceed this node's max_num_seqs {self.max_num_seqs}"
+        if num_tokens > max_model_len:
+            return f"request {request_id}: {num_tokens} tokens exceed max_model_len {max_model_len}"
+        if len(indices) * self.block_manager.blocks_needed(num_tokens) > self.block_manager.num_usable_blocks:
+            return f"request {request_id}: its {len(indices)} sample(s) need more KV blocks than this node has"
+        try:
+            check_vocab_ids(request_id, params, self.runner.model.cfg.vocab_size)
+        except RequestRejected as error:
+            return str(error)
         return None
 
     def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
-        request_id = message.request_id
+        """Every sample of the request, or only sample message.index."""
+        request_id, index = message.request_id, message.index
         for job in list(self.waiting):
-            if job.request.request_id == request_id:
-                self.waiting.remove(job)
+            if job.request_id == request_id:
+                if index is None or job.samples.keys() == {index}:
+                    self.waiting.remove(job)
+                else:
+                    job.samples.pop(index, None)
         for job in [*self.claiming.values(), *self.transferring.values()]:
-            if job.request.request_id == request_id:
-                job.aborted = True  # NOTE: blocks are freed once the claim or read in flight ends
-        for job in list(self.running):
-            if job.request.request_id == request_id:
-                self.finish(job)
+            if job.request_id == request_id:
+                # NOTE: blocks are freed once the claim or read in flight ends
+                if index is None:
+                    job.aborted = True
+                else:
+                    job.dropped.add(index)
+        for sample in list(self.running):
+            if sample.job.request_id == request_id and index in (None, sample.index):
+                self.finish(sample)
 
     def on_handshake_refused(self, source, message: protocol.HandshakeRefused) -> None:
         self.fail_peer(message.node_id, message.reason)
@@ -242,31 +302,33 @@ class DecodeServer(NodeServer):
                 protocol.HandshakeRefused: on_handshake_refused}
 
     # --- endings ------------------------------------------------------------------------------------------------
-    def send_tokens(self, job: DecodeJob, token_ids, logprobs, finish_reason) -> None:
+    def send_tokens(self, job: DecodeJob, index: int, token_ids, logprobs, finish_reason) -> None:
         wire_logprobs = None if logprobs is None else [logprobs]
-        self.sockets.reply(job.router, protocol.TokenEvent(job.request.request_id, token_ids, wire_logprobs,
-                                                           finish_reason))
+        self.sockets.reply(job.router, protocol.TokenEvent(job.request_id, token_ids, wire_logprobs, finish_reason,
+                                                           index=index))
 
-    def finish(self, job: DecodeJob) -> None:
-        self.running.remove(job)
-        self.release(job)
+    def finish(self, sample: RunningSample) -> None:
+        self.running.remove(sample)
+        self.free(sample.request)
         self.num_finished += 1
 
     def fail(self, job: DecodeJob, message: str) -> None:
         logger.error("decode %s: %s", self.config.node_id, message)
         self.release(job)
         if not job.aborted:
-            self.sockets.reply(job.router, protocol.ErrorReply(job.request.request_id, 503, message))
+            self.sockets.reply(job.router, protocol.ErrorReply(job.request_id, 503, message))
 
     def fail_peer(self, node_id: str, message: str) -> None:
         peer = self.peers.pop(node_id, None) or PrefillPeer("")
         logger.error("decode %s: prefill peer %s refused: %s", self.config.node_id, node_id, message)
         for job in peer.jobs_waiting:
-            self.claiming.pop(job.request.request_id, None)
+            self.claiming.pop(job.request_id, None)
             self.fail(job, message)
 
     def release(self, job: DecodeJob) -> None:
-        self.free(job.request)
+        """The blocks of every sample of a job that never ran."""
+        for request in job.samples.values():
+            self.free(request)
 
     ROLE_COUNTERS = ("num_decode_steps", "num_decoded_rows", "num_finished", "num_graph_replays")
 

@@ -6,12 +6,13 @@ corun/model_runner.py), so the cluster gives what the colocated engine gives wit
 
 Lifecycle of a request (queues):
   waiting (FIFO) --KV blocks for the prompt free--> prefilling (one chunk per loop turn; alone unless packed)
-  prefilling --last chunk: token 1 sampled, PrefillResult to the router--> leased (blocks kept until a deadline)
+  prefilling --last chunk: token 1 of each of the n samples sampled, PrefillResult to the router--> leased
+      (blocks kept until a deadline)
   leased --ClaimKV from a decode node--> claimed (deadline lifted: it cannot expire mid-transfer)
   claimed --NIXL notification protocol.kv_done_notification(id) from the reading decode node--> freed
       (kv_released += 1)
   leased --deadline passes--> freed (lease_expiries += 1); a later claim is refused and the router re-prefills
-  A request finished by token 1 (stop token or max_tokens == 1) is freed at once and returns kv=None.
+  A request every sample of which token 1 finished (stop token or max_tokens == 1) is freed at once, kv=None.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from corun import protocol
 from corun.config import NodeConfig
+from corun.model_runner import SampledToken
 from corun.request import Request
-from corun.scheduler import PrefillChunk, RequestRejected, check_prompt_logprobs
+from corun.scheduler import PrefillChunk, RequestRejected, check_prompt_logprobs, check_vocab_ids
 from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
 from transfer.compat import IncompatiblePeer, check_compatible
@@ -36,6 +38,9 @@ logger = logging.getLogger(__name__)
 class PendingPrefill:
     router: bytes
     request: Request
+    arrived: float = field(default_factory=time.monotonic)
+    queue_seconds: float = 0.0
+    """From arrival to admission (its first chunk scheduled)."""
 
 
 @dataclass
@@ -98,6 +103,7 @@ class PrefillServer(NodeServer):
             return None
         pending = self.waiting.popleft()
         pending.request.block_ids = block_ids
+        pending.queue_seconds = time.monotonic() - pending.arrived
         self.prefilling.append(pending)
         return pending
 
@@ -106,27 +112,30 @@ class PrefillServer(NodeServer):
         return PrefillChunk(request, start, min(request.num_prompt_tokens - start,
                                                 self.config.engine.scheduler.prefill_chunk_size))
 
-    def postprocess(self, sampled) -> None:
-        """Every prompt whose last chunk ran has its token 1: lease its KV and answer the router."""
-        finished = {id(item.request): item for item in sampled}
+    def postprocess(self, sampled: list[SampledToken]) -> None:
+        """Every prompt whose last chunk ran has token 1 of each sample: lease its KV and answer the router."""
+        finished: dict[int, list[SampledToken]] = {}
+        for item in sampled:
+            finished.setdefault(id(item.request), []).append(item)
         for pending in [p for p in self.prefilling if id(p.request) in finished]:
             self.prefilling.remove(pending)
             self.finish_prefill(pending, finished[id(pending.request)])
 
-    def finish_prefill(self, pending: PendingPrefill, item) -> None:
+    def finish_prefill(self, pending: PendingPrefill, samples: list[SampledToken]) -> None:
         request = pending.request
-        finish_reason = request.append_token(item.token_id, item.logprobs)
+        first_tokens = [protocol.FirstToken(item.index, item.token_id, item.logprobs,
+                                            request.finish_reason_for(item.token_id, 1)) for item in samples]
         self.num_prefills += 1
         kv = None
-        if finish_reason is None:
+        if any(first.finish_reason is None for first in first_tokens):
             kv = protocol.KVHandle(self.config.node_id, self.config.address, tuple(request.block_ids),
                                    request.num_prompt_tokens, self.compat_hash)
             self.leases[request.request_id] = Lease(request, time.monotonic() + self.config.kv_lease_seconds)
         else:
             self.free(request)
         prompt_logprobs = request.prompt_logprobs if request.params.prompt_logprobs is not None else None
-        self.sockets.reply(pending.router, protocol.PrefillResult(
-            request.request_id, item.token_id, item.logprobs, kv, finish_reason, prompt_logprobs))
+        self.sockets.reply(pending.router, protocol.PrefillResult(request.request_id, first_tokens, kv,
+                                                                  prompt_logprobs, pending.queue_seconds))
 
     # --- messages -----------------------------------------------------------------------------------------------
     def on_prefill(self, identity: bytes, message: protocol.PrefillRequest) -> None:
@@ -148,6 +157,7 @@ class PrefillServer(NodeServer):
             raise RequestRejected(f"request {request.request_id}: {request.max_num_tokens} tokens exceed "
                                   f"max_model_len {scheduler.max_model_len}")
         check_prompt_logprobs(request.request_id, request.params, self.config.engine)
+        check_vocab_ids(request.request_id, request.params, vocab)
         if self.block_manager.blocks_needed(request.num_prompt_tokens) > self.block_manager.num_usable_blocks:
             raise RequestRejected(f"request {request.request_id}: prompt needs more KV blocks than this node has")
 

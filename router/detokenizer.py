@@ -34,8 +34,10 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer: Tokenizer, stop_strings: tuple[str, ...] = (), include_stop_string: bool = False,
-                 skip_special_tokens: bool = True):
+                 skip_special_tokens: bool = True, min_tokens: int = 0):
+        """min_tokens: stop strings match only once the output has this many tokens (vLLM's rule)."""
         self._tokenizer = tokenizer
+        self._min_tokens = min_tokens
         self._stop_strings = stop_strings
         self._include_stop_string = include_stop_string
         self._skip_special_tokens = skip_special_tokens
@@ -72,7 +74,7 @@ class IncrementalDetokenizer:
     def _advance(self, is_last: bool) -> bool:
         """Take in the newest token; True when a stop string matched."""
         self._decode_window(is_last)
-        stop = self._find_stop(self._text)
+        stop = self._find_stop(self._text) if len(self._token_ids) >= self._min_tokens else None
         if stop is not None:
             stop_at, self.matched_stop_string = stop
             end = stop_at + len(self.matched_stop_string) if self._include_stop_string else stop_at

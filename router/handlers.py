@@ -59,11 +59,13 @@ async def serve_generation(request: web.Request,
     if seed is None:
         seed = seed_from_request_id(request_id, state.config.base_seed)
     request[RESPONSE_HEADERS_KEY]["X-CoRun-Seed"] = str(seed)
+    n = generation.params.n
+    # NOTE: OpenAI's order: choice index = prompt index * n + sample index
     ctx = ResponseContext(generation.kind, request_id, int(time.time()), state.config.served_model_name,
                           state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer,
-                          generation.output, generation.prompts)
-    with state.admission.admit(request_id, len(generation.prompts)):
-        deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i, f"{request_id}-{i}",
+                          generation.output, tuple(p for p in generation.prompts for _ in range(n)), n)
+    with state.admission.admit(request_id, len(generation.prompts) * n):
+        deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i * n, f"{request_id}-{i}",
                                       list(prompt), bind_seed(generation, seed), generation.stop_strings,
                                       read_placement(request), generation.output)
                         for i, prompt in enumerate(generation.prompts)])
@@ -99,7 +101,7 @@ async def read_json_body(request: web.Request):
 
 async def full_response(request: web.Request, ctx: ResponseContext, generation: GenerationRequest,
                         deltas: AsyncIterator[ChoiceDelta]) -> web.Response:
-    totals = [ChoiceTotal(index) for index in range(len(generation.prompts))]
+    totals = [ChoiceTotal(index) for index in range(len(generation.prompts) * generation.params.n)]
     async for delta in deltas:
         totals[delta.index].add(delta)
     body = response_body(ctx, totals, sum(len(prompt) for prompt in generation.prompts))

@@ -41,6 +41,9 @@ class RouterMetrics:
         self.request_latency = Histogram("vllm:e2e_request_latency_seconds",
                                          "From a prompt's start to its last token", buckets=LATENCY_BUCKETS_S,
                                          registry=self.registry)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds",
+                                    "A prompt's wait in its prefill node's queue before its first chunk ran",
+                                    buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of prompts started",
                                      registry=self.registry)
         self.generated_tokens = Counter("vllm:generation_tokens", "Tokens returned to clients",

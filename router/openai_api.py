@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from corun.sampling_params import SamplingParams
+from corun.sampling_params import MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, SamplingParams
 from corun.seeding import SEED_BOUND
 from corun.tokenizer import Tokenizer
 from router.chat import CHAT_FIELDS, render_chat
@@ -28,10 +28,13 @@ from router.fields import (
 
 Kind = Literal["completion", "chat"]
 MAX_STOP_STRINGS = 4
+MAX_SAMPLES = 64
+"""Most samples (n) per prompt; a decode node also needs n free slots of its max_num_seqs at once."""
 SAMPLING_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
     "stop_token_ids", "ignore_eos", "logprobs", "n", "user", "presence_penalty", "frequency_penalty", "logit_bias",
-    "include_stop_str_in_output", "skip_special_tokens", "return_tokens_as_token_ids"})
+    "include_stop_str_in_output", "skip_special_tokens", "return_tokens_as_token_ids", "repetition_penalty",
+    "min_p", "min_tokens"})
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "best_of", "suffix", "max_completion_tokens",
                                        "prompt_logprobs"}
 STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
@@ -88,7 +91,6 @@ class GenerationRequest:
 def parse_completion_request(body, model: ModelInfo) -> GenerationRequest:
     body, ignored = checked_body(body, COMPLETION_FIELDS, model)
     echo = bool_field(body, "echo", False)
-    only_value_field(body, "best_of", "1", lambda v: v == 1 and is_int(v))
     only_value_field(body, "suffix", "null", lambda v: False)
     prompts = read_prompts(body, model.tokenizer)
     logprobs = int_field(body, "logprobs", None, 0, model.max_logprobs)
@@ -142,9 +144,12 @@ def check_chat_options(body: dict) -> None:
 def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], max_tokens: int,
                   logprobs: int | None, model: ModelInfo, ignored: list[str], prompt_logprobs: int | None = None,
                   prompt_options: dict | None = None) -> GenerationRequest:
-    reject_unsupported_sampling(body)
+    read_field(body, "user", None, lambda v: isinstance(v, str), "a string")
     for prompt in prompts:
         check_prompt(prompt, max_tokens, model)
+    n = int_field(body, "n", 1, 1, MAX_SAMPLES)
+    # NOTE: as vLLM's V1 engine: no best_of beyond n (it would rank samples by their logprobs and drop some)
+    read_field(body, "best_of", None, lambda v: v == n and is_int(v), f"equal to n ({n}): best_of > n is not supported")
     params = SamplingParams(
         temperature=float(read_field(body, "temperature", 1.0, lambda v: is_number(v) and v >= 0, "a number >= 0")),
         top_p=float(read_field(body, "top_p", 1.0, lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")),
@@ -154,6 +159,8 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
         ignore_eos=bool_field(body, "ignore_eos", False),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        n=n,
+        **read_controls(body, model, max_tokens),
     )
     stream = bool_field(body, "stream", False)
     include_usage, continuous_usage, ignored_options = read_stream_options(body, stream, model.strict_fields)
@@ -164,12 +171,32 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
                              include_usage, continuous_usage, tuple(ignored + ignored_options), output)
 
 
-def reject_unsupported_sampling(body: dict) -> None:
-    only_value_field(body, "n", "1", lambda v: v == 1 and is_int(v))
-    only_value_field(body, "presence_penalty", "0", lambda v: is_number(v) and v == 0)
-    only_value_field(body, "frequency_penalty", "0", lambda v: is_number(v) and v == 0)
-    only_value_field(body, "logit_bias", "{}", lambda v: v == {})
-    read_field(body, "user", None, lambda v: isinstance(v, str), "a string")
+def read_controls(body: dict, model: ModelInfo, max_tokens: int) -> dict:
+    """logit_bias, the penalties, min_p and min_tokens as SamplingParams keywords (ranges as OpenAI's and vLLM's)."""
+    def number_in(low: float, high: float, low_open: bool = False):
+        return lambda v: is_number(v) and (low < v if low_open else low <= v) and v <= high
+
+    controls = {
+        "presence_penalty": read_field(body, "presence_penalty", 0.0, number_in(-2, 2), "a number in [-2, 2]"),
+        "frequency_penalty": read_field(body, "frequency_penalty", 0.0, number_in(-2, 2), "a number in [-2, 2]"),
+        "repetition_penalty": read_field(body, "repetition_penalty", 1.0, number_in(0, MAX_REPETITION_PENALTY, True),
+                                         f"a number in (0, {MAX_REPETITION_PENALTY:g}]"),
+        "min_p": read_field(body, "min_p", 0.0, number_in(0, 1), "a number in [0, 1]"),
+        "min_tokens": int_field(body, "min_tokens", 0, 0, max_tokens),
+        "logit_bias": read_logit_bias(body, model.vocab_size),
+    }
+    return {name: float(v) if isinstance(v, int | float) and name != "min_tokens" else v
+            for name, v in controls.items()}
+
+
+def read_logit_bias(body: dict, vocab_size: int) -> dict[int, float]:
+    """OpenAI's {"token id": bias}, bias in [-100, 100]."""
+    def is_valid(v) -> bool:
+        return isinstance(v, dict) and all(
+            key.isascii() and key.isdigit() and int(key) < vocab_size and is_number(b) and abs(b) <= MAX_LOGIT_BIAS
+            for key, b in v.items())
+    expected = f"an object of token ids in [0, {vocab_size}) to numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+    return {int(key): float(bias) for key, bias in read_field(body, "logit_bias", {}, is_valid, expected).items()}
 
 
 def read_prompts(body: dict, tokenizer: Tokenizer) -> tuple[tuple[int, ...], ...]:

@@ -1,5 +1,8 @@
 """One prompt through the cluster: prefill on one node, then decode on another, token events streamed back.
 
+n samples: the prefill node prefills the prompt once and samples each sample's first token; one decode node
+reads the KV once and decodes every sample from its own copy. Events carry the sample's index.
+
 Usable without HTTP: `async for event in generate(pool, request_id, prompt_token_ids, params, seed)`.
 A failure a retry can cure (503: a node gone, a KV lease expired, a KV read failed) re-runs the request, on
 the least loaded nodes again, skipping the tokens already delivered: outputs are deterministic, so the re-run
@@ -12,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from corun.protocol import Abort, DecodeRequest, ErrorReply, PrefillRequest, PrefillResult, TokenEvent
 from corun.sampling_params import SamplingParams
@@ -35,21 +38,29 @@ class GenerationError(Exception):
 
 
 async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                   seed: int, placement: Placement = Placement()) -> AsyncIterator[TokenEvent]:
-    """Prefill then decode; yields token events, the last one with its finish_reason.
+                   seed: int, placement: Placement = Placement(), stopped: set[int] | None = None,
+                   on_queue_time: Callable[[float], None] = lambda seconds: None) -> AsyncIterator[TokenEvent]:
+    """Prefill then decode; yields token events (event.index: the sample), each sample's last one with its
+    finish_reason. stopped: samples the consumer has ended (a stop string): the nodes stop decoding them.
+    on_queue_time: told how long the prompt waited in the prefill node's queue (each attempt's).
 
     Closing the iterator early (or cancelling its consumer) aborts the work on the nodes. Raises GenerationError.
     """
-    num_delivered = 0
+    stopped = set() if stopped is None else stopped
+    progress = SampleProgress()
     for attempt in range(1, MAX_ATTEMPTS + 1):
         # NOTE: a fresh id per attempt: a late reply to a failed attempt can never mix into the next one.
         attempt_id = request_id if attempt == 1 else f"{request_id}:retry{attempt - 1}"
         try:
-            attempt_events = generate_once(pool, attempt_id, prompt_token_ids, params, seed, placement)
+            attempt_events = generate_once(pool, attempt_id, prompt_token_ids, params, seed, placement,
+                                           lambda index: index in stopped or index in progress.finished,
+                                           on_queue_time)
             async with contextlib.aclosing(attempt_events) as events:
-                async for event in skip_tokens(events, num_delivered):
-                    num_delivered += len(event.token_ids)
-                    yield dataclasses.replace(event, request_id=request_id)
+                progress.start_attempt()
+                async for event in events:
+                    event = progress.new_part(event)
+                    if event is not None:
+                        yield dataclasses.replace(event, request_id=request_id)
             return
         except GenerationError as error:
             if error.status not in RETRYABLE_STATUSES or attempt == MAX_ATTEMPTS:
@@ -57,27 +68,66 @@ async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int],
             logger.warning("request %s: attempt %d failed (%s); retrying", request_id, attempt, error.message)
 
 
+class SampleProgress:
+    """What each sample has delivered, so that a re-run (deterministic: the same tokens again) continues exactly
+    where the failed attempt stopped: a sample's tokens already delivered are skipped, a finished sample's
+    events dropped."""
+
+    def __init__(self):
+        self.delivered: dict[int, int] = {}
+        self.finished: set[int] = set()
+        self.seen: dict[int, int] = {}
+
+    def start_attempt(self) -> None:
+        self.seen = {}
+
+    def new_part(self, event: TokenEvent) -> TokenEvent | None:
+        index = event.index
+        if index in self.finished:
+            return None
+        num_seen = self.seen.get(index, 0)
+        self.seen[index] = num_seen + len(event.token_ids)
+        skip = min(len(event.token_ids), max(0, self.delivered.get(index, 0) - num_seen))
+        if skip == len(event.token_ids) and event.finish_reason is None:
+            return None
+        logprobs = None if event.logprobs is None else event.logprobs[skip:]
+        event = dataclasses.replace(event, token_ids=event.token_ids[skip:], logprobs=logprobs)
+        self.delivered[index] = self.delivered.get(index, 0) + len(event.token_ids)
+        if event.finish_reason is not None:
+            self.finished.add(index)
+        return event
+
+
 async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                        seed: int, placement: Placement) -> AsyncIterator[TokenEvent]:
+                        seed: int, placement: Placement,
+                        is_done: Callable[[int], bool] = lambda index: False,
+                        on_queue_time: Callable[[float], None] = lambda seconds: None) -> AsyncIterator[TokenEvent]:
     prefill_node = choose(pool.choose_prefill, placement.prefill)
     prefill = await run_prefill(prefill_node, PrefillRequest(request_id, prompt_token_ids, params, seed),
-                                pool.request_timeout_s)
-    if prefill.finish_reason is not None:
-        # NOTE: finished by its first token (stop token or max_tokens == 1): the prefill node kept no KV.
-        logprobs = None if prefill.first_logprobs is None else [prefill.first_logprobs]
-        yield TokenEvent(request_id, [prefill.first_token_id], logprobs, prefill.finish_reason,
-                         prefill.prompt_logprobs)
+                                params.n, pool.request_timeout_s)
+    on_queue_time(prefill.queue_seconds)
+    prompt_logprobs = prefill.prompt_logprobs
+    for first in prefill.first_tokens:
+        if first.finish_reason is not None:
+            # NOTE: finished by its first token (stop token or max_tokens == 1): nothing to decode.
+            logprobs = None if first.logprobs is None else [first.logprobs]
+            yield TokenEvent(request_id, [first.token_id], logprobs, first.finish_reason, prompt_logprobs,
+                             first.index)
+    to_decode = [first for first in prefill.first_tokens if first.finish_reason is None]
+    if not to_decode:
         return
-    decode_request = DecodeRequest(request_id, prompt_token_ids, params, seed, prefill.first_token_id,
-                                   prefill.first_logprobs, prefill.kv)
+    decode_request = DecodeRequest(request_id, prompt_token_ids, params, seed, to_decode, prefill.kv)
     # NOTE: chosen only now, so that the decode work of requests prefilled meanwhile counts in the choice.
     decode_node = choose(pool.choose_decode, placement.decode)
-    prompt_logprobs = prefill.prompt_logprobs
-    async with contextlib.aclosing(run_decode(decode_node, decode_request, pool.request_timeout_s)) as events:
+    with_prompt = set() if prompt_logprobs is None else {first.index for first in to_decode}
+    decoding = run_decode(decode_node, decode_request, pool.request_timeout_s, is_done)
+    async with contextlib.aclosing(decoding) as events:
         async for event in events:
-            # NOTE: the prompt's logprobs travel with its first event
-            yield event if prompt_logprobs is None else dataclasses.replace(event, prompt_logprobs=prompt_logprobs)
-            prompt_logprobs = None
+            # NOTE: the prompt's logprobs travel with each sample's first event
+            if event.index in with_prompt:
+                with_prompt.discard(event.index)
+                event = dataclasses.replace(event, prompt_logprobs=prompt_logprobs)
+            yield event
 
 
 def choose(choose_node, pinned: str | None) -> NodeClient:
@@ -89,7 +139,8 @@ def choose(choose_node, pinned: str | None) -> NodeClient:
         raise GenerationError(503, str(error)) from None
 
 
-async def run_prefill(node: NodeClient, request: PrefillRequest, timeout_s: float) -> PrefillResult:
+async def run_prefill(node: NodeClient, request: PrefillRequest, num_samples: int,
+                      timeout_s: float) -> PrefillResult:
     with node.open_request(request.request_id, work=len(request.prompt_token_ids)) as replies:
         try:
             await send_within(node, request, timeout_s)
@@ -99,38 +150,43 @@ async def run_prefill(node: NodeClient, request: PrefillRequest, timeout_s: floa
             # result: a decode node may be reading the KV by then.
             node.post(Abort(request.request_id))
             raise
-    if not isinstance(reply, PrefillResult) or (reply.kv is None and reply.finish_reason is None):
-        raise GenerationError(502, f"prefill node {node.address} answered {type(reply).__name__} without KV")
+    if not isinstance(reply, PrefillResult) or [first.index for first in reply.first_tokens] != list(
+            range(num_samples)):
+        raise GenerationError(502, f"prefill node {node.address} answered {type(reply).__name__} without "
+                                   f"{num_samples} first token(s)")
+    if reply.kv is None and any(first.finish_reason is None for first in reply.first_tokens):
+        raise GenerationError(502, f"prefill node {node.address} answered without KV")
     return reply
 
 
-async def run_decode(node: NodeClient, request: DecodeRequest, timeout_s: float) -> AsyncIterator[TokenEvent]:
-    finished = False
-    with node.open_request(request.request_id, work=1) as replies:
+async def run_decode(node: NodeClient, request: DecodeRequest, timeout_s: float,
+                     is_done: Callable[[int], bool] = lambda index: False) -> AsyncIterator[TokenEvent]:
+    """The samples' token events until each finished; a sample is_done says the consumer ended is aborted on
+    the node at its next event (which is dropped)."""
+    running = {first.index for first in request.first_tokens}
+    aborted: set[int] = set()
+    with node.open_request(request.request_id, work=len(running)) as replies:
         try:
             await send_within(node, request, timeout_s)
-            while not finished:
+            while running:
                 event = await next_reply(node, replies, timeout_s)
-                if not isinstance(event, TokenEvent):
-                    raise GenerationError(502, f"decode node {node.address} answered {type(event).__name__}")
-                finished = event.finish_reason is not None
+                if isinstance(event, TokenEvent) and event.index in aborted:
+                    continue  # NOTE: decoded before the node saw the sample's Abort
+                if not isinstance(event, TokenEvent) or event.index not in running:
+                    raise GenerationError(502, f"decode node {node.address} answered {type(event).__name__} "
+                                               "for no running sample")
+                if event.finish_reason is not None:
+                    running.discard(event.index)
+                elif is_done(event.index):
+                    running.discard(event.index)
+                    aborted.add(event.index)
+                    node.post(Abort(request.request_id, event.index))
+                    continue
                 yield event
         finally:
-            if not finished:
-                # NOTE: consumer gone, stop string matched, node failed or silent: free the decode slot.
+            if running:
+                # NOTE: consumer gone, stop string matched, node failed or silent: free the decode slots.
                 node.post(Abort(request.request_id))
-
-
-async def skip_tokens(events: AsyncIterator[TokenEvent], num_skip: int) -> AsyncIterator[TokenEvent]:
-    """The events without their first num_skip tokens (those a failed attempt already delivered)."""
-    num_seen = 0
-    async for event in events:
-        skip = min(len(event.token_ids), max(0, num_skip - num_seen))
-        num_seen += len(event.token_ids)
-        if skip == len(event.token_ids) and event.finish_reason is None:
-            continue
-        logprobs = None if event.logprobs is None else event.logprobs[skip:]
-        yield dataclasses.replace(event, token_ids=event.token_ids[skip:], logprobs=logprobs)
 
 
 async def send_within(node: NodeClient, message, timeout_s: float) -> None:

@@ -1,6 +1,7 @@
 """Response bodies and stream chunks of /v1/completions and /v1/chat/completions (OpenAI format, vLLM extras).
 
-Extras: `seed` (the request's bound seed) at the top level and `token_ids` in every choice.
+Extras: `seed` (the request's bound seed) at the top level; in every choice its `token_ids` and its own `seed`
+(sample i of n: corun.seeding.sample_seed(seed, i); with n = 1 the request's seed).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from corun.outputs import TokenLogprobs
+from corun.seeding import sample_seed
 from corun.tokenizer import Tokenizer
 from router.openai_api import Kind, OutputOptions
 
@@ -69,6 +71,11 @@ class ResponseContext:
     output: OutputOptions = OutputOptions()
     prompts: tuple[tuple[int, ...], ...] = ()
     """Each choice's prompt token ids (echo, prompt_logprobs)."""
+    n: int = 1
+    """Samples per prompt: choice index = prompt index * n + sample index."""
+
+    def choice_seed(self, index: int) -> int:
+        return sample_seed(self.seed, index % self.n)
 
     @property
     def tokens_as_ids(self) -> bool:
@@ -99,15 +106,16 @@ def response_body(ctx: ResponseContext, totals: list[ChoiceTotal], num_prompt_to
 
 def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs, finish_reason,
                 stop_reason=None, prompt_logprobs=None) -> dict:
+    seed = ctx.choice_seed(index)
     if ctx.shows_prompt:
         return {"index": index, **completion_with_prompt(ctx, index, text, token_ids, logprobs, prompt_logprobs, 0),
-                "finish_reason": finish_reason, "stop_reason": stop_reason}
+                "finish_reason": finish_reason, "stop_reason": stop_reason, "seed": seed}
     formatted = None if logprobs is None else format_logprobs(ctx, logprobs, text_offset=0)[0]
     if ctx.kind == "completion":
         return {"index": index, "text": text, "logprobs": formatted, "finish_reason": finish_reason,
-                "stop_reason": stop_reason, "token_ids": list(token_ids)}
+                "stop_reason": stop_reason, "token_ids": list(token_ids), "seed": seed}
     return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": formatted,
-            "finish_reason": finish_reason, "stop_reason": stop_reason, "token_ids": list(token_ids)}
+            "finish_reason": finish_reason, "stop_reason": stop_reason, "token_ids": list(token_ids), "seed": seed}
 
 
 def completion_with_prompt(ctx: ResponseContext, index: int, text: str, token_ids, logprobs, prompt_logprobs,
@@ -174,13 +182,14 @@ def chunk_body(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int,
         shown = completion_with_prompt(ctx, delta.index, delta.text, delta.token_ids, delta.logprobs,
                                        delta.prompt_logprobs, 0)
         choice = {"index": delta.index, **shown, "finish_reason": delta.finish_reason,
-                  "stop_reason": delta.stop_reason}
+                  "stop_reason": delta.stop_reason, "seed": ctx.choice_seed(delta.index)}
         return {**ctx.envelope(streaming=True), "choices": [choice], "usage": None}, len(shown["text"])
     formatted, end_offset = None, text_offset
     if delta.logprobs is not None:
         formatted, end_offset = format_logprobs(ctx, delta.logprobs, text_offset)
     choice = {"index": delta.index, "logprobs": formatted, "finish_reason": delta.finish_reason,
-              "stop_reason": delta.stop_reason, "token_ids": list(delta.token_ids)}
+              "stop_reason": delta.stop_reason, "token_ids": list(delta.token_ids),
+              "seed": ctx.choice_seed(delta.index)}
     if ctx.kind == "completion":
         choice["text"] = delta.text
     else:

@@ -21,34 +21,59 @@ async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMet
                         prompt_token_ids: list[int], params: SamplingParams, stop_strings: tuple[str, ...],
                         placement: Placement = Placement(),
                         output: OutputOptions = OutputOptions()) -> AsyncIterator[ChoiceDelta]:
-    """One prompt's choice: detokenised, cut at a stop string (which aborts the decode), timed for metrics."""
-    start = last = time.monotonic()
-    first = None
-    detokenizer = IncrementalDetokenizer(tokenizer, stop_strings, output.include_stop_str_in_output,
-                                         output.skip_special_tokens)
+    """One prompt's choices (index, index + 1, ... for its n samples): detokenised, each cut at a stop string
+    (which aborts that sample's decode), timed for metrics."""
+    start = time.monotonic()
+    samples = [SampleTiming(start, IncrementalDetokenizer(tokenizer, stop_strings, output.include_stop_str_in_output,
+                                                          output.skip_special_tokens, params.min_tokens))
+               for _ in range(params.n)]
+    stopped: set[int] = set()
     metrics.prompt_tokens.inc(len(prompt_token_ids))
-    events = generate(pool, request_id, prompt_token_ids, params, params.seed, placement)
+    events = generate(pool, request_id, prompt_token_ids, params, params.seed, placement, stopped,
+                      metrics.queue_time.observe)
+    num_events = num_finished = 0
     try:
         async for event in events:
             now = time.monotonic()
-            if first is None:
-                first = now
+            if num_events == 0:
                 metrics.time_to_first_token.observe(now - start)
-            else:
-                metrics.inter_token_latency.observe(now - last)
-            last = now
-            delta = to_delta(detokenizer, index, event, params.stop_token_ids)
+            num_events += 1
+            sample = samples[event.index]
+            sample.observe_arrival(now, metrics)
+            delta = to_delta(sample.detokenizer, index + event.index, event, params.stop_token_ids)
             metrics.generated_tokens.inc(len(delta.token_ids))
             yield delta
             if delta.finish_reason is not None:
-                metrics.request_latency.observe(now - start)
-                metrics.request_success.labels(delta.finish_reason).inc()
-                if detokenizer.num_tokens > 1:
-                    metrics.time_per_output_token.observe((now - first) / (detokenizer.num_tokens - 1))
-                return
+                stopped.add(event.index)
+                sample.observe_finish(now, metrics, delta.finish_reason)
+                num_finished += 1
+                if num_finished == params.n:
+                    metrics.request_latency.observe(now - start)
+                    return
     finally:
         # NOTE: closing the event stream early is what sends the decode node an Abort.
         await events.aclose()
+
+
+class SampleTiming:
+    """One sample's detokenizer and latency marks."""
+
+    def __init__(self, start: float, detokenizer: IncrementalDetokenizer):
+        self.first: float | None = None
+        self.last = start
+        self.detokenizer = detokenizer
+
+    def observe_arrival(self, now: float, metrics: RouterMetrics) -> None:
+        if self.first is None:
+            self.first = now
+        else:
+            metrics.inter_token_latency.observe(now - self.last)
+        self.last = now
+
+    def observe_finish(self, now: float, metrics: RouterMetrics, finish_reason: str) -> None:
+        metrics.request_success.labels(finish_reason).inc()
+        if self.detokenizer.num_tokens > 1:
+            metrics.time_per_output_token.observe((now - self.first) / (self.detokenizer.num_tokens - 1))
 
 
 def to_delta(detokenizer: IncrementalDetokenizer, index: int, event: TokenEvent,

@@ -11,16 +11,25 @@ from corun.sampling_params import SamplingParams
 LOGPROBS = TokenLogprobs(7, -0.5, ((7, -0.5), (3, -1.25)))
 KV = protocol.KVHandle("prefill-0", "tcp://127.0.0.1:5000", (3, 4, 9), 40, "abc123")
 PARAMS = SamplingParams(temperature=0.6, seed=1, max_tokens=8, logprobs=2)
+CONTROLLED = SamplingParams(temperature=0.6, n=3, presence_penalty=0.5, frequency_penalty=-1.0,
+                            repetition_penalty=1.2, min_p=0.1, min_tokens=2, logit_bias={5: -2.5, 3: 1.0})
+FIRST = protocol.FirstToken(0, 7, LOGPROBS)
 MESSAGES = [
     protocol.PrefillRequest("r1", [1, 2, 3], PARAMS, 11),
-    protocol.PrefillResult("r1", 7, LOGPROBS, KV, None),
-    protocol.PrefillResult("r2", 7, None, None, "length"),
-    protocol.PrefillResult("r3", 7, LOGPROBS, KV, None, [None, LOGPROBS, LOGPROBS]),
-    protocol.DecodeRequest("r1", [1, 2, 3], PARAMS, 11, 7, LOGPROBS, KV),
+    protocol.PrefillRequest("r4", [1, 2, 3], CONTROLLED, 11),
+    protocol.PrefillResult("r1", [FIRST], KV),
+    protocol.PrefillResult("r2", [protocol.FirstToken(0, 7, None, "length")], None),
+    protocol.PrefillResult("r3", [FIRST], KV, [None, LOGPROBS, LOGPROBS]),
+    protocol.PrefillResult("r4", [FIRST, protocol.FirstToken(1, 2, LOGPROBS, "stop"), protocol.FirstToken(2, 9, None)],
+                           KV),
+    protocol.DecodeRequest("r1", [1, 2, 3], PARAMS, 11, [FIRST], KV),
+    protocol.DecodeRequest("r4", [1, 2, 3], CONTROLLED, 11, [FIRST, protocol.FirstToken(2, 9, None)], KV),
     protocol.TokenEvent("r1", [5], [LOGPROBS], None),
     protocol.TokenEvent("r1", [5, 6], None, "stop"),
+    protocol.TokenEvent("r4", [5, 6], None, None, index=2),
     protocol.ErrorReply("r1", 503, "gone"),
     protocol.Abort("r1"),
+    protocol.Abort("r4", 1),
     protocol.Ping(9),
     protocol.HandshakeRefused("prefill-0", "block_size 16 != 32"),
     protocol.ClaimKV("r1"),

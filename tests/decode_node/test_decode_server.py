@@ -67,7 +67,7 @@ class Bench:
 
     def send_decode(self, result: protocol.PrefillResult, prompt: list[int], kv=None) -> None:
         self.to_decode.send(protocol.encode(protocol.DecodeRequest(
-            result.request_id, prompt, PARAMS, 5, result.first_token_id, result.first_logprobs, kv or result.kv)))
+            result.request_id, prompt, PARAMS, 5, result.first_tokens, kv or result.kv)))
 
     def until(self, done, max_turns: int = 200) -> list:
         replies = []

@@ -75,7 +75,7 @@ def test_a_claimed_lease_never_expires_nor_is_aborted(server, router):
 def test_first_token_that_ends_the_request_returns_no_kv(server, router):
     free_before = server.block_manager.num_free_blocks
     [result] = exchange(server, router, prefill("c", 12, max_tokens=1))
-    assert result.kv is None and result.finish_reason == "length"
+    assert result.kv is None and [first.finish_reason for first in result.first_tokens] == ["length"]
     assert server.block_manager.num_free_blocks == free_before and not server.leases
 
 
@@ -113,11 +113,10 @@ def test_packed_prefill_shares_forwards_and_keeps_every_prompts_bits(tiny_model_
         together = {m.request_id.removesuffix("-again"): m for m in exchange(packed, socket, protocol.Ping(1), 5)
                     if isinstance(m, protocol.PrefillResult)}
         assert packed.runner.num_prefill_forwards - forwards_alone < forwards_alone  # NOTE: forwards were shared
-        assert {k: (v.first_token_id, v.first_logprobs) for k, v in together.items()} == {
-            k: (v.first_token_id, v.first_logprobs) for k, v in alone.items()}
-        assert all(v.first_logprobs is not None for v in alone.values())
+        assert {k: v.first_tokens for k, v in together.items()} == {k: v.first_tokens for k, v in alone.items()}
+        assert all(v.first_tokens[0].logprobs is not None for v in alone.values())
         [natural] = exchange(server, router, requests[2])
-        assert natural.first_logprobs != alone["p3"].first_logprobs
+        assert natural.first_tokens[0].logprobs != alone["p3"].first_tokens[0].logprobs
     finally:
         socket.close()
         packed.close()

@@ -20,6 +20,7 @@ from corun.protocol import (
     Abort,
     DecodeRequest,
     ErrorReply,
+    FirstToken,
     KVHandle,
     ModelFacts,
     Ping,
@@ -31,6 +32,7 @@ from corun.protocol import (
     encode,
 )
 from corun.sampling_params import SamplingParams
+from corun.seeding import sample_seed
 
 FAKE_FINGERPRINT = "fake-node-fingerprint-v1"
 
@@ -132,17 +134,27 @@ class FakeNode:
         raise NotImplementedError
 
 
+FAKE_QUEUE_S = 0.007
+"""The queue time a fake prefill node reports."""
+
+
 class FakePrefill(FakeNode):
     async def handle(self, identity: bytes, message) -> None:
         if not isinstance(message, PrefillRequest):
             return  # NOTE: Abort: nothing queued to drop, a fake prefill answers at once
         params, position = message.params, len(message.prompt_token_ids)
-        token_id = fake_token_id(self.candidate_ids, message.prompt_token_ids, message.seed, position)
-        logprobs = fake_logprobs(self.candidate_ids, token_id, position, params.logprobs)
-        # NOTE: as the real prefill node: a request finished by its first token gets no KV and no decode.
-        finish_reason = "stop" if token_id in params.stop_token_ids else "length" if params.max_tokens == 1 else None
-        kv = None if finish_reason else KVHandle(self.node_id, self.address, (0, 1), position, "fake-compat")
-        await self._reply(identity, PrefillResult(message.request_id, token_id, logprobs, kv, finish_reason))
+        first_tokens = []
+        for index in range(params.n):
+            seed = sample_seed(message.seed, index)
+            token_id = fake_token_id(self.candidate_ids, message.prompt_token_ids, seed, position)
+            logprobs = fake_logprobs(self.candidate_ids, token_id, position, params.logprobs)
+            # NOTE: as the real prefill node: a sample finished by its first token gets no decode.
+            finish_reason = "stop" if token_id in params.stop_token_ids else "length" if params.max_tokens == 1 \
+                else None
+            first_tokens.append(FirstToken(index, token_id, logprobs, finish_reason))
+        finished = all(first.finish_reason for first in first_tokens)
+        kv = None if finished else KVHandle(self.node_id, self.address, (0, 1), position, "fake-compat")
+        await self._reply(identity, PrefillResult(message.request_id, first_tokens, kv, queue_seconds=FAKE_QUEUE_S))
 
 
 class FakeDecode(FakeNode):
@@ -153,12 +165,17 @@ class FakeDecode(FakeNode):
 
     async def handle(self, identity: bytes, message) -> None:
         if isinstance(message, DecodeRequest):
-            self._streams[message.request_id] = self._spawn(self._stream(identity, message))
-        elif isinstance(message, Abort) and message.request_id in self._streams:
-            self._streams.pop(message.request_id).cancel()
+            fail_after = self._take_failure()
+            for first in message.first_tokens:
+                key = (message.request_id, first.index)
+                self._streams[key] = self._spawn(self._stream(identity, message, first, fail_after))
+        elif isinstance(message, Abort):
+            for key in [k for k in self._streams if k[0] == message.request_id and message.index in (None, k[1])]:
+                self._streams.pop(key).cancel()
 
-    async def _stream(self, identity: bytes, request: DecodeRequest) -> None:
-        remaining, fail_after, num_sent = self.output(request), self._take_failure(), 0
+    async def _stream(self, identity: bytes, request: DecodeRequest, first: FirstToken,
+                      fail_after: int | None) -> None:
+        remaining, num_sent = self.output(request, first), 0
         # NOTE: unseeded on purpose: event grouping differs from run to run and must not matter.
         grouping = random.Random()
         while remaining:
@@ -168,9 +185,9 @@ class FakeDecode(FakeNode):
             size = 1 if fail_after is not None else grouping.randint(1, 3)
             group, remaining = remaining[:size], remaining[size:]
             await asyncio.sleep(self.behaviour.event_delay_s)
-            await self._reply(identity, token_event(request, group, is_last=not remaining))
+            await self._reply(identity, token_event(request, first.index, group, is_last=not remaining))
             num_sent += size
-        self._streams.pop(request.request_id, None)
+        self._streams.pop((request.request_id, first.index), None)
 
     def _take_failure(self) -> int | None:
         """Tokens to send before failing this request, None when it runs normally."""
@@ -179,21 +196,23 @@ class FakeDecode(FakeNode):
         self._num_failures_left -= 1
         return self.behaviour.fail_after_tokens
 
-    def output(self, request: DecodeRequest) -> list[tuple[int, TokenLogprobs | None]]:
+    def output(self, request: DecodeRequest, first: FirstToken) -> list[tuple[int, TokenLogprobs | None]]:
         """The prefill's token, then one per position until max_tokens or a stop token id."""
         params, position = request.params, len(request.prompt_token_ids)
-        items = [(request.first_token_id, request.first_logprobs)]
+        seed = sample_seed(request.seed, first.index)
+        items = [(first.token_id, first.logprobs)]
         while len(items) < params.max_tokens and items[-1][0] not in params.stop_token_ids:
             position += 1
-            token_id = fake_token_id(self.candidate_ids, request.prompt_token_ids, request.seed, position)
+            token_id = fake_token_id(self.candidate_ids, request.prompt_token_ids, seed, position)
             items.append((token_id, fake_logprobs(self.candidate_ids, token_id, position, params.logprobs)))
         return items
 
 
-def token_event(request: DecodeRequest, group: list[tuple[int, TokenLogprobs | None]], is_last: bool) -> TokenEvent:
+def token_event(request: DecodeRequest, index: int, group: list[tuple[int, TokenLogprobs | None]],
+                is_last: bool) -> TokenEvent:
     token_ids = [token_id for token_id, _ in group]
     finish_reason = None
     if is_last:
         finish_reason = "stop" if token_ids[-1] in request.params.stop_token_ids else "length"
     logprobs = None if request.params.logprobs is None else [lp for _, lp in group]
-    return TokenEvent(request.request_id, token_ids, logprobs, finish_reason)
+    return TokenEvent(request.request_id, token_ids, logprobs, finish_reason, index=index)

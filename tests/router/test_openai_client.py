@@ -6,7 +6,7 @@ import pytest
 from openai import OpenAI
 
 from corun.sampling_params import SamplingParams
-from corun.seeding import seed_from_request_id
+from corun.seeding import sample_seed, seed_from_request_id
 from tests.router.fake_nodes import expected_token_ids
 from tests.router.harness import get
 
@@ -157,6 +157,9 @@ def test_metrics_export_requests_latencies_and_node_stats(client, router):
     # NOTE: vLLM's names and types for what a request saw
     assert "vllm:time_to_first_token_seconds_bucket" in text and "vllm:inter_token_latency_seconds_count" in text
     assert "vllm:e2e_request_latency_seconds_count" in text
+    # NOTE: the fake prefill reports 7 ms in its queue: above the 5 ms bucket, within the 10 ms one
+    assert re.search(r'vllm:request_queue_time_seconds_bucket\{le="0.005"\} 0.0', text)
+    assert not re.search(r'vllm:request_queue_time_seconds_bucket\{le="0.01"\} 0.0', text)
     assert "vllm:request_time_per_output_token_seconds_count" in text
     assert "vllm:generation_tokens_total" in text and "vllm:prompt_tokens_total" in text
     assert 'vllm:request_success_total{finished_reason="length"}' in text
@@ -166,6 +169,27 @@ def test_metrics_export_requests_latencies_and_node_stats(client, router):
         assert re.search(rf'corun_node_kv_usage\{{[^}}]*node_id="{node_id}"[^}}]*\}} 0.25', text)
         assert re.search(rf'corun_node_num_requests_received\{{[^}}]*role="{role}"', text)
     assert "corun_node_engine" not in text
+
+
+def test_n_choices_streamed_and_not_are_the_same_and_carry_their_seeds(client):
+    messages = [{"role": "user", "content": "three ways"}]
+    full = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=5, seed=4, n=3,
+                                          temperature=0.8)
+    assert [c.index for c in full.choices] == [0, 1, 2]
+    assert [c.model_extra["seed"] for c in full.choices] == [sample_seed(4, i) for i in range(3)]
+    streamed: dict[int, str] = {}
+    roles = []
+    for chunk in client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=5, seed=4,
+                                                n=3, temperature=0.8, stream=True):
+        for choice in chunk.choices:
+            if choice.delta.role:
+                roles.append(choice.index)
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
+    assert sorted(roles) == [0, 1, 2]
+    assert streamed == {c.index: c.message.content for c in full.choices}
+    assert full.usage.completion_tokens == 15
+    # NOTE: the inverse: samples with other seeds are other texts
+    assert len({c.message.content for c in full.choices}) > 1
 
 
 def test_chat_length_limits(client):
