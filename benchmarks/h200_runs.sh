@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 measurements of issues 4, 8 and 10, in the device calls they were run in (each must end inside 10 minutes).
+# The H200 measurements of issues 4, 8, 10 and 11, in the device calls they were run in (each must end inside 10 minutes).
 #   bash benchmarks/h200_runs.sh <part> <out-dir>
 # part "kernels": the kernel tests on the GPU, the decode-step profile (graph, sampler, engine step, per-kernel
 #   eager times) and the 8B determinism suite; "bench_1024" and "bench_4096": the workloads, every run cut at
@@ -23,6 +23,11 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/pydeps:.
 fi
 case $part in
+  controls)  # issue 11: n samples and the sampling controls on CUDA (the fused sampler after the adjustments, the
+    # decode node's KV copies) and through 1P1D on one GPU, against the colocated engine; prompt logprobs again
+    timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_sampling_controls.py \
+      tests/launch/test_gpu_cluster.py tests/corun/test_prompt_logprobs.py tests/corun/test_kernels.py \
+      > "$out/gpu_tests.log" 2>&1 ;;
   kv)  # the device-only tests (kernels, prefill graphs, 1P1D on one GPU over CUDA-IPC); KV READ speed between two
     # processes on one GPU: UCX's default vs the CUDA-IPC zcopy setting, a descriptor per block vs per run
     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/launch/test_gpu_cluster.py \

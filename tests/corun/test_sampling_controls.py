@@ -28,7 +28,7 @@ def history(prompt=(), output=(), stops=()):
 def sample(logits, params, histories, seeds=None, positions=None, num_rows=None) -> SamplerOutput:
     seeds = seeds or [7] * len(params)
     positions = positions or [len(h.prompt_token_ids) + len(h.output_token_ids) for h in histories]
-    batch = SamplingBatch.build(params, seeds, positions, num_rows or len(params), "cpu", histories)
+    batch = SamplingBatch.build(params, seeds, positions, num_rows or len(params), logits.device, histories)
     return Sampler()(logits, batch, 3)
 
 
@@ -94,15 +94,20 @@ CONTROLS = [
 ]
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("params", CONTROLS)
-def test_controlled_row_is_the_same_in_any_batch_and_slot(params):
+def test_controlled_row_is_the_same_in_any_batch_and_slot(params, device):
+    """On CUDA this runs the fused Gumbel-max kernel after the adjustments."""
     generator = torch.Generator().manual_seed(3)
-    row_logits = torch.randn(VOCAB, generator=generator) * 3
+    row_logits = torch.randn(VOCAB, generator=generator).to(device) * 3
     row_history = history([1, 2, 3, 8], [3, 3, 5], stops=[8])
     alone = sample(row_logits[None], [params], [row_history], seeds=[42])
     plain = SamplingParams(temperature=0.8)
     for num_rows, at_row, co_params in [(4, 2, plain), (8, 7, CONTROLS[0]), (8, 0, CONTROLS[3])]:
-        logits = torch.randn(num_rows, VOCAB, generator=generator) * 3
+        logits = torch.randn(num_rows, VOCAB, generator=generator).to(device) * 3
         logits[at_row] = row_logits
         params_list = [co_params] * num_rows
         params_list[at_row] = params
@@ -120,7 +125,7 @@ def test_controlled_row_is_the_same_in_any_batch_and_slot(params):
 
 def control_acts(params, logits, row_history) -> bool:
     """The control changes what this row can sample (so a test of it tests something)."""
-    batch = SamplingBatch.build([params], [42], [7], 1, "cpu", [row_history])
+    batch = SamplingBatch.build([params], [42], [7], 1, logits.device, [row_history])
     if batch.adjustments is not None:
         return not torch.equal(batch.adjustments.apply(logits), logits)
     return not bool(min_p_mask(logits / params.temperature, batch.min_ps).all())

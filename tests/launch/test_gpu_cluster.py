@@ -17,6 +17,8 @@ pytestmark = pytest.mark.gpu
 
 PROMPTS = [list(range(10, 10 + n)) for n in (5, 40, 130, 300)]
 PARAMS = {"temperature": 0.7, "seed": 21, "max_tokens": 10, "logprobs": 3}
+CONTROLS = {"n": 3, "presence_penalty": 0.8, "frequency_penalty": 0.3, "repetition_penalty": 1.3, "min_p": 0.05}
+BIAS = {12: 2.0, 40: -100.0}
 
 
 def engine(model_dir: str, dtype: str) -> EngineConfig:
@@ -51,6 +53,10 @@ def test_one_gpu_1p1d_serves_the_colocated_bits_over_cuda_ipc(tiny_model_dir, dt
         served = [post(cluster.url, {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, **PARAMS})
                   for prompt in PROMPTS]
         decode = decode_stats_once(cluster.url, len(PROMPTS))
+        # NOTE: n samples (the KV copied on the GPU to each sample's blocks) and the sampling controls
+        sampled = [post(cluster.url, {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, **PARAMS,
+                                      **CONTROLS, "logit_bias": {str(t): b for t, b in BIAS.items()}})
+                   for prompt in PROMPTS]
     llm = LLM.from_config(dataclasses.replace(config.engine))
     expected = llm.generate(PROMPTS, SamplingParams(**PARAMS, ignore_eos=True))
     for body, want in zip(served, expected, strict=True):
@@ -58,4 +64,10 @@ def test_one_gpu_1p1d_serves_the_colocated_bits_over_cuda_ipc(tiny_model_dir, dt
         assert choice["token_ids"] == want.outputs[0].token_ids
         assert choice["logprobs"]["token_logprobs"] == [lp.logprob for lp in want.outputs[0].logprobs]
     assert decode["reads_completed"] == len(PROMPTS)
+    expected = llm.generate(PROMPTS, SamplingParams(**PARAMS, **CONTROLS, logit_bias=BIAS, ignore_eos=True))
+    for body, want in zip(sampled, expected, strict=True):
+        assert [c["token_ids"] for c in body["choices"]] == [o.token_ids for o in want.outputs]
+        assert [c["logprobs"]["token_logprobs"] for c in body["choices"]] == [
+            [lp.logprob for lp in o.logprobs] for o in want.outputs]
+    assert any(c["token_ids"] != sampled[0]["choices"][0]["token_ids"] for c in sampled[0]["choices"][1:])
     assert decode["kv_probe_read_gbps_min"] >= TransferConfig().min_vram_read_gbps  # NOTE: not the emulated path
