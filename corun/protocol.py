@@ -16,6 +16,9 @@ Version history:
   7: n samples per prompt: PrefillResult.first_tokens and DecodeRequest.first_tokens (one FirstToken per sample,
      replacing first_token_id / first_logprobs / finish_reason), TokenEvent.index and Abort.index; the sampling
      controls in SamplingParams (n, penalties, min_p, min_tokens, logit_bias); PrefillResult.queue_seconds.
+  8: instance ids (Pong, HandshakeReply, KVHandle: a node restarted on its address is told apart from the one that
+     died); ReleaseKV (a decode node gives up a claimed lease it will not read); HandshakeReply.lease_seconds; every
+     field type-checked on arrival.
 
 Besides the messages, one NIXL notification: a decode node's READ of a prefill node's KV ends with
 kv_done_notification(request_id), on which the prefill node frees its copy.
@@ -24,6 +27,11 @@ kv_done_notification(request_id), on which the prefill node frees its copy.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +40,17 @@ import msgpack
 from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 KV_DONE_PREFIX = b"done:"
 
 
 class ProtocolError(ValueError):
     """A message that is not ours: bad encoding, unknown type or another protocol version."""
+
+
+ZMQ_ADDRESS = re.compile(r"tcp://[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}")
+"""How nodes reach each other: tcp://host:port (a host name or IPv4 address)."""
+MAX_ID_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,15 @@ class KVHandle:
     block_ids: tuple[int, ...]
     num_tokens: int
     compat_hash: str
+    instance_id: str = ""
+    """The prefill process that holds it: a node restarted on the same address is another instance, and
+    whatever a decode node knew of the old one (its NIXL metadata) must not be used for it."""
+
+    def __post_init__(self):
+        if not ZMQ_ADDRESS.fullmatch(str(self.address)):
+            raise ValueError(f"KV handle address {str(self.address)[:80]!r} is not tcp://host:port")
+        if self.num_tokens < 1 or not self.block_ids or any(b < 0 for b in self.block_ids):
+            raise ValueError("KV handle needs num_tokens >= 1 and block ids >= 0")
 
 
 @dataclass(frozen=True)
@@ -157,6 +179,8 @@ class Pong:
     stats: dict[str, Any] = field(default_factory=dict)
     counters: tuple[str, ...] = ()
     """Which stats only ever grow (exported as Prometheus counters; the others are gauges)."""
+    instance_id: str = ""
+    """This node process (random at start): a change means the node restarted and forgot what it held."""
 
 
 # --- decode -> prefill ---------------------------------------------------------------------------------------
@@ -181,6 +205,10 @@ class HandshakeReply:
     """The KV tensor's CUDA device in the prefill process (0 for DRAM)."""
     ucx_settings: dict[str, str]
     """The UCX settings the prefill node's agent was made with (TransferConfig.ucx_environment()), for the log."""
+    instance_id: str = ""
+    """The prefill process: KV handles naming another instance are not its (it restarted)."""
+    lease_seconds: float = 60.0
+    """How long the prefill node keeps a lease, claimed or not: a READ must end well within it."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +228,14 @@ class ClaimKV:
 
 
 @dataclass(frozen=True)
+class ReleaseKV:
+    """decode -> prefill: this node will not read (or finish reading) the lease: free it now."""
+
+    request_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class ClaimReply:
     request_id: str
     ok: bool
@@ -209,7 +245,7 @@ class ClaimReply:
 
 MESSAGE_TYPES = {cls.__name__: cls for cls in (
     PrefillRequest, PrefillResult, DecodeRequest, TokenEvent, ErrorReply, Abort, Ping, Pong,
-    HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply)}
+    HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply, ReleaseKV)}
 
 
 def encode(message) -> bytes:
@@ -229,9 +265,83 @@ def decode(data: bytes):
         raise ProtocolError(f"unknown message type {type_name!r}")
     try:
         message_type = MESSAGE_TYPES[type_name]
-        return message_type(**{name: _from_wire(message_type, name, value) for name, value in body.items()})
-    except TypeError as error:
-        raise ProtocolError(f"malformed {type_name}: {error}") from error
+        message = message_type(**{name: _from_wire(message_type, name, value) for name, value in body.items()})
+    except Exception as error:  # NOTE: any field may be anything: a bad one is a refused message, never a crash
+        raise ProtocolError(f"malformed {type_name}: {type(error).__name__}: {error}") from error
+    check_fields(message, type_name)
+    return message
+
+
+def request_id_of(data: bytes) -> str:
+    """The request id a (possibly malformed) message names, if any: what an error reply to it can name."""
+    try:
+        request_id = msgpack.unpackb(data, raw=False).get("request_id", "")
+    except Exception:
+        return ""
+    return request_id if isinstance(request_id, str) and len(request_id) <= MAX_ID_CHARS else ""
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_fields(value, path: str) -> None:
+    """Every field of a decoded dataclass (nested ones too) has its annotated type; else ProtocolError."""
+    for name, hint in _hints(type(value)).items():
+        _check_type(getattr(value, name), hint, f"{path}.{name}")
+
+
+def _check_type(value, hint, path: str) -> None:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for option in args:
+            try:
+                return _check_type(value, option, path)
+            except ProtocolError as error:
+                errors.append(str(error))
+        raise ProtocolError(errors[0])
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ProtocolError(f"{path} must be a list, got {type(value).__name__}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ProtocolError(f"{path} must have {len(args)} items")
+            for i, (item, item_hint) in enumerate(zip(value, args, strict=True)):
+                _check_type(item, item_hint, f"{path}[{i}]")
+            return
+        for i, item in enumerate(value):
+            _check_type(item, args[0], f"{path}[{i}]")
+        return
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ProtocolError(f"{path} must be a map with string keys")
+        return
+    _check_plain(value, hint, path)
+
+
+def _check_plain(value, hint, path: str) -> None:
+    if hint is type(None):
+        ok = value is None
+    elif hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**64
+    elif hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    elif hint is str:
+        ok = isinstance(value, str) and (len(value) <= MAX_ID_CHARS or not path.endswith(("_id", ".address")))
+    elif dataclasses.is_dataclass(hint):
+        ok = isinstance(value, hint)
+        if ok:
+            check_fields(value, path)
+    else:
+        ok = isinstance(value, hint)
+    if not ok:
+        raise ProtocolError(f"{path} must be {getattr(hint, '__name__', hint)}, got {str(value)[:40]!r}")
 
 
 def _to_wire(value):

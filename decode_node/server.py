@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -33,6 +34,9 @@ from transfer.reads import PROBE_BYTES, ReadHandle
 
 logger = logging.getLogger(__name__)
 
+CLAIM_TIMEOUT_S = 10.0
+"""A prefill node answers a handshake or claim at its next loop turn: 10 s of silence means it is gone."""
+
 
 @dataclass
 class DecodeJob:
@@ -47,6 +51,8 @@ class DecodeJob:
     aborted: bool = False
     dropped: set[int] = field(default_factory=set)
     """Samples aborted alone before running (a stop string ended them): freed once the READ is done."""
+    claimed_at: float = 0.0
+    """When its claim (or the handshake it waits on) was sent."""
 
     @property
     def reader(self) -> Request:
@@ -64,6 +70,10 @@ class RunningSample:
 class PrefillPeer:
     address: str
     ready: bool = False
+    instance_id: str = ""
+    """The prefill process the handshake reached; KV handles of another instance are not its."""
+    lease_seconds: float = 60.0
+    """The peer keeps a claimed lease this long: reads from it are given up after half of it."""
     jobs_waiting: list[DecodeJob] = field(default_factory=list)
     """Jobs admitted before the handshake with this peer completed."""
 
@@ -85,6 +95,8 @@ class DecodeServer(NodeServer):
         self.num_decoded_rows = 0
         """Running requests summed over decode steps: / num_decode_steps = how many shared a step on average."""
         self.num_finished = 0
+        self.num_blocks_quarantined = 0
+        """Blocks a timed-out READ that NIXL would not release may still write: never reused."""
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
     def busy(self) -> bool:
@@ -93,6 +105,7 @@ class DecodeServer(NodeServer):
     def schedule(self) -> list[Request]:
         """Admit what fits, advance the KV reads; the step decodes every running sample."""
         self.admit()
+        self.expire_claims()
         self.poll_transfers()
         return [sample.request for sample in self.running]
 
@@ -136,7 +149,13 @@ class DecodeServer(NodeServer):
     # --- pulling KV ---------------------------------------------------------------------------------------------
     def claim(self, job: DecodeJob) -> None:
         self.claiming[job.request_id] = job
+        job.claimed_at = time.monotonic()
         peer = self.peers.get(job.kv.node_id)
+        if peer is not None and peer.ready and job.kv.instance_id != peer.instance_id:
+            # NOTE: the KV comes from another process than the one handshaken (restarted on its address): its NIXL
+            # metadata is stale; handshake again, and the new handshake tells whether this KV still exists.
+            self.forget_peer(job.kv.node_id)
+            peer = None
         if peer is None:
             peer = self.peers[job.kv.node_id] = PrefillPeer(job.kv.address)
             self.sockets.send_peer(peer.address, protocol.HandshakeRequest(self.config.node_id, self.compat))
@@ -155,9 +174,13 @@ class DecodeServer(NodeServer):
         except IncompatiblePeer as error:
             self.fail_peer(reply.node_id, str(error))
             return
-        peer.ready = True
+        peer.ready, peer.instance_id, peer.lease_seconds = True, reply.instance_id, reply.lease_seconds
         for job in peer.jobs_waiting:
-            self.sockets.send_peer(address, protocol.ClaimKV(job.request_id))
+            if job.kv.instance_id != reply.instance_id:
+                self.claiming.pop(job.request_id, None)
+                self.fail(job, f"prefill node {reply.node_id} restarted: the KV of {job.request_id} is gone")
+            else:
+                self.sockets.send_peer(address, protocol.ClaimKV(job.request_id))
         peer.jobs_waiting.clear()
 
     def check_read_speed(self, reply: protocol.HandshakeReply) -> None:
@@ -192,32 +215,92 @@ class DecodeServer(NodeServer):
     def on_claim_reply(self, address: str, reply: protocol.ClaimReply) -> None:
         job = self.claiming.pop(reply.request_id, None)
         if job is None:
+            if reply.ok:  # NOTE: a claim this node no longer wants (its job failed meanwhile): give it back
+                self.sockets.send_peer(address, protocol.ReleaseKV(reply.request_id, "no longer wanted"))
             return
-        if not reply.ok or job.aborted:
-            self.fail(job, f"KV of {reply.request_id} could not be claimed: {reply.reason or 'aborted'}")
+        if not reply.ok:
+            self.fail(job, f"KV of {reply.request_id} could not be claimed: {reply.reason}")
             return
-        if job.kv.compat_hash != self.compat_hash:
-            self.fail(job, f"KV of {reply.request_id} was made under compat hash {job.kv.compat_hash}")
+        problem = self.claimed_kv_problem(job, reply)
+        if problem:
+            # NOTE: claimed but never to be read: the prefill node frees it now, not at the lease's deadline
+            self.sockets.send_peer(address, protocol.ReleaseKV(reply.request_id, problem))
+            self.fail(job, f"KV of {reply.request_id}: {problem}")
             return
         local = job.reader.block_ids[: len(reply.block_ids)]
         job.read = self.agent.start_read(job.kv.node_id, reply.block_ids, local,
                                          protocol.kv_done_notification(reply.request_id))
         self.transferring[reply.request_id] = job
 
+    def claimed_kv_problem(self, job: DecodeJob, reply: protocol.ClaimReply) -> str:
+        """Why a claimed lease must not be read ("" if it may)."""
+        peer = self.peers.get(job.kv.node_id)
+        if job.aborted:
+            return "aborted"
+        if job.kv.compat_hash != self.compat_hash:
+            return f"made under compat hash {job.kv.compat_hash}"
+        if peer is None or not peer.ready or peer.instance_id != job.kv.instance_id:
+            return "the prefill node restarted since the handshake"
+        if len(reply.block_ids) != self.block_manager.blocks_needed(job.reader.num_prompt_tokens):
+            return f"{len(reply.block_ids)} blocks for a {job.reader.num_prompt_tokens}-token prompt"
+        return ""
+
     def poll_transfers(self) -> None:
         for request_id, job in list(self.transferring.items()):
             state = self.agent.poll(job.read)
-            if state == "PROC":
+            if state == "PROC" and not self.read_overdue(job):
                 continue
             del self.transferring[request_id]
-            if state == "ERR":
-                self.agent.remove_peer(job.kv.node_id)  # NOTE: likely a restarted peer: handshake again
-                self.peers.pop(job.kv.node_id, None)
+            if state == "PROC":
+                self.give_up_read(job)
+            elif state == "ERR":
+                self.send_release(job, "the READ failed")
+                self.forget_peer(job.kv.node_id)  # NOTE: likely a restarted peer: handshake again
                 self.fail(job, f"NIXL read of {request_id}'s KV from {job.kv.node_id} failed")
             elif job.aborted:
                 self.release(job)
             else:
                 self.start_running(job)
+
+    def read_overdue(self, job: DecodeJob) -> bool:
+        """A READ past half the peer's lease: the peer may free the blocks soon, so the read is given up."""
+        peer = self.peers.get(job.kv.node_id)
+        limit = (peer.lease_seconds if peer else 60.0) / 2
+        return time.perf_counter() - job.read.started_at > limit
+
+    def give_up_read(self, job: DecodeJob) -> None:
+        released = self.agent.cancel(job.read)
+        self.send_release(job, "the READ timed out")
+        self.forget_peer(job.kv.node_id)
+        if not released:
+            # NOTE: NIXL may still write into the reader's blocks: they stay out of the pool rather than be reused
+            self.num_blocks_quarantined += len(job.reader.block_ids)
+            job.reader.block_ids = []
+        self.fail(job, f"NIXL read of {job.request_id}'s KV from {job.kv.node_id} timed out")
+
+    def send_release(self, job: DecodeJob, reason: str) -> None:
+        self.sockets.send_peer(job.kv.address, protocol.ReleaseKV(job.request_id, reason))
+
+    def forget_peer(self, node_id: str) -> None:
+        """Drop a peer's NIXL metadata and handshake; jobs waiting on that handshake fail (the router retries)."""
+        self.agent.remove_peer(node_id)
+        peer = self.peers.pop(node_id, None)
+        for job in peer.jobs_waiting if peer else []:
+            self.claiming.pop(job.request_id, None)
+            self.fail(job, f"prefill peer {node_id} was forgotten before its handshake completed")
+
+    def expire_claims(self) -> None:
+        """A claim or handshake unanswered for CLAIM_TIMEOUT_S (a dead or unreachable prefill node) fails: the
+        request's slots and blocks must not wait forever."""
+        now = time.monotonic()
+        for request_id, job in list(self.claiming.items()):
+            if now - job.claimed_at > CLAIM_TIMEOUT_S:
+                del self.claiming[request_id]
+                peer = self.peers.get(job.kv.node_id)
+                if peer is not None and job in peer.jobs_waiting:
+                    peer.jobs_waiting.remove(job)
+                self.fail(job, f"prefill node {job.kv.node_id} did not answer the claim of {request_id} within "
+                               f"{CLAIM_TIMEOUT_S:g} s")
 
     def start_running(self, job: DecodeJob) -> None:
         """Every other sample gets its own copy of the prompt's KV (the reader's blocks), then all run."""
@@ -338,4 +421,5 @@ class DecodeServer(NodeServer):
                 "num_transferring": len(self.transferring), "num_decode_steps": self.num_decode_steps,
                 "num_decoded_rows": self.num_decoded_rows, "num_finished": self.num_finished,
                 "num_graph_replays": 0 if graph is None else graph.num_replays,
+                "num_blocks_quarantined": self.num_blocks_quarantined,
                 "kv_probe_read_gbps_min": round(min(self.read_gbps.values(), default=0.0), 3)}

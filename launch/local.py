@@ -16,6 +16,7 @@ import subprocess
 from launch import cluster as launch
 from launch import scaling, serve_loop
 from launch.cluster import ClusterConfig, free_port
+from launch.restarts import RestartPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class LocalCluster:
         self.argvs: dict[str, list[str]] = {}
         self.envs: dict[str, dict[str, str] | None] = {}
         self.num_restarts = 0
+        self.restarts = RestartPolicy()
         self.prefill_addresses: list[str] = []
         self.decode_addresses: list[str] = []
         self.node_addresses: dict[str, str] = {}
@@ -94,16 +96,21 @@ class LocalCluster:
         logger.info("starting %s%s", name, "" if env is None else f" on GPU {env['CUDA_VISIBLE_DEVICES']}")
         self.argvs[name], self.envs[name] = argv, env
         self.processes.append((name, subprocess.Popen(argv, env=env)))
+        self.restarts.started(name)
 
     def restart_dead_nodes(self) -> None:
-        """Start again every prefill/decode process that exited; raise if the router did."""
+        """Start again every prefill/decode process that exited (RestartPolicy: backoff, then giving up); raise
+        if the router did."""
         for i, (name, process) in enumerate(self.processes):
             if process.poll() is None:
                 continue
             if name == "router":
                 raise RuntimeError(f"router exited with code {process.returncode}")
+            if self.restarts.decide(name, f"exit code {process.returncode}") != "restart":
+                continue
             logger.warning("%s exited with code %s; starting it again", name, process.returncode)
             self.processes[i] = (name, subprocess.Popen(self.argvs[name], env=self.envs[name]))
+            self.restarts.started(name)
             self.num_restarts += 1
 
     def wait_healthy(self) -> None:

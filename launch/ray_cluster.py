@@ -32,6 +32,7 @@ from launch import cluster as launch
 from launch import scaling, serve_loop
 from launch.cluster import ClusterConfig, Role
 from launch.ray_node import NodeActor
+from launch.restarts import RestartPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,7 @@ class RayCluster:
         self.router: subprocess.Popen | None = None
         self.placement_group: PlacementGroup | None = None
         self.num_restarts = 0
+        self.restarts = RestartPolicy()
         self.num_started = {"prefill": config.cluster.num_prefill, "decode": config.cluster.num_decode}
         """Nodes ever started per role: the next added node's index (ids are never reused)."""
         self._initialized_ray = False
@@ -299,13 +301,14 @@ class RayCluster:
         same bundle, on the same port); raise if the router exited."""
         self._check_router()
         for node, state in zip(self.nodes, self._node_states(), strict=True):
-            if state is None:
+            if state is None or self.restarts.decide(node.name, str(state)) != "restart":
                 continue
             logger.warning("%s at %s exited (%s); starting it again", node.name, node.address, state)
             if state == ACTOR_LOST:
                 self._replace_actor(node)
             else:
                 ray.get(node.actor.restart.remote())
+            self.restarts.started(node.name)
             self.num_restarts += 1
 
     def _node_states(self) -> list[int | str | None]:

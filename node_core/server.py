@@ -7,6 +7,7 @@ its step() (schedule -> run -> postprocess) and its share of the stats.
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -39,6 +40,8 @@ class NodeServer:
     def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent,
                  capture_decode_graph: bool = True):
         self.config = config
+        self.instance_id = uuid.uuid4().hex
+        """This process: a node restarted on the same address gets another one."""
         self.runner = ModelRunner(config.engine, capture_decode_graph=capture_decode_graph)
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.engine.cache.block_size)
         self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)
@@ -56,7 +59,7 @@ class NodeServer:
 
     def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
         self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, self.role, self.fingerprint,
-                                                   self.model_facts, self.stats(), self.counters))
+                                                   self.model_facts, self.stats(), self.counters, self.instance_id))
 
     def free(self, request: Request) -> None:
         """Return a request's KV blocks (if it still holds any) to the pool."""

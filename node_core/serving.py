@@ -72,19 +72,27 @@ class NodeSockets:
                 except zmq.Again:
                     break
                 source = frames[0] if socket is self.server else self._address_of(socket)
-                message = self._decode(frames[-1])
+                message = self._decode(source, frames[-1])
                 if message is not None:
                     received.append((source, message))
         return received
 
     def dispatch(self, server, timeout_ms: int) -> None:
-        """Hand each received message to server.handlers[type](server, source, message)."""
+        """Hand each received message to server.handlers[type](server, source, message).
+
+        NOTE: a handler that raises costs its message, never the node: it is logged and, when the sender is a
+        client of the server socket, answered with a 500 naming the request."""
         for source, message in self.poll(timeout_ms):
             handler = server.handlers.get(type(message))
             if handler is None:
                 logger.warning("%s: unexpected %s", server.config.node_id, type(message).__name__)
-            else:
+                self._refuse(source, getattr(message, "request_id", ""), f"unexpected {type(message).__name__}")
+                continue
+            try:
                 handler(server, source, message)
+            except Exception as error:
+                logger.exception("%s: handling %s failed", server.config.node_id, type(message).__name__)
+                self._refuse(source, getattr(message, "request_id", ""), f"{type(error).__name__}: {error}", 500)
 
     def reply(self, identity: bytes, message) -> None:
         self.server.send_multipart([identity, protocol.encode(message)])
@@ -99,13 +107,18 @@ class NodeSockets:
     def _address_of(self, socket) -> str:
         return next(address for address, s in self.peers.items() if s is socket)
 
-    @staticmethod
-    def _decode(data: bytes):
+    def _decode(self, source: bytes | str, data: bytes):
         try:
             return protocol.decode(data)
         except protocol.ProtocolError as error:
-            logger.warning("dropping message: %s", error)
+            logger.warning("refusing a message: %s", error)
+            self._refuse(source, protocol.request_id_of(data), str(error))
             return None
+
+    def _refuse(self, source: bytes | str, request_id: str, reason: str, status: int = 400) -> None:
+        """An ErrorReply to a client of the server socket (a peer's DEALER gets none: it is not waiting on one)."""
+        if isinstance(source, bytes):
+            self.reply(source, protocol.ErrorReply(request_id, status, reason))
 
 
 def compat_fields(config: EngineConfig, arch, model_digest: str) -> dict:

@@ -8,10 +8,14 @@ Lifecycle of a request (queues):
   waiting (FIFO) --KV blocks for the prompt free--> prefilling (one chunk per loop turn; alone unless packed)
   prefilling --last chunk: token 1 of each of the n samples sampled, PrefillResult to the router--> leased
       (blocks kept until a deadline)
-  leased --ClaimKV from a decode node--> claimed (deadline lifted: it cannot expire mid-transfer)
+  leased --ClaimKV from a decode node--> claimed (a new deadline, kv_lease_seconds on: decode nodes end their READ
+      within half of it, so a lease that outlives it has a dead or lost claimer)
   claimed --NIXL notification protocol.kv_done_notification(id) from the reading decode node--> freed
       (kv_released += 1)
-  leased --deadline passes--> freed (lease_expiries += 1); a later claim is refused and the router re-prefills
+  claimed --ReleaseKV from the claimer (its READ failed, timed out or was aborted)--> freed (kv_released_unread += 1)
+  leased or claimed --deadline passes--> freed (lease_expiries += 1); a later claim is refused, the router re-prefills
+  Abort from the router: waiting -> dropped; prefilling -> freed when its last chunk ran; leased -> freed; claimed ->
+      left to the claimer (it may be reading the blocks right now) and to the deadline.
   A request every sample of which token 1 finished (stop token or max_tokens == 1) is freed at once, kv=None.
 """
 
@@ -46,8 +50,8 @@ class PendingPrefill:
 @dataclass
 class Lease:
     request: Request
-    deadline: float | None
-    """None once claimed."""
+    deadline: float
+    claimed: bool = False
 
 
 class PrefillServer(NodeServer):
@@ -58,7 +62,9 @@ class PrefillServer(NodeServer):
         self.waiting: deque[PendingPrefill] = deque()
         self.prefilling: list[PendingPrefill] = []
         self.leases: dict[str, Lease] = {}
+        self.aborted_while_prefilling: set[str] = set()
         self.num_prefills = 0
+        self.num_released_unread = 0
         self.prefill_seconds_total = 0.0
         """Seconds of prefill forwards (token 1 sampled included), summed: / num_prefills = per prompt."""
 
@@ -126,10 +132,14 @@ class PrefillServer(NodeServer):
         first_tokens = [protocol.FirstToken(item.index, item.token_id, item.logprobs,
                                             request.finish_reason_for(item.token_id, 1)) for item in samples]
         self.num_prefills += 1
+        if request.request_id in self.aborted_while_prefilling:
+            self.aborted_while_prefilling.discard(request.request_id)
+            self.free(request)
+            return
         kv = None
         if any(first.finish_reason is None for first in first_tokens):
             kv = protocol.KVHandle(self.config.node_id, self.config.address, tuple(request.block_ids),
-                                   request.num_prompt_tokens, self.compat_hash)
+                                   request.num_prompt_tokens, self.compat_hash, self.instance_id)
             self.leases[request.request_id] = Lease(request, time.monotonic() + self.config.kv_lease_seconds)
         else:
             self.free(request)
@@ -172,29 +182,43 @@ class PrefillServer(NodeServer):
         self.sockets.reply(identity, protocol.HandshakeReply(
             self.config.node_id, self.compat, self.compat_hash, agent.metadata(), agent.kv_base_address,
             agent.num_blocks, agent.block_nbytes, agent.memory_type, agent.device_id,
-            self.config.transfer.ucx_environment(vram=agent.memory_type == "VRAM")))
+            self.config.transfer.ucx_environment(vram=agent.memory_type == "VRAM"), self.instance_id,
+            self.config.kv_lease_seconds))
 
     def on_claim(self, identity: bytes, message: protocol.ClaimKV) -> None:
         lease = self.leases.get(message.request_id)
-        if lease is None:
-            reply = protocol.ClaimReply(message.request_id, False, reason="unknown or expired KV lease")
+        if lease is None or lease.claimed:
+            reason = "KV lease already claimed" if lease else "unknown or expired KV lease"
+            reply = protocol.ClaimReply(message.request_id, False, reason=reason)
         else:
-            lease.deadline = None
+            lease.claimed, lease.deadline = True, time.monotonic() + self.config.kv_lease_seconds
             reply = protocol.ClaimReply(message.request_id, True, tuple(lease.request.block_ids))
         self.sockets.reply(identity, reply)
 
+    def on_release(self, identity: bytes, message: protocol.ReleaseKV) -> None:
+        lease = self.leases.pop(message.request_id, None)
+        if lease is not None:
+            logger.info("prefill %s: lease of %s released unread: %s", self.config.node_id, message.request_id,
+                        message.reason)
+            self.free(lease.request)
+            self.num_released_unread += 1
+
     def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
+        request_id = message.request_id
         for pending in list(self.waiting):
-            if pending.request.request_id == message.request_id:
+            if pending.request.request_id == request_id:
                 self.waiting.remove(pending)
-        lease = self.leases.get(message.request_id)
-        if lease is not None and lease.deadline is not None:
+        if any(pending.request.request_id == request_id for pending in self.prefilling):
+            self.aborted_while_prefilling.add(request_id)
+        lease = self.leases.get(request_id)
+        if lease is not None and not lease.claimed:
             # NOTE: a claimed lease is never freed here: a decode node may be reading its blocks right now.
-            del self.leases[message.request_id]
+            del self.leases[request_id]
             self.free(lease.request)
 
     handlers = {protocol.PrefillRequest: on_prefill, protocol.HandshakeRequest: on_handshake,
-                protocol.ClaimKV: on_claim, protocol.Abort: on_abort, protocol.Ping: NodeServer.on_ping}
+                protocol.ClaimKV: on_claim, protocol.ReleaseKV: on_release, protocol.Abort: on_abort,
+                protocol.Ping: NodeServer.on_ping}
 
     # --- KV leases ------------------------------------------------------------------------------------------------
     def release_notified(self) -> None:
@@ -210,14 +234,16 @@ class PrefillServer(NodeServer):
     def expire_leases(self) -> None:
         now = time.monotonic()
         for request_id, lease in list(self.leases.items()):
-            if lease.deadline is not None and lease.deadline < now:
+            if lease.deadline < now:
                 del self.leases[request_id]
                 self.free(lease.request)
                 self.agent.counters.lease_expiries += 1
                 logger.warning("prefill %s: KV lease of %s expired", self.config.node_id, request_id)
 
-    ROLE_COUNTERS = ("num_prefills", "prefill_seconds_total")
+    ROLE_COUNTERS = ("num_prefills", "prefill_seconds_total", "num_released_unread")
 
     def role_stats(self) -> dict:
         return {"num_prefills": self.num_prefills, "num_waiting": len(self.waiting), "num_leased": len(self.leases),
+                "num_claimed": sum(lease.claimed for lease in self.leases.values()),
+                "num_released_unread": self.num_released_unread,
                 "prefill_seconds_total": round(self.prefill_seconds_total, 6)}

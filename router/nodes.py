@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
+import zmq.utils.monitor
 
 from corun.config import Role, RouterConfig
-from corun.protocol import ModelFacts, Ping, Pong, ProtocolError, decode, encode
+from corun.protocol import ErrorReply, ModelFacts, Ping, Pong, ProtocolError, decode, encode
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,11 @@ FIRST_PING_INTERVAL_S = 0.1
 """Until every node has answered once (connections come up asynchronously), ping faster: /health turns 200
 within a fraction of a second of the nodes being up."""
 HEALTHY_WITHIN_S = 3.0
-"""A node is healthy when its latest Pong is at most this old (three missed pings make it unhealthy)."""
+"""A node is healthy when it is connected and its latest Pong is at most this old (three missed pings make a busy
+or hung node unhealthy; a dead one is known at once, by its connection)."""
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 200, 800
+"""zmq heartbeats, answered by the node's zmq I/O thread even while its loop runs a long forward: a host or link
+that is gone closes the connection within a second (a killed process closes it at once)."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,11 @@ class NodeClient:
         self._request_queues: dict[str, asyncio.Queue] = {}
         self._latest_pong: Pong | None = None
         self._latest_pong_time: float | None = None
+        self._connected = False
         self._receive_task: asyncio.Task | None = None
+        self._monitor_task: asyncio.Task | None = None
+        self.num_lost = 0
+        """Times the node was lost (its connection closed, or a Pong came from another instance)."""
 
     def start(self) -> None:
         """Connect and start receiving; call from the event loop that will use the client."""
@@ -72,14 +81,20 @@ class NodeClient:
         # node minutes later, after its client has given up.
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
+        self._socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self._socket.connect(self.address)
         self._receive_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.address}")
+        self._monitor_task = asyncio.create_task(self._monitor_loop(monitor), name=f"monitor {self.address}")
 
     async def close(self) -> None:
-        if self._receive_task is not None:
-            self._receive_task.cancel()
-            await asyncio.gather(self._receive_task, return_exceptions=True)
+        for task in (self._receive_task, self._monitor_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._socket is not None:
+            self._socket.disable_monitor()
             self._socket.close()
 
     async def send(self, message) -> None:
@@ -112,8 +127,8 @@ class NodeClient:
     def status(self, now: float | None = None) -> NodeStatus:
         now = time.monotonic() if now is None else now
         age = None if self._latest_pong_time is None else now - self._latest_pong_time
-        return NodeStatus(self.index, self.role, self.address, age is not None and age <= HEALTHY_WITHIN_S,
-                          self.draining, self._latest_pong, age)
+        healthy = self._connected and age is not None and age <= HEALTHY_WITHIN_S
+        return NodeStatus(self.index, self.role, self.address, healthy, self.draining, self._latest_pong, age)
 
     @property
     def num_open_requests(self) -> int:
@@ -139,9 +154,34 @@ class NodeClient:
             except ProtocolError as error:
                 logger.warning("dropped a message from %s: %s", self.address, error)
 
+    async def _monitor_loop(self, monitor: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._connected = True
+                elif event["event"] == zmq.EVENT_DISCONNECTED and self._connected:
+                    self._connected = False
+                    self.fail_open_requests("its connection closed")
+        finally:
+            monitor.close()
+
+    def fail_open_requests(self, why: str) -> None:
+        """The node died (or restarted and forgot them): every request open on it gets a 503 now (the router
+        re-runs it elsewhere) instead of waiting for replies that will never come."""
+        self.num_lost += 1
+        if self._request_queues:
+            logger.warning("%s node %s lost (%s): failing its %d open request(s) over", self.role, self.address, why,
+                           len(self._request_queues))
+        for request_id, queue in self._request_queues.items():
+            queue.put_nowait(ErrorReply(request_id, 503, f"{self.role} node {self.address} was lost: {why}"))
+
     def _dispatch(self, message) -> None:
         if isinstance(message, Pong):
+            previous = self._latest_pong
             self._latest_pong, self._latest_pong_time = message, time.monotonic()
+            if previous is not None and previous.instance_id != message.instance_id:
+                self.fail_open_requests(f"it restarted (instance {message.instance_id[:8]})")
             return
         queue = self._request_queues.get(getattr(message, "request_id", None))
         if queue is None:

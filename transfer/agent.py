@@ -154,6 +154,21 @@ class KVTransferAgent(KVRegion):
             self._advance(handle, state)
         return handle.state
 
+    def cancel(self, handle: ReadHandle) -> bool:
+        """Give up a READ still in flight (it took too long); True when NIXL released it, so nothing more will be
+        written into its local blocks. Counted as a failed read."""
+        if handle.state != "PROC":
+            return True
+        xfer, handle.backend_handle = handle.backend_handle, None
+        handle.state, handle.error = "ERR", "cancelled: the READ took too long"
+        count_finished(self.counters, handle)
+        try:
+            self._nixl.release_xfer_handle(xfer)
+        except _TRANSFER_ERRORS as error:
+            logger.error("%s: a timed-out read from %s could not be released: %r", self.name, handle.peer, error)
+            return False
+        return True
+
     def new_notifications(self) -> list[tuple[str, bytes]]:
         """(peer agent name, message) of every notification received since the last call."""
         return [(_as_str(name), message) for name, messages in self._nixl.get_new_notifs().items()

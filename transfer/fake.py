@@ -31,6 +31,8 @@ _AGENTS: dict[str, FakeKVTransferAgent] = {}
 class FakeKVTransferAgent(KVRegion):
     probe_gbps = math.inf
     """What probe_read() reports (tests set a slow one to see a peer refused)."""
+    hold_reads = False
+    """Reads stay "PROC" while set (tests of a READ that hangs)."""
 
     def __init__(self, name: str, kv_data: torch.Tensor, config: TransferConfig = TransferConfig()):
         check_kv_data(kv_data)
@@ -79,11 +81,17 @@ class FakeKVTransferAgent(KVRegion):
         return ReadHandle(peer, num_blocks, num_blocks * self.block_nbytes, "PROC", pending)
 
     def poll(self, handle: ReadHandle) -> XferState:
-        if handle.state == "PROC":
+        if handle.state == "PROC" and not self.hold_reads:
             handle.state = self._complete(handle)
             handle.backend_handle = None
             count_finished(self.counters, handle)
         return handle.state
+
+    def cancel(self, handle: ReadHandle) -> bool:
+        if handle.state == "PROC":
+            handle.state, handle.error, handle.backend_handle = "ERR", "cancelled", None
+            count_finished(self.counters, handle)
+        return True
 
     def new_notifications(self) -> list[tuple[str, bytes]]:
         notifications, self._inbox = self._inbox, []

@@ -34,6 +34,7 @@ MESSAGES = [
     protocol.HandshakeRefused("prefill-0", "block_size 16 != 32"),
     protocol.ClaimKV("r1"),
     protocol.ClaimReply("r1", True, (3, 4, 9)),
+    protocol.ReleaseKV("r1", "read failed"),
 ]
 
 

@@ -9,6 +9,7 @@ silence.
 
 import time
 
+import msgpack
 import pytest
 import zmq
 
@@ -26,7 +27,7 @@ PARAMS = SamplingParams(temperature=0.6, seed=5, max_tokens=6, logprobs=2, ignor
 def node_config(model_dir: str, role: str, node_id: str, **node) -> NodeConfig:
     engine = EngineConfig(model=model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
                           scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=128, prefill_chunk_size=32))
-    return NodeConfig(role, node_id, engine, port=free_port("127.0.0.1"), **node)
+    return NodeConfig(role, node_id, engine, **{"port": free_port("127.0.0.1"), **node})
 
 
 class Bench:
@@ -93,6 +94,14 @@ class Bench:
         assert not (decode.waiting or decode.claiming or decode.transferring or decode.running)
         assert decode.block_manager.num_free_blocks == decode.block_manager.num_usable_blocks
 
+    def assert_prefill_idle(self, turns: int = 5) -> None:
+        """No lease left on the prefill node (after the messages in flight to it arrived)."""
+        for _ in range(turns):
+            self.prefill.step()
+        prefill = self.prefill
+        assert not prefill.leases, prefill.leases
+        assert prefill.block_manager.num_free_blocks == prefill.block_manager.num_usable_blocks
+
     def close(self) -> None:
         for socket in (self.to_prefill, self.to_decode):
             socket.close()
@@ -158,6 +167,8 @@ def test_failed_read_is_a_503_and_the_restarted_peer_is_handshaken_again(tiny_mo
         [error] = bench.until(finished)
         assert error.status == 503 and "read" in error.message and "prefill-a" not in bench.decode.peers
         bench.assert_idle()
+        bench.assert_prefill_idle()  # NOTE: the failed reader released its claim (ReleaseKV), not the deadline
+        assert bench.prefill.num_released_unread == 1 and bench.prefill.agent.counters.lease_expiries == 0
         bench.prefill.close()
         bench.prefill = PrefillServer(node_config(tiny_model_dir, "prefill", "prefill-a"), FakeKVTransferAgent)
         bench.to_prefill.close()
@@ -178,6 +189,7 @@ def test_abort_while_claiming_frees_the_blocks_without_a_reply(bench):
     replies = bench.step(20)
     assert not any(isinstance(r, protocol.TokenEvent) for r in replies)
     bench.assert_idle()
+    bench.assert_prefill_idle()
 
 
 def test_abort_while_transferring_frees_the_blocks_once_the_read_ends(bench):
@@ -190,6 +202,7 @@ def test_abort_while_transferring_frees_the_blocks_once_the_read_ends(bench):
     replies = bench.step(5)
     assert not replies
     bench.assert_idle()
+    bench.assert_prefill_idle()
 
 
 def test_abort_while_running_stops_the_stream_and_frees_the_slot(bench):
@@ -251,3 +264,121 @@ def test_an_emulated_vram_path_is_refused_naming_the_setting(tiny_model_dir, mon
         bench.assert_idle()
     finally:
         bench.close()
+
+
+def test_a_read_that_hangs_is_given_up_and_its_claim_released(tiny_model_dir):
+    bench = Bench(tiny_model_dir, lease_s=0.6)
+    try:
+        bench.decode.agent.hold_reads = True  # NOTE: the READ never completes
+        result, prompt = bench.prefilled("hung")
+        bench.send_decode(result, prompt)
+        start = time.monotonic()
+        [error] = bench.until(finished, max_turns=2000)
+        assert error.status == 503 and "timed out" in error.message
+        assert 0.25 < time.monotonic() - start < 2.0  # NOTE: half the peer's 0.6 s lease
+        bench.assert_idle()
+        bench.assert_prefill_idle()
+        assert bench.prefill.agent.counters.lease_expiries == 0  # NOTE: released, not expired
+    finally:
+        bench.close()
+
+
+def test_kv_of_a_restarted_prefill_node_is_refused_without_reading_it(tiny_model_dir):
+    bench = Bench(tiny_model_dir)
+    try:
+        result, prompt = bench.prefilled("before")
+        bench.send_decode(result, prompt)
+        assert bench.until(finished)[-1].finish_reason == "length"
+        old_instance = bench.decode.peers["prefill-a"].instance_id
+        stale, stale_prompt = bench.prefilled("stale")  # NOTE: then the node restarts in place: the lease is gone
+        bench.prefill.close()
+        bench.prefill = PrefillServer(node_config(tiny_model_dir, "prefill", "prefill-a",
+                                                  port=int(bench.prefill.config.port)), FakeKVTransferAgent)
+        assert bench.prefill.instance_id != old_instance
+        bench.to_prefill.close()
+        bench.to_prefill = bench.socket(bench.prefill)
+        reads_before = bench.decode.agent.counters.reads_started
+        bench.send_decode(stale, stale_prompt)
+        [error] = bench.until(finished)
+        assert error.status == 503 and "could not be claimed" in error.message
+        assert bench.decode.agent.counters.reads_started == reads_before  # NOTE: nothing read
+        # NOTE: KV of the new instance: the decode node must not use the old instance's NIXL metadata
+        fresh, fresh_prompt = bench.prefilled("fresh")
+        assert fresh.kv.instance_id == bench.prefill.instance_id
+        bench.send_decode(fresh, fresh_prompt)
+        assert bench.until(finished)[-1].finish_reason == "length"
+        assert bench.decode.peers["prefill-a"].instance_id == bench.prefill.instance_id
+        bench.assert_idle()
+        bench.assert_prefill_idle()
+    finally:
+        bench.close()
+
+
+def test_a_claim_a_dead_prefill_node_never_answers_fails_in_bounded_time(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr("decode_node.server.CLAIM_TIMEOUT_S", 0.3)
+    bench = Bench(tiny_model_dir)
+    try:
+        result, prompt = bench.prefilled("orphan")
+        bench.send_decode(result, prompt)
+        replies = []
+        for _ in range(400):  # NOTE: the prefill node never steps again: it is dead
+            bench.decode.step()
+            while bench.to_decode.poll(1):
+                replies.append(protocol.decode(bench.to_decode.recv_multipart()[-1]))
+            if finished(replies):
+                break
+        [error] = replies
+        assert error.status == 503 and "did not answer" in error.message
+        bench.assert_idle()
+    finally:
+        bench.close()
+
+
+MALFORMED = {
+    "temperature -1": ("params", {"temperature": -1}),
+    "kv {}": ("kv", {}),
+    "first token logprobs [1]": ("first_tokens", [{"index": 0, "token_id": 5, "logprobs": [1], "finish_reason": None}]),
+    "prompt 'abc'": ("prompt_token_ids", "abc"),
+    "kv.address not an address": ("kv.address", "not-an-address"),
+    "logit_bias out of vocab": ("params", {"logit_bias": [[10**6, 1.0]]}),
+    "more samples than slots": ("samples", 5),
+    "a sample index beyond n": ("samples", -1),
+}
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_a_malformed_decode_request_is_refused_and_the_node_lives_on(bench, name):
+    result, prompt = bench.prefilled(f"bad-{len(name)}")
+    wire = protocol._to_wire(protocol.DecodeRequest(result.request_id, prompt, PARAMS, 5, result.first_tokens,
+                                                    result.kv))
+    field, value = MALFORMED[name]
+    if field == "samples":  # NOTE: 5 samples for a node of 4 slots, or sample 1 of a request with n = 1
+        n = max(value, 1)
+        wire["params"] = {**wire["params"], "n": n}
+        first = wire["first_tokens"][0]
+        wire["first_tokens"] = [{**first, "index": i} for i in range(value if value > 0 else 2)]
+    elif field == "params":
+        wire["params"] = {**wire["params"], **value}
+    elif field == "kv.address":
+        wire["kv"] = {**wire["kv"], "address": value}
+    else:
+        wire[field] = value
+    bench.to_decode.send(msgpack.packb({"v": protocol.PROTOCOL_VERSION, "type": "DecodeRequest", **wire}))
+    [error] = bench.until(finished)
+    assert isinstance(error, protocol.ErrorReply) and error.status == 400 and error.request_id == result.request_id
+    bench.send_decode(result, prompt)  # NOTE: the node still serves, this very request included
+    assert bench.until(finished)[-1].finish_reason == "length"
+    bench.assert_idle()
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"v": 8}),
+                                  msgpack.packb({"v": protocol.PROTOCOL_VERSION, "type": "Abort"})])
+def test_garbage_gets_an_error_reply_from_both_nodes(bench, data):
+    for socket, server in ((bench.to_prefill, bench.prefill), (bench.to_decode, bench.decode)):
+        socket.send(data)
+        server.receive(timeout_ms=200)
+        assert socket.poll(1000)
+        reply = protocol.decode(socket.recv_multipart()[-1])
+        assert isinstance(reply, protocol.ErrorReply) and reply.status == 400
+    result, prompt = bench.prefilled("after-garbage")
+    assert result.kv is not None

@@ -1,11 +1,13 @@
 """Node loss: a decode node killed mid-stream; the router re-runs the request elsewhere and, outputs being
 deterministic, the client's stream continues with exactly the tokens an undisturbed run gives."""
 
+import concurrent.futures
 import signal
+import time
 
 import pytest
 
-from tests.launch.cluster_client import client, node_stats, start_cluster
+from tests.launch.cluster_client import client, node_stats, start_cluster, wait_for_stats
 
 PARAMS = {"temperature": 0.8, "seed": 11, "max_tokens": 400, "logprobs": 2}
 PROMPT = "the river reads the morning light because"
@@ -57,3 +59,49 @@ def test_a_dead_node_is_started_again_and_serves(cluster_1p2d):
         response = api.completions.create(model="corun-tiny", prompt=PROMPT, max_tokens=8, temperature=0.8, seed=3,
                                           extra_headers={"X-CoRun-Decode-Node": node})
         assert len(response.choices[0].model_extra["token_ids"]) == 8
+
+
+def stream_with_gaps(api, seed: int) -> tuple[list[int], float]:
+    """(token ids, the longest wait between two chunks) of one streamed completion."""
+    args = dict(model="corun-tiny", prompt=PROMPT, max_tokens=150, temperature=0.8, seed=seed,
+                extra_body={"ignore_eos": True})
+    token_ids, last, longest = [], time.monotonic(), 0.0
+    for chunk in api.completions.create(stream=True, **args):
+        now = time.monotonic()
+        longest, last = max(longest, now - last), now
+        for choice in chunk.choices:
+            token_ids += choice.model_extra.get("token_ids") or []
+    return token_ids, longest
+
+
+def test_a_node_restarted_in_place_at_once_fails_its_streams_over_within_a_second_and_a_half(cluster_1p2d):
+    """The launcher restarts a killed node on the same address at once: the router must still learn that what
+    ran there died (the connection closes; the new instance's Pongs carry another instance id)."""
+    cluster_1p2d.wait_healthy()
+    api = client(cluster_1p2d)
+    references = [api.completions.create(model="corun-tiny", prompt=PROMPT, max_tokens=150, temperature=0.8, seed=s,
+                                         extra_body={"ignore_eos": True}).choices[0].model_extra["token_ids"]
+                  for s in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        streams = [pool.submit(stream_with_gaps, api, s) for s in range(8)]
+        wait_for_stats(cluster_1p2d, lambda stats: sum(s.get("num_running", 0) for s in stats.values()) >= 6)
+        victim = max((n for n in node_stats(cluster_1p2d) if n.startswith("decode")),
+                     key=lambda n: node_stats(cluster_1p2d)[n]["num_running"])
+        process = dict(cluster_1p2d.processes)[victim]
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        restart_now(cluster_1p2d)  # NOTE: on the same port, as soon as the launcher's policy lets it
+        results = [stream.result(timeout=120) for stream in streams]
+    assert [ids for ids, _ in results] == references
+    longest = max(gap for _, gap in results)
+    assert longest < 1.5, f"a stream stalled {longest:.2f} s"
+
+
+def restart_now(cluster, timeout_s: float = 5.0) -> None:
+    """What `corun serve` does every half second, until the dead node is started again."""
+    restarts = cluster.num_restarts
+    deadline = time.monotonic() + timeout_s
+    while cluster.num_restarts == restarts:
+        assert time.monotonic() < deadline, "the dead node was not started again"
+        cluster.restart_dead_nodes()
+        time.sleep(0.05)

@@ -61,15 +61,45 @@ def test_prefill_leases_kv_then_frees_it_when_the_lease_expires(server, router):
     assert not claim.ok and "expired" in claim.reason
 
 
-def test_a_claimed_lease_never_expires_nor_is_aborted(server, router):
+def test_a_claimed_lease_is_not_aborted_but_expires_a_lease_after_its_claim(server, router):
+    free_before = server.block_manager.num_free_blocks
     [result] = exchange(server, router, prefill("b", 20))
+    time.sleep(0.2)  # NOTE: most of the unclaimed lease's life: the claim must give it a new one
     [claim] = exchange(server, router, protocol.ClaimKV("b"))
     assert claim.ok and claim.block_ids == result.kv.block_ids
-    time.sleep(0.35)
+    [again] = exchange(server, router, protocol.ClaimKV("b"))
+    assert not again.ok and "already claimed" in again.reason
+    time.sleep(0.2)
     router.send(protocol.encode(protocol.Abort("b")))
     for _ in range(5):
         server.step()
-    assert server.agent.counters.lease_expiries == 0 and "b" in server.leases
+    assert server.agent.counters.lease_expiries == 0 and "b" in server.leases  # NOTE: it may be being read
+    time.sleep(0.2)  # NOTE: past the claimed lease's life: its claimer is dead or lost
+    server.step()
+    assert server.agent.counters.lease_expiries == 1 and server.block_manager.num_free_blocks == free_before
+
+
+def test_a_released_claim_frees_the_lease_at_once(server, router):
+    free_before = server.block_manager.num_free_blocks
+    exchange(server, router, prefill("r", 20))
+    [claim] = exchange(server, router, protocol.ClaimKV("r"))
+    assert claim.ok
+    router.send(protocol.encode(protocol.ReleaseKV("r", "the READ failed")))
+    server.step()
+    assert "r" not in server.leases and server.block_manager.num_free_blocks == free_before
+    assert server.stats()["num_released_unread"] == 1 and server.agent.counters.lease_expiries == 0
+
+
+def test_an_abort_during_prefill_frees_the_blocks_when_it_ends(server, router):
+    free_before = server.block_manager.num_free_blocks
+    router.send(protocol.encode(prefill("long", 40)))  # NOTE: three chunks: the abort lands between them
+    server.step()
+    assert server.prefilling
+    router.send(protocol.encode(protocol.Abort("long")))
+    for _ in range(4):
+        server.step()
+    assert not server.leases and not server.prefilling and server.block_manager.num_free_blocks == free_before
+    assert not router.poll(100)  # NOTE: the router gave up on it: no result is sent
 
 
 def test_first_token_that_ends_the_request_returns_no_kv(server, router):

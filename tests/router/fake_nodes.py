@@ -82,6 +82,8 @@ class FakeNode:
         self.role, self.node_id, self.candidate_ids, self.behaviour = role, node_id, candidate_ids, behaviour
         self.model_facts = behaviour.model_facts or default_facts
         self.received: list = []
+        self.instance_id = "instance-1"
+        """What its Pongs report: tests change it to play a node restarted in place."""
         self.address = ""
         self._socket: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -116,7 +118,7 @@ class FakeNode:
             self.received.append(message)
             if isinstance(message, Ping):
                 await self._reply(identity, Pong(message.nonce, self.node_id, self.role, FAKE_FINGERPRINT,
-                                                 self.model_facts, self.stats()))
+                                                 self.model_facts, self.stats(), instance_id=self.instance_id))
             elif self.behaviour.error is not None and hasattr(message, "params"):
                 await self._reply(identity, ErrorReply(message.request_id, *self.behaviour.error))
             elif not self.behaviour.silent:

@@ -1,0 +1,42 @@
+"""A node that dies or restarts in place: the requests open on it fail over at once, never hang."""
+
+import concurrent.futures
+import time
+
+import pytest
+
+from corun.protocol import DecodeRequest
+from tests.router.fake_nodes import FakeBehaviour
+from tests.router.harness import RouterHarness, post, wait_for
+
+pytestmark = pytest.mark.timeout(30)
+BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2}
+
+
+def test_a_pong_from_another_instance_fails_the_open_requests_over(tiny_model_dir, word_token_ids):
+    """The node restarted so fast that no ping was missed: only its instance id tells."""
+    with RouterHarness(tiny_model_dir, word_token_ids, num_decode=1, decode=FakeBehaviour(silent=True),
+                       request_timeout_s=20) as router:
+        router.wait_until_healthy()
+        [decode] = router.decode_nodes
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        pending = pool.submit(post, router.base_url + "/v1/completions", BODY)
+        wait_for(lambda: decode.request_ids(DecodeRequest), timeout_s=5)
+        start = time.monotonic()
+        decode.behaviour = FakeBehaviour()  # NOTE: the new process serves; the old one's requests are gone
+        decode.instance_id = "instance-2"
+        reply = pending.result(timeout=10)
+        assert reply.status == 200 and len(reply.body["choices"][0]["token_ids"]) == 4
+        assert time.monotonic() - start < 2.5  # NOTE: a ping or two, not the 20 s request timeout
+        assert router.state.pool.decode_nodes[0].num_lost == 1
+
+
+def test_without_an_instance_change_the_silent_request_waits(tiny_model_dir, word_token_ids):
+    """The inverse: the same silent node, same instance: nothing fails the request over (it times out)."""
+    with RouterHarness(tiny_model_dir, word_token_ids, num_decode=1, decode=FakeBehaviour(silent=True),
+                       request_timeout_s=1.5) as router:
+        router.wait_until_healthy()
+        start = time.monotonic()
+        reply = post(router.base_url + "/v1/completions", BODY)
+        assert reply.status == 504 and time.monotonic() - start >= 1.4
+        assert router.state.pool.decode_nodes[0].num_lost == 0
