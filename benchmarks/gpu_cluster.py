@@ -77,7 +77,7 @@ def node_costs(url: str) -> dict:
     import urllib.request
 
     time.sleep(2.0)  # NOTE: the router's view of node stats is its last pong: let one more arrive
-    with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+    with urllib.request.urlopen(f"{url}/admin/nodes", timeout=10) as response:  # NOTE: /health has no stats
         nodes = {node["role"]: node["stats"] for node in json.loads(response.read())["nodes"]}
     prefill, decode = nodes["prefill"], nodes["decode"]
     reads, prefills = max(1, decode["reads_completed"]), max(1, prefill["num_prefills"])

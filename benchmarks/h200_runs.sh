@@ -23,6 +23,10 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/pydeps:.
 fi
 case $part in
+  security)  # issue 12 on the GPU: CURVE-authenticated node sockets, UCX limited to lo (UCX_NET_DEVICES) with the
+    # KV still on the CUDA-IPC path, the router's changes; a loopback node's listeners
+    timeout 400 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/launch/test_gpu_cluster.py \
+      tests/node_core/test_listeners.py tests/node_core/test_node_auth.py > "$out/gpu_tests.log" 2>&1 ;;
   controls)  # issue 11: n samples and the sampling controls on CUDA (the fused sampler after the adjustments, the
     # decode node's KV copies) and through 1P1D on one GPU, against the colocated engine; prompt logprobs again
     timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_sampling_controls.py \

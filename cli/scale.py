@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
+
+from corun.auth import API_KEY_ENV, bearer_headers, check_api_key, resolve_api_key
 
 
 def add_scale(commands) -> None:
     cmd = commands.add_parser("scale", help="add a node to a running cluster, or drain one and stop it")
     cmd.add_argument("--control", required=True, help="corun serve's control URL, e.g. http://127.0.0.1:8001 "
                      "(its --admin-port)")
+    cmd.add_argument("--api-key", default=None, help=f"corun serve's --api-key (default: ${API_KEY_ENV})")
     action = cmd.add_subparsers(dest="action", required=True)
     add = action.add_parser("add", help="start one more node of a role and add it to the router's pool")
     add.add_argument("role", choices=["prefill", "decode"])
@@ -21,11 +25,14 @@ def add_scale(commands) -> None:
 
 def run_scale(args) -> int:
     url = args.control.rstrip("/")
+    api_key = resolve_api_key(args.api_key, os.environ)
+    check_api_key(api_key)
+    headers = bearer_headers(api_key)
     if args.action == "add":
         request = urllib.request.Request(f"{url}/nodes", json.dumps({"role": args.role}).encode(),
-                                         {"Content-Type": "application/json"}, method="POST")
+                                         {"Content-Type": "application/json", **headers}, method="POST")
     else:
-        request = urllib.request.Request(f"{url}/nodes/{args.node_id}", method="DELETE")
+        request = urllib.request.Request(f"{url}/nodes/{args.node_id}", headers=headers, method="DELETE")
     try:
         with urllib.request.urlopen(request, timeout=3600) as response:
             print(json.loads(response.read())["node_id"], "added" if args.action == "add" else "removed")

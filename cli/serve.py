@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import TYPE_CHECKING
 
+from corun.auth import API_KEY_ENV, resolve_api_key
 from corun.config import NodeConfig, RouterConfig
 from corun.engine_args import (
     add_engine_args,
@@ -40,6 +42,10 @@ def add_serve(commands) -> None:
     cmd.add_argument("--max-pending-requests", type=int, default=RouterConfig.max_pending_requests)
     cmd.add_argument("--strict-fields", action="store_true", help="unknown request fields are a 400 (default: "
                      "ignored with a warning, as vLLM does)")
+    cmd.add_argument("--api-key", default=None, help="the router and --admin-port need `Authorization: Bearer KEY` "
+                     f"(default: ${API_KEY_ENV}, which keeps the key out of `ps`; neither: no key)")
+    cmd.add_argument("--enable-node-pinning", action="store_true", help="the router honours X-CoRun-Prefill-Node / "
+                     "X-CoRun-Decode-Node (a test hook; without this flag they are a 400)")
     cmd.add_argument("--kv-lease-seconds", type=float, default=NodeConfig.kv_lease_seconds)
     gpus = cmd.add_argument_group("--device cuda")
     gpus.add_argument("--prefill-gpus", type=parse_names, default=(), help="local launcher: each prefill node's GPU "
@@ -69,7 +75,8 @@ def run_serve(args) -> int:
     config = ClusterConfig(
         engine=engine_config_from_args(args), num_prefill=args.prefill, num_decode=args.decode, host=args.host,
         port=args.port, served_model_name=args.served_model_name, max_pending_requests=args.max_pending_requests,
-        strict_fields=args.strict_fields,
+        strict_fields=args.strict_fields, api_key=resolve_api_key(args.api_key, os.environ),
+        enable_node_pinning=args.enable_node_pinning,
         kv_lease_seconds=args.kv_lease_seconds, transfer=transfer_config_from_args(args),
         prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, admin_port=args.admin_port,
         prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.decode_kv_cache_mib)

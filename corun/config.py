@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from corun.auth import check_api_key
+
 DEFAULT_PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
 """`--prefill-buckets default`: fine steps where a prefill is launch-bound, coarser where it is compute-bound;
 none above 1024, where the eager forward's launches hide behind its kernels."""
@@ -180,6 +182,9 @@ class TransferConfig:
         about it as unused."""
         zcopy = vram and self.cuda_ipc_get_zcopy != "auto"
         env = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": self.cuda_ipc_get_zcopy} if zcopy else {}
+        # NOTE: NIXL's ucx_devices parameter picks the devices of transfers, but UCX still listens on every
+        # network device unless UCX_NET_DEVICES names them (measured: a listener on the host's public address).
+        env |= {"UCX_NET_DEVICES": ",".join(self.ucx_devices)} if self.ucx_devices else {}
         return env | ({"UCX_TLS": ",".join(self.ucx_transports)} if self.ucx_transports else {})
 
 
@@ -199,8 +204,12 @@ class NodeConfig:
     """Host the router and the other nodes reach this node at (the host's IP when it binds 0.0.0.0 on one of
     several hosts); None: host."""
     kv_lease_seconds: float = 60.0
-    """prefill: how long a finished prefill's KV blocks wait to be claimed by a decode node before being freed."""
+    """prefill: how long a finished prefill's KV blocks wait to be claimed by a decode node before being freed,
+    and how long a claimed lease waits for its READ to end (a longer wait means a dead or lost claimer)."""
     transfer: TransferConfig = field(default_factory=TransferConfig)
+    cluster_key_file: str | None = None
+    """The cluster's CURVE key pair (corun.node_auth): only its holders may talk to this node. None: no
+    authentication (in-process tests); the launchers always make one."""
 
     def __post_init__(self):
         if self.role not in ("prefill", "decode"):
@@ -237,9 +246,36 @@ class RouterConfig:
     strict_fields: bool = False
     """Unknown request fields are a 400; by default they are ignored with a warning (logged, and named in the
     response's X-CoRun-Ignored-Fields header), as vLLM does."""
+    cluster_key_file: str | None = None
+    """The cluster's CURVE key pair (corun.node_auth), without which nodes that have one refuse the router."""
+    api_key: str | None = field(default=None, repr=False)
+    """Every request but /health, /version and /metrics needs `Authorization: Bearer <api_key>` (else 401);
+    None: no key, as vLLM without --api-key. Out of repr, so that no log line shows it."""
+    enable_node_pinning: bool = False
+    """Honour the X-CoRun-Prefill-Node / X-CoRun-Decode-Node headers (tests, debugging). A test hook: it lets a
+    client aim load at one node, so it is off unless asked for, and a request carrying the headers is a 400."""
+    max_request_bytes: int = 32 * 2**20
+    """Larger request bodies get a 413. 32 MiB holds the longest prompt a served context can take in any form (1M
+    tokens as a token-id list is ~8 MiB, as text ~4 MiB) several times over, and bounds what one request makes
+    the router parse (measured: json.loads of 30 MiB of nested junk takes 2 s of CPU)."""
+    header_timeout_s: float = 20.0
+    """A connection is closed when a request's headers have not all arrived this long after it opened or after
+    its previous response (slowloris). NOTE: aiohttp keeps one timer for this and for idle keep-alive
+    connections, so those close after it too: 20 s outlasts the idle keep-alive of httpx (5 s: openai, guidellm)
+    and aiohttp's client (15 s), so that the client closes first and never sends into a closing connection.
+    Behind a proxy that keeps idle connections longer (often 60 s), raise it above the proxy's."""
+    body_timeout_s: float = 60.0
+    """A request body must have arrived this long after its headers, else 408 and the connection closes
+    (a trickled body). 60 s: max_request_bytes at ~0.5 MB/s."""
 
     def __post_init__(self):
         if not self.prefill_addresses or not self.decode_addresses:
             raise ValueError("the router needs at least one prefill and one decode address")
         if self.max_pending_requests < 1:
             raise ValueError("max_pending_requests must be >= 1")
+        check_api_key(self.api_key)
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -39,6 +39,7 @@ import msgpack
 
 from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
+from corun.seeding import SEED_BOUND
 
 PROTOCOL_VERSION = 8
 KV_DONE_PREFIX = b"done:"
@@ -46,6 +47,12 @@ KV_DONE_PREFIX = b"done:"
 
 class ProtocolError(ValueError):
     """A message that is not ours: bad encoding, unknown type or another protocol version."""
+
+
+def check_seed(seed) -> None:
+    """Seeds become int64 noise keys: outside [0, 2**63) one would fail the sampler, not the message."""
+    if not isinstance(seed, int) or not 0 <= seed < SEED_BOUND:
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {str(seed)[:30]}")
 
 
 ZMQ_ADDRESS = re.compile(r"tcp://[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}")
@@ -96,6 +103,9 @@ class PrefillRequest:
     seed: int
     """The request's seed; sample i samples with corun.seeding.sample_seed(seed, i)."""
 
+    def __post_init__(self):
+        check_seed(self.seed)
+
 
 @dataclass(frozen=True)
 class PrefillResult:
@@ -122,6 +132,9 @@ class DecodeRequest:
     first_tokens: list[FirstToken]
     """The samples to decode (those their first token did not finish), with their first tokens."""
     kv: KVHandle
+
+    def __post_init__(self):
+        check_seed(self.seed)
 
 
 @dataclass(frozen=True)
@@ -259,10 +272,10 @@ def decode(data: bytes):
         version, type_name = body.pop("v"), body.pop("type")
     except Exception as error:
         raise ProtocolError(f"undecodable message: {error}") from error
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version} received, this node speaks {PROTOCOL_VERSION}")
-    if type_name not in MESSAGE_TYPES:
-        raise ProtocolError(f"unknown message type {type_name!r}")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {str(version)[:20]} received, this node speaks {PROTOCOL_VERSION}")
+    if not isinstance(type_name, str) or type_name not in MESSAGE_TYPES:
+        raise ProtocolError(f"unknown message type {str(type_name)[:40]!r}")
     try:
         message_type = MESSAGE_TYPES[type_name]
         message = message_type(**{name: _from_wire(message_type, name, value) for name, value in body.items()})

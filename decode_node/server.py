@@ -6,9 +6,11 @@ Lifecycle of a request (queues):
   transferring (NIXL READ of its blocks into ours, polled each turn) --DONE; NIXL notifies the prefill node,
       which frees its copy; token 1 (sampled by prefill) streamed--> running
   running (the N-row decode step; a TokenEvent per token) --stop / length / abort--> finished: slot + blocks free
+  refused handshake, refused claim (lease expired), a claim unanswered for CLAIM_TIMEOUT_S, KV of a restarted
+      prefill instance, a failed READ or one past half the peer's lease --> ErrorReply(503) to the router, blocks
+      free; a claimed lease it will not read goes back to the prefill node at once (ReleaseKV)
 A request with n samples holds n slots and n KV reservations from admission on; the prompt's KV is read once, into
 the first sample's blocks, and copied to the others' before they run (each sample is then a request of its own).
-  refused handshake, refused claim (lease expired) or failed READ --> ErrorReply(503) to the router, blocks free
 Slots in use = claiming + transferring + running <= N, so an admitted request always has a decode row.
 """
 
@@ -74,6 +76,7 @@ class PrefillPeer:
     """The prefill process the handshake reached; KV handles of another instance are not its."""
     lease_seconds: float = 60.0
     """The peer keeps a claimed lease this long: reads from it are given up after half of it."""
+    num_blocks: int = 0
     jobs_waiting: list[DecodeJob] = field(default_factory=list)
     """Jobs admitted before the handshake with this peer completed."""
 
@@ -165,7 +168,9 @@ class DecodeServer(NodeServer):
             peer.jobs_waiting.append(job)
 
     def on_handshake_reply(self, address: str, reply: protocol.HandshakeReply) -> None:
-        peer = self.peers[reply.node_id]
+        peer = self.peers.get(reply.node_id)
+        if peer is None or peer.address != address:  # NOTE: forgotten meanwhile (its jobs failed), or not ours
+            return
         try:
             check_compatible(self.compat, reply.compat, reply.node_id)
             self.agent.add_peer(reply.node_id, reply.agent_metadata, reply.kv_base_address, reply.num_blocks,
@@ -175,6 +180,7 @@ class DecodeServer(NodeServer):
             self.fail_peer(reply.node_id, str(error))
             return
         peer.ready, peer.instance_id, peer.lease_seconds = True, reply.instance_id, reply.lease_seconds
+        peer.num_blocks = reply.num_blocks
         for job in peer.jobs_waiting:
             if job.kv.instance_id != reply.instance_id:
                 self.claiming.pop(job.request_id, None)
@@ -243,6 +249,8 @@ class DecodeServer(NodeServer):
             return "the prefill node restarted since the handshake"
         if len(reply.block_ids) != self.block_manager.blocks_needed(job.reader.num_prompt_tokens):
             return f"{len(reply.block_ids)} blocks for a {job.reader.num_prompt_tokens}-token prompt"
+        if any(not 0 <= b < peer.num_blocks for b in reply.block_ids):
+            return f"block ids outside the peer's {peer.num_blocks} blocks"
         return ""
 
     def poll_transfers(self) -> None:
@@ -345,6 +353,10 @@ class DecodeServer(NodeServer):
             return f"request {request_id}: no KV handle matching its {len(message.prompt_token_ids)}-token prompt"
         if not indices or len(set(indices)) != len(indices) or not all(0 <= i < params.n for i in indices):
             return f"request {request_id}: first tokens must name distinct samples in [0, n={params.n})"
+        vocab = self.runner.model.cfg.vocab_size
+        tokens = [*message.prompt_token_ids, *(first.token_id for first in message.first_tokens)]
+        if any(not 0 <= t < vocab for t in tokens):
+            return f"request {request_id}: token ids must be in [0, {vocab})"
         if len(indices) > self.max_num_seqs:
             return f"request {request_id}: {len(indices)} samples exceed this node's max_num_seqs {self.max_num_seqs}"
         if num_tokens > max_model_len:
@@ -380,9 +392,9 @@ class DecodeServer(NodeServer):
     def on_handshake_refused(self, source, message: protocol.HandshakeRefused) -> None:
         self.fail_peer(message.node_id, message.reason)
 
-    handlers = {protocol.DecodeRequest: on_decode, protocol.Abort: on_abort, protocol.Ping: NodeServer.on_ping,
-                protocol.HandshakeReply: on_handshake_reply, protocol.ClaimReply: on_claim_reply,
-                protocol.HandshakeRefused: on_handshake_refused}
+    handlers = {protocol.DecodeRequest: on_decode, protocol.Abort: on_abort, protocol.Ping: NodeServer.on_ping}
+    peer_handlers = {protocol.HandshakeReply: on_handshake_reply, protocol.ClaimReply: on_claim_reply,
+                     protocol.HandshakeRefused: on_handshake_refused}
 
     # --- endings ------------------------------------------------------------------------------------------------
     def send_tokens(self, job: DecodeJob, index: int, token_ids, logprobs, finish_reason) -> None:

@@ -10,19 +10,23 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from corun.auth import API_KEY_ENV, check_api_key
 from corun.config import EngineConfig, NodeConfig, Role, RouterConfig, TransferConfig
 from corun.engine_args import engine_args_to_argv, transfer_args_to_argv
 from corun.models.config import random_weights_spec
+from corun.node_auth import ClusterKey
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,9 @@ class ClusterConfig:
     served_model_name: str = RouterConfig.served_model_name
     max_pending_requests: int = RouterConfig.max_pending_requests
     strict_fields: bool = RouterConfig.strict_fields
+    api_key: str | None = field(default=None, repr=False)
+    """The router's (RouterConfig.api_key) and the control port's; the launcher's own calls send it too."""
+    enable_node_pinning: bool = RouterConfig.enable_node_pinning
     kv_lease_seconds: float = NodeConfig.kv_lease_seconds
     transfer: TransferConfig = TransferConfig()
     """Every node's KV transfer settings."""
@@ -70,6 +77,7 @@ class ClusterConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (a cluster needs a prefill and a decode server), "
                                  f"got {getattr(self, name)}")
+        check_api_key(self.api_key)
         if self.startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
         for role, gpus, count in (("prefill", self.prefill_gpus, self.num_prefill),
@@ -147,24 +155,42 @@ def free_port(host: str) -> int:
 
 
 def node_argv(config: ClusterConfig, engine: EngineConfig, role: Role, index: int, host: str, port: int,
-              advertise_host: str | None = None) -> list[str]:
+              advertise_host: str | None = None, key_file: Path | None = None) -> list[str]:
     """`python -m {role}_node ...` with this process' interpreter (on a Ray actor: the one on the node's host)."""
     argv = [sys.executable, "-m", f"{role}_node", "--node-id", node_id(role, index), "--host", host,
             "--port", str(port), "--kv-lease-seconds", str(config.kv_lease_seconds), *engine_args_to_argv(engine),
             *transfer_args_to_argv(config.transfer)]
+    argv += ["--cluster-key-file", str(key_file)] if key_file else []
     return argv + (["--advertise-host", advertise_host] if advertise_host else [])
 
 
-def router_argv(config: ClusterConfig, prefill_addresses: Iterable[str], decode_addresses: Iterable[str]) -> list[str]:
+def make_cluster_key(directory: Path | None = None) -> tuple[ClusterKey, Path]:
+    """A fresh CURVE key pair for one cluster, in a file only this user can read (in a new private directory
+    unless given one): the nodes and the router get its path, nobody else the key."""
+    directory = Path(tempfile.mkdtemp(prefix="corun-cluster-key-")) if directory is None else directory
+    key = ClusterKey.generate()
+    return key, key.save(directory / "cluster.key")
+
+
+def router_argv(config: ClusterConfig, prefill_addresses: Iterable[str], decode_addresses: Iterable[str],
+                key_file: Path | None = None) -> list[str]:
     argv = [sys.executable, "-m", "router", "--model", config.engine.model, "--host", config.host,
             "--port", str(config.port), "--served-model-name", config.served_model_name,
             "--max-pending-requests", str(config.max_pending_requests),
             "--base-seed", str(config.engine.seed)] + (["--strict-fields"] if config.strict_fields else [])
+    argv += ["--enable-node-pinning"] if config.enable_node_pinning else []
     for address in prefill_addresses:
         argv += ["--prefill-address", address]
     for address in decode_addresses:
         argv += ["--decode-address", address]
-    return argv
+    return argv + (["--cluster-key-file", str(key_file)] if key_file else [])
+
+
+def router_environment(config: ClusterConfig) -> dict[str, str]:
+    """The router process' environment: this one's, with the cluster's API key as VLLM_API_KEY (or none), where
+    the router reads it. NOTE: not --api-key: a command line is visible to every user of the host in `ps`."""
+    environment = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
+    return environment if config.api_key is None else {**environment, API_KEY_ENV: config.api_key}
 
 
 class PoolRefused(ValueError):

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
+from pathlib import Path
 
+from corun.node_auth import ClusterKey
 from launch import cluster as launch
 from launch import scaling, serve_loop
 from launch.cluster import ClusterConfig, free_port
@@ -38,6 +41,9 @@ class LocalCluster:
         self.decode_addresses: list[str] = []
         self.node_addresses: dict[str, str] = {}
         """node id -> tcp://HOST:PORT, of the nodes running now."""
+        self.cluster_key: ClusterKey | None = None
+        self.key_file: Path | None = None
+        """The cluster's CURVE key pair and its file (made at start, removed at stop)."""
         self.num_started = {"prefill": 0, "decode": 0}
         """Nodes ever started per role: the next one's index (ids are never reused)."""
 
@@ -48,6 +54,7 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         if self.processes:
             raise RuntimeError("this cluster is already started (use `with LocalCluster(config)` or start(), not both)")
+        self.cluster_key, self.key_file = launch.make_cluster_key()
         try:
             for role, index in self.config.nodes():
                 self.start_node(role, index)
@@ -66,7 +73,8 @@ class LocalCluster:
         engine = launch.node_engine(self.config, role, 1)
         gpu = launch.node_gpu(self.config, role, index)
         env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
-        self.spawn(launch.node_id(role, index), launch.node_argv(self.config, engine, role, index, host, port), env)
+        argv = launch.node_argv(self.config, engine, role, index, host, port, key_file=self.key_file)
+        self.spawn(launch.node_id(role, index), argv, env, "" if gpu is None else f" on GPU {gpu}")
         address = f"tcp://{host}:{port}"
         (self.prefill_addresses if role == "prefill" else self.decode_addresses).append(address)
         self.node_addresses[launch.node_id(role, index)] = address
@@ -76,24 +84,26 @@ class LocalCluster:
         """One more node of this role, in the router's pool (it takes requests once it answers); -> its id."""
         index = self.num_started[role]
         address = self.start_node(role, index)
-        scaling.router_admin(self.url, "POST", {"role": role, "address": address})
+        scaling.router_admin(self.url, "POST", {"role": role, "address": address}, self.config.api_key)
         return launch.node_id(role, index)
 
     def remove_node(self, node_id: str) -> None:
         """Drain the node (the router sends it nothing new; what it holds finishes), then stop it."""
         if node_id not in self.node_addresses:
             raise ValueError(f"no running node {node_id!r} (have {', '.join(self.node_addresses)})")
-        scaling.drain_and_remove(self.url, self.node_addresses[node_id], self.config.drain_timeout_s)
+        scaling.drain_and_remove(self.url, self.node_addresses[node_id], self.config.drain_timeout_s,
+                                 self.config.api_key)
         [process] = [process for name, process in self.processes if name == node_id]
         launch.stop_processes([(node_id, process)], grace_s=10.0)
         self.processes = [(name, p) for name, p in self.processes if name != node_id]
         del self.node_addresses[node_id]
 
     def start_router(self) -> None:
-        self.spawn("router", launch.router_argv(self.config, self.prefill_addresses, self.decode_addresses))
+        self.spawn("router", launch.router_argv(self.config, self.prefill_addresses, self.decode_addresses,
+                                                self.key_file), launch.router_environment(self.config))
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        logger.info("starting %s%s", name, "" if env is None else f" on GPU {env['CUDA_VISIBLE_DEVICES']}")
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, where: str = "") -> None:
+        logger.info("starting %s%s", name, where)
         self.argvs[name], self.envs[name] = argv, env
         self.processes.append((name, subprocess.Popen(argv, env=env)))
         self.restarts.started(name)
@@ -127,6 +137,9 @@ class LocalCluster:
     def stop(self, grace_s: float = 10.0) -> None:
         launch.stop_processes(self.processes, grace_s)
         self.processes.clear()
+        if self.key_file is not None:
+            shutil.rmtree(self.key_file.parent, ignore_errors=True)
+            self.key_file = None
 
     def __enter__(self) -> LocalCluster:
         return self.start()

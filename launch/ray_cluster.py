@@ -16,18 +16,22 @@ SGLang on Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, get_args
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from corun.node_auth import ClusterKey
 from launch import cluster as launch
 from launch import scaling, serve_loop
 from launch.cluster import ClusterConfig, Role
@@ -179,6 +183,9 @@ class RayCluster:
         self.num_started = {"prefill": config.cluster.num_prefill, "decode": config.cluster.num_decode}
         """Nodes ever started per role: the next added node's index (ids are never reused)."""
         self._initialized_ray = False
+        self.cluster_key: ClusterKey | None = None
+        self.key_file: Path | None = None
+        """The cluster's CURVE key pair: the router's copy here; each actor writes its node's on its own host."""
 
     @property
     def url(self) -> str:
@@ -193,6 +200,7 @@ class RayCluster:
         return [node.address for node in self.nodes if node.role == "decode"]
 
     def start(self) -> RayCluster:
+        self.cluster_key, self.key_file = launch.make_cluster_key()
         try:
             self._init_ray()
             self.placement_group = self._reserve()
@@ -204,7 +212,8 @@ class RayCluster:
             for node, address in zip(self.nodes, addresses, strict=True):
                 node.address = address
             self.router = subprocess.Popen(
-                launch.router_argv(self.config.cluster, self.prefill_addresses, self.decode_addresses))
+                launch.router_argv(self.config.cluster, self.prefill_addresses, self.decode_addresses, self.key_file),
+                env=launch.router_environment(self.config.cluster))
             self.wait_healthy()
         except BaseException:
             self.stop()
@@ -262,7 +271,7 @@ class RayCluster:
             raise
         self.num_started[role] = index + 1
         self.nodes.append(node)
-        scaling.router_admin(self.url, "POST", {"role": role, "address": node.address})
+        scaling.router_admin(self.url, "POST", {"role": role, "address": node.address}, self.config.cluster.api_key)
         return node.name
 
     def remove_node(self, node_id: str) -> None:
@@ -270,7 +279,8 @@ class RayCluster:
         node = next((n for n in self.nodes if n.name == node_id), None)
         if node is None:
             raise ValueError(f"no running node {node_id!r} (have {', '.join(n.name for n in self.nodes)})")
-        scaling.drain_and_remove(self.url, node.address, self.config.cluster.drain_timeout_s)
+        scaling.drain_and_remove(self.url, node.address, self.config.cluster.drain_timeout_s,
+                                 self.config.cluster.api_key)
         self.nodes.remove(node)
         self._release(node, node.actor.stop.remote(10.0), grace_s=10.0)
 
@@ -280,12 +290,15 @@ class RayCluster:
         num_cpus, num_gpus = resources.pop("CPU"), resources.pop("GPU", 0)
         strategy = PlacementGroupSchedulingStrategy(group or self.placement_group,
                                                     placement_group_bundle_index=bundle_index)
-        cluster = self.config.cluster
+        # NOTE: without the API key: nodes never need it, and Ray stores an actor's arguments.
+        cluster = dataclasses.replace(self.config.cluster, api_key=None)
         engine = launch.node_engine(cluster, role, max(1, int(self.config.cpus_per_node)))
         # NOTE: max_restarts=0: a dead actor is replaced by restart_dead_nodes(), which keeps its port.
         options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources, scheduling_strategy=strategy,
                        max_restarts=0)
-        return _RemoteNodeActor.options(**options).remote(cluster, engine, role, index, self.config.node_host, port)
+        # NOTE: the key travels to the actor over Ray's own (token-authenticated) channel, never on a command line
+        return _RemoteNodeActor.options(**options).remote(cluster, engine, role, index, self.config.node_host, port,
+                                                          self.cluster_key)
 
     def wait_healthy(self) -> None:
         launch.wait_healthy(self.url, self.config.cluster.startup_timeout_s, self.check_alive)
@@ -351,6 +364,9 @@ class RayCluster:
         if self._initialized_ray:
             ray.shutdown()
             self._initialized_ray = False
+        if self.key_file is not None:
+            shutil.rmtree(self.key_file.parent, ignore_errors=True)
+            self.key_file = None
 
     @staticmethod
     def _release(node: RayNode, stopping: ray.ObjectRef, grace_s: float) -> None:

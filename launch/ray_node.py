@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import tempfile
+from pathlib import Path
 
 import ray
 
 from corun.config import EngineConfig
+from corun.node_auth import ClusterKey
 from launch import cluster as launch
 from launch.cluster import ClusterConfig, Role
 
@@ -24,12 +27,16 @@ class NodeActor:
     """Wrapped with ray.remote(...).options(...) by RayCluster, which gives it its bundle of the placement group."""
 
     def __init__(self, config: ClusterConfig, engine: EngineConfig, role: Role, index: int, node_host: str,
-                 port: int | None = None):
-        """port: None picks a free one on this host; a replacement actor asks for its predecessor's."""
+                 port: int | None = None, key: ClusterKey | None = None):
+        """port: None picks a free one on this host; a replacement actor asks for its predecessor's. key: the
+        cluster's, written to a private file on this host for the node process."""
         self.name = launch.node_id(role, index)
         self.ip = ray.util.get_node_ip_address()
         self.port = port or launch.free_port(node_host)
-        self.argv = launch.node_argv(config, engine, role, index, node_host, self.port, advertise_host=self.ip)
+        self.key_dir = Path(tempfile.mkdtemp(prefix="corun-node-key-"))
+        key_file = None if key is None else key.save(self.key_dir / "cluster.key")
+        self.argv = launch.node_argv(config, engine, role, index, node_host, self.port, advertise_host=self.ip,
+                                     key_file=key_file)
         self.process = self._spawn()
 
     def address(self) -> str:

@@ -16,16 +16,18 @@ import time
 import urllib.error
 import urllib.request
 
+from corun.auth import API_KEY_ENV, bearer_headers, is_authorized
 from launch.cluster import StartupError
 
 logger = logging.getLogger(__name__)
 
 
-def router_admin(url: str, method: str, body: dict | None = None) -> dict:
+def router_admin(url: str, method: str, body: dict | None = None, api_key: str | None = None) -> dict:
     """One call of the router's /admin/nodes API (router/admin.py); ValueError with its message if refused."""
     path = "/admin/nodes/drain" if method == "DRAIN" else "/admin/nodes"
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}{path}", data, {"Content-Type": "application/json"},
+    request = urllib.request.Request(f"{url}{path}", data, {"Content-Type": "application/json",
+                                                            **bearer_headers(api_key)},
                                      method="POST" if method == "DRAIN" else method)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -37,32 +39,34 @@ def router_admin(url: str, method: str, body: dict | None = None) -> dict:
         raise ValueError(message) from None
 
 
-def drain_and_remove(url: str, address: str, timeout_s: float) -> None:
+def drain_and_remove(url: str, address: str, timeout_s: float, api_key: str | None = None) -> None:
     """Stop sending the node new requests, wait until it holds nothing, then drop it from the router's pool."""
-    router_admin(url, "DRAIN", {"address": address})
+    router_admin(url, "DRAIN", {"address": address}, api_key)
     deadline = time.monotonic() + timeout_s
     while True:
-        entry = next(n for n in router_admin(url, "GET")["nodes"] if n["address"] == address)
+        entry = next(n for n in router_admin(url, "GET", api_key=api_key)["nodes"] if n["address"] == address)
         if entry["drained"]:
             break
         if time.monotonic() > deadline:
             raise StartupError(f"{address} still holds work after {timeout_s} s of draining")
         time.sleep(0.2)
-    router_admin(url, "DELETE", {"address": address})
+    router_admin(url, "DELETE", {"address": address}, api_key)
 
 
 
 class ScaleControl:
     """`corun serve`'s control port (`corun scale`): POST /nodes {"role": ROLE} adds a node, DELETE /nodes/ID
-    drains and removes one. Commands run on the serve loop's thread, between its restarts of dead nodes, so the
-    launcher's state has one writer."""
+    drains and removes one; with an API key, only for `Authorization: Bearer KEY` (else 401). Commands run on the
+    serve loop's thread, between its restarts of dead nodes, so the launcher's state has one writer."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int, api_key: str | None = None):
         self.commands: queue.Queue = queue.Queue()
         control = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (http.server's name)
+                if not self.authorized():
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 try:
                     role = json.loads(self.rfile.read(length) or b"{}").get("role")
@@ -73,9 +77,18 @@ class ScaleControl:
                 self.answer(*control.submit("add_node", role))
 
             def do_DELETE(self):  # noqa: N802
+                if not self.authorized():
+                    return
                 if not self.path.startswith("/nodes/"):
                     return self.answer(400, {"error": "DELETE /nodes/NODE_ID"})
                 self.answer(*control.submit("remove_node", self.path.removeprefix("/nodes/")))
+
+            def authorized(self) -> bool:
+                if api_key is None or is_authorized(self.headers.get("Authorization"), api_key):
+                    return True
+                self.answer(401, {"error": "a valid API key is required: send `Authorization: Bearer <key>` "
+                                           f"(corun scale: --api-key or ${API_KEY_ENV})"})
+                return False
 
             def answer(self, status: int, body: dict) -> None:
                 data = json.dumps(body).encode()

@@ -32,7 +32,7 @@ def serve_forever(cluster: Cluster, config: ClusterConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: stopping.append(signum))
     cluster.start()
-    control = None if config.admin_port is None else ScaleControl(config.host, config.admin_port)
+    control = None if config.admin_port is None else ScaleControl(config.host, config.admin_port, config.api_key)
     print(f"CoRun cluster ready: {cluster.url}/v1 ({config.num_prefill}P{config.num_decode}D, "
           f"N={config.engine.scheduler.max_num_seqs})" + (f"; scale at http://{config.host}:{config.admin_port}"
                                                           if control else ""), flush=True)

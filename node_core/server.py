@@ -6,6 +6,7 @@ its step() (schedule -> run -> postprocess) and its share of the stats.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from corun.block_manager import BlockManager
 from corun.config import NodeConfig, TransferConfig
 from corun.model_runner import ModelRunner
 from corun.models.loader import model_digest
+from corun.node_auth import ClusterKey
 from corun.request import Request
 from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
 from transfer.agent import KVTransferAgent
@@ -32,10 +34,26 @@ AgentFactory = Callable[[str, torch.Tensor, TransferConfig], KVRegion]
 transfer.fake's in tests."""
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def transfer_for_host(config: NodeConfig) -> TransferConfig:
+    """The node's transfer settings, its UCX devices limited to loopback when the node binds loopback.
+
+    NOTE: UCX's TCP transport listens on every network device it finds: a node meant for this host alone would
+    otherwise take KV connections on the host's public interface too (measured: a listener on 192.0.2.2)."""
+    transfer = config.transfer
+    if transfer.ucx_devices or config.host not in LOOPBACK_HOSTS:
+        return transfer
+    return dataclasses.replace(transfer, ucx_devices=("lo",))
+
+
 class NodeServer:
     role: ClassVar[str]
     handlers: ClassVar[dict]
-    """Message type -> handler(self, identity or peer address, message), dispatched by NodeSockets."""
+    """Message type -> handler(self, client identity, message) for what arrives on the server socket."""
+    peer_handlers: ClassVar[dict] = {}
+    """Message type -> handler(self, peer address, message) for replies on the sockets this node opened to peers."""
 
     def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent,
                  capture_decode_graph: bool = True):
@@ -49,8 +67,9 @@ class NodeServer:
         self.fingerprint = engine_fingerprint(config.engine, digest)
         self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest))
         self.compat_hash = compat_hash(self.compat)
-        self.agent = agent_factory(config.node_id, self.runner.kv_cache.data, config.transfer)
-        self.sockets = NodeSockets(config.bind_address)
+        self.agent = agent_factory(config.node_id, self.runner.kv_cache.data, transfer_for_host(config))
+        key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
+        self.sockets = NodeSockets(config.bind_address, key)
         self.model_facts = protocol.ModelFacts(config.engine.scheduler.max_model_len,
                                                self.runner.model.cfg.vocab_size, config.engine.max_logprobs)
 

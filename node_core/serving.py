@@ -15,6 +15,7 @@ import zmq
 
 from corun import protocol
 from corun.config import EngineConfig, NodeConfig
+from corun.node_auth import ClusterKey, admit_only_members
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +43,18 @@ def engine_fingerprint(config: EngineConfig, model_digest: str) -> str:
 
 
 class NodeSockets:
-    """A ROUTER socket for requests (router, peers) plus DEALER sockets to peers, under one poller."""
+    """A ROUTER socket for requests (router, peers) plus DEALER sockets to peers, under one poller; with a cluster
+    key, every one of them CURVE-authenticated (only cluster members get in)."""
 
-    def __init__(self, bind_address: str):
-        self.context = zmq.Context.instance()
+    def __init__(self, bind_address: str, key: ClusterKey | None = None):
+        # NOTE: a context of its own: one ZAP handler per context, and in-process tests run several nodes
+        self.context = zmq.Context.instance() if key is None else zmq.Context()
+        self.key = key
+        self.authenticator = None if key is None else admit_only_members(self.context, key)
         self.server = self.context.socket(zmq.ROUTER)
         self.server.setsockopt(zmq.LINGER, 0)
+        if key is not None:
+            key.serve(self.server)
         self.server.bind(bind_address)
         self.poller = zmq.Poller()
         self.poller.register(self.server, zmq.POLLIN)
@@ -57,6 +64,8 @@ class NodeSockets:
         if address not in self.peers:
             socket = self.context.socket(zmq.DEALER)
             socket.setsockopt(zmq.LINGER, 0)
+            if self.key is not None:
+                self.key.connect(socket)
             socket.connect(address)
             self.poller.register(socket, zmq.POLLIN)
             self.peers[address] = socket
@@ -83,7 +92,10 @@ class NodeSockets:
         NOTE: a handler that raises costs its message, never the node: it is logged and, when the sender is a
         client of the server socket, answered with a 500 naming the request."""
         for source, message in self.poll(timeout_ms):
-            handler = server.handlers.get(type(message))
+            # NOTE: a peer's replies are taken only from that peer's socket: the server socket is open to every
+            # member, and a "reply" arriving there is no answer to anything this node asked
+            handlers = server.handlers if isinstance(source, bytes) else server.peer_handlers
+            handler = handlers.get(type(message))
             if handler is None:
                 logger.warning("%s: unexpected %s", server.config.node_id, type(message).__name__)
                 self._refuse(source, getattr(message, "request_id", ""), f"unexpected {type(message).__name__}")
@@ -103,6 +115,9 @@ class NodeSockets:
     def close(self) -> None:
         for socket in [self.server, *self.peers.values()]:
             socket.close(linger=0)
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.context.term()
 
     def _address_of(self, socket) -> str:
         return next(address for address, s in self.peers.items() if s is socket)
@@ -139,6 +154,8 @@ def node_arg_parser(role: str) -> argparse.ArgumentParser:
     parser.add_argument("--advertise-host", default=None,
                         help="host others reach this node at, if not --host (e.g. the host's IP with --host 0.0.0.0)")
     parser.add_argument("--kv-lease-seconds", type=float, default=NodeConfig.kv_lease_seconds)
+    parser.add_argument("--cluster-key-file", default=None,
+                        help="the cluster's CURVE key pair (the launcher makes it): only its holders get in")
     add_engine_args(parser)
     add_transfer_args(parser)
     return parser
@@ -152,7 +169,7 @@ def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.node_id} %(levelname)s %(message)s")
     config = NodeConfig(role=role, node_id=args.node_id, engine=engine_config_from_args(args), host=args.host,
                         port=args.port, advertise_host=args.advertise_host, kv_lease_seconds=args.kv_lease_seconds,
-                        transfer=transfer_config_from_args(args))
+                        transfer=transfer_config_from_args(args), cluster_key_file=args.cluster_key_file)
     try:
         server = server_factory(config)
     except Exception as error:  # NOTE: a bad model, a port in use...: one line; the traceback at debug level

@@ -8,11 +8,13 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import signal
 import sys
 
 from aiohttp import web
 
+from corun.auth import API_KEY_ENV, resolve_api_key
 from corun.config import RouterConfig
 from router.app import create_app, start_site
 
@@ -35,12 +37,24 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     parser.add_argument("--base-seed", type=int, default=defaults["base_seed"])
     parser.add_argument("--strict-fields", action="store_true", help="unknown request fields are a 400 (default: "
                         "ignored with a warning, as vLLM does)")
+    parser.add_argument("--api-key", default=None, help=f"clients must send `Authorization: Bearer KEY` (default: "
+                        f"${API_KEY_ENV}, which keeps the key out of `ps`; neither: no key)")
+    parser.add_argument("--enable-node-pinning", action="store_true", help="honour the X-CoRun-Prefill-Node / "
+                        "X-CoRun-Decode-Node headers (a test hook; without this flag they are a 400)")
+    parser.add_argument("--cluster-key-file", default=None, help="the cluster's CURVE key pair (the launcher "
+                        "makes it): what the nodes admit")
+    parser.add_argument("--max-request-bytes", type=int, default=defaults["max_request_bytes"])
+    parser.add_argument("--header-timeout-s", type=float, default=defaults["header_timeout_s"])
+    parser.add_argument("--body-timeout-s", type=float, default=defaults["body_timeout_s"])
     args = parser.parse_args(argv)
     return RouterConfig(
         model=args.model, prefill_addresses=tuple(args.prefill_address), decode_addresses=tuple(args.decode_address),
         served_model_name=args.served_model_name, host=args.host, port=args.port,
         max_pending_requests=args.max_pending_requests,
         request_timeout_s=args.request_timeout_s, base_seed=args.base_seed, strict_fields=args.strict_fields,
+        api_key=resolve_api_key(args.api_key, os.environ), enable_node_pinning=args.enable_node_pinning,
+        max_request_bytes=args.max_request_bytes, header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s, cluster_key_file=args.cluster_key_file,
     )
 
 

@@ -12,25 +12,36 @@ from aiohttp import web
 from corun.config import RouterConfig
 from corun.tokenizer import load_tokenizer
 from router.admin import add_admin_routes
+from router.auth import api_key_middleware
 from router.errors import RequestError, error_body
 from router.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
 from router.metrics import RouterMetrics
 from router.nodes import NodePool, NodeStatus, PoolMismatch
+from router.offload import Offload
 from router.pipeline import GenerationError
 from router.state import Admission, RouterState
 from router.tokens import add_token_routes
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 2**20
-"""Long prompts sent as token-id lists are several bytes per token; aiohttp's 1 MiB default is too small."""
+MAX_HEADER_LINE_BYTES = 8190
+"""The request line and each header: longer is a 400 (aiohttp's defaults, named here so that no upgrade loosens
+them)."""
+MAX_HEADERS = 128
+LINGER_S = 2.0
+"""After an early answer (413, 408), what still arrives of the body is read and dropped this long, so that the
+client sees the answer rather than a reset; then the connection closes (aiohttp's lingering_time; its default,
+10 s, would keep a trickling client that much longer)."""
 SHUTDOWN_GRACE_S = 5.0
 """On shutdown, requests in flight get this long to finish before they are cancelled (and their decodes aborted)."""
 
 
 def create_app(config: RouterConfig) -> web.Application:
     """The router app; its node clients and ping loop start with the app and close with it."""
-    app = web.Application(middlewares=[error_and_metrics_middleware], client_max_size=MAX_BODY_BYTES)
+    # NOTE: the key check runs inside the error middleware, so that a 401 is an OpenAI error and is counted.
+    middlewares = [error_and_metrics_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
+    # NOTE: aiohttp refuses a body of exactly client_max_size bytes; max_request_bytes is the largest accepted.
+    app = web.Application(middlewares=middlewares, client_max_size=config.max_request_bytes + 1)
     app[STATE_KEY] = build_state(config)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -49,14 +60,20 @@ def build_state(config: RouterConfig) -> RouterState:
     nodes' Pongs (RouterState.model_info), not from copies of their settings here."""
     pool = NodePool(config)
     admission = Admission(config.max_pending_requests)
-    return RouterState(config, load_tokenizer(config.model), pool, admission,
-                       RouterMetrics(pool.statuses, lambda: admission.in_flight))
+    tokenizer = load_tokenizer(config.model)
+    return RouterState(config, tokenizer, pool, admission, RouterMetrics(pool.statuses, lambda: admission.in_flight),
+                       Offload(config.model, tokenizer))
 
 
 async def start_site(app: web.Application, host: str, port: int) -> web.AppRunner:
     """Serve app on host:port (port 0: any free one, see runner.addresses); returns the runner to clean up."""
     # NOTE: handler_cancellation: a client that hangs up cancels its handler, which aborts its decode.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+    # keepalive_timeout: aiohttp closes a connection whose request headers are not complete when it fires (it
+    # runs from the connection's start and from each response), which bounds a slowloris' header read.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
+                           keepalive_timeout=app[STATE_KEY].config.header_timeout_s,
+                           max_line_size=MAX_HEADER_LINE_BYTES, max_field_size=MAX_HEADER_LINE_BYTES,
+                           max_headers=MAX_HEADERS, lingering_time=LINGER_S)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
@@ -68,6 +85,7 @@ async def start_pool(app: web.Application) -> None:
 
 async def close_pool(app: web.Application) -> None:
     await app[STATE_KEY].pool.close()
+    app[STATE_KEY].offload.close()
 
 
 @web.middleware
@@ -117,7 +135,10 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     """200 when every node answered a ping in the last few seconds and they agree on the model, else 503 (with
-    the field they disagree on); lists the nodes either way."""
+    the field they disagree on); lists the nodes either way.
+
+    NOTE: open to anyone (as vLLM's), so it tells health only: no addresses, no stats (GET /admin/nodes, which
+    needs the API key, has those)."""
     pool = request.app[STATE_KEY].pool
     statuses = pool.statuses()
     body = {"status": "ok", "nodes": [node_health(s) for s in statuses]}
@@ -131,12 +152,8 @@ async def health(request: web.Request) -> web.Response:
 
 
 def node_health(status: NodeStatus) -> dict:
-    pong = status.pong
-    age = None if status.seconds_since_pong is None else round(status.seconds_since_pong, 3)
-    return {"role": status.role, "index": status.index, "address": status.address, "healthy": status.healthy,
-            "draining": status.draining,
-            "seconds_since_pong": age, "node_id": pong.node_id if pong else None,
-            "fingerprint": pong.fingerprint if pong else None, "stats": pong.stats if pong else {}}
+    """node_id: None until the node first answered."""
+    return {"node_id": status.pong.node_id if status.pong else None, "role": status.role, "healthy": status.healthy}
 
 
 async def metrics(request: web.Request) -> web.Response:

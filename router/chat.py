@@ -6,6 +6,7 @@ import jinja2
 
 from corun.tokenizer import Tokenizer
 from router.errors import bad_request
+from router.fields import TEXT, is_text
 
 CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs", "response_format", "tool_choice",
                          "tools", "parallel_tool_calls"})
@@ -42,11 +43,15 @@ def plain_message(message, index: int) -> dict:
 def content_text(content, where: str) -> str:
     """A string, or a list of {"type": "text", "text": ...} parts joined by newlines (as vLLM does)."""
     if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(is_text_part(part) for part in content):
-        return "\n".join(part["text"] for part in content)
-    raise bad_request(f"'{where}.content' must be a string or a list of text parts "
-                      "({\"type\": \"text\", \"text\": ...})", param="messages")
+        text = content
+    elif isinstance(content, list) and all(is_text_part(part) for part in content):
+        text = "\n".join(part["text"] for part in content)
+    else:
+        raise bad_request(f"'{where}.content' must be a string or a list of text parts "
+                          "({\"type\": \"text\", \"text\": ...})", param="messages")
+    if not is_text(text):
+        raise bad_request(f"'{where}.content' must be {TEXT}", param="messages")
+    return text
 
 
 def is_text_part(part) -> bool:

@@ -15,6 +15,11 @@ class RequestError(Exception):
         self.param = param
         self.headers = headers or {}
 
+    def __reduce__(self):
+        # NOTE: an exception pickles as its class and args alone; parsing in a worker process (router/offload.py)
+        # sends it back with every field.
+        return RequestError, (self.status, self.message, self.param, self.headers)
+
 
 def bad_request(message: str, param: str | None = None) -> RequestError:
     return RequestError(400, message, param)

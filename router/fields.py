@@ -1,7 +1,8 @@
-"""Reading one field of a JSON request body: type and range checked, errors naming the field."""
+"""Reading a JSON request body and its fields: type and range checked, errors naming the field."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -9,6 +10,14 @@ from typing import Any
 from router.errors import bad_request
 
 MISSING = object()
+MAX_NAMED_FIELDS = 20
+
+
+def decode_json(body: bytes):
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as error:
+        raise bad_request(f"the request body is not valid JSON: {error}") from None
 
 
 def is_int(value) -> bool:
@@ -18,6 +27,22 @@ def is_int(value) -> bool:
 
 def is_number(value) -> bool:
     return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+TEXT = "valid Unicode text (no lone surrogate such as \\ud800)"
+"""What is_text checks, as error messages name it."""
+
+
+def is_text(value) -> bool:
+    """A str that UTF-8 can encode. NOTE: JSON's escapes can spell lone surrogates ("\\ud800"), which json.loads
+    accepts and the tokenizer, the chat template's output and every UTF-8 writer refuse."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def is_str_list(value) -> bool:
@@ -55,14 +80,17 @@ def only_value_field(body: dict, name: str, allowed: str, is_allowed: Callable[[
 
 
 def unknown_fields(body: dict, known: frozenset[str], strict: bool, prefix: str = "") -> list[str]:
-    """The fields of body the router does not know, to be ignored (as vLLM does); strict: a 400 naming them."""
+    """The fields of body the router does not know, to be ignored (as vLLM does); strict: a 400 naming them.
+    At most MAX_NAMED_FIELDS are named, then how many more (a 32 MiB body can hold millions)."""
     unknown = sorted(f"{prefix}{name}" for name in set(body) - known)
+    more = [f"and {len(unknown) - MAX_NAMED_FIELDS} more"] if len(unknown) > MAX_NAMED_FIELDS else []
     if unknown and strict:
-        names = ", ".join(f"'{name}'" for name in unknown)
-        raise bad_request(f"unknown field(s): {names}", param=unknown[0])
-    return unknown
+        names = ", ".join([shorten(name) for name in unknown[:MAX_NAMED_FIELDS]] + more)
+        raise bad_request(f"unknown field(s): {names}", param=shorten(unknown[0], quote=False))
+    return [shorten(name, quote=False) for name in unknown[:MAX_NAMED_FIELDS]] + more
 
 
-def shorten(value, limit: int = 60) -> str:
-    text = repr(value)
+def shorten(value, limit: int = 60, quote: bool = True) -> str:
+    """repr(value) (quote=False: a str as itself), cut at limit characters."""
+    text = value if isinstance(value, str) and not quote else repr(value)
     return text if len(text) <= limit else text[:limit] + "..."

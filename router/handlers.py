@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -11,9 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from corun.seeding import seed_from_request_id
-from router.errors import bad_request, error_body
-from router.nodes import Placement
-from router.openai_api import GenerationRequest, ModelInfo, bind_seed, parse_chat_request, parse_completion_request
+from router.errors import RequestError, bad_request, error_body
+from router.nodes import Placement, UnknownNode
+from router.openai_api import GenerationRequest, Kind, bind_seed, parse_body
 from router.pipeline import GenerationError
 from router.responses import (
     ChoiceDelta,
@@ -30,6 +31,10 @@ from router.streams import merge, prompt_deltas
 
 logger = logging.getLogger(__name__)
 
+PIN_HEADERS = ("X-CoRun-Prefill-Node", "X-CoRun-Decode-Node")
+MAX_FIELD_NAMES_HEADER = 1000
+"""X-CoRun-Ignored-Fields is cut here: clients' parsers limit a response head too (h11, under httpx and openai:
+16 KiB)."""
 STATE_KEY = web.AppKey("router_state", RouterState)
 RESPONSE_HEADERS_KEY = web.RequestKey("corun_response_headers", dict)
 """Headers every answer to this request carries, errors included (set as soon as they are known)."""
@@ -37,21 +42,23 @@ MAX_REQUEST_ID_LEN = 128
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await serve_generation(request, parse_completion_request)
+    return await serve_generation(request, "completion")
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await serve_generation(request, parse_chat_request)
+    return await serve_generation(request, "chat")
 
 
-async def serve_generation(request: web.Request,
-                           parse: Callable[[object, ModelInfo], GenerationRequest]) -> web.StreamResponse:
+async def serve_generation(request: web.Request, kind: Kind) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     request_id = read_request_id(request)
     request[RESPONSE_HEADERS_KEY] = {"X-Request-Id": request_id}
-    generation = parse(await read_json_body(request), await state.model_info())
+    body = await read_body(request)
+    model = await state.model_info()
+    placement = read_placement(request, state)
+    generation = await state.offload.run(parse_body, body, kind, model)
     if generation.ignored_fields:
-        names = ", ".join(generation.ignored_fields)
+        names = field_names_header(generation.ignored_fields)
         logger.warning("request %s: ignored unknown field(s) %s", request_id, names)
         request[RESPONSE_HEADERS_KEY]["X-CoRun-Ignored-Fields"] = names
     # NOTE: one seed for every prompt of the request, so a prompt's output is the same alone or in a list.
@@ -67,7 +74,7 @@ async def serve_generation(request: web.Request,
     with state.admission.admit(request_id, len(generation.prompts) * n):
         deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i * n, f"{request_id}-{i}",
                                       list(prompt), bind_seed(generation, seed), generation.stop_strings,
-                                      read_placement(request), generation.output)
+                                      placement, generation.output)
                         for i, prompt in enumerate(generation.prompts)])
         try:
             if generation.stream:
@@ -77,9 +84,38 @@ async def serve_generation(request: web.Request,
             await deltas.aclose()
 
 
-def read_placement(request: web.Request) -> Placement:
-    """Optional pinning of a request to named nodes (tests run one request through every (P, D) pair)."""
-    return Placement(request.headers.get("X-CoRun-Prefill-Node"), request.headers.get("X-CoRun-Decode-Node"))
+def read_placement(request: web.Request, state: RouterState) -> Placement:
+    """Optional pinning of a request to named nodes (tests run one request through every (P, D) pair): only with
+    RouterConfig.enable_node_pinning, and each pin checked against the pool here, before any node sees the
+    request."""
+    pins = {header: request.headers.get(header) for header in PIN_HEADERS}
+    given = [header for header, pin in pins.items() if pin is not None]
+    if not given:
+        return Placement()
+    if not state.config.enable_node_pinning:
+        raise bad_request(f"{' and '.join(given)}: node pinning is off (start the router with "
+                          "--enable-node-pinning)")
+    for header, choose in zip(PIN_HEADERS, (state.pool.choose_prefill, state.pool.choose_decode), strict=True):
+        if pins[header] is not None:
+            check_pin(header, pins[header], choose)
+    return Placement(*pins.values())
+
+
+def check_pin(header: str, pin: str, choose: Callable[[str], object]) -> None:
+    """A 400 unless the pool has the pinned node (choose: the pool's choose_prefill or choose_decode)."""
+    if not pin:  # NOTE: to the pool an empty pin means "not pinned"
+        raise bad_request(f"{header} is empty: name a node (its id or address)")
+    try:
+        choose(pin)
+    except UnknownNode as error:
+        raise bad_request(f"{header}: {error}") from None
+
+
+def field_names_header(names: tuple[str, ...]) -> str:
+    """Field names for a response header: ASCII with JSON's escapes (a name is client text: it may hold a newline
+    or a lone surrogate, which no header may carry), at most MAX_FIELD_NAMES_HEADER characters."""
+    text = ", ".join(json.dumps(name)[1:-1] for name in names)
+    return text if len(text) <= MAX_FIELD_NAMES_HEADER else text[:MAX_FIELD_NAMES_HEADER] + "..."
 
 
 def read_request_id(request: web.Request) -> str:
@@ -92,11 +128,24 @@ def read_request_id(request: web.Request) -> str:
     return request_id
 
 
-async def read_json_body(request: web.Request):
+async def read_body(request: web.Request) -> bytes:
+    """The raw body, once it has all arrived: 413 beyond RouterConfig.max_request_bytes, 408 when it takes longer
+    than body_timeout_s (a trickled body; what still comes is dropped for app.LINGER_S, then the connection
+    closes)."""
+    config = request.app[STATE_KEY].config
+    if request.content_length is not None and request.content_length > config.max_request_bytes:
+        raise body_too_large(config.max_request_bytes)
     try:
-        return json.loads(await request.read())
-    except (ValueError, RecursionError) as error:
-        raise bad_request(f"the request body is not valid JSON: {error}") from None
+        return await asyncio.wait_for(request.read(), config.body_timeout_s)
+    except web.HTTPRequestEntityTooLarge:  # NOTE: a chunked body, which has no Content-Length to check first
+        raise body_too_large(config.max_request_bytes) from None
+    except asyncio.TimeoutError:
+        raise RequestError(408, f"the request body did not arrive within {config.body_timeout_s:g} s") from None
+
+
+def body_too_large(max_request_bytes: int) -> RequestError:
+    return RequestError(413, f"the request body is larger than {max_request_bytes} bytes (the router's "
+                             "--max-request-bytes)")
 
 
 async def full_response(request: web.Request, ctx: ResponseContext, generation: GenerationRequest,

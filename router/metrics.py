@@ -16,7 +16,9 @@ from prometheus_client.registry import Collector
 from router.nodes import NodeStatus
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-NODE_LABELS = ("node_id", "role", "address")
+NODE_LABELS = ("node_id", "role")
+"""NOTE: no address: /metrics is open to anyone (as vLLM's), so it names nodes, never where they listen (GET
+/admin/nodes, behind the API key, has that)."""
 
 
 class RouterMetrics:
@@ -99,8 +101,10 @@ def pool_gauges(statuses: list[NodeStatus]) -> Iterator[GaugeMetricFamily]:
 
 
 def node_labels(status: NodeStatus) -> list[str]:
-    node_id = status.pong.node_id if status.pong else f"{status.role}-{status.index}"
-    return [node_id, status.role, status.address]
+    # NOTE: a node not heard from yet gets a name no node id takes (launchers name nodes ROLE-INDEX), so that two
+    # nodes never share a label set
+    node_id = status.pong.node_id if status.pong else f"unanswered-{status.role}-{status.index}"
+    return [node_id, status.role]
 
 
 def numeric_stats(status: NodeStatus) -> dict[str, float]:

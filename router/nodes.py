@@ -24,6 +24,7 @@ import zmq.asyncio
 import zmq.utils.monitor
 
 from corun.config import Role, RouterConfig
+from corun.node_auth import ClusterKey
 from corun.protocol import ErrorReply, ModelFacts, Ping, Pong, ProtocolError, decode, encode
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,10 @@ class NodeStatus:
 class NodeClient:
     """One node: a DEALER socket, a receive loop routing replies to per-request queues, and a work count."""
 
-    def __init__(self, context: zmq.asyncio.Context, role: Role, index: int, address: str):
+    def __init__(self, context: zmq.asyncio.Context, role: Role, index: int, address: str,
+                 key: ClusterKey | None = None):
         self.role, self.index, self.address = role, index, address
+        self.key = key
         self.outstanding_work = 0
         self.draining = False
         """No new requests: it is being removed (router/admin.py)."""
@@ -83,6 +86,8 @@ class NodeClient:
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
         self._socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        if self.key is not None:
+            self.key.connect(self._socket)
         monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self._socket.connect(self.address)
         self._receive_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.address}")
@@ -197,9 +202,10 @@ class NodePool:
     def __init__(self, config: RouterConfig):
         self.request_timeout_s = config.request_timeout_s
         self._context = zmq.asyncio.Context()
-        self.prefill_nodes = [NodeClient(self._context, "prefill", index, address)
+        self.key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
+        self.prefill_nodes = [NodeClient(self._context, "prefill", index, address, self.key)
                               for index, address in enumerate(config.prefill_addresses)]
-        self.decode_nodes = [NodeClient(self._context, "decode", index, address)
+        self.decode_nodes = [NodeClient(self._context, "decode", index, address, self.key)
                              for index, address in enumerate(config.decode_addresses)]
         self._ping_task: asyncio.Task | None = None
         self._nonces = itertools.count()
@@ -225,7 +231,7 @@ class NodePool:
         nodes = self.prefill_nodes if role == "prefill" else self.decode_nodes
         if any(node.address == address for node in self.nodes):
             raise ValueError(f"{address} is already a node of this pool")
-        node = NodeClient(self._context, role, max((n.index for n in nodes), default=-1) + 1, address)
+        node = NodeClient(self._context, role, max((n.index for n in nodes), default=-1) + 1, address, self.key)
         node.start()
         nodes.append(node)
         return node

@@ -15,12 +15,15 @@ from corun.tokenizer import Tokenizer
 from router.chat import CHAT_FIELDS, render_chat
 from router.errors import RequestError, bad_request
 from router.fields import (
+    TEXT,
     bool_field,
+    decode_json,
     int_field,
     is_int,
     is_int_list,
     is_number,
     is_str_list,
+    is_text,
     only_value_field,
     read_field,
     unknown_fields,
@@ -49,7 +52,6 @@ class ModelInfo:
     vocab_size: int
     """The model's embedding rows: token ids must be below it."""
     max_logprobs: int
-    tokenizer: Tokenizer
     strict_fields: bool = False
     """Unknown fields are a 400 (RouterConfig.strict_fields), not ignored with a warning."""
 
@@ -88,11 +90,17 @@ class GenerationRequest:
     output: OutputOptions = OutputOptions()
 
 
-def parse_completion_request(body, model: ModelInfo) -> GenerationRequest:
+def parse_body(tokenizer: Tokenizer, body: bytes, kind: Kind, model: ModelInfo) -> GenerationRequest:
+    """The request in a raw body; router/offload.py runs this off the event loop (the tokenizer comes first)."""
+    parse = parse_completion_request if kind == "completion" else parse_chat_request
+    return parse(decode_json(body), model, tokenizer)
+
+
+def parse_completion_request(body, model: ModelInfo, tokenizer: Tokenizer) -> GenerationRequest:
     body, ignored = checked_body(body, COMPLETION_FIELDS, model)
     echo = bool_field(body, "echo", False)
     only_value_field(body, "suffix", "null", lambda v: False)
-    prompts = read_prompts(body, model.tokenizer)
+    prompts = read_prompts(body, tokenizer)
     logprobs = int_field(body, "logprobs", None, 0, model.max_logprobs)
     prompt_logprobs = int_field(body, "prompt_logprobs", None, 0, model.max_logprobs)
     # NOTE: as vLLM: max_completion_tokens (OpenAI's newer name) wins over max_tokens; 0 only to echo the prompt
@@ -106,10 +114,10 @@ def parse_completion_request(body, model: ModelInfo) -> GenerationRequest:
                          prompt_options)
 
 
-def parse_chat_request(body, model: ModelInfo) -> GenerationRequest:
+def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> GenerationRequest:
     body, ignored = checked_body(body, SAMPLING_FIELDS | CHAT_FIELDS, model)
     check_chat_options(body)
-    prompt = tuple(model.tokenizer.encode(render_chat(body.get("messages"), model.tokenizer)))
+    prompt = tuple(tokenizer.encode(render_chat(body.get("messages"), tokenizer)))
     wants_logprobs = bool_field(body, "logprobs", False)
     top_logprobs = int_field(body, "top_logprobs", 0, 0, model.max_logprobs)
     if top_logprobs and not wants_logprobs:
@@ -201,11 +209,12 @@ def read_logit_bias(body: dict, vocab_size: int) -> dict[int, float]:
 
 def read_prompts(body: dict, tokenizer: Tokenizer) -> tuple[tuple[int, ...], ...]:
     prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return (tuple(tokenizer.encode(prompt)),)
+    texts = [prompt] if isinstance(prompt, str) else prompt if is_str_list(prompt) else []
+    if texts:
+        if not all(map(is_text, texts)):
+            raise bad_request(f"'prompt' must be {TEXT}", param="prompt")
+        return tuple(tuple(tokenizer.encode(text)) for text in texts)
     if isinstance(prompt, list) and prompt:
-        if is_str_list(prompt):
-            return tuple(tuple(tokenizer.encode(text)) for text in prompt)
         if is_int_list(prompt):
             return (tuple(prompt),)
         if all(is_int_list(item) for item in prompt):
@@ -242,8 +251,8 @@ def read_seed(body: dict) -> int | None:
 def read_stop_strings(body: dict) -> tuple[str, ...]:
     def is_valid(v) -> bool:
         strings = [v] if isinstance(v, str) else v
-        return is_str_list(strings) and len(strings) <= MAX_STOP_STRINGS and all(strings)
-    expected = f"a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
+        return is_str_list(strings) and len(strings) <= MAX_STOP_STRINGS and all(s and is_text(s) for s in strings)
+    expected = f"a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings, of {TEXT}"
     stop = read_field(body, "stop", [], is_valid, expected)
     return (stop,) if isinstance(stop, str) else tuple(stop)
 

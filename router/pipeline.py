@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
 NODE_CHECK_INTERVAL_S = 0.5
+UNREACHABLE_AFTER_S = 3.0
+"""How long a send waits on a node that is down before the attempt fails over (a restart may be that quick)."""
 RETRYABLE_STATUSES = frozenset({503})
 
 
@@ -190,10 +192,21 @@ async def run_decode(node: NodeClient, request: DecodeRequest, timeout_s: float,
 
 
 async def send_within(node: NodeClient, message, timeout_s: float) -> None:
+    """Send; a 503 once the node has been unhealthy (down, restarting) for UNREACHABLE_AFTER_S of the wait, or
+    at timeout_s. NOTE: a send to a node with no connection waits (zmq IMMEDIATE): without this bound, a request
+    sent while its only node of a role restarts waited the whole request timeout, in silence."""
+    loop = asyncio.get_running_loop()
+    sending = asyncio.ensure_future(node.send(message))
+    deadline, unhealthy_since = loop.time() + timeout_s, None
     try:
-        await asyncio.wait_for(node.send(message), timeout_s)
-    except asyncio.TimeoutError:
-        raise GenerationError(503, f"{node.role} node {node.address} is unreachable") from None
+        while not (await asyncio.wait({sending}, timeout=NODE_CHECK_INTERVAL_S))[0]:
+            now = loop.time()
+            unhealthy_since = None if node.healthy else (unhealthy_since or now)
+            if now >= deadline or (unhealthy_since is not None and now - unhealthy_since >= UNREACHABLE_AFTER_S):
+                raise GenerationError(503, f"{node.role} node {node.address} is unreachable")
+    finally:
+        sending.cancel()
+    sending.result()
 
 
 async def next_reply(node: NodeClient, replies: asyncio.Queue, timeout_s: float):

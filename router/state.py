@@ -1,4 +1,4 @@
-"""What every handler shares: config, model facts, node pool, metrics and the in-flight limit."""
+"""What every handler shares: config, model facts, node pool, metrics, the in-flight limit and the parsers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from corun.tokenizer import Tokenizer
 from router.errors import RequestError
 from router.metrics import RouterMetrics
 from router.nodes import NodePool, PoolMismatch
+from router.offload import Offload
 from router.openai_api import ModelInfo
 
 RETRY_AFTER_S = 1
@@ -54,6 +55,8 @@ class RouterState:
     pool: NodePool
     admission: Admission
     metrics: RouterMetrics
+    offload: Offload
+    """Where request bodies are parsed: off the event loop."""
 
     async def model_info(self) -> ModelInfo:
         """The served model as the nodes report it; a 503 before any answered or while they disagree."""
@@ -65,7 +68,7 @@ class RouterState:
             raise RequestError(503, "no node has answered the router yet; retry later",
                                headers={"Retry-After": str(RETRY_AFTER_S)})
         return ModelInfo(self.config.served_model_name, facts.max_model_len, facts.vocab_size, facts.max_logprobs,
-                         self.tokenizer, self.config.strict_fields)
+                         self.config.strict_fields)
 
     def system_fingerprint(self) -> str:
         """Changes whenever anything that determines outputs changes: a node's fingerprint, the model, the length."""

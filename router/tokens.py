@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 
 from aiohttp import web
 
+from corun.tokenizer import Tokenizer
 from router.chat import render_chat
 from router.errors import RequestError, bad_request
-from router.fields import bool_field, is_int_list, read_field
-from router.handlers import STATE_KEY, read_json_body
+from router.fields import TEXT, bool_field, decode_json, is_int_list, is_text, read_field
+from router.handlers import STATE_KEY, read_body
 
 
 def add_token_routes(app: web.Application) -> None:
@@ -21,42 +23,58 @@ def add_token_routes(app: web.Application) -> None:
 async def tokenize(request: web.Request) -> web.Response:
     """{"prompt": TEXT} or {"messages": [...]} -> {"count", "max_model_len", "tokens"} (as vLLM answers)."""
     state = request.app[STATE_KEY]
-    body = await model_body(request)
-    if "messages" in body:
-        text = render_chat(body["messages"], state.tokenizer)
-    else:
-        text = read_field(body, "prompt", None, lambda v: isinstance(v, str), "a string")
-        if text is None:
-            raise bad_request("give 'prompt' (a string) or 'messages'", param="prompt")
-    read_field(body, "add_special_tokens", True, lambda v: isinstance(v, bool), "a boolean")
-    tokens = state.tokenizer.encode(text)
+    body = await read_body(request)
     info = await state.model_info()
-    return web.json_response({"count": len(tokens), "max_model_len": info.max_model_len, "tokens": tokens})
+    return json_bytes_response(await state.offload.run(tokenize_body, body, info.served_model_name,
+                                                       info.max_model_len))
 
 
 async def detokenize(request: web.Request) -> web.Response:
     """{"tokens": [ids]} -> {"prompt": TEXT}."""
     state = request.app[STATE_KEY]
-    body = await model_body(request)
+    body = await read_body(request)
     info = await state.model_info()
-    tokens = read_field(body, "tokens", None, lambda v: is_int_list(v) and all(0 <= t < info.vocab_size for t in v),
-                        f"a list of token ids in [0, {info.vocab_size})")
+    return json_bytes_response(await state.offload.run(detokenize_body, body, info.served_model_name,
+                                                       info.vocab_size))
+
+
+def tokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, max_model_len: int) -> bytes:
+    """The answer's JSON, made off the event loop (router/offload.py): a long prompt's token list is large."""
+    fields = model_fields(body, served_model_name)
+    if "messages" in fields:
+        text = render_chat(fields["messages"], tokenizer)
+    else:
+        text = read_field(fields, "prompt", None, is_text, f"a string of {TEXT}")
+        if text is None:
+            raise bad_request("give 'prompt' (a string) or 'messages'", param="prompt")
+    read_field(fields, "add_special_tokens", True, lambda v: isinstance(v, bool), "a boolean")
+    tokens = tokenizer.encode(text)
+    return json.dumps({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens}).encode()
+
+
+def detokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, vocab_size: int) -> bytes:
+    fields = model_fields(body, served_model_name)
+    tokens = read_field(fields, "tokens", None, lambda v: is_int_list(v) and all(0 <= t < vocab_size for t in v),
+                        f"a list of token ids in [0, {vocab_size})")
     if tokens is None:
         raise bad_request("'tokens' is required", param="tokens")
-    skip = bool_field(body, "skip_special_tokens", True)
-    return web.json_response({"prompt": state.tokenizer.decode(tokens, skip_special_tokens=skip)})
+    skip = bool_field(fields, "skip_special_tokens", True)
+    return json.dumps({"prompt": tokenizer.decode(tokens, skip_special_tokens=skip)}).encode()
 
 
 async def version(request: web.Request) -> web.Response:
     return web.json_response({"version": importlib.metadata.version("corun-cluster")})
 
 
-async def model_body(request: web.Request) -> dict:
-    body = await read_json_body(request)
-    if not isinstance(body, dict):
+def model_fields(body: bytes, served_model_name: str) -> dict:
+    fields = decode_json(body)
+    if not isinstance(fields, dict):
         raise bad_request("the request body must be a JSON object")
-    served = request.app[STATE_KEY].config.served_model_name
-    model = read_field(body, "model", served, lambda v: isinstance(v, str), "a string")
-    if model != served:
+    model = read_field(fields, "model", served_model_name, lambda v: isinstance(v, str), "a string")
+    if model != served_model_name:
         raise RequestError(404, f"The model `{model}` does not exist.", param="model")
-    return body
+    return fields
+
+
+def json_bytes_response(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json")

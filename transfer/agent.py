@@ -236,7 +236,7 @@ class KVTransferAgent(KVRegion):
         return descs
 
 
-UCX_VARIABLES = ("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "UCX_TLS")
+UCX_VARIABLES = ("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "UCX_TLS", "UCX_NET_DEVICES")
 """The UCX settings TransferConfig owns: whatever the environment held for them is replaced."""
 
 

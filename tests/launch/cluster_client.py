@@ -24,9 +24,10 @@ def engine_config(model_dir: str, **scheduler) -> EngineConfig:
                         cache=CacheConfig(memory_budget_bytes=64 * 2**20))
 
 
-def start_cluster(model_dir: str, num_prefill: int, num_decode: int) -> LocalCluster:
+def start_cluster(model_dir: str, num_prefill: int, num_decode: int, **settings) -> LocalCluster:
+    """settings: more LocalClusterConfig fields (enable_node_pinning, api_key, ...)."""
     config = LocalClusterConfig(engine_config(model_dir), num_prefill=num_prefill, num_decode=num_decode,
-                                port=free_port("127.0.0.1"))
+                                port=free_port("127.0.0.1"), **settings)
     return LocalCluster(config).start()
 
 
@@ -70,6 +71,7 @@ def node_stats(cluster: LocalCluster) -> dict[str, dict]:
     for address in [*cluster.prefill_addresses, *cluster.decode_addresses]:
         with context.socket(zmq.DEALER) as socket:
             socket.setsockopt(zmq.LINGER, 0)
+            cluster.cluster_key.connect(socket)  # NOTE: a cluster member's key: nodes admit nobody else
             socket.connect(address)
             socket.send(protocol.encode(protocol.Ping(0)))
             if not socket.poll(10_000):

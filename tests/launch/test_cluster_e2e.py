@@ -45,7 +45,8 @@ def cluster_1p1d(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def cluster_2p2d(tiny_model_dir):
-    cluster = start_cluster(tiny_model_dir, num_prefill=2, num_decode=2)
+    """NOTE: node pinning on: test_every_prefill_decode_pair_gives_the_same_output pins each pair."""
+    cluster = start_cluster(tiny_model_dir, num_prefill=2, num_decode=2, enable_node_pinning=True)
     yield cluster
     cluster.stop()
 
@@ -147,6 +148,7 @@ def post(cluster, path: str, body: bytes):
     (json.dumps({"prompt": "hi", "temperature": [1]}).encode(), "temperature"),
     (json.dumps({"prompt": "hi", "max_tokens": 4, "n": "surprise"}).encode(), "'n'"),
     (json.dumps({"prompt": "word " * (MAX_MODEL_LEN + 10), "max_tokens": 4}).encode(), "maximum context length"),
+    (b'{"prompt": "\\ud800abc", "max_tokens": 4}', "'prompt' must be valid Unicode text"),
 ])
 def test_bad_input_is_a_400_and_the_cluster_keeps_serving(cluster_1p1d, body, fragment):
     status, reply = post(cluster_1p1d, "/v1/completions", body)
@@ -165,6 +167,11 @@ def test_an_unknown_field_is_ignored_and_named_as_vllm_does(cluster_1p1d):
         assert len(json.loads(response.read())["choices"][0]["token_ids"]) == 4
 
 
+def test_node_pinning_is_off_unless_the_cluster_enables_it(cluster_1p1d):
+    with pytest.raises(openai.BadRequestError, match="--enable-node-pinning"):
+        complete(client(cluster_1p1d), PROMPTS[0], PARAMS, {"X-CoRun-Decode-Node": "decode-0"})
+
+
 def test_incompatible_decode_node_is_refused_with_a_clear_error(cluster_1p1d, tiny_model_dir):
     """A decode node built for another N beside this prefill node: the router refuses the pool at once, naming
     what differs (their fingerprints), instead of serving requests whose outputs would depend on the node.
@@ -172,6 +179,8 @@ def test_incompatible_decode_node_is_refused_with_a_clear_error(cluster_1p1d, ti
     mismatched = LocalCluster(LocalClusterConfig(engine_config(tiny_model_dir, max_num_seqs=16), port=free_port(
         "127.0.0.1"), num_prefill=1, num_decode=1))
     mismatched.prefill_addresses = list(cluster_1p1d.prefill_addresses)  # borrow the N=32 cluster's prefill node
+    # NOTE: with its key: a node admits only holders of its cluster's key (the mismatch must be what refuses it)
+    mismatched.cluster_key, mismatched.key_file = cluster_1p1d.cluster_key, cluster_1p1d.key_file
     try:
         mismatched.start_node("decode", 0)
         mismatched.start_router()
@@ -181,6 +190,7 @@ def test_incompatible_decode_node_is_refused_with_a_clear_error(cluster_1p1d, ti
             complete(client(mismatched), PROMPTS[0], PARAMS)
         assert refused.value.status_code == 503 and "disagree on fingerprint" in str(refused.value)
     finally:
+        mismatched.key_file = None  # NOTE: borrowed: stop() must not remove cluster_1p1d's key file
         mismatched.stop()
     ids, _ = complete(client(cluster_1p1d), PROMPTS[0], PARAMS)  # the prefill node keeps serving its own cluster
     assert len(ids) == PARAMS["max_tokens"]

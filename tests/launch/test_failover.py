@@ -15,7 +15,7 @@ PROMPT = "the river reads the morning light because"
 
 @pytest.fixture(scope="module")
 def cluster_1p2d(tiny_model_dir):
-    cluster = start_cluster(tiny_model_dir, num_prefill=1, num_decode=2)
+    cluster = start_cluster(tiny_model_dir, num_prefill=1, num_decode=2, enable_node_pinning=True)
     yield cluster
     cluster.stop()
 

@@ -38,7 +38,7 @@ def decode_stats_once(url: str, num_reads: int, timeout_s: float = 10.0) -> dict
     """The decode node's stats once its pings report num_reads completed reads (pongs lag by a ping)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+        with urllib.request.urlopen(f"{url}/admin/nodes", timeout=10) as response:  # NOTE: /health has no stats
             [decode] = [node["stats"] for node in json.loads(response.read())["nodes"] if node["role"] == "decode"]
         if decode.get("reads_completed", 0) >= num_reads or time.monotonic() > deadline:
             return decode

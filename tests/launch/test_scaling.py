@@ -3,6 +3,7 @@ requests; what it holds finishes, its KV leases read) and then stopped; nothing 
 what it was. Local launcher, `corun scale` against `corun serve`, and Ray with two nodes on one host."""
 
 import concurrent.futures
+import os
 import subprocess
 import sys
 import time
@@ -15,10 +16,11 @@ from launch.cluster import ClusterConfig, free_port
 from launch.local import LocalCluster
 from launch.ray_cluster import RayCluster, RayClusterConfig
 from tests.conftest import varied_prompts
-from tests.launch.cluster_client import client, complete, engine_config, node_stats, wait_for_line
+from tests.launch.cluster_client import child_pids, client, complete, engine_config, node_stats, wait_for_line
 
 PARAMS = {"temperature": 0.7, "seed": 9, "max_tokens": 24, "logprobs": 2}
 PROMPTS = varied_prompts(12, seed=3, max_words=60)
+API_KEY = "sk-scale-test"
 
 
 def outputs(cluster, prompts=PROMPTS, while_running=None) -> list:
@@ -81,19 +83,25 @@ def test_the_last_node_of_a_role_cannot_be_drained(local_cluster):
 
 
 def test_corun_scale_adds_and_removes_nodes_of_corun_serve(tiny_model_dir):
+    """With an API key from the environment (as vLLM's VLLM_API_KEY): the control port and the router's admin API
+    need it, the launcher's own admin calls send it, and no process shows it on its command line."""
     port, admin = free_port("127.0.0.1"), free_port("127.0.0.1")
+    with_key = {**os.environ, "VLLM_API_KEY": API_KEY}
     serve = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", tiny_model_dir,
                               "--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-mib", "32",
                               "--port", str(port), "--admin-port", str(admin)],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=with_key)
     control = f"http://127.0.0.1:{admin}"
 
-    def scale(*argv) -> subprocess.CompletedProcess:
+    def scale(*argv, env=with_key) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "cli.main", "scale", "--control", control, *argv],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, env=env)
 
     try:
         wait_for_line(serve, "CoRun cluster ready", timeout_s=120)
+        without_key = {name: value for name, value in os.environ.items() if name != "VLLM_API_KEY"}
+        unauthorized = scale("add", "decode", env=without_key)
+        assert unauthorized.returncode == 2 and "API key is required" in unauthorized.stderr
         added = scale("add", "decode")
         assert added.returncode == 0 and added.stdout.strip() == "decode-1 added"
         removed = scale("remove", "decode-0")
@@ -101,8 +109,13 @@ def test_corun_scale_adds_and_removes_nodes_of_corun_serve(tiny_model_dir):
         refused = scale("remove", "decode-1")
         assert refused.returncode == 2 and "last decode node" in refused.stderr
         api_url = f"http://127.0.0.1:{port}"
-        assert [n["node_id"] for n in scaling.router_admin(api_url, "GET")["nodes"] if n["role"] == "decode"] == [
-            "decode-1"]
+        with pytest.raises(ValueError, match="API key is required"):
+            scaling.router_admin(api_url, "GET")
+        nodes = scaling.router_admin(api_url, "GET", api_key=API_KEY)["nodes"]
+        assert [n["node_id"] for n in nodes if n["role"] == "decode"] == ["decode-1"]
+        for pid in [serve.pid, *child_pids(serve.pid)]:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                assert API_KEY.encode() not in cmdline.read()
     finally:
         serve.terminate()
         serve.wait(timeout=30)

@@ -40,3 +40,17 @@ def test_without_an_instance_change_the_silent_request_waits(tiny_model_dir, wor
         reply = post(router.base_url + "/v1/completions", BODY)
         assert reply.status == 504 and time.monotonic() - start >= 1.4
         assert router.state.pool.decode_nodes[0].num_lost == 0
+
+
+def test_a_request_for_a_role_whose_every_node_is_down_ends_with_a_503_not_silence(tiny_model_dir, word_token_ids,
+                                                                                  monkeypatch):
+    monkeypatch.setattr("router.pipeline.UNREACHABLE_AFTER_S", 1.0)
+    with RouterHarness(tiny_model_dir, word_token_ids, num_decode=1, request_timeout_s=120) as router:
+        router.wait_until_healthy()
+        router.call(router.decode_nodes[0].close)  # NOTE: the only decode node is gone (and not coming back)
+        wait_for(lambda: not router.state.pool.decode_nodes[0].healthy, timeout_s=5)
+        start = time.monotonic()
+        reply = post(router.base_url + "/v1/completions", BODY)
+        elapsed = time.monotonic() - start
+        assert reply.status == 503 and "unreachable" in reply.body["error"]["message"]
+        assert 2.5 < elapsed < 8  # NOTE: three attempts of ~1 s each, not the 120 s request timeout

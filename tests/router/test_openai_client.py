@@ -142,12 +142,20 @@ def test_models_lists_the_served_model(client):
     assert [model.id for model in client.models.list()] == [MODEL]
 
 
-def test_health_lists_every_node(router):
+def test_health_and_metrics_list_every_node_without_addresses(router):
     reply = get(router.base_url + "/health")
     assert reply.status == 200 and reply.body["status"] == "ok"
     assert sorted(node["node_id"] for node in reply.body["nodes"]) == [
         "fake-decode-0", "fake-decode-1", "fake-prefill-0", "fake-prefill-1"]
-    assert all(node["stats"]["kv_usage"] == 0.25 and node["fingerprint"] for node in reply.body["nodes"])
+    assert all(node.keys() == {"node_id", "role", "healthy"} and node["healthy"] for node in reply.body["nodes"])
+    assert "tcp://" not in str(reply.body)
+    assert "tcp://" not in get(router.base_url + "/metrics").body  # NOTE: open too, so no addresses either
+
+
+def test_the_admin_api_lists_addresses_and_stats(router):
+    nodes = get(router.base_url + "/admin/nodes").body["nodes"]
+    assert sorted(node["address"] for node in nodes) == sorted(node.address for node in router.nodes)
+    assert all(node["stats"]["kv_usage"] == 0.25 for node in nodes)
 
 
 def test_metrics_export_requests_latencies_and_node_stats(client, router):
