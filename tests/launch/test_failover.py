@@ -105,3 +105,23 @@ def restart_now(cluster, timeout_s: float = 5.0) -> None:
         assert time.monotonic() < deadline, "the dead node was not started again"
         cluster.restart_dead_nodes()
         time.sleep(0.05)
+
+
+def test_a_frozen_node_is_given_up_within_a_second_by_its_heartbeats(cluster_1p2d):
+    """SIGSTOP: the process is alive, its connection open, but nothing in it answers, its zmq I/O thread included
+    (a hung host or a cut link looks the same). zmq heartbeats (200 ms, 800 ms timeout) close the connection."""
+    cluster_1p2d.wait_healthy()
+    api = client(cluster_1p2d)
+    reference, _ = stream_with_gaps(api, seed=41)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        stream = pool.submit(stream_with_gaps, api, 41)
+        wait_for_stats(cluster_1p2d, lambda stats: sum(s.get("num_running", 0) for s in stats.values()) >= 1)
+        [victim] = [n for n, s in node_stats(cluster_1p2d).items() if n.startswith("decode") and s["num_running"]]
+        process = dict(cluster_1p2d.processes)[victim]
+        process.send_signal(signal.SIGSTOP)
+        try:
+            token_ids, longest = stream.result(timeout=60)
+        finally:
+            process.send_signal(signal.SIGCONT)
+    assert token_ids == reference
+    assert longest < 2.0, f"the stream stalled {longest:.2f} s behind a frozen node"
