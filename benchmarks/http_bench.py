@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from benchmarks.harness import RequestOutcome, SLOTargets, outcome_summary, percentile
+from corun.auth import bearer_headers
 from planner.workloads import Arrivals, Workload, make_prompts
 
 REQUEST_TIMEOUT_S = 3600.0
@@ -69,12 +70,13 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: dict, recor
 
 async def run_http_workload_async(url: str, workload: Workload, vocab_size: int, arrivals: Arrivals,
                                   slo: SLOTargets, seed: int, max_seconds: float | None,
-                                  max_concurrency: int | None) -> dict:
+                                  max_concurrency: int | None, api_key: str | None = None) -> dict:
     prompts = make_prompts(workload, vocab_size, seed)
     times = arrivals.times(len(prompts))
     limit = asyncio.Semaphore(max_concurrency or len(prompts))
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
+                                     headers=bearer_headers(api_key)) as session:
         model = await served_model_name(session, url)
         records: list[StreamedRequest] = []
         start = time.perf_counter()
@@ -113,7 +115,8 @@ def summarize_http(records: list[StreamedRequest], num_requests: int, elapsed: f
 
 def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_model_len: int, *,
                    arrivals: Arrivals, slo: SLOTargets, seed: int = 0, max_seconds: float | None = None,
-                   max_concurrency: int | None = None, label: str | None = None) -> dict:
+                   max_concurrency: int | None = None, label: str | None = None,
+                   api_key: str | None = None) -> dict:
     """One report in the engine bench's schema, its one mode named after the URL."""
     from benchmarks.harness import progress_line
     from planner.workloads import check_fits
@@ -125,7 +128,7 @@ def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_mod
     for workload in workloads:
         try:
             result = asyncio.run(run_http_workload_async(url, workload, vocab_size, arrivals, slo, seed,
-                                                         max_seconds, max_concurrency))
+                                                         max_seconds, max_concurrency, api_key))
         except (aiohttp.ClientError, OSError) as error:
             raise ValueError(f"cannot reach the router at {url}: {error}") from None
         if math.isnan(result["ttft_s"]["p50"]):  # NOTE: not one token came back: a report of NaNs helps no one

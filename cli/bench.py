@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from benchmarks.harness import DEFAULT_ARRIVALS, parse_goodput, run_bench
+from corun.auth import API_KEY_ENV, resolve_api_key
 from corun.engine_args import add_engine_args, engine_config_from_args
 from planner.workloads import PAPER_WORKLOADS, Arrivals, Workload, default_workloads, make_workload
 
@@ -23,7 +25,8 @@ def run_url_bench(args, base, workloads: list[Workload], arrivals: Arrivals, slo
     vocab_size = ModelArchConfig.from_dir(base.model).vocab_size
     return run_http_bench(args.url.rstrip("/"), workloads, vocab_size, base.scheduler.max_model_len,
                           arrivals=arrivals, slo=slo, seed=args.seed, max_seconds=args.max_seconds,
-                          max_concurrency=args.max_concurrency, label=args.label)
+                          max_concurrency=args.max_concurrency, label=args.label,
+                          api_key=resolve_api_key(args.api_key, os.environ))
 
 
 def chosen_workloads(args, max_model_len: int) -> list[Workload]:
@@ -61,6 +64,7 @@ def add_bench(commands) -> None:
     served.add_argument("--url", default=None, help="the router, e.g. http://127.0.0.1:8000: stream every request "
                         "to it instead of running engines here")
     served.add_argument("--max-concurrency", type=int, default=None, help="--url: most requests in flight")
+    served.add_argument("--api-key", default=None, help=f"--url: the router's key (default: ${API_KEY_ENV})")
     served.add_argument("--label", default=None, help="--url: the mode name in the report (default served@URL)")
     cmd.set_defaults(run=run_bench_command)
 

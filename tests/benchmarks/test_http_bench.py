@@ -59,3 +59,19 @@ def test_cli_streams_to_the_url_and_refuses_what_it_cannot_run(cluster, tiny_mod
     assert main(["bench", "--url", f"http://127.0.0.1:{free_port('127.0.0.1')}", "--model", tiny_model_dir,
                  "--workloads", "20x4", "--num-requests", "1"]) == 2
     assert "cannot reach the router" in capsys.readouterr().err
+
+
+def test_a_cluster_behind_an_api_key_is_benched_with_it(tiny_model_dir, capsys, monkeypatch):
+    keyed = start_cluster(tiny_model_dir, 1, 1, api_key="bench-key")
+    try:
+        argv = ["bench", "--url", keyed.url, "--model", tiny_model_dir, "--workloads", "20x4", "--num-requests", "2",
+                "--max-model-len", "512"]
+        monkeypatch.delenv("VLLM_API_KEY", raising=False)
+        assert main(argv) == 2  # NOTE: the inverse: without the key every request is a 401
+        capsys.readouterr()
+        assert main([*argv, "--api-key", "bench-key"]) == 0
+        assert json.loads(capsys.readouterr().out)["modes"][f"served@{keyed.url}"]["20x4"]["num_finished"] == 2
+        monkeypatch.setenv("VLLM_API_KEY", "bench-key")
+        assert main(argv) == 0  # NOTE: or from the environment, as the router takes it
+    finally:
+        keyed.stop()
