@@ -45,6 +45,8 @@ class PendingPrefill:
     arrived: float = field(default_factory=time.monotonic)
     queue_seconds: float = 0.0
     """From arrival to admission (its first chunk scheduled)."""
+    aborted: bool = False
+    """Aborted mid-prefill: its blocks are freed when its last chunk ran, and nobody is answered."""
 
 
 @dataclass
@@ -62,7 +64,6 @@ class PrefillServer(NodeServer):
         self.waiting: deque[PendingPrefill] = deque()
         self.prefilling: list[PendingPrefill] = []
         self.leases: dict[str, Lease] = {}
-        self.aborted_while_prefilling: set[str] = set()
         self.num_prefills = 0
         self.num_released_unread = 0
         self.prefill_seconds_total = 0.0
@@ -132,8 +133,7 @@ class PrefillServer(NodeServer):
         first_tokens = [protocol.FirstToken(item.index, item.token_id, item.logprobs,
                                             request.finish_reason_for(item.token_id, 1)) for item in samples]
         self.num_prefills += 1
-        if request.request_id in self.aborted_while_prefilling:
-            self.aborted_while_prefilling.discard(request.request_id)
+        if pending.aborted:
             self.free(request)
             return
         kv = None
@@ -208,8 +208,8 @@ class PrefillServer(NodeServer):
         for pending in list(self.waiting):
             if pending.request.request_id == request_id:
                 self.waiting.remove(pending)
-        if any(pending.request.request_id == request_id for pending in self.prefilling):
-            self.aborted_while_prefilling.add(request_id)
+        for pending in self.prefilling:
+            pending.aborted |= pending.request.request_id == request_id
         lease = self.leases.get(request_id)
         if lease is not None and not lease.claimed:
             # NOTE: a claimed lease is never freed here: a decode node may be reading its blocks right now.
