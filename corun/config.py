@@ -14,6 +14,7 @@ none above 1024, where the eager forward's launches hide behind its kernels."""
 Mode = Literal["corun", "standard", "batch_invariant"]
 DType = Literal["float32", "bfloat16", "float16"]
 Role = Literal["prefill", "decode"]
+Backend = Literal["corun", "vllm"]
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,17 @@ class EngineConfig:
     fixed thread count; nodes sharing a small host do better with 1 each than with spinning thread pools."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    backend: Backend = "corun"
+    """`--engine`: corun, the project's engine (Qwen3 and Llama dense models); vllm, a vLLM engine under the same
+    rules (corun/vllm_backend: any model vLLM runs; needs the venv of scripts/setup_vllm.sh). mode corun or
+    standard."""
 
     def __post_init__(self):
+        if self.backend not in ("corun", "vllm"):
+            raise ValueError(f"engine backend must be 'corun' or 'vllm', got {self.backend!r}")
+        if self.backend == "vllm" and self.scheduler.mode == "batch_invariant":
+            raise ValueError("the vllm engine runs mode corun or standard (vLLM's batch-invariant kernels do not "
+                             "run on its CPU build)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_logprobs < 0:

@@ -26,11 +26,12 @@ class LLM:
                  block_size: int = CacheConfig.block_size, num_blocks: int | None = CacheConfig.num_blocks,
                  dtype: str = EngineConfig.dtype, device: str = EngineConfig.device, seed: int = EngineConfig.seed,
                  use_cuda_graph: bool = EngineConfig.use_cuda_graph,
-                 num_threads: int | None = EngineConfig.num_threads):
+                 num_threads: int | None = EngineConfig.num_threads, backend: str = EngineConfig.backend):
         """The common engine settings as keywords (defaults: the config dataclasses'); LLM.from_config takes
         any EngineConfig."""
         self.config = EngineConfig(
             model=model, dtype=dtype, device=device, seed=seed, use_cuda_graph=use_cuda_graph, num_threads=num_threads,
+            backend=backend,
             scheduler=SchedulerConfig(mode=mode, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       prefill_chunk_size=prefill_chunk_size,
                                       max_num_batched_tokens=max_num_batched_tokens),
@@ -45,7 +46,7 @@ class LLM:
         return llm
 
     def _start(self) -> None:
-        self.engine = LLMEngine(self.config)
+        self.engine = LLMEngine(self.config) if self.config.backend == "corun" else _vllm_engine(self.config)
         # NOTE: random-weight presets (benchmarks) have no tokenizer: prompts are token ids, text is empty.
         self.tokenizer = None if is_random_spec(self.config.model) else load_tokenizer(self.config.model)
         self.request_counter = itertools.count()
@@ -105,6 +106,12 @@ class LLM:
         return RequestOutput(request_id, prompt, first.prompt_token_ids, completions, seed,
                              finished=all(r.finish_reason is not None for r in samples),
                              prompt_logprobs=prompt_logprobs)
+
+
+def _vllm_engine(config: EngineConfig):
+    from corun.vllm_backend.engine import VllmEngine  # NOTE: vLLM is only installed in scripts/setup_vllm.sh's venv
+
+    return VllmEngine(config)
 
 
 def _is_single_prompt(prompts) -> bool:

@@ -19,6 +19,8 @@ Version history:
   8: instance ids (Pong, HandshakeReply, KVHandle: a node restarted on its address is told apart from the one that
      died); ReleaseKV (a decode node gives up a claimed lease it will not read); HandshakeReply.lease_seconds; every
      field type-checked on arrival.
+  9: HandshakeReply.kv_base_addresses, one per KV segment (was kv_base_address: one tensor; a vLLM engine keeps
+     one per layer).
 
 Besides the messages, one NIXL notification: a decode node's READ of a prefill node's KV ends with
 kv_done_notification(request_id), on which the prefill node frees its copy.
@@ -41,7 +43,7 @@ from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
 from corun.seeding import SEED_BOUND
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 KV_DONE_PREFIX = b"done:"
 
 
@@ -209,9 +211,11 @@ class HandshakeReply:
     compat: dict[str, Any]
     compat_hash: str
     agent_metadata: bytes
-    kv_base_address: int
+    kv_base_addresses: tuple[int, ...]
+    """One per KV segment (block-major tensor) of the prefill node, in the order the decode node's pair with them."""
     num_blocks: int
     block_nbytes: int
+    """Bytes of one whole block: its region in every segment."""
     memory_type: str
     """NIXL memory segment: "DRAM" or "VRAM"."""
     device_id: int
@@ -395,6 +399,7 @@ _FIELD_DECODERS: dict[type, dict[str, Any]] = {
     TokenEvent: {"logprobs": lambda items: [_token_logprobs(i) for i in items],
                  "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
     ClaimReply: {"block_ids": tuple},
+    HandshakeReply: {"kv_base_addresses": tuple},
     Pong: {"model_facts": lambda wire: ModelFacts(**wire), "counters": tuple},
 }
 """Per message type, the fields whose wire form (msgpack maps and lists) is not their Python form."""

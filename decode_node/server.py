@@ -173,7 +173,7 @@ class DecodeServer(NodeServer):
             return
         try:
             check_compatible(self.compat, reply.compat, reply.node_id)
-            self.agent.add_peer(reply.node_id, reply.agent_metadata, reply.kv_base_address, reply.num_blocks,
+            self.agent.add_peer(reply.node_id, reply.agent_metadata, reply.kv_base_addresses, reply.num_blocks,
                                 reply.block_nbytes, reply.memory_type, reply.device_id)
             self.check_read_speed(reply)
         except IncompatiblePeer as error:

@@ -12,8 +12,6 @@ import uuid
 from collections.abc import Callable
 from typing import ClassVar
 
-import torch
-
 from corun import protocol
 from corun.block_manager import BlockManager
 from corun.config import NodeConfig, TransferConfig
@@ -24,14 +22,14 @@ from corun.request import Request
 from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
 from transfer.agent import KVTransferAgent
 from transfer.compat import compat_hash, compat_info
-from transfer.reads import KVRegion
+from transfer.reads import KVData, KVRegion
 
 IDLE_RECEIVE_MS = 5
 """How long an idle node waits for a message per turn (a busy one only takes what has arrived)."""
 
-AgentFactory = Callable[[str, torch.Tensor, TransferConfig], KVRegion]
-"""(agent name, the KV cache's tensor, the transfer settings) -> a KV transfer agent: KVTransferAgent, or
-transfer.fake's in tests."""
+AgentFactory = Callable[[str, KVData, TransferConfig], KVRegion]
+"""(agent name, the KV cache's tensor or segment tensors, the transfer settings) -> a KV transfer agent:
+KVTransferAgent, or transfer.fake's in tests."""
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

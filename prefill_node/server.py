@@ -180,7 +180,7 @@ class PrefillServer(NodeServer):
             return
         agent = self.agent
         self.sockets.reply(identity, protocol.HandshakeReply(
-            self.config.node_id, self.compat, self.compat_hash, agent.metadata(), agent.kv_base_address,
+            self.config.node_id, self.compat, self.compat_hash, agent.metadata(), agent.kv_base_addresses,
             agent.num_blocks, agent.block_nbytes, agent.memory_type, agent.device_id,
             self.config.transfer.ucx_environment(vram=agent.memory_type == "VRAM"), self.instance_id,
             self.config.kv_lease_seconds))

@@ -1,11 +1,12 @@
 """KVTransferAgent: a node's one NIXL agent, moving paged-KV blocks between nodes by READ.
 
-Once per node: apply the UCX settings of its TransferConfig, make the agent, register the KV tensor (one region).
+Once per node: apply the UCX settings of its TransferConfig, make the agent, register the KV segments (one region
+each: a block-major tensor, or one per layer).
 Once per peer (after the zmq handshake): load the peer's agent metadata; probe_read() times one READ, so a path
 UCX emulates (VRAM through host memory) is seen before any request depends on it.
 Per request: one READ whose descriptors are runs of adjacent blocks (a run is adjacent on both sides: one
-descriptor however many blocks it holds), posted with a notification; the caller polls it between model steps,
-and the peer gets the notification (keyed by this agent's name) once the bytes are read.
+descriptor per segment however many blocks it holds), posted with a notification; the caller polls it between
+model steps, and the peer gets the notification (keyed by this agent's name) once the bytes are read.
 
 NOTE: on CPU KV there is no NIXL progress thread by default (on a 2-core host it cost ~3x bandwidth): work only
 advances inside this object's calls, so a node must keep calling poll() / new_notifications() in its loop,
@@ -22,7 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from nixl._api import nixl_agent, nixl_agent_config, nixl_xfer_handle, nixlBind
 
 from corun.config import TransferConfig
@@ -30,13 +30,16 @@ from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 from transfer.reads import (
     PROBE_TIMEOUT_S,
+    KVData,
     KVRegion,
     ReadHandle,
     XferState,
     block_runs,
     check_block_ids,
     check_kv_data,
+    check_peer_layout,
     count_finished,
+    kv_segments,
 )
 
 logger = logging.getLogger(__name__)
@@ -50,43 +53,43 @@ _TRANSFER_ERRORS = (nixlBind.nixlRemoteDisconnectError, nixlBind.nixlBackendErro
 class _Peer:
     name: str
     num_blocks: int
-    kv_base_address: int
+    kv_base_addresses: tuple[int, ...]
     device_id: int
 
 
 class KVTransferAgent(KVRegion):
-    def __init__(self, name: str, kv_data: torch.Tensor, config: TransferConfig = TransferConfig()):
+    def __init__(self, name: str, kv_data: KVData, config: TransferConfig = TransferConfig()):
         """config.ucx_error_handling (verified here, nixl 1.5.1, two processes on one host):
         "none" (default): the first read to a peer takes ~0.3 ms, and a read completes without the peer calling
             into NIXL; a dead peer is still detected on one host (the cma copy fails: state "ERR").
         "peer": the first read takes 10-200 ms, and every read posted with a notification stays "PROC" until
             the peer next calls into NIXL, i.e. up to one of the prefill node's model steps per read."""
-        check_kv_data(kv_data)
+        self._segments = kv_segments(kv_data)  # NOTE: held so the registered memory outlives the registration
+        check_kv_data(self._segments)
         self.name = name
         self.counters = TransferCounters()
-        self._kv_data = kv_data  # NOTE: held so the registered memory outlives the registration
         self._peers: dict[str, _Peer] = {}
-        apply_ucx_environment(config, vram=kv_data.is_cuda)
-        progress = config.uses_progress_thread(vram=kv_data.is_cuda)
+        vram = self.memory_type == "VRAM"
+        apply_ucx_environment(config, vram=vram)
+        progress = config.uses_progress_thread(vram=vram)
         self._nixl = nixl_agent(name, nixl_agent_config(enable_prog_thread=progress, enable_listen_thread=False,
                                                         backends=[], capture_telemetry=True))
         self._nixl.create_backend("UCX", {"ucx_error_handling_mode": config.ucx_error_handling,
                                           "ucx_devices": ",".join(config.ucx_devices)})
-        self._registration = self._nixl.register_memory(kv_data)
+        self._registration = self._nixl.register_memory(list(self._segments))
 
     # --- what the handshake reply carries ---------------------------------------------------------------------
     def metadata(self) -> bytes:
         return self._nixl.get_agent_metadata()
 
     # --- peers ------------------------------------------------------------------------------------------------
-    def add_peer(self, node_id: str, agent_metadata: bytes, kv_base_address: int, num_blocks: int,
+    def add_peer(self, node_id: str, agent_metadata: bytes, kv_base_addresses: Sequence[int], num_blocks: int,
                  block_nbytes: int, memory_type: str, device_id: int = 0) -> None:
         """Load a peer's metadata and prepare its block list; a peer added again (a restart) is replaced.
 
-        device_id: the peer's GPU index for VRAM (its KV tensor's device), 0 for DRAM."""
-        if block_nbytes != self.block_nbytes:
-            raise IncompatiblePeer(f"peer {node_id} is incompatible: block_nbytes {self.block_nbytes} != "
-                                   f"{block_nbytes}")
+        kv_base_addresses: one per peer segment, in the order its segments pair with ours.
+        device_id: the peer's GPU index for VRAM (its KV segments' device), 0 for DRAM."""
+        check_peer_layout(self, node_id, kv_base_addresses, block_nbytes)
         if memory_type not in ("DRAM", "VRAM"):
             raise IncompatiblePeer(f"peer {node_id} offers memory type {memory_type!r}, not DRAM or VRAM")
         self.remove_peer(node_id)
@@ -94,7 +97,7 @@ class KVTransferAgent(KVRegion):
         if loaded_name != node_id:
             self._nixl.remove_remote_agent(loaded_name)
             raise IncompatiblePeer(f"peer {node_id} sent the NIXL metadata of agent {loaded_name}")
-        self._peers[node_id] = _Peer(node_id, num_blocks, kv_base_address, device_id)
+        self._peers[node_id] = _Peer(node_id, num_blocks, tuple(kv_base_addresses), device_id)
 
     def has_peer(self, node_id: str) -> bool:
         return node_id in self._peers
@@ -116,7 +119,7 @@ class KVTransferAgent(KVRegion):
         check_block_ids(remote_block_ids, local_block_ids, remote.num_blocks, self.num_blocks)
         self.counters.reads_started += 1
         runs = block_runs(remote_block_ids, local_block_ids)
-        self.counters.descriptors_posted += len(runs)
+        self.counters.descriptors_posted += len(runs) * len(self._segments)
         num_blocks = len(local_block_ids)
         handle = ReadHandle(peer, num_blocks, num_blocks * self.block_nbytes, "PROC", None)
         try:
@@ -218,22 +221,27 @@ class KVTransferAgent(KVRegion):
                 raise
 
     def _post_read(self, remote: _Peer, runs: list[tuple[int, int, int]], notification: bytes) -> nixl_xfer_handle:
-        """A READ of (remote first block, local first block, blocks) runs, one descriptor each."""
+        """A READ of (remote first block, local first block, blocks) runs, one descriptor per run and segment."""
         starts = np.asarray(runs, dtype=np.uint64).reshape(-1, 3)
-        local = self._run_descs(self.kv_base_address, starts[:, 1], starts[:, 2], self.device_id)
-        peer = self._run_descs(remote.kv_base_address, starts[:, 0], starts[:, 2], remote.device_id)
+        local = self._run_descs(self.kv_base_addresses, starts[:, 1], starts[:, 2], self.device_id)
+        peer = self._run_descs(remote.kv_base_addresses, starts[:, 0], starts[:, 2], remote.device_id)
         return self._nixl.initialize_xfer("READ", self._nixl.get_xfer_descs(local, self.memory_type),
                                           self._nixl.get_xfer_descs(peer, self.memory_type), remote.name,
                                           notification)
 
-    def _run_descs(self, base_address: int, first_blocks: np.ndarray, num_blocks: np.ndarray,
+    def _run_descs(self, base_addresses: Sequence[int], first_blocks: np.ndarray, num_blocks: np.ndarray,
                    device_id: int) -> np.ndarray:
-        """[runs, 3] (address, nbytes, device id) of block runs of a block-major tensor at base_address."""
-        descs = np.empty((len(first_blocks), 3), dtype=np.uint64)
-        descs[:, 0] = np.uint64(base_address) + first_blocks * np.uint64(self.block_nbytes)
-        descs[:, 1] = num_blocks * np.uint64(self.block_nbytes)
-        descs[:, 2] = device_id
-        return descs
+        """[segments * runs, 3] (address, nbytes, device id) of block runs of the block-major segments at
+        base_addresses, segment by segment (both sides list them in the same order, so descriptors pair up).
+
+        NOTE: the peer's segments cut blocks as ours do (add_peer checks it), so our segment_block_nbytes is its."""
+        segment_block_nbytes = np.uint64(self.segment_block_nbytes)
+        bases = np.asarray(base_addresses, dtype=np.uint64)
+        descs = np.empty((len(bases), len(first_blocks), 3), dtype=np.uint64)
+        descs[:, :, 0] = bases[:, None] + first_blocks[None, :] * segment_block_nbytes
+        descs[:, :, 1] = num_blocks[None, :] * segment_block_nbytes
+        descs[:, :, 2] = device_id
+        return descs.reshape(-1, 3)
 
 
 UCX_VARIABLES = ("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "UCX_TLS", "UCX_NET_DEVICES")

@@ -16,13 +16,16 @@ from corun.config import TransferConfig
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 from transfer.reads import (
+    KVData,
     KVRegion,
     ReadHandle,
     XferState,
     block_runs,
     check_block_ids,
     check_kv_data,
+    check_peer_layout,
     count_finished,
+    kv_segments,
 )
 
 _AGENTS: dict[str, FakeKVTransferAgent] = {}
@@ -34,13 +37,13 @@ class FakeKVTransferAgent(KVRegion):
     hold_reads = False
     """Reads stay "PROC" while set (tests of a READ that hangs)."""
 
-    def __init__(self, name: str, kv_data: torch.Tensor, config: TransferConfig = TransferConfig()):
-        check_kv_data(kv_data)
+    def __init__(self, name: str, kv_data: KVData, config: TransferConfig = TransferConfig()):
+        self._segments = kv_segments(kv_data)
+        check_kv_data(self._segments)
         if name in _AGENTS:
             raise ValueError(f"a fake agent named {name!r} is already open")
         self.name = name
         self.counters = TransferCounters()
-        self._kv_data = kv_data
         self._peer_names: set[str] = set()
         self._inbox: list[tuple[str, bytes]] = []
         _AGENTS[name] = self
@@ -48,11 +51,9 @@ class FakeKVTransferAgent(KVRegion):
     def metadata(self) -> bytes:
         return self.name.encode()
 
-    def add_peer(self, node_id: str, agent_metadata: bytes, kv_base_address: int, num_blocks: int,
+    def add_peer(self, node_id: str, agent_metadata: bytes, kv_base_addresses: Sequence[int], num_blocks: int,
                  block_nbytes: int, memory_type: str, device_id: int = 0) -> None:
-        if block_nbytes != self.block_nbytes:
-            raise IncompatiblePeer(f"peer {node_id} is incompatible: block_nbytes {self.block_nbytes} != "
-                                   f"{block_nbytes}")
+        check_peer_layout(self, node_id, kv_base_addresses, block_nbytes)
         if agent_metadata.decode() != node_id or node_id not in _AGENTS:
             raise IncompatiblePeer(f"peer {node_id} sent the metadata of agent {agent_metadata.decode()}")
         self._peer_names.add(node_id)
@@ -75,7 +76,8 @@ class FakeKVTransferAgent(KVRegion):
             raise KeyError(peer)
         check_block_ids(remote_block_ids, local_block_ids, _AGENTS[peer].num_blocks, self.num_blocks)
         self.counters.reads_started += 1
-        self.counters.descriptors_posted += len(block_runs(remote_block_ids, local_block_ids))
+        runs = block_runs(remote_block_ids, local_block_ids)
+        self.counters.descriptors_posted += len(runs) * len(self._segments)
         num_blocks = len(local_block_ids)
         pending = (list(remote_block_ids), list(local_block_ids), notification)
         return ReadHandle(peer, num_blocks, num_blocks * self.block_nbytes, "PROC", pending)
@@ -106,6 +108,12 @@ class FakeKVTransferAgent(KVRegion):
         if remote is None:  # NOTE: the peer closed mid-read, as a dead prefill node would
             return "ERR"
         remote_block_ids, local_block_ids, notification = handle.backend_handle
-        self._kv_data[local_block_ids] = remote._kv_data[remote_block_ids].to(self._kv_data.device)
+        for local, peer in zip(self._segments, remote._segments, strict=True):
+            _block_bytes(local)[local_block_ids] = _block_bytes(peer)[remote_block_ids].to(local.device)
         remote._inbox.append((self.name, notification))
         return "DONE"
+
+
+def _block_bytes(segment: torch.Tensor) -> torch.Tensor:
+    """[num_blocks, bytes per block] view of a segment: NIXL moves bytes, so the fake copies bytes, not values."""
+    return segment.view(segment.shape[0], -1).view(torch.uint8)

@@ -1,4 +1,7 @@
-"""What the NIXL agent and the fake agent share: the read handle, block-id checks and the counting of reads."""
+"""What the NIXL agent and the fake agent share: the read handle, block-id checks and the counting of reads.
+
+KV data is one or more "segments": block-major tensors [num_blocks, ...] (corun's cache is one; a vLLM engine keeps
+one per layer). Block b is row b of every segment, so a block is one region per segment."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any, Literal
 import torch
 
 from corun.block_manager import NULL_BLOCK
+from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 
 XferState = Literal["DONE", "PROC", "ERR"]
@@ -19,6 +23,8 @@ PROBE_BYTES = 64 * 2**20
 the tiny model's 64 KB blocks made a direct path look like 5 GB/s)."""
 PROBE_TIMEOUT_S = 10.0
 MemoryType = Literal["DRAM", "VRAM"]
+KVData = torch.Tensor | Sequence[torch.Tensor]
+"""What an agent registers: one block-major tensor, or a sequence of them (its segments)."""
 
 
 @dataclass
@@ -45,9 +51,46 @@ def block_nbytes_of(kv_data: torch.Tensor) -> int:
     return kv_data[0].numel() * kv_data.element_size()
 
 
-def check_kv_data(kv_data: torch.Tensor) -> None:
-    if not kv_data.is_contiguous() or kv_data.dim() < 2 or kv_data.shape[0] < 2:
-        raise ValueError(f"KV data must be one contiguous block-major tensor with >= 2 blocks, got {kv_data.shape}")
+def kv_segments(kv_data: KVData) -> tuple[torch.Tensor, ...]:
+    """The segments of KV data: a single tensor is a sequence of one."""
+    return (kv_data,) if isinstance(kv_data, torch.Tensor) else tuple(kv_data)
+
+
+def check_kv_data(kv_data: KVData) -> None:
+    """Every segment contiguous and block-major with >= 2 blocks; all with the same blocks, bytes per block and
+    device, so that one block id names one same-sized region in each."""
+    segments = kv_segments(kv_data)
+    if not segments:
+        raise ValueError("KV data needs at least one segment tensor")
+    for index, segment in enumerate(segments):
+        _check_segment(index, segment)
+    _check_segments_agree("number of blocks", [segment.shape[0] for segment in segments])
+    _check_segments_agree("bytes per block", [block_nbytes_of(segment) for segment in segments])
+    _check_segments_agree("device", [str(segment.device) for segment in segments])
+
+
+def _check_segment(index: int, segment: torch.Tensor) -> None:
+    if not isinstance(segment, torch.Tensor):
+        raise ValueError(f"KV segment {index} must be a tensor, got {type(segment).__name__}")
+    if not segment.is_contiguous() or segment.dim() < 2 or segment.shape[0] < 2:
+        raise ValueError(f"KV segment {index} must be one contiguous block-major tensor with >= 2 blocks, got "
+                         f"shape {tuple(segment.shape)} strides {segment.stride()}")
+
+
+def _check_segments_agree(what: str, values: list) -> None:
+    if len(set(values)) > 1:
+        raise ValueError(f"KV segments must all have the same {what}, got {values}")
+
+
+def check_peer_layout(local: KVRegion, node_id: str, kv_base_addresses: Sequence[int], block_nbytes: int) -> None:
+    """A peer's KV is readable into ours only if its blocks are cut the same way: as many segments and the same
+    bytes per block (hence per segment block, since a side's segments are all alike)."""
+    if len(kv_base_addresses) != len(local.kv_base_addresses):
+        raise IncompatiblePeer(f"peer {node_id} is incompatible: {len(local.kv_base_addresses)} KV segments != "
+                               f"{len(kv_base_addresses)}")
+    if block_nbytes != local.block_nbytes:
+        raise IncompatiblePeer(f"peer {node_id} is incompatible: block_nbytes {local.block_nbytes} != "
+                               f"{block_nbytes}")
 
 
 def check_block_ids(remote_block_ids: Sequence[int], local_block_ids: Sequence[int],
@@ -92,27 +135,34 @@ def count_finished(counters: TransferCounters, handle: ReadHandle) -> None:
 
 
 class KVRegion:
-    """What both agents expose of the registered KV tensor (the handshake reply carries these)."""
+    """What both agents expose of the registered KV segments (the handshake reply carries these)."""
 
-    _kv_data: torch.Tensor
+    _segments: tuple[torch.Tensor, ...]
 
     @property
     def memory_type(self) -> MemoryType:
-        return memory_type_of(self._kv_data)
+        return memory_type_of(self._segments[0])
 
     @property
-    def kv_base_address(self) -> int:
-        return self._kv_data.data_ptr()
+    def kv_base_addresses(self) -> tuple[int, ...]:
+        """One per segment, in order: a peer's descriptors name each segment's block b from these."""
+        return tuple(segment.data_ptr() for segment in self._segments)
 
     @property
     def device_id(self) -> int:
-        """The KV tensor's CUDA device in its process (0 for DRAM): peers name it in their descriptors."""
-        return max(self._kv_data.get_device(), 0)
+        """The KV segments' CUDA device in its process (0 for DRAM): peers name it in their descriptors."""
+        return max(self._segments[0].get_device(), 0)
 
     @property
     def num_blocks(self) -> int:
-        return self._kv_data.shape[0]
+        return self._segments[0].shape[0]
+
+    @property
+    def segment_block_nbytes(self) -> int:
+        """Bytes of one block in one segment (what one descriptor of one block moves)."""
+        return block_nbytes_of(self._segments[0])
 
     @property
     def block_nbytes(self) -> int:
-        return block_nbytes_of(self._kv_data)
+        """Bytes of one whole block: its region in every segment."""
+        return self.segment_block_nbytes * len(self._segments)

@@ -35,6 +35,8 @@ MESSAGES = [
     protocol.ClaimKV("r1"),
     protocol.ClaimReply("r1", True, (3, 4, 9)),
     protocol.ReleaseKV("r1", "read failed"),
+    protocol.HandshakeReply("prefill-0", {"block_size": 16}, "abc123", b"nixl-metadata", (2**40, 2**63 + 5, 4096),
+                            64, 3072, "VRAM", 1, {"UCX_TLS": "cuda_ipc"}, "instance-1", 30.0),
 ]
 
 
@@ -44,7 +46,7 @@ def test_every_message_round_trips_with_its_field_types(message):
 
 
 def test_every_message_type_is_covered_above():
-    covered = {type(m).__name__ for m in MESSAGES} | {"Pong", "HandshakeRequest", "HandshakeReply"}
+    covered = {type(m).__name__ for m in MESSAGES} | {"Pong", "HandshakeRequest"}
     assert covered == set(protocol.MESSAGE_TYPES)
 
 

@@ -371,7 +371,7 @@ def test_a_malformed_decode_request_is_refused_and_the_node_lives_on(bench, name
     bench.assert_idle()
 
 
-@pytest.mark.parametrize("data", [b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"v": 8}),
+@pytest.mark.parametrize("data", [b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"v": protocol.PROTOCOL_VERSION}),
                                   msgpack.packb({"v": protocol.PROTOCOL_VERSION, "type": "Abort"})])
 def test_garbage_gets_an_error_reply_from_both_nodes(bench, data):
     for socket, server in ((bench.to_prefill, bench.prefill), (bench.to_decode, bench.decode)):

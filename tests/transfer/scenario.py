@@ -25,6 +25,9 @@ NUM_DESCRIPTORS = 3
 """7-9 -> 1-3 is one run; 2 -> 5 and 4 -> 10 are one block each."""
 NOTIFICATION = b"req-42:done"
 TIMEOUT_S = 10.0
+SEGMENT_SHAPE = (12, 2, 4, 16)
+"""One segment as a vLLM engine keeps one per layer: [num_blocks, num_kv_heads, block_size, 2 * head_size]."""
+NUM_SEGMENTS = 3
 
 
 def patterned_kv() -> torch.Tensor:
@@ -37,9 +40,19 @@ def empty_kv() -> torch.Tensor:
     return torch.zeros(KV_SHAPE, dtype=torch.float32)
 
 
+def random_segments(seed: int) -> list[torch.Tensor]:
+    """NUM_SEGMENTS segments of random values: a block read from the wrong block or segment cannot match."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(SEGMENT_SHAPE, generator=generator) for _ in range(NUM_SEGMENTS)]
+
+
+def empty_segments() -> list[torch.Tensor]:
+    return [torch.zeros(SEGMENT_SHAPE) for _ in range(NUM_SEGMENTS)]
+
+
 def peer_info(agent) -> dict:
     """What the handshake reply carries, as add_peer keyword arguments."""
-    return {"node_id": agent.name, "agent_metadata": agent.metadata(), "kv_base_address": agent.kv_base_address,
+    return {"node_id": agent.name, "agent_metadata": agent.metadata(), "kv_base_addresses": agent.kv_base_addresses,
             "num_blocks": agent.num_blocks, "block_nbytes": agent.block_nbytes, "memory_type": agent.memory_type}
 
 
@@ -64,17 +77,24 @@ def check_pulled(local_kv: torch.Tensor, remote_kv: torch.Tensor) -> None:
     """Byte-exact copies at the local ids; every other local block untouched (zeros)."""
     for remote_id, local_id in zip(REMOTE_BLOCK_IDS, LOCAL_BLOCK_IDS, strict=True):
         assert torch.equal(local_kv[local_id].view(torch.uint8), remote_kv[remote_id].view(torch.uint8)), local_id
-    untouched = [b for b in range(KV_SHAPE[0]) if b not in LOCAL_BLOCK_IDS]
+    untouched = [b for b in range(local_kv.shape[0]) if b not in LOCAL_BLOCK_IDS]
     assert not local_kv[untouched].any()
 
 
-def check_pull_result(result: dict, block_nbytes: int) -> None:
+def check_pulled_segments(local_segments: list[torch.Tensor], remote_segments: list[torch.Tensor]) -> None:
+    """check_pulled in every segment: each segment's named blocks come from the same segment of the peer."""
+    assert len(local_segments) == len(remote_segments) == NUM_SEGMENTS
+    for local_kv, remote_kv in zip(local_segments, remote_segments, strict=True):
+        check_pulled(local_kv, remote_kv)
+
+
+def check_pull_result(result: dict, block_nbytes: int, num_descriptors: int = NUM_DESCRIPTORS) -> None:
     assert result["refused_block_nbytes"] and not result["had_peer_after_refusal"] and result["has_peer"]
     assert result["refused_uneven_ids"] and result["refused_null_block"]
     assert result["state"] == "DONE" and result["state_after_finish"] == "DONE"
     counters = result["counters"]
     assert counters["reads_started"] == counters["reads_completed"] == 1 and counters["read_failures"] == 0
-    assert counters["blocks_read"] == len(LOCAL_BLOCK_IDS) and counters["descriptors_posted"] == NUM_DESCRIPTORS
+    assert counters["blocks_read"] == len(LOCAL_BLOCK_IDS) and counters["descriptors_posted"] == num_descriptors
     assert result["probe_gbps"] > 0
     assert counters["bytes_read"] == len(LOCAL_BLOCK_IDS) * block_nbytes
 

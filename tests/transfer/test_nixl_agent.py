@@ -79,10 +79,39 @@ def test_agent_describes_its_registered_blocks():
     agent = KVTransferAgent("describe-0", kv)
     try:
         assert agent.memory_type == "DRAM" and agent.num_blocks == scenario.KV_SHAPE[0]
-        assert agent.kv_base_address == kv.data_ptr() and agent.block_nbytes == kv[0].numel() * 4
+        assert agent.kv_base_addresses == (kv.data_ptr(),) and agent.block_nbytes == kv[0].numel() * 4
+        assert agent.segment_block_nbytes == agent.block_nbytes
         assert isinstance(agent.metadata(), bytes) and not agent.has_peer("prefill-0")
     finally:
         agent.close()
+
+
+def test_agent_describes_each_of_its_segments():
+    segments = scenario.random_segments(seed=3)
+    agent = KVTransferAgent("describe-segments-0", segments)
+    try:
+        assert agent.kv_base_addresses == tuple(segment.data_ptr() for segment in segments)
+        assert agent.segment_block_nbytes == segments[0][0].numel() * 4
+        assert agent.block_nbytes == scenario.NUM_SEGMENTS * agent.segment_block_nbytes
+        assert agent.num_blocks == scenario.SEGMENT_SHAPE[0] and agent.memory_type == "DRAM"
+    finally:
+        agent.close()
+
+
+@pytest.mark.timeout(60)
+def test_multi_segment_read_lands_every_segment_s_blocks_exactly():
+    """Two agents in this process, 3 segments each at unrelated addresses: one descriptor per run and segment."""
+    prefill_segments, decode_segments = scenario.random_segments(seed=2), scenario.empty_segments()
+    prefill = KVTransferAgent("segments-prefill", prefill_segments)
+    decode = KVTransferAgent("segments-decode", decode_segments)
+    try:
+        result = scenario.pull_blocks(decode, scenario.peer_info(prefill))
+        scenario.check_pull_result(result, decode.block_nbytes, scenario.NUM_DESCRIPTORS * scenario.NUM_SEGMENTS)
+        scenario.check_pulled_segments(decode_segments, prefill_segments)
+        assert scenario.wait_for_notifications(prefill, 1) == [("segments-decode", scenario.NOTIFICATION)]
+    finally:
+        decode.close()
+        prefill.close()
 
 
 def test_metadata_of_another_agent_is_refused():

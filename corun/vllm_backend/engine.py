@@ -1,0 +1,121 @@
+"""VllmEngine: a vLLM engine behind corun.engine.LLMEngine's interface (add_request, abort_request, step), so
+corun.LLM(..., backend="vllm") and `corun generate --engine vllm` run it unchanged.
+
+Lifecycle of a request: corun Request -> vLLM request (greedy, corun's params and seed in extra_args) -> vLLM's
+queues under CoRunVllmScheduler (waiting -> running, prefilling chunk by chunk -> decoding) -> its outputs copied
+back to the corun Request (tokens, logprobs, finish reason) each step.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from corun.config import EngineConfig
+from corun.outputs import TokenLogprobs
+from corun.request import Request
+from corun.sampling_params import SamplingParams
+from corun.scheduler import RequestRejected, check_vocab_ids
+from corun.seeding import seed_from_request_id
+from corun.vllm_backend.engine_args import vllm_engine_kwargs, vllm_environment
+from corun.vllm_backend.sampling import to_extra_args
+
+
+def start_vllm_engine(config: EngineConfig):
+    """vLLM's LLMEngine, in this process, under the settings of engine_args."""
+    os.environ.update(vllm_environment(config))
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine as VllmLLMEngine
+
+    engine = VllmLLMEngine.from_engine_args(EngineArgs(**vllm_engine_kwargs(config)))
+    engine.collective_rpc("corun_count_forward_rows")
+    if config.scheduler.mode == "corun":
+        engine.collective_rpc("corun_fix_decode_shape", args=(config.scheduler.max_num_seqs,))
+    return engine
+
+
+def vllm_params(params: SamplingParams, seed: int, num_prompt_tokens: int, max_tokens: int | None = None):
+    """The vLLM request's params: greedy without controls (sampling.RequestKeyedSampler chooses each token),
+    stopping as the corun request does."""
+    from vllm import SamplingParams as VllmSamplingParams
+
+    return VllmSamplingParams(
+        temperature=0.0, max_tokens=params.max_tokens if max_tokens is None else max_tokens,
+        stop_token_ids=list(params.stop_token_ids), ignore_eos=params.ignore_eos, logprobs=params.logprobs,
+        detokenize=False, extra_args=to_extra_args(params, seed, num_prompt_tokens))
+
+
+def token_logprobs(token_id: int, entries: dict, num_top: int) -> TokenLogprobs:
+    """vLLM's {token id: Logprob(logprob, rank)} of one position -> corun's TokenLogprobs."""
+    top = sorted(((lp.rank, tid, lp.logprob) for tid, lp in entries.items() if lp.rank <= num_top))
+    return TokenLogprobs(token_id, entries[token_id].logprob, tuple((tid, lp) for _, tid, lp in top[:num_top]))
+
+
+@dataclass
+class EngineCounts:
+    num_prefill_forwards: int = 0
+    num_decode_steps: int = 0
+    max_decode_batch: int = 0
+
+
+class VllmEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.vllm = start_vllm_engine(config)
+        hf_config = self.vllm.model_config.hf_config
+        eos = getattr(hf_config, "eos_token_id", None)
+        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
+        self.vocab_size = self.vllm.model_config.get_vocab_size()
+        self.requests: dict[str, Request] = {}
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+        if not prompt_token_ids or any(not 0 <= t < self.vocab_size for t in prompt_token_ids):
+            raise RequestRejected(f"request {request_id}: prompt must be non-empty token ids in [0, {self.vocab_size})")
+        if params.n != 1 or params.prompt_logprobs is not None:
+            raise RequestRejected(f"request {request_id}: the vLLM engine runs one sample per request, without "
+                                  "prompt_logprobs")
+        if len(prompt_token_ids) + params.max_tokens > self.config.scheduler.max_model_len:
+            raise RequestRejected(f"request {request_id}: prompt + max_tokens exceeds max_model_len "
+                                  f"{self.config.scheduler.max_model_len}")
+        check_vocab_ids(request_id, params, self.vocab_size)
+        seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
+        request = Request.create(request_id, prompt_token_ids, params, seed, self.eos_token_ids)
+        self.vllm.add_request(request_id, {"prompt_token_ids": list(prompt_token_ids)},
+                              vllm_params(params, seed, len(prompt_token_ids)))
+        self.requests[request_id] = request
+        return request
+
+    def abort_request(self, request: Request) -> None:
+        if self.requests.pop(request.request_id, None) is not None:
+            self.vllm.abort_request([request.request_id])
+            request.finish_reason = request.finish_reason or "abort"
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list:
+        for output in self.vllm.step():
+            request = self.requests.get(output.request_id)
+            if request is not None:
+                self.update(request, output.outputs[0], output.finished)
+        return []
+
+    def update(self, request: Request, completion, finished: bool) -> None:
+        num_top = request.params.logprobs
+        for i in range(len(request.output_token_ids), len(completion.token_ids)):
+            token_id = completion.token_ids[i]
+            logprobs = None if num_top is None else token_logprobs(token_id, completion.logprobs[i], num_top)
+            request.append_token(token_id, logprobs)
+        if finished:
+            request.finish_reason = "stop" if completion.finish_reason == "stop" else completion.finish_reason
+            del self.requests[request.request_id]
+
+    def counts(self) -> EngineCounts:
+        """Steps as CoRunVllmScheduler made them (in-process engine core)."""
+        scheduler = self.vllm.engine_core.engine_core.scheduler
+        return EngineCounts(getattr(scheduler, "num_prefill_steps", 0), getattr(scheduler, "num_decode_steps", 0),
+                            getattr(scheduler, "max_decode_rows", 0))
+
+    def forward_rows(self) -> dict[int, int]:
+        """Token rows of each model forward -> count (worker.FixedDecodeShape)."""
+        return self.vllm.collective_rpc("corun_forward_rows_seen")[0]

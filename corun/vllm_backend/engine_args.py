@@ -1,0 +1,65 @@
+"""Every vLLM setting of `--engine vllm`, made from corun's EngineConfig in one place (CPU and CUDA).
+
+corun mode: CoRunVllmScheduler (Algorithms 1 and 2), request-keyed sampling, decode at exactly N rows, no split-KV
+attention, no prefix caching (a cache hit changes a prompt's prefill shape, and with it its bits, by what ran
+before), no async scheduling. standard mode: vLLM's own scheduling and kernel choices (chunked prefill mixed with
+decode, batch-sized shapes, split-KV), with the same request-keyed sampling: what the inverse check compares.
+
+CUDA (written and reviewed against vLLM 0.32; not run here, since the CUDA vLLM wheel does not fit the H200 test
+machine): the decode step is one full CUDA graph captured at N (cudagraph_mode FULL_DECODE_ONLY, capture sizes
+[N]: vLLM pads every decode batch of <= N requests to N and replays it; prefills run eager at their own shape),
+and FlashAttention's decode splits are fixed at 1 (flash_attn_max_num_splits_for_cuda_graph), so a request's
+attention reduces over its own KV in one order whatever else runs.
+"""
+
+from __future__ import annotations
+
+from corun.config import EngineConfig
+
+CORUN_CHUNK_SIZE_KEY = "corun_prefill_chunk_size"
+"""vllm_config.additional_config key: the chunk size CoRunVllmScheduler cuts prompts at."""
+
+SCHEDULER_CLS = "corun.vllm_backend.scheduler.CoRunVllmScheduler"
+WORKER_EXTENSION_CLS = "corun.vllm_backend.worker.FixedDecodeShape"
+SAMPLER_CLS = "corun.vllm_backend.sampling:RequestKeyedSampler"
+
+
+def vllm_environment(config: EngineConfig) -> dict[str, str]:
+    """Variables vLLM reads from the environment, set before the engine starts (engine.start_vllm_engine)."""
+    env = {
+        # NOTE: one process, one executor: the engine, its scheduler and its worker share this process, so the
+        # node's NIXL agent registers the worker's KV tensors directly (and start-up takes seconds, not a minute)
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # NOTE: CPU attention's KV split is planned from the whole batch (number of requests and their lengths)
+        "VLLM_CPU_ATTN_SPLIT_KV": "0" if config.scheduler.mode == "corun" else "1",
+    }
+    if config.num_threads is not None and config.device == "cpu":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "0" if config.num_threads == 1 else f"0-{config.num_threads - 1}"
+    return env
+
+
+def vllm_engine_kwargs(config: EngineConfig) -> dict:
+    """vllm.EngineArgs keywords for this configuration."""
+    sched = config.scheduler
+    corun = sched.mode == "corun"
+    kwargs = {
+        "model": config.model, "tokenizer": config.model, "skip_tokenizer_init": True, "dtype": config.dtype,
+        "seed": config.seed, "max_num_seqs": sched.max_num_seqs, "max_model_len": sched.max_model_len,
+        "block_size": config.cache.block_size, "kv_cache_memory_bytes": config.cache.memory_budget_bytes,
+        "max_logprobs": config.max_logprobs, "enable_prefix_caching": False, "async_scheduling": False,
+        "distributed_executor_backend": "uni", "disable_log_stats": True,
+        "logits_processors": [SAMPLER_CLS], "worker_extension_cls": WORKER_EXTENSION_CLS,
+        "enable_chunked_prefill": True,
+        "max_num_batched_tokens": max(sched.prefill_chunk_size, sched.max_num_seqs) if corun
+        else sched.max_num_batched_tokens,
+    }
+    if corun:
+        kwargs["scheduler_cls"] = SCHEDULER_CLS
+        kwargs["additional_config"] = {CORUN_CHUNK_SIZE_KEY: sched.prefill_chunk_size}
+    if config.device == "cpu":
+        kwargs["enforce_eager"] = True  # NOTE: no static graphs on CPU; the fixed shape comes from padding
+    elif corun:
+        kwargs["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY",
+                                        "cudagraph_capture_sizes": [sched.max_num_seqs]}
+        kwargs["attention_config"] = {"flash_attn_max_num_splits_for_cuda_graph": 1}
+    return kwargs

@@ -1,0 +1,43 @@
+"""Run in .venv-vllm by test_colocated.py: the vLLM engine under corun or standard mode, prompts alone, together,
+and one needle request arriving while a background batch runs. Prints one JSON object."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+if __name__ == "__main__":
+    from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+    from corun.sampling_params import SamplingParams
+    from corun.vllm_backend.engine import VllmEngine
+
+    job = json.loads(sys.argv[1])
+    config = EngineConfig(
+        model=job["model"], backend="vllm", num_threads=job["threads"], seed=0,
+        scheduler=SchedulerConfig(mode=job["mode"], max_num_seqs=job["max_num_seqs"], max_model_len=1024,
+                                  prefill_chunk_size=job["chunk"], max_num_batched_tokens=job["chunk"]),
+        cache=CacheConfig(block_size=32, memory_budget_bytes=256 * 2**20))
+    engine = VllmEngine(config)
+    counter = iter(range(10**9))
+
+    def run(groups: list[list[dict]], steps_between: int) -> list[dict]:
+        """Each group is added steps_between engine steps after the previous one; -> outputs in request order."""
+        requests = []
+        for group in groups:
+            for spec in group:
+                params = SamplingParams(**spec["params"])
+                requests.append(engine.add_request(f"r{next(counter)}", spec["prompt"], params))
+            for _ in range(steps_between):
+                engine.step()
+        while engine.has_unfinished():
+            engine.step()
+        return [{"tokens": r.output_token_ids, "logprobs": [lp.logprob.hex() for lp in r.output_logprobs],
+                 "top": [[[t, v.hex()] for t, v in lp.top] for lp in r.output_logprobs]} for r in requests]
+
+    prompts = job["requests"]
+    alone = [run([[spec]], 0)[0] for spec in prompts]
+    together = run([prompts], 0)
+    needle = run([job["background"], [prompts[0]]], job["needle_after_steps"])[-1]
+    counts = engine.counts()
+    print(json.dumps({"alone": alone, "together": together, "needle": needle, "forward_rows": engine.forward_rows(),
+                      "num_decode_steps": counts.num_decode_steps, "max_decode_batch": counts.max_decode_batch}))
