@@ -15,6 +15,7 @@ from typing import Any, get_args
 
 from corun.config import (
     DEFAULT_PREFILL_BUCKETS,
+    Backend,
     CacheConfig,
     DType,
     EngineConfig,
@@ -77,6 +78,8 @@ class EngineFlag:
 
 
 ENGINE_FLAGS = (
+    EngineFlag("--engine", "backend", "corun (the project's engine) or vllm (a vLLM engine under CoRun's rules; "
+               "run from .venv-vllm, made by scripts/setup_vllm.sh)", parse=str, choices=get_args(Backend)),
     EngineFlag("--mode", "scheduler.mode", parse=str, choices=get_args(Mode)),
     EngineFlag("--max-num-seqs", "scheduler.max_num_seqs", "N: decode rows per step"),
     EngineFlag("--max-model-len", "scheduler.max_model_len", "longest prompt + generated tokens of a request"),

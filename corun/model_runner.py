@@ -312,26 +312,30 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
-        """logits: [rows, vocab] with rows >= len(requests); row i belongs to requests[i].
+        return sample_requests(self.sampler, logits, requests, self.config.max_logprobs)
 
-        A request with params.n > 1 (on a prefill node) gets one row per sample, each a copy of its logits row
-        sampled with seed sample_seed(seed, i): the sampler's rows are independent, so sample i's token is the
-        one a request with that seed gets."""
-        seeds = [r.seed for r in requests]
-        indices = [0] * len(requests)
-        if any(r.params.n > 1 for r in requests):
-            rows = [row for row, r in enumerate(requests) for _ in range(r.params.n)]
-            logits = logits[rows]
-            indices = [i for r in requests for i in range(r.params.n)]
-            requests = [requests[row] for row in rows]
-            seeds = [sample_seed(r.seed, i) for r, i in zip(requests, indices, strict=True)]
-        batch = SamplingBatch.build([r.params for r in requests], seeds, [r.num_tokens for r in requests],
-                                    logits.shape[0], logits.device, requests)
-        wanted = any(r.params.logprobs is not None for r in requests)
-        num_logprobs = self.config.max_logprobs if wanted else None
-        out = self.sampler(logits, batch, num_logprobs)
-        return [SampledToken(r, tok, lp, i)
-                for r, tok, lp, i in zip(requests, *to_host(out, requests), indices, strict=True)]
+
+def sample_requests(sampler: Sampler, logits: torch.Tensor, requests: list[Request],
+                    max_logprobs: int) -> list[SampledToken]:
+    """logits: [rows, vocab] with rows >= len(requests); row i belongs to requests[i].
+
+    A request with params.n > 1 (on a prefill node) gets one row per sample, each a copy of its logits row
+    sampled with seed sample_seed(seed, i): the sampler's rows are independent, so sample i's token is the
+    one a request with that seed gets."""
+    seeds = [r.seed for r in requests]
+    indices = [0] * len(requests)
+    if any(r.params.n > 1 for r in requests):
+        rows = [row for row, r in enumerate(requests) for _ in range(r.params.n)]
+        logits = logits[rows]
+        indices = [i for r in requests for i in range(r.params.n)]
+        requests = [requests[row] for row in rows]
+        seeds = [sample_seed(r.seed, i) for r, i in zip(requests, indices, strict=True)]
+    batch = SamplingBatch.build([r.params for r in requests], seeds, [r.num_tokens for r in requests],
+                                logits.shape[0], logits.device, requests)
+    wanted = any(r.params.logprobs is not None for r in requests)
+    out = sampler(logits, batch, max_logprobs if wanted else None)
+    return [SampledToken(r, tok, lp, i)
+            for r, tok, lp, i in zip(requests, *to_host(out, requests), indices, strict=True)]
 
 
 def to_host(out: SamplerOutput, requests: list[Request]) -> tuple[list[int], list[TokenLogprobs | None]]:

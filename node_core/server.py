@@ -14,14 +14,14 @@ from typing import ClassVar
 
 from corun import protocol
 from corun.block_manager import BlockManager
-from corun.config import NodeConfig, TransferConfig
+from corun.config import EngineConfig, NodeConfig, TransferConfig
 from corun.model_runner import ModelRunner
 from corun.models.loader import model_digest
 from corun.node_auth import ClusterKey
 from corun.request import Request
 from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
 from transfer.agent import KVTransferAgent
-from transfer.compat import compat_hash, compat_info
+from transfer.compat import KV_LAYOUT, compat_hash, compat_info
 from transfer.reads import KVData, KVRegion
 
 IDLE_RECEIVE_MS = 5
@@ -46,6 +46,24 @@ def transfer_for_host(config: NodeConfig) -> TransferConfig:
     return dataclasses.replace(transfer, ucx_devices=("lo",))
 
 
+def make_model_runner(config: EngineConfig, capture_decode_graph: bool):
+    if config.backend == "vllm":
+        from corun.vllm_backend.runner import VllmModelRunner  # NOTE: only in scripts/setup_vllm.sh's venv
+
+        return VllmModelRunner(config, capture_decode_graph)
+    return ModelRunner(config, capture_decode_graph=capture_decode_graph)
+
+
+def kv_layout(config: EngineConfig) -> str:
+    """The compat field naming what a KV block's bytes mean: corun's layout, or vLLM's with its version and the
+    hash of every vLLM setting (two vLLM builds or configurations may lay out or compute KV differently)."""
+    if config.backend == "vllm":
+        from corun.vllm_backend.engine_args import vllm_kv_layout
+
+        return vllm_kv_layout(config)
+    return KV_LAYOUT
+
+
 class NodeServer:
     role: ClassVar[str]
     handlers: ClassVar[dict]
@@ -58,12 +76,13 @@ class NodeServer:
         self.config = config
         self.instance_id = uuid.uuid4().hex
         """This process: a node restarted on the same address gets another one."""
-        self.runner = ModelRunner(config.engine, capture_decode_graph=capture_decode_graph)
+        self.runner = make_model_runner(config.engine, capture_decode_graph)
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.engine.cache.block_size)
         self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)
         digest = model_digest(config.engine.model)
         self.fingerprint = engine_fingerprint(config.engine, digest)
-        self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest))
+        self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest),
+                                  kv_layout=kv_layout(config.engine))
         self.compat_hash = compat_hash(self.compat)
         self.agent = agent_factory(config.node_id, self.runner.kv_cache.data, transfer_for_host(config))
         key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)

@@ -34,6 +34,10 @@ def engine_fingerprint(config: EngineConfig, model_digest: str) -> str:
     engine["num_threads"] = torch.get_num_threads()
     facts = {"model_digest": model_digest, "engine": engine, "torch": torch.__version__,
              "protocol": protocol.PROTOCOL_VERSION, "gpu": None}
+    if config.backend == "vllm":  # NOTE: vLLM's version and every setting made for it (its kernels, its shapes)
+        from corun.vllm_backend.engine_args import vllm_kv_layout
+
+        facts["vllm"] = vllm_kv_layout(config)
     if config.device.startswith("cuda"):  # NOTE: Triton compiles the CUDA kernels: its version changes their bits
         import triton
 

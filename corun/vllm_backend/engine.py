@@ -34,15 +34,15 @@ def start_vllm_engine(config: EngineConfig):
     return engine
 
 
-def vllm_params(params: SamplingParams, seed: int, num_prompt_tokens: int, max_tokens: int | None = None):
+def vllm_params(params: SamplingParams, seed: int, num_prompt_tokens: int, key: str = ""):
     """The vLLM request's params: greedy without controls (sampling.RequestKeyedSampler chooses each token),
     stopping as the corun request does."""
     from vllm import SamplingParams as VllmSamplingParams
 
     return VllmSamplingParams(
-        temperature=0.0, max_tokens=params.max_tokens if max_tokens is None else max_tokens,
+        temperature=0.0, max_tokens=params.max_tokens,
         stop_token_ids=list(params.stop_token_ids), ignore_eos=params.ignore_eos, logprobs=params.logprobs,
-        detokenize=False, extra_args=to_extra_args(params, seed, num_prompt_tokens))
+        detokenize=False, extra_args=to_extra_args(params, seed, num_prompt_tokens, key))
 
 
 def token_logprobs(token_id: int, entries: dict, num_top: int) -> TokenLogprobs:

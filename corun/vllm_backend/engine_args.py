@@ -14,6 +14,9 @@ attention reduces over its own KV in one order whatever else runs.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from corun.config import EngineConfig
 
 CORUN_CHUNK_SIZE_KEY = "corun_prefill_chunk_size"
@@ -63,3 +66,13 @@ def vllm_engine_kwargs(config: EngineConfig) -> dict:
                                         "cudagraph_capture_sizes": [sched.max_num_seqs]}
         kwargs["attention_config"] = {"flash_attn_max_num_splits_for_cuda_graph": 1}
     return kwargs
+
+
+def vllm_kv_layout(config: EngineConfig) -> str:
+    """transfer.compat's kv_layout for a vLLM node: the version, the per-layer layout, every vLLM setting."""
+    import vllm
+
+    settings = json.dumps({**vllm_engine_kwargs(config), "environment": vllm_environment(config)}, sort_keys=True,
+                          default=str)
+    digest = hashlib.sha256(settings.encode()).hexdigest()[:16]
+    return f"vllm {vllm.__version__}: per-layer segments [blocks,kv_heads,block,2*head_dim]; settings {digest}"

@@ -7,6 +7,9 @@ corun.sampler.sample_token_ids (bias, min_tokens, penalties, temperature, min_p,
 noise murmur3(seed, position, vocab index)) and leaves the row -inf except 0 at the token it chose, so vLLM's greedy
 argmax takes that token. vLLM computes logprobs from the raw logits before any processor ("raw_logprobs"), as
 corun's sampler does.
+
+The processor also keeps each step's raw logits rows by request key: runner.VllmModelRunner samples them again with
+corun's own Sampler (n first tokens, logprobs by stable sort), exactly as corun's ModelRunner does.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ EXTRA_ARGS_KEY = "corun"
 """vllm.SamplingParams.extra_args[EXTRA_ARGS_KEY] = to_extra_args(...)."""
 
 
-def to_extra_args(params: SamplingParams, seed: int, num_prompt_tokens: int) -> dict:
+def to_extra_args(params: SamplingParams, seed: int, num_prompt_tokens: int, key: str = "") -> dict:
     """What a vLLM request carries for this processor. num_prompt_tokens: the corun prompt's length, which is
-    shorter than vLLM's prompt on a decode node (there vLLM's prompt ends with token 1, sampled by prefill)."""
+    shorter than vLLM's prompt on a decode node (there vLLM's prompt ends with token 1, sampled by prefill).
+    key: names the request's rows in RequestKeyedSampler.last_logits."""
     return {EXTRA_ARGS_KEY: {"params": dataclasses.asdict(params), "seed": seed,
-                             "num_prompt_tokens": num_prompt_tokens}}
+                             "num_prompt_tokens": num_prompt_tokens, "key": key}}
 
 
 @dataclass
@@ -55,6 +59,7 @@ class RowState:
     def output_token_ids(self) -> list[int]:
         return [*self.vllm_prompt_ids[self.num_prompt_tokens:], *self.vllm_output_ids]
 
+    key: str = ""
     stop_token_ids: frozenset[int] = frozenset()
     """What min_tokens masks: the request's stop tokens and the model's EOS (unless ignore_eos), as corun.Request."""
 
@@ -68,7 +73,7 @@ def row_state(vllm_params, prompt_ids: list[int] | None, output_ids: list[int],
     params = SamplingParams(**extra["params"])
     stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
     return RowState(params, int(extra["seed"]), int(extra["num_prompt_tokens"]), prompt_ids or [], output_ids,
-                    stops)
+                    str(extra.get("key", "")), stops)
 
 
 class RequestKeyedSampler(LogitsProcessor):
@@ -77,6 +82,8 @@ class RequestKeyedSampler(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         self.device = device
         self.rows: dict[int, RowState] = {}
+        self.last_logits: dict[str, torch.Tensor] = {}
+        """Request key -> its raw logits row [vocab] of the last step."""
         eos = getattr(vllm_config.model_config.hf_config, "eos_token_id", None)
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
 
@@ -109,6 +116,8 @@ class RequestKeyedSampler(LogitsProcessor):
         batch = SamplingBatch.build([s.params for s in states], [s.seed for s in states],
                                     [s.position for s in states], num_rows, logits.device,
                                     histories=states)
+        # NOTE: vLLM hands the raw logits (float32) and does not write to them after this processor
+        self.last_logits = {s.key: logits[i] for i, s in enumerate(states)}
         token_ids = sample_token_ids(logits.float(), batch)  # [rows]
         chosen = torch.full_like(logits, float("-inf"))
         return chosen.scatter_(1, token_ids[:, None], 0.0)

@@ -51,3 +51,10 @@ class FixedDecodeShape:
     def corun_forward_rows_seen(self) -> dict[int, int]:
         """Token rows of a model forward since corun_count_forward_rows -> how many forwards had that many."""
         return dict(self.corun_forward_rows)
+
+    def corun_execute(self, scheduler_output):
+        """One step the node scheduled (runner.VllmModelRunner) -> (vLLM's output, the raw logits by request key)."""
+        self.execute_model(scheduler_output)
+        output = self.sample_tokens(None)
+        sampler = next(p for p in self.model_runner.input_batch.logitsprocs.all if hasattr(p, "last_logits"))
+        return output, sampler.last_logits

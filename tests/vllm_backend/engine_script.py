@@ -1,5 +1,6 @@
-"""Run in .venv-vllm by test_colocated.py: the vLLM engine under corun or standard mode, prompts alone, together,
-and one needle request arriving while a background batch runs. Prints one JSON object."""
+"""Run in .venv-vllm by the tests here: the vLLM engine under corun or standard mode, prompts alone, together,
+and one needle request arriving while a background batch runs (or, together_only, the batch alone). Prints one JSON
+object; logprobs as float.hex()."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ if __name__ == "__main__":
                  "top": [[[t, v.hex()] for t, v in lp.top] for lp in r.output_logprobs]} for r in requests]
 
     prompts = job["requests"]
+    if job.get("together_only"):  # NOTE: the colocated reference of test_nodes.py
+        print(json.dumps({"together": run([prompts], 0)}))
+        sys.exit(0)
     alone = [run([[spec]], 0)[0] for spec in prompts]
     together = run([prompts], 0)
     needle = run([job["background"], [prompts[0]]], job["needle_after_steps"])[-1]
