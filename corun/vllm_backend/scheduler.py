@@ -35,22 +35,26 @@ class CoRunVllmScheduler(Scheduler):
         self.num_prefill_steps = 0
         self.num_decode_steps = 0
         self.max_decode_rows = 0
+        self.num_preempted = 0
+        """Requests vLLM preempted: admission makes it 0 (tests check)."""
 
     def schedule(self, throttle_prefills: bool = False):
         prefilling = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
         if prefilling:
-            return self.prefill_step(prefilling[:1], admit=0)
+            self.num_prefill_steps += 1
+            return self.narrowed_schedule(prefilling[:1], admit=0, token_budget=self.prefill_chunk_size)
         if self.head_admissible():
-            return self.prefill_step([], admit=1)
+            self.num_prefill_steps += 1
+            return self.narrowed_schedule([], admit=1, token_budget=self.prefill_chunk_size)
         self.num_decode_steps += bool(self.running)
         self.max_decode_rows = max(self.max_decode_rows, len(self.running))
-        with self.narrowed(self.running, admit=0, token_budget=self.max_num_scheduled_tokens):
-            return super().schedule(throttle_prefills)
+        return self.narrowed_schedule(self.running, admit=0, token_budget=self.max_num_scheduled_tokens)
 
-    def prefill_step(self, running, admit: int):
-        self.num_prefill_steps += 1
-        with self.narrowed(running, admit=admit, token_budget=self.prefill_chunk_size):
-            return super().schedule()
+    def narrowed_schedule(self, running: list, admit: int, token_budget: int):
+        with self.narrowed(running, admit, token_budget):
+            output = super().schedule()
+        self.num_preempted += len(output.preempted_req_ids or ())
+        return output
 
     def head_admissible(self) -> bool:
         """The next waiting request may start: a slot, and blocks for its whole sequence beside the reservations."""

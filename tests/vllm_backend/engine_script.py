@@ -15,9 +15,10 @@ if __name__ == "__main__":
     job = json.loads(sys.argv[1])
     config = EngineConfig(
         model=job["model"], backend="vllm", num_threads=job["threads"], seed=0,
-        scheduler=SchedulerConfig(mode=job["mode"], max_num_seqs=job["max_num_seqs"], max_model_len=1024,
-                                  prefill_chunk_size=job["chunk"], max_num_batched_tokens=job["chunk"]),
-        cache=CacheConfig(block_size=32, memory_budget_bytes=256 * 2**20))
+        scheduler=SchedulerConfig(mode=job["mode"], max_num_seqs=job["max_num_seqs"],
+                                  max_model_len=job.get("max_model_len", 1024), prefill_chunk_size=job["chunk"],
+                                  max_num_batched_tokens=job["chunk"]),
+        cache=CacheConfig(block_size=32, memory_budget_bytes=job.get("kv_mib", 256) * 2**20))
     engine = VllmEngine(config)
     counter = iter(range(10**9))
 
@@ -33,15 +34,22 @@ if __name__ == "__main__":
         while engine.has_unfinished():
             engine.step()
         return [{"tokens": r.output_token_ids, "logprobs": [lp.logprob.hex() for lp in r.output_logprobs],
-                 "top": [[[t, v.hex()] for t, v in lp.top] for lp in r.output_logprobs]} for r in requests]
+                 "top": [[[t, v.hex()] for t, v in lp.top] for lp in r.output_logprobs],
+                 "prompt_logprobs": [None if lp is None else [lp.token_id, lp.logprob.hex(), [[t, v.hex()] for t, v in
+                                                                                         lp.top]]
+                                     for lp in r.prompt_logprobs]} for r in requests]
 
     prompts = job["requests"]
-    if job.get("together_only"):  # NOTE: the colocated reference of test_nodes.py
-        print(json.dumps({"together": run([prompts], 0)}))
+    if job.get("together_only"):  # NOTE: the colocated reference of test_nodes.py, and the admission test
+        together = run([prompts], 0)
+        counts = engine.counts()
+        print(json.dumps({"together": together, "max_decode_batch": counts.max_decode_batch,
+                          "num_preempted": counts.num_preempted}))
         sys.exit(0)
     alone = [run([[spec]], 0)[0] for spec in prompts]
     together = run([prompts], 0)
     needle = run([job["background"], [prompts[0]]], job["needle_after_steps"])[-1]
     counts = engine.counts()
     print(json.dumps({"alone": alone, "together": together, "needle": needle, "forward_rows": engine.forward_rows(),
-                      "num_decode_steps": counts.num_decode_steps, "max_decode_batch": counts.max_decode_batch}))
+                      "num_decode_steps": counts.num_decode_steps, "max_decode_batch": counts.max_decode_batch,
+                      "num_preempted": counts.num_preempted}))

@@ -1,11 +1,14 @@
-"""The vLLM engine under CoRun's rules, colocated: bitwise the same outputs alone, in a batch and as a needle in a
-running batch; vLLM's default scheduling on the same long prompts (2 threads) is not (the inverse check)."""
+"""The vLLM engine under CoRun's rules, colocated: bitwise the same outputs (prompt logprobs included) alone, in a
+batch and as a needle in a running batch; isolated prefill chunks and N-row decode steps; admission only when the
+whole sequence fits, and no preemption. vLLM's default scheduling on the same long prompts (2 threads) is not
+bitwise the same (the inverse check)."""
 
 from __future__ import annotations
 
 import json
 import random
 import subprocess
+from collections import Counter
 
 import pytest
 
@@ -22,16 +25,28 @@ def requests(rng: random.Random, lengths: list[int], vocab: int = 2048) -> list[
         params = {"temperature": 0.7, "seed": 1000 + i, "max_tokens": 12, "logprobs": 3, "ignore_eos": True}
         if i % 3 == 1:
             params.update(top_p=0.9, top_k=50, presence_penalty=0.5, repetition_penalty=1.2)
+        if i % 3 == 2:
+            params.update(prompt_logprobs=2)
         specs.append({"prompt": [rng.randrange(vocab) for _ in range(length)], "params": params})
     return specs
 
 
+PROMPT_LENGTHS, BACKGROUND_LENGTHS, CHUNK = [430, 12, 290, 590, 77, 350], [500, 40, 270, 9, 600, 180, 333], 128
+
+
 def run_engine(tiny_model_dir, mode: str, threads: int) -> dict:
     rng = random.Random(5)
-    job = {"model": tiny_model_dir, "mode": mode, "threads": threads, "max_num_seqs": MAX_NUM_SEQS, "chunk": 128,
+    specs = requests(rng, PROMPT_LENGTHS), requests(rng, BACKGROUND_LENGTHS)
+    if mode != "corun":  # NOTE: prompt logprobs need isolated prefill (the engine refuses them otherwise)
+        for spec in (spec for group in specs for spec in group):
+            spec["params"].pop("prompt_logprobs", None)
+    job = {"model": tiny_model_dir, "mode": mode, "threads": threads, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
            # NOTE: long prompts: with 2 threads the kernels' work split depends on the rows they get
-           "requests": requests(rng, [430, 12, 290, 590, 77, 350]),
-           "background": requests(rng, [500, 40, 270, 9, 600, 180, 333]), "needle_after_steps": 6}
+           "requests": specs[0], "background": specs[1], "needle_after_steps": 6}
+    return run_script(job)
+
+
+def run_script(job: dict) -> dict:
     result = subprocess.run([str(VLLM_PYTHON), "-m", "tests.vllm_backend.engine_script", json.dumps(job)],
                             capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -47,14 +62,30 @@ def test_alone_together_and_needle_are_bitwise_equal(corun_run):
     for alone, together in zip(corun_run["alone"], corun_run["together"], strict=True):
         assert alone == together
     assert corun_run["needle"] == corun_run["alone"][0]
+    with_prompt_logprobs = [r for r in corun_run["alone"] if r["prompt_logprobs"]]
+    assert with_prompt_logprobs and all(len(r["prompt_logprobs"][1][2]) == 2 for r in with_prompt_logprobs)
 
 
-def test_every_decode_step_computes_n_rows(corun_run):
-    rows = {int(k): v for k, v in corun_run["forward_rows"].items()}
+def test_every_decode_step_computes_n_rows_and_every_prefill_one_prompts_chunk(corun_run):
+    rows = Counter({int(k): v for k, v in corun_run["forward_rows"].items()})
     assert corun_run["max_decode_batch"] > 1
-    # NOTE: prefill chunks are 128 tokens or a prompt's tail (all 9 or more here): the rest are decodes
-    assert rows.get(MAX_NUM_SEQS) == corun_run["num_decode_steps"]
-    assert not [n for n in rows if n < MAX_NUM_SEQS]
+    # NOTE: prefill chunks are 128 tokens or a prompt's tail (none 8 long here): the rest are decodes
+    assert rows.pop(MAX_NUM_SEQS) == corun_run["num_decode_steps"]
+    # NOTE: each prompt was prefilled alone, together and (the needle's background, and the needle) once more
+    prefilled = [*PROMPT_LENGTHS, *PROMPT_LENGTHS, *BACKGROUND_LENGTHS, PROMPT_LENGTHS[0]]
+    chunks = Counter(min(CHUNK, length - start) for length in prefilled for start in range(0, length, CHUNK))
+    assert rows == chunks
+
+
+def test_admission_waits_for_the_whole_sequence_and_never_preempts(tiny_model_dir):
+    """A KV cache of 23 usable 32-token blocks: a 150-token prompt + 12 tokens reserves 6, so 3 run at once."""
+    rng = random.Random(9)
+    job = {"model": tiny_model_dir, "mode": "corun", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
+           "max_model_len": 512, "kv_mib": 3, "requests": requests(rng, [150] * 6), "background": [],
+           "needle_after_steps": 0}
+    run = run_script(job)
+    assert run["max_decode_batch"] == 3 and run["num_preempted"] == 0
+    assert run["alone"] == run["together"]
 
 
 def test_inverse_vllm_default_scheduling_differs(tiny_model_dir):

@@ -64,13 +64,18 @@ def complete(url: str, prompt: list[int], params: dict, n: int = 1) -> list[tupl
 
 
 def colocated(model_dir: str, mode: str, threads: int) -> list[tuple[list[int], list[float]]]:
+    outputs = colocated_outputs(model_dir, mode, threads, PARAMS)
+    return [(o["tokens"], [float.fromhex(v) for v in o["logprobs"]]) for o in outputs]
+
+
+def colocated_outputs(model_dir: str, mode: str, threads: int, params: list[dict]) -> list[dict]:
+    """engine_script's outputs of PROMPTS with these params, all submitted at once to the colocated vLLM engine."""
     job = {"model": model_dir, "mode": mode, "threads": threads, "max_num_seqs": N, "chunk": CHUNK,
-           "together_only": True, "requests": [{"prompt": p, "params": q} for p, q in zip(PROMPTS, PARAMS)]}
+           "together_only": True, "requests": [{"prompt": p, "params": q} for p, q in zip(PROMPTS, params)]}
     result = subprocess.run([str(VLLM_PYTHON), "-m", "tests.vllm_backend.engine_script", json.dumps(job)],
                             capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
-    outputs = json.loads(result.stdout.strip().splitlines()[-1])["together"]
-    return [(o["tokens"], [float.fromhex(v) for v in o["logprobs"]]) for o in outputs]
+    return json.loads(result.stdout.strip().splitlines()[-1])["together"]
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +114,24 @@ def test_n_samples_are_single_requests_with_their_seeds(cluster):
     samples = complete(cluster, prompt, params, n=3)
     singles = [complete(cluster, prompt, dict(params, seed=sample_seed(params["seed"], i)))[0] for i in range(3)]
     assert samples == singles and len({tuple(tokens) for tokens, _ in samples}) > 1
+
+
+def loglikelihood(url: str, prompt: list[int]) -> list[float | None]:
+    """What lm-eval's loglikelihood requests send: echo with logprobs and max_tokens 0."""
+    body = {"model": "corun-tiny", "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 0, "temperature": 0.0}
+    request = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())["choices"][0]["logprobs"]["token_logprobs"]
+
+
+def test_echo_loglikelihood_is_the_colocated_engines_prompt_logprobs(cluster, tiny_model_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        concurrent = list(pool.map(lambda prompt: loglikelihood(cluster, prompt), PROMPTS))
+    assert concurrent == [loglikelihood(cluster, prompt) for prompt in PROMPTS]
+    params = [{"temperature": 0.0, "max_tokens": 1, "prompt_logprobs": 1}] * len(PROMPTS)
+    expected = [[None, *(float.fromhex(entry[1]) for entry in o["prompt_logprobs"][1:])]
+                for o in colocated_outputs(tiny_model_dir, "corun", 1, params)]
+    assert concurrent == expected and len(expected[3]) == 300  # NOTE: bitwise; a 5-chunk prompt among them

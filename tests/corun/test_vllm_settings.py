@@ -1,0 +1,54 @@
+"""The vLLM settings of `--engine vllm` (corun/vllm_backend/engine_args.py), pinned: on CUDA they cannot run here
+(no CUDA vLLM wheel fits the H200 test machine), so what they say is checked where it is made."""
+
+import dataclasses
+
+import pytest
+
+from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+from corun.vllm_backend.engine_args import (
+    CORUN_CHUNK_SIZE_KEY,
+    SCHEDULER_CLS,
+    vllm_engine_kwargs,
+    vllm_environment,
+)
+
+
+def config(mode: str = "corun", device: str = "cpu", **engine) -> EngineConfig:
+    return EngineConfig(model="m", backend="vllm", device=device, cache=CacheConfig(block_size=32),
+                        scheduler=SchedulerConfig(mode=mode, max_num_seqs=64, prefill_chunk_size=256), **engine)
+
+
+def test_cuda_corun_decodes_in_one_full_graph_at_n_without_split_kv():
+    kwargs = vllm_engine_kwargs(config(device="cuda"))
+    assert kwargs["compilation_config"] == {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [64]}
+    assert kwargs["attention_config"] == {"flash_attn_max_num_splits_for_cuda_graph": 1}
+    assert kwargs["max_num_seqs"] == 64 and "enforce_eager" not in kwargs
+
+
+def test_corun_schedules_isolated_chunks_without_prefix_caching_or_async_steps():
+    kwargs = vllm_engine_kwargs(config())
+    assert kwargs["scheduler_cls"] == SCHEDULER_CLS
+    assert kwargs["additional_config"] == {CORUN_CHUNK_SIZE_KEY: 256}
+    assert kwargs["enable_prefix_caching"] is False and kwargs["async_scheduling"] is False
+    assert kwargs["max_num_batched_tokens"] >= 256 and kwargs["enforce_eager"] is True  # NOTE: CPU: no graphs
+    assert vllm_environment(config())["VLLM_CPU_ATTN_SPLIT_KV"] == "0"
+
+
+def test_standard_mode_is_vllms_own_scheduling_with_the_same_sampling():
+    kwargs, corun = vllm_engine_kwargs(config("standard")), vllm_engine_kwargs(config())
+    assert "scheduler_cls" not in kwargs and "compilation_config" not in vllm_engine_kwargs(config("standard", "cuda"))
+    assert kwargs["logits_processors"] == corun["logits_processors"]
+    assert vllm_environment(config("standard"))["VLLM_CPU_ATTN_SPLIT_KV"] == "1"
+
+
+def test_threads_bind_that_many_cores():
+    assert vllm_environment(config(num_threads=2))["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert vllm_environment(config(num_threads=1))["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+
+
+def test_batch_invariant_mode_and_unknown_backends_are_refused():
+    with pytest.raises(ValueError, match="corun or standard"):
+        config("batch_invariant")
+    with pytest.raises(ValueError, match="engine backend"):
+        dataclasses.replace(config(), backend="sglang")
