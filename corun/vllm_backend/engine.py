@@ -35,15 +35,16 @@ def start_vllm_engine(config: EngineConfig):
 
 
 def vllm_params(params: SamplingParams, seed: int, num_prompt_tokens: int, key: str = "",
-                with_prompt_logprobs: bool = True):
+                with_prompt_logprobs: bool = True, stop_token_ids: frozenset[int] = frozenset()):
     """The vLLM request's params: greedy without controls (sampling.RequestKeyedSampler chooses each token),
-    stopping as the corun request does; prompt logprobs from vLLM (each chunk's rows through lm_head and
+    stopping on stop_token_ids (the corun request's: its own and, unless ignore_eos, the model's EOS, which vLLM
+    without a tokenizer does not know); prompt logprobs from vLLM (each chunk's rows through lm_head and
     log_softmax together: a function of the prompt alone under isolated prefill)."""
     from vllm import SamplingParams as VllmSamplingParams
 
     return VllmSamplingParams(
         temperature=0.0, max_tokens=params.max_tokens,
-        stop_token_ids=list(params.stop_token_ids), ignore_eos=params.ignore_eos, logprobs=params.logprobs,
+        stop_token_ids=sorted(stop_token_ids), ignore_eos=True, logprobs=params.logprobs,
         prompt_logprobs=params.prompt_logprobs if with_prompt_logprobs else None, detokenize=False,
         extra_args=to_extra_args(params, seed, num_prompt_tokens, key))
 
@@ -95,7 +96,7 @@ class VllmEngine:
         seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
         request = Request.create(request_id, prompt_token_ids, params, seed, self.eos_token_ids)
         self.vllm.add_request(request_id, {"prompt_token_ids": list(prompt_token_ids)},
-                              vllm_params(params, seed, len(prompt_token_ids)))
+                              vllm_params(params, seed, len(prompt_token_ids), stop_token_ids=request.stop_token_ids))
         self.requests[request_id] = request
         return request
 

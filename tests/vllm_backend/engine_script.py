@@ -33,11 +33,16 @@ if __name__ == "__main__":
                 engine.step()
         while engine.has_unfinished():
             engine.step()
-        return [{"tokens": r.output_token_ids, "logprobs": [lp.logprob.hex() for lp in r.output_logprobs],
-                 "top": [[[t, v.hex()] for t, v in lp.top] for lp in r.output_logprobs],
-                 "prompt_logprobs": [None if lp is None else [lp.token_id, lp.logprob.hex(), [[t, v.hex()] for t, v in
-                                                                                         lp.top]]
-                                     for lp in r.prompt_logprobs]} for r in requests]
+        return [record(r) for r in requests]
+
+    def record(request) -> dict:
+        def entry(lp):
+            return None if lp is None else [lp.token_id, lp.logprob.hex(), [[t, v.hex()] for t, v in lp.top]]
+
+        return {"tokens": request.output_token_ids, "finish_reason": request.finish_reason,
+                "logprobs": [lp.logprob.hex() for lp in request.output_logprobs],
+                "top": [entry(lp)[2] for lp in request.output_logprobs],
+                "prompt_logprobs": [entry(lp) for lp in request.prompt_logprobs]}
 
     prompts = job["requests"]
     if job.get("together_only"):  # NOTE: the colocated reference of test_nodes.py, and the admission test

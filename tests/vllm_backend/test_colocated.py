@@ -94,3 +94,13 @@ def test_inverse_vllm_default_scheduling_differs(tiny_model_dir):
     differing = [i for i, (alone, together) in enumerate(zip(standard["alone"], standard["together"], strict=True))
                  if alone != together]
     assert differing, "vLLM's default scheduling gave the same bits alone and batched: the check cannot fail here"
+
+
+def test_eos_stops_after_min_tokens(tiny_model_dir):
+    """vLLM without a tokenizer knows no EOS: the engine hands it the model's. A bias makes EOS certain, min_tokens
+    holds it off for 3 tokens."""
+    params = {"temperature": 0.7, "seed": 1, "max_tokens": 10, "logit_bias": {"2047": 100.0}, "min_tokens": 3}
+    job = {"model": tiny_model_dir, "mode": "corun", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
+           "together_only": True, "requests": [{"prompt": [5, 6, 7], "params": params}]}
+    (output,) = run_script(job)["together"]
+    assert output["tokens"][3:] == [2047] and 2047 not in output["tokens"][:3] and output["finish_reason"] == "stop"
