@@ -135,3 +135,17 @@ def test_echo_loglikelihood_is_the_colocated_engines_prompt_logprobs(cluster, ti
     expected = [[None, *(float.fromhex(entry[1]) for entry in o["prompt_logprobs"][1:])]
                 for o in colocated_outputs(tiny_model_dir, "corun", 1, params)]
     assert concurrent == expected and len(expected[3]) == 300  # NOTE: bitwise; a 5-chunk prompt among them
+
+
+def test_needle_arriving_while_a_batch_runs(cluster, alone):
+    """PROMPTS[0] sent while the others (longer outputs) are decoding: bitwise what it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    background = [(p, dict(q, max_tokens=40, seed=q["seed"] + 1000)) for p, q in zip(PROMPTS[1:], PARAMS[1:])]
+    with ThreadPoolExecutor(len(background)) as pool:
+        running = [pool.submit(complete, cluster, p, q) for p, q in background]
+        time.sleep(1.0)
+        needle = complete(cluster, PROMPTS[0], PARAMS[0])[0]
+        assert not all(future.done() for future in running)  # NOTE: the needle met a running batch
+        [future.result() for future in running]
+    assert needle == alone[0]
