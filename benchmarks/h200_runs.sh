@@ -23,6 +23,18 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/pydeps:.
 fi
 case $part in
+  topologies)  # issues 13 and 14 on one H200: the GPU tests after KV moved to multi-segment NIXL registrations
+    # (protocol v9), then the same requests on 1P1D, 2P1D, 1P2D and 2P2D (every node on GPU 0) and colocated
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/launch/test_gpu_cluster.py \
+      tests/launch/test_gpu_placement.py > "$out/gpu_tests.log" 2>&1
+    timeout 380 python3 -m benchmarks.gpu_topologies --topologies 1P1D,2P1D,1P2D,2P2D \
+      --out "$out/h200_topologies_one_gpu.json" > "$out/topologies.log" 2>&1 ;;
+    # NOTE: as run, 2P2D ran out of GPU memory (4 nodes of 32-42 GB each); the three others are in
+    # benchmarks/results/h200_topologies_one_gpu_buckets.json. 2P2D without prefill buckets and with 3/5 GB of KV
+    # per node ran out too (35 GB per node). Then the topologies that fit, and the colocated engine after them:
+  topologies_colocated)
+    timeout 380 python3 -m benchmarks.gpu_topologies --topologies 1P1D,2P1D,1P2D \
+      --out "$out/h200_topologies_one_gpu.json" > "$out/topologies.log" 2>&1 ;;
   security)  # issue 12 on the GPU: CURVE-authenticated node sockets, UCX limited to lo (UCX_NET_DEVICES) with the
     # KV still on the CUDA-IPC path, the router's changes; a loopback node's listeners
     timeout 400 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/launch/test_gpu_cluster.py \
