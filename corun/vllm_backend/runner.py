@@ -106,8 +106,9 @@ class VllmModelRunner:
                                         tuple([eos] if isinstance(eos, int) else eos or []), len(layers),
                                         num_kv_heads, doubled_head_dim // 2))
         self.sampler = Sampler()
-        self.known: dict[int, WorkerRequest] = {}
-        """id(corun request) -> the worker's request, for requests the worker holds."""
+        self.known: dict[Request, WorkerRequest] = {}
+        """corun request (hashed by identity) -> the worker's request, for requests the worker holds.
+        NOTE: the request itself, not its id(): a finished request's id may be reused by the next one."""
         self.ids = itertools.count()
         self.last_output = None
         """vLLM's ModelRunnerOutput of the last step."""
@@ -132,18 +133,18 @@ class VllmModelRunner:
         """One prompt's chunk, alone; token 1 of each of its n samples when it is the prompt's last."""
         (chunk,) = chunks  # NOTE: unsupported_settings refuses packed prefill
         self.num_prefill_forwards += 1
-        logits = self.execute([chunk.request], {id(chunk.request): chunk.num_tokens})
+        logits = self.execute([chunk.request], {chunk.request: chunk.num_tokens})
         chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
         if not chunk.is_last:
             return []
         if chunk.request.params.prompt_logprobs is not None:
-            tensors = self.last_output.prompt_logprobs_dict[self.known[id(chunk.request)].vllm_id]
+            tensors = self.last_output.prompt_logprobs_dict[self.known[chunk.request].vllm_id]
             chunk.request.prompt_logprobs = [None, *tensor_logprobs(tensors, chunk.request.params.prompt_logprobs)]
         return sample_requests(self.sampler, logits, [chunk.request], self.config.max_logprobs)
 
     def run_decode(self, requests: list[Request]) -> list[SampledToken]:
         self.num_decode_forwards += 1
-        logits = self.execute(requests, {id(r): 1 for r in requests})
+        logits = self.execute(requests, dict.fromkeys(requests, 1))
         sampled = sample_requests(self.sampler, logits, requests, self.config.max_logprobs)
         self.check_worker_agrees(requests, sampled)
         return sampled
@@ -152,12 +153,12 @@ class VllmModelRunner:
         """The worker's next input is the token its processor chose: it must be the one sampled here."""
         output = self.last_output
         for request, item in zip(requests, sampled, strict=True):
-            worker_token = output.sampled_token_ids[output.req_id_to_index[self.known[id(request)].vllm_id]][0]
+            worker_token = output.sampled_token_ids[output.req_id_to_index[self.known[request].vllm_id]][0]
             if worker_token != item.token_id:
                 raise RuntimeError(f"vLLM's worker took token {worker_token} for {request.request_id}, corun's "
                                    f"sampler {item.token_id}: their sampling differs")
 
-    def execute(self, requests: list[Request], num_tokens: dict[int, int]) -> torch.Tensor:
+    def execute(self, requests: list[Request], num_tokens: dict[Request, int]) -> torch.Tensor:
         """One worker step of these requests -> their raw logits rows [len(requests), vocab], in order."""
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -165,9 +166,9 @@ class VllmModelRunner:
         finished_ids = {self.known.pop(key).vllm_id for key in finished}
         new, cached = [], CachedRequestData.make_empty()
         for request in requests:
-            known = self.known.get(id(request))
+            known = self.known.get(request)
             if known is None:
-                known = self.known[id(request)] = WorkerRequest(f"{request.request_id}#{next(self.ids)}",
+                known = self.known[request] = WorkerRequest(f"{request.request_id}#{next(self.ids)}",
                                                                 len(request.output_token_ids))
                 new.append(NewRequestData(
                     req_id=known.vllm_id, prompt_token_ids=[*request.prompt_token_ids, *request.output_token_ids],
@@ -182,10 +183,10 @@ class VllmModelRunner:
                 cached.new_block_ids.append(None)
                 cached.num_computed_tokens.append(request.num_computed_tokens)
                 cached.num_output_tokens.append(len(request.output_token_ids) - known.num_prompt_outputs)
-        scheduled = {self.known[id(r)].vllm_id: num_tokens[id(r)] for r in requests}
+        scheduled = {self.known[r].vllm_id: num_tokens[r] for r in requests}
         output = SchedulerOutput(
             scheduled_new_reqs=new, scheduled_cached_reqs=cached, num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()), scheduled_spec_decode_tokens={},
             scheduled_encoder_inputs={}, finished_req_ids=finished_ids, free_encoder_mm_hashes=[])
         self.last_output, logits = self.vllm.collective_rpc("corun_execute", args=(output,))[0]
-        return torch.stack([logits[self.known[id(r)].vllm_id] for r in requests])
+        return torch.stack([logits[self.known[r].vllm_id] for r in requests])
