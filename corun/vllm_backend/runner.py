@@ -160,33 +160,44 @@ class VllmModelRunner:
 
     def execute(self, requests: list[Request], num_tokens: dict[Request, int]) -> torch.Tensor:
         """One worker step of these requests -> their raw logits rows [len(requests), vocab], in order."""
-        from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+        self.last_output, logits = self.vllm.collective_rpc("corun_execute",
+                                                            args=(self.step_output(requests, num_tokens),))[0]
+        return torch.stack([logits[self.known[r].vllm_id] for r in requests])
 
-        finished = [key for key in self.known if key not in num_tokens]
-        finished_ids = {self.known.pop(key).vllm_id for key in finished}
+    def step_output(self, requests: list[Request], num_tokens: dict[Request, int]):
+        """The SchedulerOutput of the step: requests the worker has not seen are new, the others cached, and those
+        it holds but this step does not schedule are finished (the node ended them)."""
+        from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+
+        finished_ids = {self.known.pop(r).vllm_id for r in [r for r in self.known if r not in num_tokens]}
         new, cached = [], CachedRequestData.make_empty()
         for request in requests:
             known = self.known.get(request)
             if known is None:
-                known = self.known[request] = WorkerRequest(f"{request.request_id}#{next(self.ids)}",
-                                                                len(request.output_token_ids))
-                new.append(NewRequestData(
-                    req_id=known.vllm_id, prompt_token_ids=[*request.prompt_token_ids, *request.output_token_ids],
-                    mm_features=[], pooling_params=None,
-                    sampling_params=vllm_params(request.params, request.seed, request.num_prompt_tokens, known.vllm_id,
-                                                with_prompt_logprobs=request.num_computed_tokens == 0),
-                    block_ids=(list(request.block_ids),), num_computed_tokens=request.num_computed_tokens,
-                    lora_request=None))
-            else:
-                cached.req_ids.append(known.vllm_id)
-                cached.new_token_ids.append([])
-                cached.new_block_ids.append(None)
-                cached.num_computed_tokens.append(request.num_computed_tokens)
-                cached.num_output_tokens.append(len(request.output_token_ids) - known.num_prompt_outputs)
+                new.append(self.new_request_data(request))
+                continue
+            cached.req_ids.append(known.vllm_id)
+            cached.new_token_ids.append([])  # NOTE: only pipeline parallelism sends tokens; the worker keeps its own
+            cached.new_block_ids.append(None)  # NOTE: the node allocated every block at admission
+            cached.num_computed_tokens.append(request.num_computed_tokens)
+            cached.num_output_tokens.append(len(request.output_token_ids) - known.num_prompt_outputs)
         scheduled = {self.known[r].vllm_id: num_tokens[r] for r in requests}
-        output = SchedulerOutput(
+        return SchedulerOutput(
             scheduled_new_reqs=new, scheduled_cached_reqs=cached, num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()), scheduled_spec_decode_tokens={},
             scheduled_encoder_inputs={}, finished_req_ids=finished_ids, free_encoder_mm_hashes=[])
-        self.last_output, logits = self.vllm.collective_rpc("corun_execute", args=(output,))[0]
-        return torch.stack([logits[self.known[r].vllm_id] for r in requests])
+
+    def new_request_data(self, request: Request):
+        """A request the worker has not seen: its tokens so far (a decode node's ends with token 1), the node's
+        blocks, its computed tokens; prompt logprobs only when the worker computes the whole prompt."""
+        from vllm.v1.core.sched.output import NewRequestData
+
+        known = self.known[request] = WorkerRequest(f"{request.request_id}#{next(self.ids)}",
+                                                    len(request.output_token_ids))
+        params = vllm_params(request.params, request.seed, request.num_prompt_tokens, known.vllm_id,
+                             with_prompt_logprobs=request.num_computed_tokens == 0)
+        return NewRequestData(req_id=known.vllm_id, prompt_token_ids=[*request.prompt_token_ids,
+                                                                      *request.output_token_ids],
+                              mm_features=[], sampling_params=params, pooling_params=None,
+                              block_ids=(list(request.block_ids),), num_computed_tokens=request.num_computed_tokens,
+                              lora_request=None)
