@@ -134,6 +134,7 @@ class VllmEngine:
         return EngineCounts(*(getattr(scheduler, name, 0) for name in
                               ("num_prefill_steps", "num_decode_steps", "max_decode_rows", "num_preempted")))
 
-    def forward_rows(self) -> dict[int, int]:
-        """Token rows of each model forward -> count (worker.FixedDecodeShape)."""
+    def forward_rows(self) -> dict[str, dict[int, int]]:
+        """Token rows -> how many model forwards ("forward") and lm_head calls ("logits") had that many
+        (worker.FixedDecodeShape)."""
         return self.vllm.collective_rpc("corun_forward_rows_seen")[0]

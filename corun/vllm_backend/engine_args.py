@@ -8,8 +8,9 @@ decode, batch-sized shapes, split-KV), with the same request-keyed sampling: wha
 CUDA (written and reviewed against vLLM 0.32; not run here, since the CUDA vLLM wheel does not fit the H200 test
 machine): the decode step is one full CUDA graph captured at N (cudagraph_mode FULL_DECODE_ONLY, capture sizes
 [N]: vLLM pads every decode batch of <= N requests to N and replays it; prefills run eager at their own shape),
-and FlashAttention's decode splits are fixed at 1 (flash_attn_max_num_splits_for_cuda_graph), so a request's
-attention reduces over its own KV in one order whatever else runs.
+FlashAttention's decode splits are fixed at 1 (flash_attn_max_num_splits_for_cuda_graph), so a request's
+attention reduces over its own KV in one order whatever else runs, and worker.FixedDecodeShape pads the eager
+lm_head GEMM after the graph (vLLM runs it on the sampled rows only) to N rows.
 """
 
 from __future__ import annotations

@@ -1,13 +1,18 @@
 """Every decode step of a vLLM engine at exactly N rows (`worker_extension_cls`, called by collective_rpc).
 
-On CUDA the shape comes from vLLM itself (engine_args: cudagraph_mode FULL_DECODE_ONLY with the one capture size N:
-a decode batch of k <= N requests is padded to N and replays that graph). On CPU vLLM has no static graphs and runs
-each step at its own size, so matmul shapes (and with them the blocking, and the reduction order of a row) would
-follow the number of running requests. fix_decode_shape pads uniform decode batches to N rows the way vLLM pads for
-a CUDA graph: the padding tokens' slots are -1 (they write no KV) and attention runs on the real tokens only.
+On CUDA the model forward's shape comes from vLLM itself (engine_args: cudagraph_mode FULL_DECODE_ONLY with the one
+capture size N: a decode batch of k <= N requests is padded to N and replays that graph). On CPU vLLM has no static
+graphs and runs each step at its own size, so matmul shapes (and with them the blocking, and the reduction order of
+a row) would follow the number of running requests: fix_decode_shape pads uniform decode batches to N rows the way
+vLLM pads for a CUDA graph (the padding tokens' slots are -1: they write no KV; attention runs on the real tokens
+only).
 
-NOTE: the one change inside vLLM (0.32.0): the runner's CudagraphDispatcher.dispatch, wrapped to return the padded
-batch size for a uniform decode batch when no graph applies. Tests: tests/vllm_backend (shapes seen by the model).
+On both, vLLM computes logits after the forward, eagerly, on the rows it samples (k of them): that lm_head GEMM is
+padded to N rows too, so cuBLAS (or the CPU BLAS) never sees a batch-sized M.
+
+NOTE: the changes inside vLLM (0.32.0), both wrappers on one worker's objects: the runner's
+CudagraphDispatcher.dispatch (returns the padded size for a uniform decode batch when no graph applies) and the
+model's compute_logits. Tests: tests/vllm_backend (the shapes the model and lm_head saw).
 """
 
 from __future__ import annotations
@@ -15,18 +20,20 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+import torch
 from vllm.config import CUDAGraphMode
 
 
 class FixedDecodeShape:
     """Mixed into vLLM's worker; its methods run in the worker process."""
 
-    def corun_fix_decode_shape(self, num_rows: int) -> bool:
-        """Pad decode steps of <= num_rows requests to num_rows. False if vLLM's CUDA graph already does."""
+    def corun_fix_decode_shape(self, num_rows: int) -> None:
+        """Pad decode steps of <= num_rows requests, and logits of <= num_rows rows, to num_rows."""
         runner = self.model_runner
-        dispatcher = runner.cudagraph_dispatcher
+        self._corun_pad_logits(runner.get_model(), num_rows)
         if runner.compilation_config.cudagraph_mode != CUDAGraphMode.NONE:
-            return False
+            return  # NOTE: vLLM's graph at N pads the forward already
+        dispatcher = runner.cudagraph_dispatcher
         dispatch = dispatcher.dispatch
 
         def padded_dispatch(num_tokens: int, uniform_decode: bool = False, **kwargs):
@@ -36,11 +43,25 @@ class FixedDecodeShape:
             return mode, descriptor
 
         dispatcher.dispatch = padded_dispatch
-        return True
+
+    def _corun_pad_logits(self, model, num_rows: int) -> None:
+        compute_logits = model.compute_logits
+        self.__dict__.setdefault("corun_logits_rows", Counter())
+
+        def padded_compute_logits(hidden_states: torch.Tensor, *args, **kwargs):
+            rows = hidden_states.shape[0]
+            if rows < num_rows:
+                padding = hidden_states.new_zeros(num_rows - rows, *hidden_states.shape[1:])
+                hidden_states = torch.cat([hidden_states, padding])
+            logits = compute_logits(hidden_states, *args, **kwargs)
+            self.corun_logits_rows[hidden_states.shape[0]] += 1
+            return logits[:rows]
+
+        model.compute_logits = padded_compute_logits
 
     def corun_count_forward_rows(self) -> None:
-        """From now on, count the token rows of every model forward (tests: what shapes the model saw)."""
-        self.corun_forward_rows = Counter()
+        """From now on, count the token rows of every model forward and lm_head call (tests: the shapes seen)."""
+        self.corun_forward_rows, self.corun_logits_rows = Counter(), Counter()
         self.model_runner.get_model().register_forward_pre_hook(self._corun_count_rows, with_kwargs=True)
 
     def _corun_count_rows(self, module, args, kwargs) -> None:
@@ -48,9 +69,10 @@ class FixedDecodeShape:
         if positions is not None:
             self.corun_forward_rows[int(positions.shape[-1])] += 1
 
-    def corun_forward_rows_seen(self) -> dict[int, int]:
-        """Token rows of a model forward since corun_count_forward_rows -> how many forwards had that many."""
-        return dict(self.corun_forward_rows)
+    def corun_forward_rows_seen(self) -> dict[str, dict[int, int]]:
+        """Token rows -> how many model forwards ("forward") and padded lm_head calls ("logits") had that many,
+        since corun_count_forward_rows."""
+        return {"forward": dict(self.corun_forward_rows), "logits": dict(self.corun_logits_rows)}
 
     def corun_execute(self, scheduler_output):
         """One step the node scheduled (runner.VllmModelRunner) -> (vLLM's output, the raw logits by request key)."""

@@ -67,7 +67,8 @@ def test_alone_together_and_needle_are_bitwise_equal(corun_run):
 
 
 def test_every_decode_step_computes_n_rows_and_every_prefill_one_prompts_chunk(corun_run):
-    rows = Counter({int(k): v for k, v in corun_run["forward_rows"].items()})
+    """Forwards of N rows (the decodes) and of one prompt's chunk; lm_head never below N rows."""
+    rows = Counter({int(k): v for k, v in corun_run["forward_rows"]["forward"].items()})
     assert corun_run["max_decode_batch"] > 1
     # NOTE: prefill chunks are 128 tokens or a prompt's tail (none 8 long here): the rest are decodes
     assert rows.pop(MAX_NUM_SEQS) == corun_run["num_decode_steps"]
@@ -75,6 +76,9 @@ def test_every_decode_step_computes_n_rows_and_every_prefill_one_prompts_chunk(c
     prefilled = [*PROMPT_LENGTHS, *PROMPT_LENGTHS, *BACKGROUND_LENGTHS, PROMPT_LENGTHS[0]]
     chunks = Counter(min(CHUNK, length - start) for length in prefilled for start in range(0, length, CHUNK))
     assert rows == chunks
+    # NOTE: vLLM computes logits after the forward on the sampled rows only: that GEMM is padded to N too
+    logits_rows = {int(k) for k in corun_run["forward_rows"]["logits"]}
+    assert MAX_NUM_SEQS in logits_rows and min(logits_rows) == MAX_NUM_SEQS
 
 
 def test_admission_waits_for_the_whole_sequence_and_never_preempts(tiny_model_dir):
