@@ -149,3 +149,40 @@ def test_needle_arriving_while_a_batch_runs(cluster, alone):
         assert not all(future.done() for future in running)  # NOTE: the needle met a running batch
         [future.result() for future in running]
     assert needle == alone[0]
+
+
+def node_stats(url: str) -> dict[str, dict]:
+    with urllib.request.urlopen(f"{url}/admin/nodes", timeout=10) as response:
+        return {node["role"]: node["stats"] for node in json.loads(response.read())["nodes"]}
+
+
+def test_streams_dropped_mid_way_leave_no_kv_or_slot_behind(cluster, alone):
+    """Clients that hang up mid-stream: the router aborts, both vLLM nodes free everything, and the next requests
+    still get their bits."""
+    api = openai.OpenAI(base_url=f"{cluster}/v1", api_key="none", timeout=120, max_retries=0)
+    for prompt, params in zip(PROMPTS[:4], PARAMS[:4]):
+        stream = api.completions.create(model="corun-tiny", prompt=prompt, max_tokens=200, temperature=0.7,
+                                        seed=params["seed"], stream=True, extra_body={"ignore_eos": True})
+        for index, _ in enumerate(stream):
+            if index == 2:
+                break
+        stream.close()
+    deadline = time.monotonic() + 20
+    while True:
+        stats = node_stats(cluster)
+        idle = stats["decode"]["num_running"] == 0 and stats["decode"]["kv_cache_usage_perc"] == 0 \
+            and stats["prefill"]["num_leased"] == 0 and stats["prefill"]["kv_cache_usage_perc"] == 0
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert idle, stats
+    assert complete(cluster, PROMPTS[0], PARAMS[0])[0] == alone[0]
+
+
+def test_settings_vllm_nodes_cannot_honour_are_refused_at_start(tiny_model_dir):
+    argv = [str(VLLM_PYTHON), "-m", "cli.main", "serve", "--model", tiny_model_dir, "--engine", "vllm",
+            "--prefill", "1", "--decode", "1", "--port", str(free_port("127.0.0.1")), "--prefill-buckets", "default",
+            *SETTINGS]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert result.returncode != 0
+    assert "--engine vllm nodes do not support: packed or bucketed prefill" in result.stdout + result.stderr
