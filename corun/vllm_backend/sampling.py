@@ -38,12 +38,17 @@ def to_extra_args(params: SamplingParams, seed: int, num_prompt_tokens: int, key
 
 @dataclass
 class RowState:
+    """A row of vLLM's persistent batch, as the sampler sees it (corun.sampler.TokenHistory)."""
+
     params: SamplingParams
     seed: int
     num_prompt_tokens: int
     vllm_prompt_ids: list[int]
     vllm_output_ids: list[int]
     """vLLM's live list of the request's outputs (the processor API hands a reference)."""
+    key: str = ""
+    stop_token_ids: frozenset[int] = frozenset()
+    """What min_tokens masks: the request's stop tokens and the model's EOS (unless ignore_eos), as corun.Request."""
 
     @property
     def position(self) -> int:
@@ -58,10 +63,6 @@ class RowState:
     @property
     def output_token_ids(self) -> list[int]:
         return [*self.vllm_prompt_ids[self.num_prompt_tokens:], *self.vllm_output_ids]
-
-    key: str = ""
-    stop_token_ids: frozenset[int] = frozenset()
-    """What min_tokens masks: the request's stop tokens and the model's EOS (unless ignore_eos), as corun.Request."""
 
 
 def row_state(vllm_params, prompt_ids: list[int] | None, output_ids: list[int],
