@@ -76,6 +76,10 @@ def run_bench_command(args) -> int:
     workloads = chosen_workloads(args, base.scheduler.max_model_len)
     if args.url:
         report = run_url_bench(args, base, workloads, arrivals, slo)
+    elif base.backend == "vllm":
+        # NOTE: the colocated bench reads corun's engine internals (its runner's shapes, its scheduler's queues)
+        raise ValueError("corun bench runs the project's engine colocated; for --engine vllm bench a cluster with "
+                         "--url (corun serve --engine vllm), or run benchmarks/vllm_backend.py in .venv-vllm")
     else:
         default_modes = CUDA_MODES if base.device.startswith("cuda") else CPU_MODES
         modes = args.modes.split(",") if args.modes else list(default_modes)

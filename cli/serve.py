@@ -83,6 +83,9 @@ def run_serve(args) -> int:
     if args.launcher != "ray" and (given := [f"--{dest.replace('_', '-')}" for dest in RAY_FLAGS
                                              if getattr(args, dest) is not None]):
         raise ValueError(f"{', '.join(given)}: only with --launcher ray")
+    if args.launcher == "ray" and config.engine.backend == "vllm":
+        raise ValueError("--engine vllm runs with the local launcher (.venv-vllm has no Ray; its placement of vLLM "
+                         "nodes was not tried)")
     ray_config = ray_config_from_args(args, config) if args.launcher == "ray" else None
     check_model(config.engine.model)  # NOTE: after the flags, before any process starts
     check_port_free(config.host, config.port)

@@ -24,8 +24,12 @@ from corun.vllm_backend.sampling import to_extra_args
 def start_vllm_engine(config: EngineConfig):
     """vLLM's LLMEngine, in this process, under the settings of engine_args."""
     os.environ.update(vllm_environment(config))
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.engine.llm_engine import LLMEngine as VllmLLMEngine
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine as VllmLLMEngine
+    except ImportError as error:
+        raise ValueError(f"--engine vllm needs vLLM ({error}): run from .venv-vllm (bash scripts/setup_vllm.sh), "
+                         "e.g. .venv-vllm/bin/corun serve --engine vllm ...") from None
 
     engine = VllmLLMEngine.from_engine_args(EngineArgs(**vllm_engine_kwargs(config)))
     engine.collective_rpc("corun_count_forward_rows")
