@@ -18,11 +18,17 @@ from corun.sampling_params import SamplingParams
 from corun.scheduler import RequestRejected, check_prompt_logprobs, check_vocab_ids
 from corun.seeding import seed_from_request_id
 from corun.vllm_backend.engine_args import vllm_engine_kwargs, vllm_environment
-from corun.vllm_backend.sampling import to_extra_args
+
+
+CPU_BLOCK_MULTIPLE = 32
+"""vLLM 0.32's CPU attention kernel takes blocks of a multiple of 32 tokens."""
 
 
 def start_vllm_engine(config: EngineConfig):
     """vLLM's LLMEngine, in this process, under the settings of engine_args."""
+    if config.device == "cpu" and config.cache.block_size % CPU_BLOCK_MULTIPLE:
+        raise ValueError(f"vLLM's CPU attention needs --block-size a multiple of {CPU_BLOCK_MULTIPLE}, got "
+                         f"{config.cache.block_size}")
     os.environ.update(vllm_environment(config))
     try:
         from vllm.engine.arg_utils import EngineArgs
@@ -45,6 +51,8 @@ def vllm_params(params: SamplingParams, seed: int, num_prompt_tokens: int, key: 
     without a tokenizer does not know); prompt logprobs from vLLM (each chunk's rows through lm_head and
     log_softmax together: a function of the prompt alone under isolated prefill)."""
     from vllm import SamplingParams as VllmSamplingParams
+
+    from corun.vllm_backend.sampling import to_extra_args
 
     return VllmSamplingParams(
         temperature=0.0, max_tokens=params.max_tokens,
