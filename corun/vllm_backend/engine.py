@@ -19,7 +19,6 @@ from corun.scheduler import RequestRejected, check_prompt_logprobs, check_vocab_
 from corun.seeding import seed_from_request_id
 from corun.vllm_backend.engine_args import vllm_engine_kwargs, vllm_environment
 
-
 CPU_BLOCK_MULTIPLE = 32
 """vLLM 0.32's CPU attention kernel takes blocks of a multiple of 32 tokens."""
 
