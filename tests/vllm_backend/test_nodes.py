@@ -141,10 +141,11 @@ def test_needle_arriving_while_a_batch_runs(cluster, alone):
     """PROMPTS[0] sent while the others (longer outputs) are decoding: bitwise what it gets alone."""
     from concurrent.futures import ThreadPoolExecutor
 
-    background = [(p, dict(q, max_tokens=40, seed=q["seed"] + 1000)) for p, q in zip(PROMPTS[1:], PARAMS[1:])]
+    # NOTE: 7 requests of 150 tokens on N = 4 rows: hundreds of decode steps, far more than the half second waited
+    background = [(p, dict(q, max_tokens=150, seed=q["seed"] + 1000)) for p, q in zip(PROMPTS[1:], PARAMS[1:])]
     with ThreadPoolExecutor(len(background)) as pool:
         running = [pool.submit(complete, cluster, p, q) for p, q in background]
-        time.sleep(1.0)
+        time.sleep(0.5)
         needle = complete(cluster, PROMPTS[0], PARAMS[0])[0]
         assert not all(future.done() for future in running)  # NOTE: the needle met a running batch
         [future.result() for future in running]
