@@ -14,8 +14,11 @@ from corun.config import EngineConfig
 from corun.model_runner import ModelRunner, SampledToken
 from corun.request import Request
 from corun.sampling_params import SamplingParams
-from corun.scheduler import RequestRejected, ScheduledBatch, check_prompt_logprobs, check_vocab_ids, make_scheduler
+from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, make_scheduler
 from corun.seeding import seed_from_request_id
+
+__all__ = ["EngineStats", "LLMEngine", "RequestRejected"]
+"""RequestRejected too: what add_request raises, for callers that import it from here."""
 
 
 @dataclass
@@ -40,18 +43,7 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         """Queue a request; raises RequestRejected if it can never run here."""
-        vocab = self.runner.model.cfg.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise RequestRejected(f"request {request_id}: prompt token ids must be in [0, {vocab})")
-        if params.prompt_logprobs is not None and self.config.scheduler.mode != "corun":
-            # NOTE: the prefill node prefills every prompt alone whatever its mode; this engine only in corun's
-            raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode corun (its isolated prefill "
-                                  "makes them a function of the prompt alone)")
-        check_prompt_logprobs(request_id, params, self.config)
-        check_vocab_ids(request_id, params, vocab)
-        if params.n != 1:
-            raise RequestRejected(f"request {request_id}: the engine runs one sample per request (LLM.generate "
-                                  "splits n samples into requests)")
+        check_engine_request(request_id, prompt_token_ids, params, self.config, self.runner.model.cfg.vocab_size)
         seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
         request = Request.create(request_id, prompt_token_ids, params, seed, self.eos_token_ids)
         self.scheduler.add(request)

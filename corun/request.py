@@ -15,6 +15,11 @@ class RequestStatus(IntEnum):
     FINISHED = 2
 
 
+def stop_ids_of(params: SamplingParams, eos_token_ids: frozenset[int]) -> frozenset[int]:
+    """What a request stops on: its own stop ids plus the model's EOS ids unless ignore_eos."""
+    return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
+
+
 @dataclass(eq=False)
 class Request:
     # NOTE: identity equality: a request is an entity, and queue membership tests (`in`, `remove`) must not
@@ -38,9 +43,8 @@ class Request:
     @classmethod
     def create(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int,
                eos_token_ids: frozenset[int]) -> Request:
-        """A new request; it stops on its own stop ids plus the model's EOS ids unless ignore_eos."""
-        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
-        return cls(request_id, list(prompt_token_ids), params, seed, stops)
+        """A new request; it stops on stop_ids_of(params, eos_token_ids)."""
+        return cls(request_id, list(prompt_token_ids), params, seed, stop_ids_of(params, eos_token_ids))
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -34,6 +34,22 @@ def check_prompt_logprobs(request_id: str, params, config) -> None:
         raise RequestRejected(f"request {request_id}: prompt_logprobs must be <= {config.max_logprobs}")
 
 
+def check_engine_request(request_id: str, prompt_token_ids: list[int], params, config, vocab_size: int) -> None:
+    """What a colocated engine (corun's or the vLLM one) refuses before queueing a request: token ids outside the
+    vocabulary, prompt logprobs outside corun mode or beyond max_logprobs, n > 1 (LLM.generate splits samples)."""
+    if any(not 0 <= t < vocab_size for t in prompt_token_ids):
+        raise RequestRejected(f"request {request_id}: prompt token ids must be in [0, {vocab_size})")
+    if params.prompt_logprobs is not None and config.scheduler.mode != "corun":
+        # NOTE: the prefill node prefills every prompt alone whatever its mode; an engine only in corun's
+        raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode corun (its isolated prefill "
+                              "makes them a function of the prompt alone)")
+    check_prompt_logprobs(request_id, params, config)
+    check_vocab_ids(request_id, params, vocab_size)
+    if params.n != 1:
+        raise RequestRejected(f"request {request_id}: the engine runs one sample per request (LLM.generate "
+                              "splits n samples into requests)")
+
+
 def check_vocab_ids(request_id: str, params, vocab_size: int) -> None:
     """Token ids in params (stop_token_ids, logit_bias) name tokens of the model."""
     outside = [t for t in (*params.stop_token_ids, *(t for t, _ in params.logit_bias)) if not 0 <= t < vocab_size]

@@ -15,7 +15,7 @@ from corun.config import EngineConfig
 from corun.outputs import TokenLogprobs
 from corun.request import Request
 from corun.sampling_params import SamplingParams
-from corun.scheduler import RequestRejected, check_prompt_logprobs, check_vocab_ids
+from corun.scheduler import RequestRejected, check_engine_request
 from corun.seeding import seed_from_request_id
 from corun.vllm_backend.engine_args import vllm_engine_kwargs, vllm_environment
 
@@ -41,6 +41,12 @@ def start_vllm_engine(config: EngineConfig):
     if config.scheduler.mode == "corun":
         engine.collective_rpc("corun_fix_decode_shape", args=(config.scheduler.max_num_seqs,))
     return engine
+
+
+def eos_token_ids(hf_config) -> tuple[int, ...]:
+    """The model's EOS ids from vLLM's view of config.json (an int, a list or none)."""
+    eos = getattr(hf_config, "eos_token_id", None)
+    return tuple([eos] if isinstance(eos, int) else eos or [])
 
 
 def vllm_params(params: SamplingParams, seed: int, num_prompt_tokens: int, key: str = "",
@@ -84,26 +90,18 @@ class VllmEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.vllm = start_vllm_engine(config)
-        hf_config = self.vllm.model_config.hf_config
-        eos = getattr(hf_config, "eos_token_id", None)
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
+        self.eos_token_ids = frozenset(eos_token_ids(self.vllm.model_config.hf_config))
         self.vocab_size = self.vllm.model_config.get_vocab_size()
         self.requests: dict[str, Request] = {}
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
-        if not prompt_token_ids or any(not 0 <= t < self.vocab_size for t in prompt_token_ids):
-            raise RequestRejected(f"request {request_id}: prompt must be non-empty token ids in [0, {self.vocab_size})")
-        if params.n != 1:
-            raise RequestRejected(f"request {request_id}: the engine runs one sample per request (LLM.generate "
-                                  "splits n samples into requests)")
-        if params.prompt_logprobs is not None and self.config.scheduler.mode != "corun":
-            raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode corun (its isolated prefill "
-                                  "makes them a function of the prompt alone)")
-        check_prompt_logprobs(request_id, params, self.config)
+        check_engine_request(request_id, prompt_token_ids, params, self.config, self.vocab_size)
+        # NOTE: what corun's scheduler checks on add (Scheduler.check_fits_ever); vLLM's would only log it
+        if not prompt_token_ids:
+            raise RequestRejected(f"request {request_id}: the prompt is empty")
         if len(prompt_token_ids) + params.max_tokens > self.config.scheduler.max_model_len:
             raise RequestRejected(f"request {request_id}: prompt + max_tokens exceeds max_model_len "
                                   f"{self.config.scheduler.max_model_len}")
-        check_vocab_ids(request_id, params, self.vocab_size)
         seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
         request = Request.create(request_id, prompt_token_ids, params, seed, self.eos_token_ids)
         self.vllm.add_request(request_id, {"prompt_token_ids": list(prompt_token_ids)},

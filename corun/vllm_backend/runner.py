@@ -25,7 +25,7 @@ from corun.request import Request
 from corun.sampler import Sampler
 from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
-from corun.vllm_backend.engine import start_vllm_engine, vllm_params
+from corun.vllm_backend.engine import eos_token_ids, start_vllm_engine, vllm_params
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,10 @@ class VllmModelRunner:
         self.vllm = start_vllm_engine(config)
         layers = self.vllm.collective_rpc(lambda worker: worker.model_runner.kv_caches)[0]
         self.kv_cache = VllmKVCache(layers)
-        hf_config = self.vllm.model_config.hf_config
-        eos = getattr(hf_config, "eos_token_id", None)
         _, num_kv_heads, _, doubled_head_dim = layers[0].shape
         self.model = VllmModel(VllmArch(self.vllm.model_config.get_vocab_size(),
-                                        tuple([eos] if isinstance(eos, int) else eos or []), len(layers),
-                                        num_kv_heads, doubled_head_dim // 2))
+                                        eos_token_ids(self.vllm.model_config.hf_config), len(layers), num_kv_heads,
+                                        doubled_head_dim // 2))
         self.sampler = Sampler()
         self.known: dict[Request, WorkerRequest] = {}
         """corun request (hashed by identity) -> the worker's request, for requests the worker holds.

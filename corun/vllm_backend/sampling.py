@@ -21,8 +21,10 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
+from corun.request import stop_ids_of
 from corun.sampler import SamplingBatch, sample_token_ids
 from corun.sampling_params import SamplingParams
+from corun.vllm_backend.engine import eos_token_ids
 
 EXTRA_ARGS_KEY = "corun"
 """vllm.SamplingParams.extra_args[EXTRA_ARGS_KEY] = to_extra_args(...)."""
@@ -66,15 +68,14 @@ class RowState:
 
 
 def row_state(vllm_params, prompt_ids: list[int] | None, output_ids: list[int],
-              eos_token_ids: frozenset[int]) -> RowState:
+              eos_ids: frozenset[int]) -> RowState:
     extra = (vllm_params.extra_args or {}).get(EXTRA_ARGS_KEY)
     if extra is None:
         raise ValueError("a request reached the CoRun vLLM engine without its corun sampling parameters "
                          "(submit it through corun.vllm_backend)")
     params = SamplingParams(**extra["params"])
-    stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
     return RowState(params, int(extra["seed"]), int(extra["num_prompt_tokens"]), prompt_ids or [], output_ids,
-                    str(extra.get("key", "")), stops)
+                    str(extra.get("key", "")), stop_ids_of(params, eos_ids))
 
 
 class RequestKeyedSampler(LogitsProcessor):
@@ -84,9 +85,8 @@ class RequestKeyedSampler(LogitsProcessor):
         self.device = device
         self.rows: dict[int, RowState] = {}
         self.last_logits: dict[str, torch.Tensor] = {}
-        """Request key -> its raw logits row [vocab] of the last step."""
-        eos = getattr(vllm_config.model_config.hf_config, "eos_token_id", None)
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
+        """Request key -> its raw logits row [vocab] of the last step (keyed rows only: the nodes' runner)."""
+        self.eos_token_ids = frozenset(eos_token_ids(vllm_config.model_config.hf_config))
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:
@@ -118,7 +118,7 @@ class RequestKeyedSampler(LogitsProcessor):
                                     [s.position for s in states], num_rows, logits.device,
                                     histories=states)
         # NOTE: vLLM hands the raw logits (float32) and does not write to them after this processor
-        self.last_logits = {s.key: logits[i] for i, s in enumerate(states)}
+        self.last_logits = {s.key: logits[i] for i, s in enumerate(states) if s.key}
         token_ids = sample_token_ids(logits.float(), batch)  # [rows]
         chosen = torch.full_like(logits, float("-inf"))
         return chosen.scatter_(1, token_ids[:, None], 0.0)

@@ -71,7 +71,8 @@ class CoRunVllmScheduler(Scheduler):
     def narrowed(self, running: list, admit: int, token_budget: int):
         """vLLM's schedule() sees only `running`, admits at most `admit` waiting requests, schedules at most
         token_budget tokens; the running requests it did not see stay running, in their order."""
-        hidden = [r for r in self.running if r not in running]
+        shown = {id(r) for r in running}
+        hidden = [r for r in self.running if id(r) not in shown]
         saved = self.max_num_active_reqs, self.max_num_running_reqs, self.max_num_scheduled_tokens
         self.running = list(running)
         self.max_num_active_reqs = self.max_num_running_reqs = len(running) + admit

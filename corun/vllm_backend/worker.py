@@ -48,11 +48,17 @@ class FixedDecodeShape:
         compute_logits = model.compute_logits
         self.__dict__.setdefault("corun_logits_rows", Counter())
 
+        padded: list[torch.Tensor] = []
+        """The N-row input, made at the first call: its rows past the real ones hold whatever came before (a row's
+        logits depend on that row alone), so a step only copies its k rows in."""
+
         def padded_compute_logits(hidden_states: torch.Tensor, *args, **kwargs):
             rows = hidden_states.shape[0]
             if rows < num_rows:
-                padding = hidden_states.new_zeros(num_rows - rows, *hidden_states.shape[1:])
-                hidden_states = torch.cat([hidden_states, padding])
+                if not padded:
+                    padded.append(hidden_states.new_zeros(num_rows, *hidden_states.shape[1:]))
+                padded[0][:rows] = hidden_states
+                hidden_states = padded[0]
             logits = compute_logits(hidden_states, *args, **kwargs)
             self.corun_logits_rows[hidden_states.shape[0]] += 1
             return logits[:rows]
