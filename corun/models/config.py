@@ -62,11 +62,7 @@ class ModelArchConfig:
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in {model_dir}")
         hf = json.loads(path.read_text())
-        # NOTE: like vLLM, generation_config.json's eos ids (often a list) count as EOS too.
-        generation = Path(model_dir) / "generation_config.json"
-        if generation.is_file():
-            extra = _as_tuple(json.loads(generation.read_text()).get("eos_token_id"))
-            hf["eos_token_id"] = sorted(set(_as_tuple(hf.get("eos_token_id")) + extra))
+        hf["eos_token_id"] = list(eos_token_ids_of(model_dir, hf.get("eos_token_id")))
         return cls.from_hf_dict(hf)
 
     @classmethod
@@ -109,6 +105,16 @@ def _rope_settings(hf: dict) -> dict:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def eos_token_ids_of(model_dir: str | Path, config_eos) -> tuple[int, ...]:
+    """A checkpoint's EOS ids: config.json's (config_eos: an int, a list or None) and, like vLLM,
+    generation_config.json's (often a list)."""
+    generation = Path(model_dir) / "generation_config.json"
+    if not generation.is_file():
+        return _as_tuple(config_eos)
+    extra = _as_tuple(json.loads(generation.read_text()).get("eos_token_id"))
+    return tuple(sorted(set(_as_tuple(config_eos) + extra)))
 
 
 def _as_tuple(value) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from corun.config import EngineConfig
+from corun.models.config import eos_token_ids_of
 from corun.outputs import TokenLogprobs
 from corun.request import Request
 from corun.sampling_params import SamplingParams
@@ -43,10 +44,10 @@ def start_vllm_engine(config: EngineConfig):
     return engine
 
 
-def eos_token_ids(hf_config) -> tuple[int, ...]:
-    """The model's EOS ids from vLLM's view of config.json (an int, a list or none)."""
-    eos = getattr(hf_config, "eos_token_id", None)
-    return tuple([eos] if isinstance(eos, int) else eos or [])
+def eos_token_ids(model_config) -> tuple[int, ...]:
+    """The model's EOS ids as corun's engine takes them (config.json's and generation_config.json's), from vLLM's
+    ModelConfig."""
+    return eos_token_ids_of(model_config.model, getattr(model_config.hf_config, "eos_token_id", None))
 
 
 def vllm_params(params: SamplingParams, seed: int, num_prompt_tokens: int, key: str = "",
@@ -90,7 +91,7 @@ class VllmEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.vllm = start_vllm_engine(config)
-        self.eos_token_ids = frozenset(eos_token_ids(self.vllm.model_config.hf_config))
+        self.eos_token_ids = frozenset(eos_token_ids(self.vllm.model_config))
         self.vocab_size = self.vllm.model_config.get_vocab_size()
         self.requests: dict[str, Request] = {}
 

@@ -101,7 +101,7 @@ class VllmModelRunner:
         self.kv_cache = VllmKVCache(layers)
         _, num_kv_heads, _, doubled_head_dim = layers[0].shape
         self.model = VllmModel(VllmArch(self.vllm.model_config.get_vocab_size(),
-                                        eos_token_ids(self.vllm.model_config.hf_config), len(layers), num_kv_heads,
+                                        eos_token_ids(self.vllm.model_config), len(layers), num_kv_heads,
                                         doubled_head_dim // 2))
         self.sampler = Sampler()
         self.known: dict[Request, WorkerRequest] = {}

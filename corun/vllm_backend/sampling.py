@@ -86,7 +86,7 @@ class RequestKeyedSampler(LogitsProcessor):
         self.rows: dict[int, RowState] = {}
         self.last_logits: dict[str, torch.Tensor] = {}
         """Request key -> its raw logits row [vocab] of the last step (keyed rows only: the nodes' runner)."""
-        self.eos_token_ids = frozenset(eos_token_ids(vllm_config.model_config.hf_config))
+        self.eos_token_ids = frozenset(eos_token_ids(vllm_config.model_config))
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:

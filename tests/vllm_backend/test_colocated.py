@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+from corun import LLM, SamplingParams
 from tests.vllm_backend.conftest import REPO, VLLM_PYTHON, requires_vllm
 
 pytestmark = [pytest.mark.slow, requires_vllm]
@@ -108,3 +109,14 @@ def test_eos_stops_after_min_tokens(tiny_model_dir):
            "together_only": True, "requests": [{"prompt": [5, 6, 7], "params": params}]}
     (output,) = run_script(job)["together"]
     assert output["tokens"][3:] == [2047] and 2047 not in output["tokens"][:3] and output["finish_reason"] == "stop"
+
+
+def test_generation_configs_eos_stops_as_on_corun_engine(tiny_model_dir):
+    """The tiny model's generation_config.json adds EOS 2045 to config.json's 2047: both engines stop on it."""
+    params = {"temperature": 0.7, "seed": 1, "max_tokens": 10, "logit_bias": {"2045": 100.0}, "min_tokens": 3}
+    job = {"model": tiny_model_dir, "mode": "corun", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
+           "together_only": True, "requests": [{"prompt": [5, 6, 7], "params": params}]}
+    (output,) = run_script(job)["together"]
+    assert output["tokens"][3:] == [2045] and output["finish_reason"] == "stop"
+    corun = LLM(tiny_model_dir).generate([[5, 6, 7]], SamplingParams(**params))[0].outputs[0]
+    assert corun.token_ids[3:] == [2045] and corun.finish_reason == "stop"
