@@ -22,7 +22,7 @@ import torch
 
 from corun.config import EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
-from corun.engine_args import parse_buckets
+from corun.engine_args import parse_buckets, parse_switch
 from corun.request import Request
 from planner.workloads import Arrivals, Workload, check_fits, make_prompts
 
@@ -259,14 +259,20 @@ def progress_line(mode: str, workload: str, result: dict) -> str:
 
 def scheduler_for(base: SchedulerConfig, spec: str) -> SchedulerConfig:
     """A mode spec: 'mode' or 'mode:field=value:...' with SchedulerConfig fields, so that variants of one mode
-    run side by side in one bench, e.g. corun:prefill_buckets=default:prefill_token_budget=4096."""
+    run side by side in one bench, e.g. corun:prefill_buckets=none:decode_step_sizes=none (the paper's shapes) or
+    standard:piecewise_graphs=off (eager mixed steps)."""
     mode, *settings = spec.split(":")
     overrides: dict = {"mode": mode}
     for setting in settings:
         name, sep, value = setting.partition("=")
         if not sep or name not in {f.name for f in dataclasses.fields(SchedulerConfig)} or name == "mode":
             raise ValueError(f"mode spec {spec!r}: expected field=value with a SchedulerConfig field, got {setting!r}")
-        overrides[name] = parse_buckets(value) if name.endswith(("_buckets", "_sizes")) else int(value)
+        if name.endswith(("_buckets", "_sizes")):
+            overrides[name] = parse_buckets(value)
+        elif isinstance(getattr(base, name), bool):
+            overrides[name] = parse_switch({"true": "on", "false": "off"}.get(value, value))
+        else:
+            overrides[name] = int(value)
     return dataclasses.replace(base, **overrides)
 
 
@@ -284,6 +290,7 @@ def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], o
         print(f"corun bench: building the {mode} engine", file=sys.stderr, flush=True)
         engine = LLMEngine(config)
         report["prefill_paths"][mode], report["modes"][mode] = engine.runner.prefill_path, {}
+        report.setdefault("decode_sizes", {})[mode] = engine.runner.decode_sizes  # NOTE: kept after verification
         for workload in workloads:
             result = run_workload(engine, workload, hardware, max_seconds=max_seconds, arrivals=arrivals, slo=slo,
                                   label=f"{mode} {workload.name}")

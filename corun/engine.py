@@ -34,8 +34,8 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
-        self.config = config
-        self.runner = ModelRunner(config)
+        self.config = config = config.resolved()
+        self.runner = ModelRunner(config, runs_mixed_steps=config.scheduler.mode != "corun")
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.cache.block_size)
         self.scheduler = make_scheduler(config.scheduler, self.block_manager)
         self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)

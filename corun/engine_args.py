@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 from corun.config import (
+    AUTO,
     DEFAULT_PREFILL_BUCKETS,
     Backend,
     CacheConfig,
@@ -30,9 +31,9 @@ OWNERS = {"": EngineConfig, **SECTIONS, "transfer": TransferConfig}
 """Where a flag's field (and its default) lives: EngineConfig, one of its sections, or TransferConfig."""
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
-    if text == "none":
-        return ()
+def parse_sizes(text: str) -> tuple[int, ...] | str:
+    if text in ("none", AUTO):
+        return () if text == "none" else AUTO
     try:
         # NOTE: '/' too, for mode specs inside comma-separated lists (corun bench --modes)
         return tuple(int(size) for size in text.replace("/", ",").split(","))
@@ -44,8 +45,18 @@ def parse_buckets(text: str) -> tuple[int, ...]:
     return DEFAULT_PREFILL_BUCKETS if text == "default" else parse_sizes(text)
 
 
-def format_sizes(sizes: tuple) -> str:
-    return ",".join(map(str, sizes)) or "none"
+def format_sizes(sizes: tuple | str) -> str:
+    return sizes if sizes == AUTO else ",".join(map(str, sizes)) or "none"
+
+
+def parse_switch(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(f"expected 'on' or 'off', got {text!r}")
+    return text == "on"
+
+
+def format_switch(value: bool) -> str:
+    return "on" if value else "off"
 
 
 def parse_names(text: str) -> tuple[str, ...]:
@@ -88,15 +99,21 @@ ENGINE_FLAGS = (
     EngineFlag("--prefill-buckets", "scheduler.prefill_buckets",
                "corun: pad each isolated prefill chunk to the next of these sizes (CUDA graphs on CUDA): "
                "comma-separated sizes, 'default' for " + ",".join(map(str, DEFAULT_PREFILL_BUCKETS))
-               + ", or 'none' (natural length, default)", parse=parse_buckets, format=format_sizes),
+               + ", 'none' (natural length), or 'auto' (default: the buckets up to the chunk size on CUDA, none on "
+               "CPU)", parse=parse_buckets, format=format_sizes),
     EngineFlag("--prefill-pack-tokens", "scheduler.prefill_pack_tokens",
                "corun: packed prefill, every prefill forward exactly this many token rows (0: isolated)"),
     EngineFlag("--prefill-pack-seqs", "scheduler.prefill_pack_seqs", "corun packed prefill: most prompts per forward"),
     EngineFlag("--decode-step-sizes", "scheduler.decode_step_sizes",
                "corun: smaller decode step row counts to try (kept only if bitwise equal to the N-row step at "
-               "start-up), comma-separated; default none (every step at N)", parse=parse_sizes, format=format_sizes),
+               "start-up), comma-separated, 'none' (every step at N), or 'auto' (default: powers of two from 16 and "
+               "N/2 ... 7N/8 on CUDA, none on CPU)", parse=parse_sizes, format=format_sizes),
     EngineFlag("--prefill-token-budget", "scheduler.prefill_token_budget",
-               "corun: most prompt tokens prefilled between decode steps while requests decode (0: no bound)"),
+               "corun: most prompt tokens prefilled between decode steps while requests decode (0: no bound, "
+               "Algorithm 1, which starves decoding under sustained arrivals)"),
+    EngineFlag("--piecewise-graphs", "scheduler.piecewise_graphs",
+               "standard/batch_invariant on CUDA: mixed steps as CUDA graphs by token count, attention eager "
+               "between them (on, default; off: eager mixed steps)", parse=parse_switch, format=format_switch),
     EngineFlag("--block-size", "cache.block_size"),
     EngineFlag("--num-blocks", "cache.num_blocks", "KV blocks (default: from --kv-cache-mib)"),
     EngineFlag("--kv-cache-mib", "cache.memory_budget_bytes", scale=MIB),

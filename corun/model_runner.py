@@ -11,7 +11,8 @@ to a bucket of fixed sizes (isolated, bucketed) or packed with other prompts' ch
 so a short prefill pays its kernels, not hundreds of eager launches.
 
 standard and batch_invariant modes on CUDA do what vLLM does by default: decode-only steps are padded to the
-next of several captured sizes, mixed prefill+decode steps run eagerly.
+next of several captured sizes, and mixed prefill+decode steps run as piecewise CUDA graphs by token count,
+attention eager between them (corun/piecewise_graphs.py; SchedulerConfig.piecewise_graphs=False: eagerly).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from corun.decode_sizes import equivalent_decode_sizes
 from corun.kv_cache import PagedKVCache
 from corun.models.loader import DTYPES, load_model
 from corun.outputs import TokenLogprobs
+from corun.piecewise_graphs import PiecewiseForward, piecewise_sizes
 from corun.request import Request
 from corun.sampler import Sampler, SamplerOutput, SamplingBatch
 from corun.scheduler import PrefillChunk, ScheduledBatch
@@ -58,9 +60,10 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, capture_decode_graph: bool = True):
-        """capture_decode_graph: False on prefill-only nodes, which never run the decode step."""
-        self.config = config
+    def __init__(self, config: EngineConfig, capture_decode_graph: bool = True, runs_mixed_steps: bool = False):
+        """capture_decode_graph: False on prefill-only nodes, which never run the decode step. runs_mixed_steps:
+        the colocated engine of a standard mode, the only runner that runs mixed steps (run_mixed)."""
+        self.config = config = config.resolved()
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.mode = config.scheduler.mode
@@ -72,7 +75,7 @@ class ModelRunner:
         self.model, self.sampler = self.load_model_and_sampler()
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
-        self.num_padded_prefill_forwards = 0
+        self.num_padded_prefill_forwards = self.num_piecewise_forwards = 0
         """corun prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
         self.decode_rows_histogram: dict[int, int] = {}
         """corun decode steps per row count they ran at."""
@@ -83,10 +86,15 @@ class ModelRunner:
         self.packed_prefill_kernel = self.on_cuda
         """Padded prefill attention through the packed Triton kernel (CUDA: graph-capturable) rather than one SDPA
         call per chunk (CPU); tests turn it on for CPU to run it in Triton's interpreter."""
-        self.decode_graph = self.prefill_graph = None
+        self.decode_graph = self.prefill_graph = self.mixed_graph = None
         self.decode_sizes = [self.max_num_seqs]
         """Row counts a corun decode step may run at (ascending, N last): N and the verified smaller ones."""
         self.set_up_fixed_shapes(capture_decode_graph)
+        if runs_mixed_steps and self.mode != "corun" and self.on_cuda and config.use_cuda_graph \
+                and config.scheduler.piecewise_graphs:
+            self.mixed_graph = PiecewiseForward(self.model, self.kv_cache.layers,
+                                                piecewise_sizes(config.scheduler.max_num_batched_tokens),
+                                                DTYPES[config.dtype], self.device, capture=True)
 
     def load_model_and_sampler(self):
         """The checkpoint, with the kernels this mode and device run."""
@@ -123,7 +131,7 @@ class ModelRunner:
         """Which prefill path runs prompts on this runner, for benchmark reports."""
         sched = self.config.scheduler
         if self.mode != "corun":
-            return "mixed-batch"
+            return "mixed-batch-piecewise-graphs" if self.mixed_graph is not None else "mixed-batch-eager"
         how = "graph" if self.prefill_graph is not None else "eager"
         if sched.prefill_pack_tokens:
             return f"packed-T{sched.prefill_pack_tokens}-S{sched.prefill_pack_seqs}-{how}"
@@ -276,7 +284,7 @@ class ModelRunner:
         if not chunks and self.decode_graph is not None:
             size = self.decode_graph.size_for(len(decodes))
             return self.sample(self.decode_logits(decodes, size)[: len(decodes)], decodes)
-        hidden = self.forward(self.mixed_inputs(decodes, len(decodes), chunks))
+        hidden = self.mixed_hidden(self.mixed_inputs(decodes, len(decodes), chunks))
         rows, requests, end = list(range(len(decodes))), list(decodes), len(decodes)
         for chunk in chunks:
             end += chunk.num_tokens
@@ -288,6 +296,14 @@ class ModelRunner:
             return []
         return self.sample(self.model.compute_logits(hidden[rows]), requests)
 
+    def mixed_hidden(self, inputs: StepInputs) -> torch.Tensor:
+        """A mixed step's forward: through the piecewise graphs where a captured size holds it, else eager."""
+        graph = self.mixed_graph
+        if graph is None or graph.size_for(len(inputs.input_ids)) is None:
+            return self.forward(inputs)
+        self.num_piecewise_forwards += 1
+        return graph.forward(inputs.input_ids, inputs.positions, inputs.meta)
+
     def mixed_inputs(self, decodes: list[Request], num_decode_rows: int, chunks) -> StepInputs:
         if not self.batched_decode_rows:  # NOTE: CPU: per-request attention for every row
             return build_step(decodes, num_decode_rows, chunks, self.block_size, self.device)
@@ -298,7 +314,8 @@ class ModelRunner:
     def forward_counts(self) -> dict[str, int]:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,
                 "num_mixed_forwards": self.num_mixed_forwards,
-                "num_padded_prefill_forwards": self.num_padded_prefill_forwards}
+                "num_padded_prefill_forwards": self.num_padded_prefill_forwards,
+                "num_piecewise_forwards": self.num_piecewise_forwards}
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:

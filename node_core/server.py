@@ -73,7 +73,8 @@ class NodeServer:
 
     def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent,
                  capture_decode_graph: bool = True):
-        self.config = config
+        # NOTE: 'auto' shapes resolve here, on the node's own device, before the fingerprint hashes them
+        self.config = config = dataclasses.replace(config, engine=config.engine.resolved())
         self.instance_id = uuid.uuid4().hex
         """This process: a node restarted on the same address gets another one."""
         self.runner = make_model_runner(config.engine, capture_decode_graph)

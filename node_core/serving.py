@@ -184,6 +184,9 @@ def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(True))
     logger.info("%s node %s serving on %s (reached at %s)", role, config.node_id, config.bind_address, config.address)
+    runner = server.runner  # NOTE: the resolved shapes ('auto' settings become these on the node's device)
+    logger.info("%s node %s shapes: prefill %s, decode steps at %s rows", role, config.node_id,
+                getattr(runner, "prefill_path", "vLLM's"), getattr(runner, "decode_sizes", "vLLM's"))
     try:
         while not stopping:
             server.step()

@@ -3,9 +3,10 @@
 Weights are fused at load time (q/k/v into one projection, gate/up into one) so a step runs few, large GEMMs.
 Every op is token-wise except attention, which is request-local (corun/attention.py).
 
-Two implementations of the glue between the GEMMs: torch ops (CPU, and the reference for transformers parity),
-and on CUDA fused Triton kernels (corun/kernels/fused_ops.py, DecoderLM.use_fused_kernels), where the residual
-add moves into the next norm and q/k norm, RoPE and the KV-cache write are one launch.
+Two implementations of the glue between the GEMMs, chosen by DecoderLM.fused_ops in each piece: torch ops (CPU,
+and the reference for transformers parity), and on CUDA fused Triton kernels (corun/kernels/fused_ops.py,
+DecoderLM.use_fused_kernels), where the residual add moves into the next norm and q/k norm, RoPE and the KV-cache
+write are one launch.
 """
 
 from __future__ import annotations
@@ -60,22 +61,18 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rms_norm_eps = cfg.rms_norm_eps
 
-    def forward(self, x, cos, sin, kv_layer, meta: AttentionMetadata):
+    def query_key_value(self, x, cos, sin, kv_layer, meta: AttentionMetadata, ops):
+        """-> q, k, v after q/k norm and RoPE. ops (corun.kernels.fused_ops, or None for torch ops): the fused
+        kernel also writes k and v to the cache, which torch's path leaves to attention()."""
         q, k, v = self.project_qkv(x)
+        if ops is not None:
+            q_weight, k_weight = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
+            q, k = ops.qk_norm_rope_write_kv(q, k, v, q_weight, k_weight, cos, sin, self.rms_norm_eps, kv_layer[0],
+                                             kv_layer[1], meta.slot_blocks, meta.slot_offsets)
+            return q, k, v
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attention(q, k, v, kv_layer[0], kv_layer[1], meta, self.scale)
-        return self.o_proj(out.reshape(x.shape[0], self.q_size))
-
-    def forward_fused(self, x, cos, sin, kv_layer, meta: AttentionMetadata, ops):
-        """forward with q/k norm, RoPE and the KV-cache write in one kernel; ops: corun.kernels.fused_ops."""
-        q, k, v = self.project_qkv(x)
-        q_weight, k_weight = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
-        q, k = ops.qk_norm_rope_write_kv(q, k, v, q_weight, k_weight, cos, sin, self.rms_norm_eps, kv_layer[0],
-                                         kv_layer[1], meta.slot_blocks, meta.slot_offsets)
-        out = attention(q, k, v, kv_layer[0], kv_layer[1], meta, self.scale, kv_written=True)
-        return self.o_proj(out.reshape(x.shape[0], self.q_size))
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def project_qkv(self, x):
         """x: [tokens, hidden] -> q [tokens, heads, head_dim], k, v [tokens, kv_heads, head_dim] (views)."""
@@ -94,12 +91,11 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x):
+    def forward(self, x, ops=None):
+        if ops is not None:
+            return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
-
-    def forward_fused(self, x, ops):
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -110,23 +106,29 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg)
 
-    def forward(self, x, cos, sin, kv_layer, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_layer, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-    def forward_fused(self, x, residual, cos, sin, kv_layer, meta, ops):
-        """The fused path's layer: -> (MLP output, residual stream before it), left for the next norm to add, as
-        forward's `x + mlp(...)` would (the same sum: addition commutes bitwise). residual None: x is the
-        embedding, with nothing to add yet. ops: corun.kernels.fused_ops."""
-        if residual is None:
-            hidden, residual = ops.rms_norm(x, self.input_layernorm.weight, self.input_layernorm.eps), x
+    def attention_inputs(self, x, residual, cos, sin, kv_layer, meta, ops):
+        """The layer up to attention -> (q, k, v, residual). The stream is (x, residual): torch's path keeps it
+        whole in x (residual None); the fused path leaves the residual add to the next norm, which adds the two
+        (the same sum: addition commutes bitwise). residual None there: x is the embedding, nothing to add yet."""
+        norm = self.input_layernorm
+        if ops is None:
+            hidden = norm(x)
+        elif residual is None:
+            hidden, residual = ops.rms_norm(x, norm.weight, norm.eps), x
         else:
-            hidden, residual = ops.fused_add_rms_norm(x, residual, self.input_layernorm.weight,
-                                                      self.input_layernorm.eps)
-        attn_out = self.self_attn.forward_fused(hidden, cos, sin, kv_layer, meta, ops)
-        hidden, residual = ops.fused_add_rms_norm(attn_out, residual, self.post_attention_layernorm.weight,
-                                                  self.post_attention_layernorm.eps)
-        return self.mlp.forward_fused(hidden, ops), residual
+            hidden, residual = ops.fused_add_rms_norm(x, residual, norm.weight, norm.eps)
+        q, k, v = self.self_attn.query_key_value(hidden, cos, sin, kv_layer, meta, ops)
+        return q, k, v, (x if ops is None else residual)
+
+    def attention_output(self, attn_out, residual, ops):
+        """The layer after attention -> the stream (x, residual) the next layer takes."""
+        attn_out = self.self_attn.o_proj(attn_out.reshape(attn_out.shape[0], self.self_attn.q_size))
+        norm = self.post_attention_layernorm
+        if ops is None:
+            x = residual + attn_out
+            return x + self.mlp(norm(x)), None
+        hidden, residual = ops.fused_add_rms_norm(attn_out, residual, norm.weight, norm.eps)
+        return self.mlp(hidden, ops), residual
 
 
 class DecoderLM(nn.Module):
@@ -145,25 +147,33 @@ class DecoderLM(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, input_ids, positions, kv_layers, meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [num_tokens]; kv_layers: per layer (k_cache, v_cache). -> [num_tokens, hidden]."""
-        x = self.embed_tokens(input_ids)
-        cos = self.rope_cos[positions].to(x.dtype)  # [num_tokens, head_dim]
-        sin = self.rope_sin[positions].to(x.dtype)
-        if self.fused_ops is not None:
-            return self.forward_fused(x, cos, sin, kv_layers, meta)
-        for layer, kv_layer in zip(self.layers, kv_layers, strict=True):
-            x = layer(x, cos, sin, kv_layer, meta)
-        return self.norm(x)
+        """input_ids, positions: [num_tokens]; kv_layers: per layer (k_cache, v_cache). -> [num_tokens, hidden].
 
-    def forward_fused(self, x, cos, sin, kv_layers, meta: AttentionMetadata) -> torch.Tensor:
-        """x: the embedded tokens; each layer hands back (its MLP output, the residual stream) and the next norm
-        (the final one after the last layer) adds the two."""
-        ops, residual = self.fused_ops, None
-        for layer, kv_layer in zip(self.layers, kv_layers, strict=True):
-            x, residual = layer.forward_fused(x, residual, cos, sin, kv_layer, meta, ops)
+        Written as the pieces around attention (embed, attention_inputs, attend, attention_output, final_norm), so
+        that standard modes can capture what lies between two attention calls as CUDA graphs
+        (corun/piecewise_graphs.py)."""
+        x, residual, cos, sin = self.embed(input_ids, positions)
+        for i, kv_layer in enumerate(kv_layers):
+            q, k, v, residual = self.layers[i].attention_inputs(x, residual, cos, sin, kv_layer, meta, self.fused_ops)
+            x, residual = self.layers[i].attention_output(self.attend(i, q, k, v, kv_layer, meta), residual,
+                                                          self.fused_ops)
+        return self.final_norm(x, residual)
+
+    def embed(self, input_ids, positions):
+        """-> the stream (x, residual None) and the rows' RoPE tables."""
+        x = self.embed_tokens(input_ids)
+        return x, None, self.rope_cos[positions].to(x.dtype), self.rope_sin[positions].to(x.dtype)
+
+    def attend(self, i: int, q, k, v, kv_layer, meta: AttentionMetadata):
+        return attention(q, k, v, kv_layer[0], kv_layer[1], meta, self.layers[i].self_attn.scale,
+                         kv_written=self.fused_ops is not None)
+
+    def final_norm(self, x, residual):
+        if self.fused_ops is None:
+            return self.norm(x)
         if residual is None:  # NOTE: no layers: x is still the embedding
-            return ops.rms_norm(x, self.norm.weight, self.norm.eps)
-        return ops.fused_add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
+            return self.fused_ops.rms_norm(x, self.norm.weight, self.norm.eps)
+        return self.fused_ops.fused_add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [rows, hidden] -> [rows, vocab] float32."""

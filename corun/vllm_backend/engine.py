@@ -89,7 +89,7 @@ class EngineCounts:
 
 class VllmEngine:
     def __init__(self, config: EngineConfig):
-        self.config = config
+        self.config = config = config.resolved()
         self.vllm = start_vllm_engine(config)
         self.eos_token_ids = frozenset(eos_token_ids(self.vllm.model_config))
         self.vocab_size = self.vllm.model_config.get_vocab_size()

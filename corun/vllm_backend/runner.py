@@ -92,6 +92,7 @@ class VllmModelRunner:
     """vLLM captures its own decode graph on CUDA (engine_args)."""
 
     def __init__(self, config: EngineConfig, capture_decode_graph: bool = True):
+        config = config.resolved()
         problems = unsupported_settings(config)
         if problems:
             raise ValueError("--engine vllm nodes do not support: " + "; ".join(problems))
