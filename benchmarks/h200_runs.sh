@@ -22,7 +22,56 @@ if [ -d .whl ]; then
   pip install -q --no-index --no-deps --target /tmp/pydeps .whl/*.whl > "$out/wheels.log" 2>&1
   export PYTHONPATH=/tmp/pydeps:.
 fi
+# issue 20 (fast by default): `corun` is now the defaults as a user gets them (auto buckets and decode sizes, prefill
+# token budget 2048); corun:prefill_token_budget=0 is the previous best variant (buckets + verified decode sizes,
+# Algorithm 1); standard's mixed steps run as piecewise CUDA graphs, standard:piecewise_graphs=off is the old eager one
+DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  defaults_a)  # GPU tests of the graph paths (piecewise standard steps included); t = 0 BurstGPT- and ShareGPT-like
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_piecewise_graphs.py \
+      tests/corun/test_prefill_graphs.py > "$out/gpu_tests.log" 2>&1
+    timeout 420 $BENCH --workloads burstgpt,sharegpt --modes "$DEFAULTS_MODES" --max-seconds 15 \
+      --goodput ttft:500 tpot:50 --out "$out/h200_defaults_a.json" > "$out/bench.log" 2>&1 ;;
+  defaults_b)  # t = 0 RL-rollout-like (512 prompts) and 1024x2048
+    timeout 280 $BENCH --workloads rl_rollout --num-requests 512 --modes "$DEFAULTS_MODES" --max-seconds 15 \
+      --goodput ttft:500 tpot:50 --out "$out/h200_defaults_b_rl.json" > "$out/bench_rl.log" 2>&1
+    timeout 280 $BENCH --workloads 1024x2048 --modes "$DEFAULTS_MODES" --max-seconds 15 \
+      --goodput ttft:500 tpot:50 --out "$out/h200_defaults_b_1024.json" > "$out/bench_1024.log" 2>&1 ;;
+  piecewise_probe)  # as run after defaults_a/b: standard's piecewise steps ran far slower than eager ones; one mixed
+    # step by phase, at the bench's KV budget and at half of it; then the prefill token budget's cost at t = 0
+    timeout 150 python3 -m benchmarks.piecewise_step --kv-cache-mib 112000 --out "$out/h200_piecewise_step.json" \
+      > "$out/piecewise.log" 2>&1
+    timeout 120 python3 -m benchmarks.piecewise_step --kv-cache-mib 56000 --out "$out/h200_piecewise_step_56g.json" \
+      >> "$out/piecewise.log" 2>&1
+    timeout 300 $BENCH --workloads burstgpt,1024x2048 --max-seconds 15 --goodput ttft:500 tpot:50 \
+      --modes "corun:prefill_token_budget=0,corun:prefill_token_budget=2048,corun:prefill_token_budget=8192,corun:prefill_token_budget=32768" \
+      --out "$out/h200_budget_sweep.json" > "$out/bench_budget.log" 2>&1 ;;
+  final_t0)  # after the probe: piecewise sizes up to 2048 tokens (larger steps eager), a warm-up per engine and
+    # workload before its clock starts; standard first, so it runs in a fresh process
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_piecewise_graphs.py \
+      > "$out/gpu_tests.log" 2>&1
+    timeout 420 $BENCH --workloads burstgpt,sharegpt,rl_rollout,1024x2048 --max-seconds 12 --goodput ttft:500 tpot:50 \
+      --modes "standard,standard:piecewise_graphs=off,corun:prefill_token_budget=0,$PACKED,corun" \
+      --out "$out/h200_defaults.json" > "$out/bench.log" 2>&1 ;;
+  piecewise_memory)  # standard (piecewise) stayed slow in final_t0 even on its eager steps: at the bench's KV
+    # budget and at a smaller one (is it GPU memory?), with the allocator's retries in each result
+    for kv in 112000 90000; do
+      timeout 150 ${BENCH/--kv-cache-mib 112000/--kv-cache-mib $kv} --workloads burstgpt --max-seconds 10 \
+        --modes standard --out "$out/h200_piecewise_kv$kv.json" > "$out/bench_kv$kv.log" 2>&1
+    done ;;
+  defaults_poisson)  # Poisson ShareGPT-like at 16 and 32 req/s, 300 requests, cut at 22 s
+    for rate in 16 32; do
+      timeout 270 $BENCH --workloads sharegpt --num-requests 300 --request-rate $rate --max-seconds 22 \
+        --modes "corun,corun:prefill_token_budget=0,standard" --goodput ttft:500 tpot:50 \
+        --out "$out/h200_defaults_poisson_$rate.json" > "$out/bench_poisson_$rate.log" 2>&1
+    done ;;
+  final_poisson)  # defaults_poisson again once piecewise_graphs went off by default (standard = eager mixed steps);
+    # then the isolated prefill figures of item 5 (64 tokens bucketed, 4096 natural) against their floors
+    timeout 100 python3 -m benchmarks.piecewise_step --kv-cache-mib 40000 --repeats 1 --fresh-shapes \
+      --out "$out/h200_piecewise_fresh_shapes.json" > "$out/piecewise.log" 2>&1
+    bash "$0" defaults_poisson "$out"
+    timeout 120 python3 -m benchmarks.prefill_cost --paths corun --lengths 64,4096 \
+      --out "$out/h200_prefill_cost_defaults.json" > "$out/prefill_cost.log" 2>&1 ;;
   topologies)  # issues 13 and 14 on one H200: the GPU tests after KV moved to multi-segment NIXL registrations
     # (protocol v9), then the same requests on 1P1D, 2P1D, 1P2D and 2P2D (every node on GPU 0) and colocated
     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/launch/test_gpu_cluster.py \

@@ -11,8 +11,8 @@ to a bucket of fixed sizes (isolated, bucketed) or packed with other prompts' ch
 so a short prefill pays its kernels, not hundreds of eager launches.
 
 standard and batch_invariant modes on CUDA do what vLLM does by default: decode-only steps are padded to the
-next of several captured sizes, and mixed prefill+decode steps run as piecewise CUDA graphs by token count,
-attention eager between them (corun/piecewise_graphs.py; SchedulerConfig.piecewise_graphs=False: eagerly).
+next of several captured sizes, and mixed prefill+decode steps run eagerly, or with SchedulerConfig.piecewise_graphs
+as piecewise CUDA graphs by token count, attention eager between them (corun/piecewise_graphs.py).
 """
 
 from __future__ import annotations

@@ -25,14 +25,18 @@ import torch
 from corun.attention import AttentionMetadata
 from corun.block_manager import NULL_BLOCK
 
-PIECEWISE_SIZES = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
-"""Token counts a mixed step is padded to (vLLM's capture sizes are similar: fine where launches dominate, coarser
-where GEMMs do); those above the step's token budget are not captured."""
+PIECEWISE_SIZES = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+"""Token counts a mixed step is padded to: fine where launches dominate, coarser where GEMMs do. Larger steps run
+eagerly, as in vLLM (whose default largest capture size is 512): measured on the H200 (8B shape), an 8192-token
+step is ~190 ms of GEMMs, against a few ms of launches, and a 4,112-token step padded to 8,192 rows cost 185 ms
+against 101 eagerly (benchmarks/results/h200_piecewise_step.json)."""
 
 
 def piecewise_sizes(max_num_batched_tokens: int) -> list[int]:
-    """The sizes up to the token budget, and the budget itself (a full step pads to nothing)."""
-    return sorted({s for s in PIECEWISE_SIZES if s < max_num_batched_tokens} | {max_num_batched_tokens})
+    """The sizes up to the token budget (and the budget itself where it is smaller than the largest size: a full
+    step then pads to nothing)."""
+    largest = min(max_num_batched_tokens, PIECEWISE_SIZES[-1])
+    return sorted({s for s in PIECEWISE_SIZES if s < largest} | {largest})
 
 
 @dataclass
@@ -86,9 +90,12 @@ class PiecewiseForward:
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.num_replays = 0
         if capture:
-            pool = torch.cuda.graph_pool_handle()
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
             for size in reversed(self.sizes):  # NOTE: largest first, so smaller sizes reuse its pool memory
-                self.graphs[size] = [self.capture(size, piece, pool) for piece in range(self.num_pieces)]
+                self.graphs[size] = [self.capture(size, piece, pool, stream) for piece in range(self.num_pieces)]
+            # NOTE: one warm-up stream for all L + 1 pieces of every size, its cached blocks handed back after:
+            # blocks cached for a stream serve only that stream, and the eager attention runs on another
+            torch.cuda.empty_cache()
 
     @property
     def num_pieces(self) -> int:
@@ -116,8 +123,7 @@ class PiecewiseForward:
         for buffer, value in ((b.q, q), (b.k, k), (b.v, v), (b.residual, residual)):
             buffer.copy_(value)
 
-    def capture(self, size: int, piece: int, pool) -> torch.cuda.CUDAGraph:
-        stream = torch.cuda.Stream()
+    def capture(self, size: int, piece: int, pool, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # NOTE: warm up lazy kernel set-up outside the capture
@@ -134,6 +140,8 @@ class PiecewiseForward:
         attention metadata for n rows."""
         num_tokens = len(input_ids)
         size = self.size_for(num_tokens)
+        if size is None:
+            raise ValueError(f"a step of {num_tokens} tokens is larger than every piecewise size ({self.sizes[-1]})")
         b = self.buffers.first(size)
         b.load(input_ids, positions, meta.slot_blocks, meta.slot_offsets)
         # NOTE: attention sees all `size` rows: the padding rows write the null block and attend to nothing

@@ -85,7 +85,7 @@ def test_time_cap_counts_requests_not_yet_arrived_as_unfinished(tiny_model_dir):
                        arrivals=arrivals)
     result = report["modes"]["corun"]["sparse"]
     assert result["truncated"] is True and result["num_requests"] == 3 and result["num_finished"] == 1
-    assert result["seconds"] < 2  # slept until the cap, not until the next arrival
+    assert result["seconds"] < 30  # slept until the cap, not until the next arrival (~100 s)
 
 
 def test_goodput_through_the_run(tiny_model_dir):

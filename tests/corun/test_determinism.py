@@ -11,6 +11,8 @@ import pytest
 from corun import LLM, SamplingParams
 from tests.conftest import varied_prompts
 
+pytestmark = pytest.mark.numerics
+
 N = 32
 ENGINE = dict(max_num_seqs=N, max_model_len=512, prefill_chunk_size=64)
 # NOTE: ignore_eos, because the random-weight tiny model often predicts <|endoftext|>; every step is compared.
@@ -105,15 +107,17 @@ def test_batched_decode_path_on_cpu(tiny_model_dir, mode):
 def test_prefill_token_budget_changes_timing_not_outputs(tiny_model_dir, corun_llm):
     """The bounded prefill policy interleaves decode steps with prefills (the requests really decode while
     others prefill) and every output stays bitwise what Algorithm 1 gives."""
-    from corun.config import SchedulerConfig
+    import dataclasses
 
-    config = corun_llm.config
-    bounded = LLM.from_config(type(config)(**{**vars(config), "scheduler": SchedulerConfig(
-        **{**vars(config.scheduler), "prefill_token_budget": 64})}))
+    def with_budget(budget: int) -> LLM:
+        config = corun_llm.config
+        return LLM.from_config(dataclasses.replace(config, scheduler=dataclasses.replace(
+            config.scheduler, prefill_token_budget=budget)))
+
+    algorithm_1, bounded = with_budget(0), with_budget(64)
     prompts = varied_prompts(N, seed=4)
-    steps_before = corun_llm.engine.stats.num_decode_steps
-    reference = completions(corun_llm.generate(prompts, PARAMS))
-    unbounded_steps = corun_llm.engine.stats.num_decode_steps - steps_before
+    reference = completions(algorithm_1.generate(prompts, PARAMS))
+    unbounded_steps = algorithm_1.engine.stats.num_decode_steps
     outputs = completions(bounded.generate(prompts, PARAMS))
     assert first_difference(reference, outputs) is None
     # NOTE: Algorithm 1 decodes all N together after the prefills; the budget adds steps of fewer rows earlier

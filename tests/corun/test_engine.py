@@ -92,6 +92,7 @@ def test_generation_config_eos_ids_are_stops(llm):
 # ----------------------------------------------------------------------------------- greedy consistency
 
 
+@pytest.mark.numerics
 def test_greedy_equals_argmax_of_isolated_prefill_of_prompt_plus_prefix(llm):
     """Decode vs prefill: each greedy token is the argmax of a fresh isolated prefill of prompt + prefix.
 

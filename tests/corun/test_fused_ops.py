@@ -24,7 +24,8 @@ from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
 from corun.step_inputs import build_step, build_window_decode
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+pytestmark = [pytest.mark.numerics,
+              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")]
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 gpu_only = pytest.mark.gpu

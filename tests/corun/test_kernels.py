@@ -15,7 +15,8 @@ from corun.attention import fixed_window_decode_attention
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+pytestmark = [pytest.mark.numerics,
+              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")]
 gpu_only = pytest.mark.gpu  # NOTE: a GPU fact
 # NOTE: Triton's CPU interpreter mishandles bfloat16 dots (garbage values), so bf16 cases need the GPU.
 BF16 = pytest.param(torch.bfloat16, marks=gpu_only)

@@ -11,6 +11,8 @@ from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
 from corun.step_inputs import build_step, build_window_decode
 
+pytestmark = pytest.mark.numerics
+
 SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
 CONFIGS = {

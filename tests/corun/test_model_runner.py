@@ -20,6 +20,8 @@ from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
 from corun.step_inputs import build_step, build_window_decode
 
+pytestmark = pytest.mark.numerics
+
 N = 8
 BLOCK_SIZE = 16
 TARGET_PARAMS = SamplingParams(temperature=0.8, seed=1234, max_tokens=24, logprobs=3)

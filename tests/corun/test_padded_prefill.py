@@ -20,6 +20,8 @@ from node_core.serving import engine_fingerprint
 from tests.conftest import varied_prompts
 from tests.corun.test_determinism import PARAMS, completions, first_difference
 
+pytestmark = pytest.mark.numerics
+
 N = 16
 BUCKETS = (4, 8, 16, 32, 64)
 PACK = dict(prefill_pack_tokens=96, prefill_pack_seqs=6)

@@ -112,6 +112,7 @@ def test_padding_rows_write_only_the_null_block(runner):
 def test_sizes_stop_at_the_token_budget():
     assert piecewise_sizes(2048)[-1] == 2048 and 16 in piecewise_sizes(2048)
     assert piecewise_sizes(100) == [16, 32, 64, 100]
+    assert piecewise_sizes(8192)[-1] == 2048  # NOTE: larger steps run eagerly
 
 
 def test_a_standard_engine_through_the_pieces_generates_what_the_eager_one_does(tiny_model_dir):
@@ -134,3 +135,44 @@ def test_a_standard_engine_through_the_pieces_generates_what_the_eager_one_does(
     assert runner.num_piecewise_forwards > 0
     assert piece_tokens == tokens
     torch.testing.assert_close(piece_logprobs, logprobs, atol=1e-4, rtol=0)
+
+
+def cuda_config(**scheduler) -> EngineConfig:
+    return EngineConfig(model="random:qwen3-tiny", device="cuda", scheduler=SchedulerConfig(
+        mode="standard", max_num_seqs=8, max_model_len=256, max_num_batched_tokens=96, **scheduler),
+        cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=200))
+
+
+@pytest.mark.gpu
+def test_captured_pieces_at_the_exact_size_are_the_plain_forward_bitwise():
+    runner = ModelRunner(cuda_config(piecewise_graphs=False))
+    inputs = mixed_step(runner)
+    before = kv_snapshot(runner)
+    plain = runner.forward(inputs).clone()
+    runner.kv_cache.data.copy_(before)
+    pieces = PiecewiseForward(runner.model, runner.kv_cache.layers, [len(inputs.input_ids)], torch.float32,
+                              runner.device, capture=True)
+    assert len(pieces.graphs[len(inputs.input_ids)]) == len(runner.model.layers) + 1
+    replayed = pieces.forward(inputs.input_ids, inputs.positions, inputs.meta).clone()
+    assert pieces.num_replays == 1
+    assert torch.equal(plain, replayed)
+
+
+@pytest.mark.gpu
+def test_a_standard_cuda_engine_runs_mixed_steps_through_its_graphs():
+    prompts = [list(range(30 + 7 * i, 30 + 7 * i + 11 * (i + 1))) for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=2, ignore_eos=True)
+
+    def generate(engine):
+        requests = [engine.add_request(f"r{i}", p, params) for i, p in enumerate(prompts)]
+        while engine.has_unfinished():
+            engine.step()
+        return [r.output_token_ids for r in requests], [lp.logprob for r in requests for lp in r.output_logprobs]
+
+    graphed, eager = LLMEngine(cuda_config(piecewise_graphs=True)), LLMEngine(cuda_config())
+    assert graphed.runner.prefill_path == "mixed-batch-piecewise-graphs" and eager.runner.mixed_graph is None
+    tokens, logprobs = generate(graphed)
+    assert graphed.runner.mixed_graph.num_replays > 0
+    eager_tokens, eager_logprobs = generate(eager)
+    assert tokens == eager_tokens
+    torch.testing.assert_close(logprobs, eager_logprobs, atol=1e-3, rtol=0)

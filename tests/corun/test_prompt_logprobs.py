@@ -10,6 +10,8 @@ from corun import LLM, SamplingParams
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import RequestRejected
 
+pytestmark = pytest.mark.numerics
+
 PROMPT = list(range(5, 150))  # NOTE: longer than the 64-token chunks: three chunks
 OTHERS = [list(range(300, 300 + n)) for n in (7, 90, 33)]
 

@@ -19,6 +19,8 @@ from corun.sampler import (
 from corun.sampling_params import SamplingParams
 from corun.seeding import seed_from_request_id
 
+pytestmark = pytest.mark.numerics
+
 VOCAB = 1009  # NOTE: not a multiple of any SIMD width, so row tails hit the vector remainder paths
 MASK32 = 0xFFFFFFFF
 

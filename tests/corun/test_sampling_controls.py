@@ -17,6 +17,8 @@ from corun import LLM, SamplingParams
 from corun.sampler import Sampler, SamplerOutput, SamplingBatch, min_p_mask
 from corun.seeding import SEED_BOUND, sample_seed
 
+pytestmark = pytest.mark.numerics
+
 VOCAB = 1009
 
 

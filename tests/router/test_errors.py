@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 
 from tests.router.fake_nodes import FakeBehaviour
-from tests.router.harness import RouterHarness, get, post
+from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, get, post
 
 pytestmark = pytest.mark.timeout(30)
 VALID = {"model": "corun-tiny", "prompt": "the cat", "max_tokens": 4, "seed": 1}
@@ -153,7 +153,7 @@ def test_a_request_id_already_in_flight_is_a_409(tiny_model_dir, word_token_ids)
 
 async def same_id_twice(base_url: str) -> list[int]:
     headers = {"X-Request-Id": "twin"}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+    async with aiohttp.ClientSession(timeout=NO_CLIENT_TIMEOUT) as session:
         async with session.post(base_url + "/v1/completions", json={**VALID, "stream": True},
                                 headers=headers) as first:
             await first.content.readline()

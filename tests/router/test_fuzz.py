@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 
 from router.chat import CHAT_FIELDS, MESSAGE_KEYS
 from router.openai_api import COMPLETION_FIELDS, SAMPLING_FIELDS, STREAM_OPTIONS
-from tests.router.harness import get
+from tests.router.harness import NO_CLIENT_TIMEOUT, get
 
-pytestmark = pytest.mark.timeout(120)
+# NOTE: no time limit on an example (deadline=None, and no client timeout in send): an example that is slow on
+# a loaded host is not a failure, and hypothesis reports one that fails once and passes when replayed as Flaky.
+# A hang still fails: pytest-timeout (pyproject) bounds the test.
 FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 KNOWN_NAMES = sorted(COMPLETION_FIELDS | SAMPLING_FIELDS | CHAT_FIELDS | STREAM_OPTIONS | MESSAGE_KEYS
@@ -83,7 +85,7 @@ def bodies(draw, base: dict):
 
 async def send(url: str, body) -> tuple[int, str, str]:
     # NOTE: json.dumps escapes lone surrogates and writes NaN/Infinity, which Python's json (the router's) reads
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+    async with aiohttp.ClientSession(timeout=NO_CLIENT_TIMEOUT) as session:
         async with session.post(url, data=json.dumps(body), headers={"Content-Type": "application/json"}) as reply:
             return reply.status, reply.headers.get("Content-Type", ""), await reply.text()
 

@@ -9,7 +9,7 @@ from corun.protocol import DecodeRequest
 from tests.router.fake_nodes import FakeBehaviour
 from tests.router.harness import RouterHarness, post, wait_for
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(120)  # NOTE: a hang guard with room for a loaded host
 BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2}
 
 
@@ -25,9 +25,10 @@ def test_a_pong_from_another_instance_fails_the_open_requests_over(tiny_model_di
         start = time.monotonic()
         decode.behaviour = FakeBehaviour()  # NOTE: the new process serves; the old one's requests are gone
         decode.instance_id = "instance-2"
-        reply = pending.result(timeout=10)
+        reply = pending.result()  # NOTE: the request timeout (20 s) ends it if the failover does not
         assert reply.status == 200 and len(reply.body["choices"][0]["token_ids"]) == 4
-        assert time.monotonic() - start < 2.5  # NOTE: a ping or two, not the 20 s request timeout
+        # NOTE: a ping or two (~1 s); the bound only has to tell that from the 20 s request timeout, on any load
+        assert time.monotonic() - start < 10
         assert router.state.pool.decode_nodes[0].num_lost == 1
 
 
@@ -53,4 +54,4 @@ def test_a_request_for_a_role_whose_every_node_is_down_ends_with_a_503_not_silen
         reply = post(router.base_url + "/v1/completions", BODY)
         elapsed = time.monotonic() - start
         assert reply.status == 503 and "unreachable" in reply.body["error"]["message"]
-        assert 2.5 < elapsed < 8  # NOTE: three attempts of ~1 s each, not the 120 s request timeout
+        assert 2.5 < elapsed < 60  # NOTE: three attempts of ~1 s each, far below the 120 s request timeout

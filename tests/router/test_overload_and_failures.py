@@ -8,7 +8,7 @@ import pytest
 from corun.protocol import Abort, DecodeRequest, PrefillRequest
 from corun.sampling_params import SamplingParams
 from tests.router.fake_nodes import FakeBehaviour, expected_token_ids
-from tests.router.harness import RouterHarness, get, post, sse_events, wait_for
+from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, get, post, sse_events, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2}
@@ -25,7 +25,7 @@ def test_requests_beyond_max_pending_get_429_with_retry_after(tiny_model_dir, wo
 
 
 async def one_slow_then_one_more(base_url: str) -> tuple[list[int], str | None]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+    async with aiohttp.ClientSession(timeout=NO_CLIENT_TIMEOUT) as session:
         async with session.post(base_url + "/v1/completions", json={**BODY, "stream": True}) as slow:
             await slow.content.readline()
             async with session.post(base_url + "/v1/completions", json=BODY) as refused:

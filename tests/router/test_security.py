@@ -228,7 +228,7 @@ def unique_text(num_bytes: int) -> str:
     return " ".join(f"{words[i % len(words)]}{i}" for i in range(num_bytes // 8))[:num_bytes]
 
 
-def test_health_answers_within_100_ms_while_a_long_prompt_is_tokenized(router):
+def test_health_answers_at_once_while_a_long_prompt_is_tokenized(router):
     """Issue 12: a 20 MB prompt blocked the event loop (and /health) ~8 s. Here a 3 MB one: its tokenization
     alone holds the GIL for seconds, so on the loop or in a thread of the router's process /health waits as long;
     in a worker process it answers at once."""
@@ -250,7 +250,10 @@ def test_health_answers_within_100_ms_while_a_long_prompt_is_tokenized(router):
     sender.join()
     assert_error(results["reply"], 400, "maximum context length")  # NOTE: a RequestError back from the worker
     assert results["seconds"] > 1.0, "the prompt tokenized too fast for this test to show anything"
-    assert max(latencies) < 0.1, f"/health took up to {max(latencies):.3f} s ({len(latencies)} probes)"
+    # NOTE: relative, not in ms: a probe behind a blocked loop waits about the whole tokenization, while a loaded
+    # host slows both alike
+    assert max(latencies) < results["seconds"] / 4, \
+        f"/health took up to {max(latencies):.3f} s ({len(latencies)} probes) of {results['seconds']:.3f} s"
 
 
 def test_a_large_body_parses_in_a_worker_to_exactly_what_a_small_one_gives(router):

@@ -7,7 +7,7 @@ import pytest
 
 from corun.protocol import Abort, DecodeRequest
 from tests.router.fake_nodes import FakeBehaviour
-from tests.router.harness import RouterHarness, post, sse_events, wait_for
+from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, post, sse_events, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 BODY = {"prompt": "the green city", "max_tokens": 24, "seed": 21}
@@ -57,7 +57,7 @@ def test_a_client_hanging_up_aborts_its_decode(tiny_model_dir, word_token_ids):
 
 async def read_first_event_then_hang_up(base_url: str) -> None:
     body = {**BODY, "max_tokens": 200, "stream": True}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+    async with aiohttp.ClientSession(timeout=NO_CLIENT_TIMEOUT) as session:
         async with session.post(base_url + "/v1/completions", json=body, headers={"X-Request-Id": "gone"}) as reply:
             assert reply.status == 200
             assert (await reply.content.readline()).startswith(b"data: ")
@@ -75,7 +75,7 @@ def test_requests_spread_over_the_least_loaded_decode_nodes(tiny_model_dir, word
 
 
 async def concurrent_completions(base_url: str, num: int) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+    async with aiohttp.ClientSession(timeout=NO_CLIENT_TIMEOUT) as session:
         async def one(i: int) -> None:
             async with session.post(base_url + "/v1/completions", json={**BODY, "max_tokens": 6}) as reply:
                 assert reply.status == 200, await reply.text()
