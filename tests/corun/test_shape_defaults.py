@@ -1,0 +1,77 @@
+"""The 'auto' shape settings: one resolution per device, explicit values kept, resolved values in the fingerprint."""
+
+import argparse
+
+import pytest
+
+from corun.config import (
+    AUTO,
+    DEFAULT_PREFILL_BUCKETS,
+    EngineConfig,
+    SchedulerConfig,
+    auto_decode_step_candidates,
+    resolve_shape_defaults,
+)
+from corun.engine_args import add_engine_args, engine_args_to_argv, engine_config_from_args
+
+
+def resolved(device="cuda", use_cuda_graph=True, backend="corun", **scheduler) -> SchedulerConfig:
+    return resolve_shape_defaults(SchedulerConfig(**scheduler), device, use_cuda_graph, backend)
+
+
+def test_defaults_are_auto_and_the_budget_bounds_prefill():
+    sched = SchedulerConfig()
+    assert (sched.prefill_buckets, sched.decode_step_sizes) == (AUTO, AUTO) and not sched.is_resolved
+    assert sched.prefill_token_budget > 0
+
+
+def test_cuda_gets_buckets_up_to_the_chunk_size_and_decode_candidates():
+    sched = resolved(max_num_seqs=256, prefill_chunk_size=512, max_model_len=4096)
+    assert sched.prefill_buckets == (16, 32, 64, 128, 256, 384, 512)
+    assert sched.decode_step_sizes == (16, 32, 64, 128, 160, 192, 224)
+    assert resolved(prefill_chunk_size=4096, max_model_len=6144).prefill_buckets == DEFAULT_PREFILL_BUCKETS
+    assert resolved(prefill_chunk_size=500, max_model_len=6144).prefill_buckets[-1] == 512  # NOTE: holds 385-500
+
+
+def test_cpu_no_graphs_other_modes_and_the_vllm_engine_get_the_papers_shapes():
+    for sched in (resolved(device="cpu"), resolved(use_cuda_graph=False), resolved(mode="standard"),
+                  resolved(backend="vllm")):
+        assert (sched.prefill_buckets, sched.decode_step_sizes) == ((), ())
+
+
+def test_packed_prefill_takes_no_buckets_but_keeps_decode_candidates():
+    sched = resolved(max_num_seqs=64, prefill_pack_tokens=2048, prefill_chunk_size=512)
+    assert sched.prefill_buckets == () and sched.decode_step_sizes == auto_decode_step_candidates(64)
+
+
+def test_explicit_values_are_kept():
+    sched = resolved(prefill_buckets=(), decode_step_sizes=(8,), max_num_seqs=16)
+    assert (sched.prefill_buckets, sched.decode_step_sizes) == ((), (8,))
+    assert resolved(device="cpu", prefill_buckets=(16, 32)).prefill_buckets == (16, 32)
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 2, 16, 17, 100, 256, 512])
+def test_decode_candidates_are_valid_sizes_below_n(max_num_seqs):
+    candidates = auto_decode_step_candidates(max_num_seqs)
+    SchedulerConfig(max_num_seqs=max_num_seqs, decode_step_sizes=candidates)  # NOTE: validates them
+    assert all(size < max_num_seqs for size in candidates)
+
+
+def test_auto_travels_to_node_processes_as_asked_and_resolves_there():
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    config = engine_config_from_args(parser.parse_args(["--model", "m", "--device", "cuda"]))
+    argv = engine_args_to_argv(config)
+    assert argv[argv.index("--prefill-buckets") + 1] == "auto"
+    again = engine_config_from_args(parser.parse_args(argv))
+    assert again == config and again.resolved().scheduler.is_resolved
+
+
+def test_the_fingerprint_hashes_the_resolved_shapes(tiny_model_dir):
+    from node_core.serving import engine_fingerprint
+
+    auto = EngineConfig(model=tiny_model_dir)
+    explicit = EngineConfig(model=tiny_model_dir, scheduler=SchedulerConfig(prefill_buckets=(), decode_step_sizes=()))
+    assert engine_fingerprint(auto.resolved(), "d") == engine_fingerprint(explicit.resolved(), "d")
+    bucketed = EngineConfig(model=tiny_model_dir, scheduler=SchedulerConfig(prefill_buckets=(16,)))
+    assert engine_fingerprint(bucketed.resolved(), "d") != engine_fingerprint(auto.resolved(), "d")
