@@ -106,8 +106,8 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=6144)
     parser.add_argument("--prefill-chunk-size", type=int, default=4096)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    parser.add_argument("--corun-spec", default="corun:prefill_buckets=default", help="the cluster's and the colocated "
-                        "corun engine's mode spec (benchmarks.harness.scheduler_for)")
+    parser.add_argument("--corun-spec", default="corun", help="the cluster's and the colocated corun engine's mode "
+                        "spec (benchmarks.harness.scheduler_for; default: the defaults a user gets)")
     parser.add_argument("--prefill-kv-cache-mib", type=int, default=16000)
     parser.add_argument("--decode-kv-cache-mib", type=int, default=60000)
     parser.add_argument("--colocated-kv-cache-mib", type=int, default=60000)

@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--prefill-chunk-size", type=int, default=1024)
-    parser.add_argument("--corun-spec", default="corun:prefill_buckets=default")
+    parser.add_argument("--corun-spec", default="corun", help="default: the defaults a user gets")
     parser.add_argument("--prefill-kv-cache-mib", type=int, default=6000)
     parser.add_argument("--decode-kv-cache-mib", type=int, default=10000)
     parser.add_argument("--num-prompts", type=int, default=16)

@@ -23,7 +23,8 @@ from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
 from corun.sampling_params import SamplingParams
 
-PATHS = "corun,corun:prefill_buckets=default,corun:prefill_pack_tokens=2048:prefill_pack_seqs=16"
+PATHS = "corun:prefill_buckets=none,corun,corun:prefill_pack_tokens=2048:prefill_pack_seqs=16"
+"""Natural eager, the defaults (bucketed graphs on CUDA), packed."""
 NOMINAL_FLOPS = 780e12
 
 

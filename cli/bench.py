@@ -43,7 +43,7 @@ def add_bench(commands) -> None:
     add_engine_args(cmd)
     cmd.add_argument("--modes", default=None,
                      help="comma-separated mode specs: a mode, or mode:field=value:... with SchedulerConfig fields "
-                          "(e.g. corun:prefill_buckets=default) to run variants side by side (default: "
+                          "(e.g. corun:prefill_token_budget=0) to run variants side by side (default: "
                           f"{','.join(CUDA_MODES)} on CUDA, {','.join(CPU_MODES)} on CPU)")
     cmd.add_argument("--workloads", default=None,
                      help="comma-separated: INxOUT (e.g. 1024x128), burstgpt, sharegpt, rl_rollout (default: those of "
