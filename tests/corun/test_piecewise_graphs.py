@@ -115,16 +115,17 @@ def test_sizes_stop_at_the_token_budget():
     assert piecewise_sizes(8192)[-1] == 2048  # NOTE: larger steps run eagerly
 
 
-def test_a_standard_engine_through_the_pieces_generates_what_the_eager_one_does(tiny_model_dir):
+def generate(engine: LLMEngine):
+    """Six prompts of 11-66 tokens, greedy: -> (token ids per request, every logprob)."""
     prompts = [list(range(30 + 7 * i, 30 + 7 * i + 11 * (i + 1))) for i in range(6)]
     params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=2, ignore_eos=True)
+    requests = [engine.add_request(f"r{i}", p, params) for i, p in enumerate(prompts)]
+    while engine.has_unfinished():
+        engine.step()
+    return [r.output_token_ids for r in requests], [lp.logprob for r in requests for lp in r.output_logprobs]
 
-    def generate(engine):
-        requests = [engine.add_request(f"r{i}", p, params) for i, p in enumerate(prompts)]
-        while engine.has_unfinished():
-            engine.step()
-        return [r.output_token_ids for r in requests], [lp.logprob for r in requests for lp in r.output_logprobs]
 
+def test_a_standard_engine_through_the_pieces_generates_what_the_eager_one_does(tiny_model_dir):
     eager = LLMEngine(engine_config(tiny_model_dir))
     through_pieces = LLMEngine(engine_config(tiny_model_dir))
     runner = through_pieces.runner
@@ -160,15 +161,6 @@ def test_captured_pieces_at_the_exact_size_are_the_plain_forward_bitwise():
 
 @pytest.mark.gpu
 def test_a_standard_cuda_engine_runs_mixed_steps_through_its_graphs():
-    prompts = [list(range(30 + 7 * i, 30 + 7 * i + 11 * (i + 1))) for i in range(6)]
-    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=2, ignore_eos=True)
-
-    def generate(engine):
-        requests = [engine.add_request(f"r{i}", p, params) for i, p in enumerate(prompts)]
-        while engine.has_unfinished():
-            engine.step()
-        return [r.output_token_ids for r in requests], [lp.logprob for r in requests for lp in r.output_logprobs]
-
     graphed, eager = LLMEngine(cuda_config(piecewise_graphs=True)), LLMEngine(cuda_config())
     assert graphed.runner.prefill_path == "mixed-batch-piecewise-graphs" and eager.runner.mixed_graph is None
     tokens, logprobs = generate(graphed)
