@@ -130,9 +130,10 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     verified smaller decode steps carried 743 of 962 steps at 128 rows (6.7 ms against 8.3 at 256). Packed prefill
     stays an option, not the default: a prompt alone pays all T rows, at Poisson rates it gave fewer good requests
     than buckets (282 vs 294 of 300 at 16 req/s), and at t = 0 it won or lost by machine (RL-rollout-like 1.08x
-    buckets in one run, 0.86x in another: benchmarks/results/README.md, issue 20). On CPU there are no graphs to amortise: padding rows are
-    pure extra work, so prefill runs at natural length; a smaller decode step saves little against per-request
-    attention and not every CPU keeps one (an AMX host kept only N), so every step runs at N. The vLLM backend runs
+    buckets in one run, 0.86x in another: benchmarks/results/README.md, issue 20). On CPU there are no graphs to
+    amortise: padding rows are pure extra work, so prefill runs at natural length; a smaller decode step saves
+    little against per-request attention and not every CPU keeps one (an AMX host kept only N), so every step runs
+    at N (measured on a 2-core host, tiny model: benchmarks/results/cpu_defaults.json). The vLLM backend runs
     neither (its engine refuses them)."""
     if sched.is_resolved:
         return sched

@@ -75,8 +75,10 @@ class ModelRunner:
         self.model, self.sampler = self.load_model_and_sampler()
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
-        self.num_padded_prefill_forwards = self.num_piecewise_forwards = 0
+        self.num_padded_prefill_forwards = 0
         """corun prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
+        self.num_piecewise_forwards = 0
+        """standard modes' mixed steps that ran through the piecewise graphs (the rest ran eagerly)."""
         self.decode_rows_histogram: dict[int, int] = {}
         """corun decode steps per row count they ran at."""
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_cuda else 0
@@ -89,12 +91,7 @@ class ModelRunner:
         self.decode_graph = self.prefill_graph = self.mixed_graph = None
         self.decode_sizes = [self.max_num_seqs]
         """Row counts a corun decode step may run at (ascending, N last): N and the verified smaller ones."""
-        self.set_up_fixed_shapes(capture_decode_graph)
-        if runs_mixed_steps and self.mode != "corun" and self.on_cuda and config.use_cuda_graph \
-                and config.scheduler.piecewise_graphs:
-            self.mixed_graph = PiecewiseForward(self.model, self.kv_cache.layers,
-                                                piecewise_sizes(config.scheduler.max_num_batched_tokens),
-                                                DTYPES[config.dtype], self.device, capture=True)
+        self.set_up_fixed_shapes(capture_decode_graph, runs_mixed_steps)
 
     def load_model_and_sampler(self):
         """The checkpoint, with the kernels this mode and device run."""
@@ -114,15 +111,21 @@ class ModelRunner:
             model.use_fused_kernels()
         return model, sampler
 
-    def set_up_fixed_shapes(self, with_decode: bool) -> None:
-        """CUDA graphs of the decode and padded prefill shapes; the decode sizes that keep the N-row bits."""
+    def set_up_fixed_shapes(self, with_decode: bool, with_mixed: bool) -> None:
+        """CUDA graphs of the decode and padded prefill shapes (and of standard modes' mixed steps, piecewise); the
+        decode sizes that keep the N-row bits."""
+        sched = self.config.scheduler
         if self.on_cuda and self.config.use_cuda_graph:
             if with_decode:
                 self.decode_graph = self.capture_decode_graphs()
+            if with_mixed and self.mode != "corun" and sched.piecewise_graphs:
+                self.mixed_graph = PiecewiseForward(self.model, self.kv_cache.layers,
+                                                    piecewise_sizes(sched.max_num_batched_tokens),
+                                                    DTYPES[self.config.dtype], self.device, capture=True)
             if self.mode == "corun" and self.padded_prefill_sizes():
                 self.prefill_graph = self.capture_prefill_graphs()
-        if with_decode and self.mode == "corun" and self.config.scheduler.decode_step_sizes:
-            self.decode_sizes = equivalent_decode_sizes(self, self.config.scheduler.decode_step_sizes)
+        if with_decode and self.mode == "corun" and sched.decode_step_sizes:
+            self.decode_sizes = equivalent_decode_sizes(self, sched.decode_step_sizes)
             if self.decode_graph is not None:  # NOTE: a size that failed must never be replayed
                 self.decode_graph.keep(self.decode_sizes)
 
