@@ -57,6 +57,12 @@ class NodeSockets:
         self.authenticator = None if key is None else admit_only_members(self.context, key)
         self.server = self.context.socket(zmq.ROUTER)
         self.server.setsockopt(zmq.LINGER, 0)
+        # NOTE: a ROUTER socket drops, silently, what it sends to a peer whose queue holds SNDHWM messages (1000 by
+        # default): a decode node sends one TokenEvent per request per step, so a router lagging a few steps behind
+        # 256 streams lost tokens and their streams ended short with no error (measured with
+        # benchmarks/router_throughput.py at 1024 streams: 54 events). Unbounded here: what waits is bounded by the
+        # tokens of the requests in flight, and the router's RCVHWM is unbounded to match.
+        self.server.setsockopt(zmq.SNDHWM, 0)
         if key is not None:
             key.serve(self.server)
         self.server.bind(bind_address)

@@ -84,6 +84,9 @@ class NodeClient:
         # node minutes later, after its client has given up.
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
+        # NOTE: never a limit on what a node's replies may queue here: the node's ROUTER socket would drop tokens
+        # past it (node_core/serving.py, NodeSockets)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         if self.key is not None:
