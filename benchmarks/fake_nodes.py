@@ -5,8 +5,8 @@ nothing: the prefill node answers each PrefillRequest at once (token 0 of benchm
 no one reads); the decode node paces steps as a real one does: every --step-ms it sends, for every running sample,
 one TokenEvent with one new token, and ends each sample at max_tokens (finish_reason "length"). Aborts stop samples.
 Neither makes logprobs: requests asking for them get a 400. Like a real decode node, this one never waits for the
-router: a router that falls behind holds the events in zmq's and TCP's buffers and its own queues, and once the
-node's send HWM is reached the node drops them (counted here, silent in a real node).
+router: a router that falls behind holds the events in zmq's and TCP's buffers and its own queues (neither side
+has a HWM since the drops this benchmark found; a drop to a router that is gone is counted).
 
 The decode node's step must stay cheap at a thousand samples on a small host (else the driver, not the router, is
 measured): each sample's event bytes are packed once when it arrives, and a step only joins them with a packed
@@ -65,8 +65,9 @@ class FakeNode:
         self.context = zmq.Context()
         self.server = self.context.socket(zmq.ROUTER)
         self.server.setsockopt(zmq.LINGER, 0)
-        # NOTE: the real nodes' ROUTER (node_core/serving.py) keeps zmq's default send HWM and drops what exceeds
-        # it; so does this one. MANDATORY only makes a drop countable (EAGAIN instead of silence).
+        # NOTE: as the real nodes' ROUTER (node_core/serving.py): no send HWM, so a lagging router is never sent
+        # fewer events. MANDATORY makes a drop that still happens (a router gone) countable instead of silent.
+        self.server.setsockopt(zmq.SNDHWM, 0)
         self.server.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if port:
             self.server.bind(f"tcp://{host}:{port}")
