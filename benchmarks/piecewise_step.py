@@ -12,6 +12,8 @@ memory-bound, not compute-bound.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import json
 import time
 
@@ -57,8 +59,6 @@ def timed(fn, repeats: int) -> float:
 
 def phases(pieces, inputs) -> dict:
     """The piecewise forward with each phase synchronised (PiecewiseForward.forward, unrolled)."""
-    import dataclasses
-
     size = pieces.size_for(len(inputs.input_ids))
     b = pieces.buffers.first(size)
     out = {"load": 0.0, "replay": 0.0, "attention": 0.0}
@@ -84,9 +84,6 @@ def phases(pieces, inputs) -> dict:
 def fresh_shape_steps(engine: LLMEngine, config: EngineConfig, context: int, num_steps: int = 4) -> dict:
     """Eager 8-chunk steps whose chunk lengths are new each time (as at t = 0 in a bench, unlike the repeated
     steps above), in this engine and in one built without the piecewise graphs: ms per step, first to last."""
-    import dataclasses
-    import gc
-
     def steps(runner) -> list[float]:
         times = []
         for step in range(num_steps):
