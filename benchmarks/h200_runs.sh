@@ -59,6 +59,31 @@ case $part in
       timeout 150 ${BENCH/--kv-cache-mib 112000/--kv-cache-mib $kv} --workloads burstgpt --max-seconds 10 \
         --modes standard --out "$out/h200_piecewise_kv$kv.json" > "$out/bench_kv$kv.log" 2>&1
     done ;;
+  flash_probe)  # session 2 of issue 20: prompt attention through FlashAttention directly (grouped kv heads, causal
+    # at the last key; standard's mixed steps one varlen launch per layer): the GPU tests, 8B determinism of the
+    # changed paths, the two prefill figures of item 5, then standard eager vs piecewise at t = 0
+    timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_attention.py \
+      tests/corun/test_piecewise_graphs.py tests/corun/test_prefill_graphs.py > "$out/gpu_tests.log" 2>&1
+    timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --modes corun,standard \
+      --out "$out/h200_determinism_flash.json" > "$out/determinism.log" 2>&1
+    timeout 100 python3 -m benchmarks.prefill_cost --paths corun --lengths 64,4096 \
+      --out "$out/h200_prefill_cost_flash.json" > "$out/prefill_cost.log" 2>&1
+    timeout 240 $BENCH --workloads burstgpt,sharegpt --max-seconds 12 --goodput ttft:500 tpot:50 \
+      --modes "standard,standard:piecewise_graphs=on,corun" --out "$out/h200_standard_flash.json" \
+      > "$out/bench.log" 2>&1 ;;
+  final_flash_t0)  # after flash_probe: piecewise_graphs on by default (`standard` is graph-captured, the eager one
+    # is standard:piecewise_graphs=off); the defaults first, not last
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_piecewise_graphs.py \
+      tests/corun/test_attention.py > "$out/gpu_tests.log" 2>&1
+    timeout 480 $BENCH --workloads burstgpt,sharegpt,rl_rollout,1024x2048 --max-seconds 12 --goodput ttft:500 tpot:50 \
+      --modes "corun,standard,corun:prefill_token_budget=0,standard:piecewise_graphs=off,$PACKED" \
+      --out "$out/h200_defaults.json" > "$out/bench.log" 2>&1 ;;
+  final_flash_poisson)  # Poisson ShareGPT-like at 16 and 32 req/s against the graph-captured standard
+    for rate in 16 32; do
+      timeout 280 $BENCH --workloads sharegpt --num-requests 300 --request-rate $rate --max-seconds 22 \
+        --modes "corun,standard,corun:prefill_token_budget=0" --goodput ttft:500 tpot:50 \
+        --out "$out/h200_defaults_poisson_$rate.json" > "$out/bench_poisson_$rate.log" 2>&1
+    done ;;
   defaults_poisson)  # Poisson ShareGPT-like at 16 and 32 req/s, 300 requests, cut at 22 s
     for rate in 16 32; do
       timeout 270 $BENCH --workloads sharegpt --num-requests 300 --request-rate $rate --max-seconds 22 \

@@ -1,7 +1,11 @@
 """Attention over the paged KV cache. Every reduction is request-local; split-KV only in standard mode on CUDA.
 
-- per-request (CPU, and prompt chunks everywhere): each request's queries against its own KV, one SDPA call per
-  request, so the shapes a request sees depend only on that request (its chunk length and context length);
+- per-request (CPU, and corun's prompt chunks everywhere): each request's queries against its own KV, one call per
+  request (SDPA on CPU, FlashAttention on CUDA), so the shapes a request sees depend only on that request (its
+  chunk length and context length);
+- varlen prompts (standard mode on CUDA): every prompt chunk of a mixed step in one FlashAttention varlen launch
+  per layer, keys gathered from the cache, as vLLM's FlashAttention backend runs prefill (batch-dependent: the
+  launch's split-KV heuristic sees the whole step);
 - batched decode rows (CUDA): the Triton paged kernel (corun/kernels/decode_attention.py), one program per
   (row, kv head) over the row's own blocks in a fixed order; standard mode splits contexts by batch size, as
   FlashAttention does, which is what makes it batch-dependent;
@@ -21,6 +25,25 @@ import torch
 import torch.nn.functional as F
 
 from corun.packed_prefill import PackedPrefillMeta
+
+
+@dataclass
+class VarlenPrompts:
+    """A step's prompt segments as one variable-length attention launch: query rows [first_row, first_row +
+    num_rows) segment after segment; each segment's keys and values gathered from the cache (this step's are
+    written before attention) by flat slot (block * block_size + offset), segment after segment."""
+
+    first_row: int
+    num_rows: int
+    query_starts: torch.Tensor  # [num_segments + 1] int32: cumulative query counts from 0
+    key_starts: torch.Tensor  # [num_segments + 1] int32: cumulative context lengths from 0
+    key_slots: torch.Tensor  # [key_starts[-1]] int64
+    max_query_len: int
+    max_context_len: int
+
+    def to(self, device) -> VarlenPrompts:
+        return VarlenPrompts(self.first_row, self.num_rows, self.query_starts.to(device), self.key_starts.to(device),
+                             self.key_slots.to(device), self.max_query_len, self.max_context_len)
 
 
 @dataclass
@@ -57,6 +80,8 @@ class AttentionMetadata:
     """Prompt rows through the packed paged kernel instead of per-segment SDPA: its reduction order for a token
     depends only on the token's position, so a token's result does not depend on how its prompt was chunked
     (batch_invariant mode's budget cuts depend on co-runners) or on what shares the forward (packed prefill)."""
+    varlen_prompts: VarlenPrompts | None = None
+    """Prompt rows through one varlen FlashAttention launch instead of per-segment calls (standard mode, CUDA)."""
     whole_prompt: bool = False
     """Every row belongs to one prompt's first chunk, from position 0, with padding rows after it (corun's
     bucketed prefill): causal SDPA over this step's K and V, as an unpadded first chunk gets. The padding comes
@@ -87,22 +112,33 @@ def fixed_window_decode_attention(q, k_cache, v_cache, block_tables, context_len
 
 def request_attention(q, k, v, k_cache, v_cache, segment: RequestSegment, scale: float):
     """q: [tokens, heads, head_dim]; k, v: this step's [tokens, kv_heads, head_dim] (already in the cache)."""
-    num_new = segment.num_query_tokens
-    num_prior = segment.context_len - num_new
-    mask, causal = None, False
-    if num_prior == 0:
-        keys, values, causal = k, v, True
-    else:
-        keys = k_cache[segment.block_table].flatten(0, 1)[: segment.context_len]
-        values = v_cache[segment.block_table].flatten(0, 1)[: segment.context_len]
-        if num_new > 1:
-            rows = torch.arange(num_new, device=q.device)[:, None] + num_prior
-            mask = torch.arange(segment.context_len, device=q.device)[None, :] <= rows  # [tokens, context]
-    return sdpa(q, keys, values, mask, causal, scale)
+    if segment.context_len == segment.num_query_tokens:
+        return causal_attention(q, k, v, scale)
+    keys = k_cache[segment.block_table].flatten(0, 1)[: segment.context_len]
+    values = v_cache[segment.block_table].flatten(0, 1)[: segment.context_len]
+    return causal_attention(q, keys, values, scale)
 
 
-def sdpa(q, keys, values, mask, causal: bool, scale: float):
-    """q: [tokens, heads, head_dim]; keys, values: [context, kv_heads, head_dim] -> [tokens, heads, head_dim]."""
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+"""What FlashAttention takes; float32 on CUDA (GPU tests) goes through SDPA's fused kernels."""
+
+
+def causal_attention(q, keys, values, scale: float):
+    """q: [tokens, heads, head_dim], the last `tokens` positions of a context whose keys, values are [context,
+    kv_heads, head_dim]; query i sees keys 0 .. context - tokens + i. -> [tokens, heads, head_dim]."""
+    if q.is_cuda and q.dtype in FLASH_DTYPES:
+        # NOTE: FlashAttention directly: its causal mask is aligned at the last key (what a later chunk needs),
+        # it reads grouped kv heads as they are, and no backend is chosen per shape. SDPA, measured on the H200:
+        # an explicit mask sends later chunks to the memory-efficient kernel, expanded kv heads cost copies, and
+        # its backend choice for a new shape cost up to 0.8 s (benchmarks/results/h200_piecewise_fresh_shapes.log)
+        return torch.ops.aten._flash_attention_forward(
+            q[None], keys[None], values[None], None, None, q.shape[0], keys.shape[0], 0.0, True, False,
+            scale=scale)[0][0]
+    num_new, context = q.shape[0], keys.shape[0]
+    mask, causal = None, num_new == context
+    if 1 < num_new < context:
+        rows = torch.arange(num_new, device=q.device)[:, None] + (context - num_new)
+        mask = torch.arange(context, device=q.device)[None, :] <= rows  # [tokens, context]
     if q.is_cuda:
         return _fused_sdpa(q, keys, values, mask, causal, scale)
     out = F.scaled_dot_product_attention(
@@ -127,6 +163,23 @@ def _fused_sdpa(q, keys, values, mask, causal: bool, scale: float):
     return out[0].transpose(0, 1)
 
 
+def varlen_prompt_attention(q, k_cache, v_cache, prompts: VarlenPrompts, scale: float):
+    """q: the prompt rows [prompts.num_rows, heads, head_dim] -> their attention output, one launch on CUDA (elsewhere,
+    and for float32, one causal_attention per segment over the same gathered keys: the CPU tests' reference)."""
+    keys = k_cache.flatten(0, 1)[prompts.key_slots]  # [total keys, kv_heads, head_dim]
+    values = v_cache.flatten(0, 1)[prompts.key_slots]
+    if q.is_cuda and q.dtype in FLASH_DTYPES:
+        return torch.ops.aten._flash_attention_forward(
+            q, keys, values, prompts.query_starts, prompts.key_starts, prompts.max_query_len,
+            prompts.max_context_len, 0.0, True, False, scale=scale)[0]
+    out = torch.empty_like(q)
+    query_starts, key_starts = prompts.query_starts.tolist(), prompts.key_starts.tolist()
+    for i in range(len(query_starts) - 1):
+        rows, cols = slice(query_starts[i], query_starts[i + 1]), slice(key_starts[i], key_starts[i + 1])
+        out[rows] = causal_attention(q[rows], keys[cols], values[cols], scale)
+    return out
+
+
 def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, kv_written: bool = False):
     """q: [num_tokens, heads, head_dim]; writes k, v to the cache, returns [num_tokens, heads, head_dim].
 
@@ -134,7 +187,7 @@ def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, 
     if not kv_written:
         write_kv(k_cache, v_cache, k, v, meta)
     if meta.whole_prompt:
-        return sdpa(q, k, v, None, True, scale)
+        return causal_attention(q, k, v, scale)
     if meta.num_window_rows == q.shape[0]:
         return decode_rows_attention(q, k_cache, v_cache, meta, scale)
     out = torch.zeros_like(q)
@@ -145,6 +198,11 @@ def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, 
         from corun.kernels.prefill_attention import packed_prefill_attention  # NOTE: Triton only on CUDA hosts
 
         packed_prefill_attention(q, k_cache, v_cache, meta.packed_prefill, scale, out)
+        return out
+    if meta.varlen_prompts is not None:
+        prompts = meta.varlen_prompts
+        rows = slice(prompts.first_row, prompts.first_row + prompts.num_rows)
+        out[rows] = varlen_prompt_attention(q[rows], k_cache, v_cache, prompts, scale)
         return out
     for seg in meta.segments:
         rows = slice(seg.query_start, seg.query_start + seg.num_query_tokens)

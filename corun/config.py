@@ -68,14 +68,14 @@ class SchedulerConfig:
     requests finished at 16 req/s with the eager prefill); 2048 is vLLM's per-step token budget, so a running
     request waits at most about one 2048-token prefill between two of its tokens, and at t = 0 the extra decode
     steps produce tokens rather than waste them."""
-    piecewise_graphs: bool = False
+    piecewise_graphs: bool = True
     """standard and batch_invariant modes on CUDA: mixed prefill+decode steps (and prefill-only steps) of up to 2048
     tokens run as CUDA graphs by token-count bucket, split at attention, which runs eagerly between them (vLLM's
-    piecewise scheme), meant to make the baseline's speed independent of the host CPU's. NOTE: off by default: on the
-    H200 a step alone ran as fast as eagerly (benchmarks/results/h200_piecewise_step.json), but in `corun bench` at
-    t = 0 an engine with the graphs captured ran every mixed step ~3x slower, its eager ones (> 2048 tokens)
-    included (BurstGPT-like 68-144 tok/s against 4,074 eager; no allocator retries, the same at a smaller KV
-    budget); the cause is not found yet (benchmarks/results/README.md)."""
+    piecewise scheme), so the baseline's speed depends less on the host CPU's. Larger steps run eagerly (GEMMs
+    dominate them). NOTE: measured on the H200 (t = 0, one run, benchmarks/results/h200_standard_flash.json):
+    BurstGPT-like 4,068 tok/s against 3,746 eager, ShareGPT-like 6,103 against 5,857. Before prompt attention
+    called FlashAttention directly, an engine with the graphs captured ran ~3x slower in `corun bench`, its eager
+    steps included, with SDPA choosing cuDNN per new shape; that did not recur (benchmarks/results/README.md)."""
 
     def __post_init__(self):
         if self.mode not in ("corun", "standard", "batch_invariant"):

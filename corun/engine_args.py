@@ -113,7 +113,7 @@ ENGINE_FLAGS = (
                "Algorithm 1, which starves decoding under sustained arrivals)"),
     EngineFlag("--piecewise-graphs", "scheduler.piecewise_graphs",
                "standard/batch_invariant on CUDA: mixed steps as CUDA graphs by token count, attention eager "
-               "between them (on; off, default: eager mixed steps, see SchedulerConfig.piecewise_graphs)",
+               "between them (on, default; off: eager mixed steps)",
                parse=parse_switch, format=format_switch),
     EngineFlag("--block-size", "cache.block_size"),
     EngineFlag("--num-blocks", "cache.num_blocks", "KV blocks (default: from --kv-cache-mib)"),

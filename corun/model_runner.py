@@ -11,8 +11,8 @@ to a bucket of fixed sizes (isolated, bucketed) or packed with other prompts' ch
 so a short prefill pays its kernels, not hundreds of eager launches.
 
 standard and batch_invariant modes on CUDA do what vLLM does by default: decode-only steps are padded to the
-next of several captured sizes, and mixed prefill+decode steps run eagerly, or with SchedulerConfig.piecewise_graphs
-as piecewise CUDA graphs by token count, attention eager between them (corun/piecewise_graphs.py).
+next of several captured sizes, and mixed prefill+decode steps of up to 2048 tokens run as piecewise CUDA graphs by
+token count, attention eager between them (corun/piecewise_graphs.py; SchedulerConfig.piecewise_graphs off: eager).
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ class ModelRunner:
         self.packed_prefill_kernel = self.on_cuda
         """Padded prefill attention through the packed Triton kernel (CUDA: graph-capturable) rather than one SDPA
         call per chunk (CPU); tests turn it on for CPU to run it in Triton's interpreter."""
+        self.varlen_prompt_attention = self.on_cuda and self.mode == "standard"
+        """standard's mixed steps: every prompt chunk in one varlen attention launch per layer (CUDA), as vLLM's
+        FlashAttention backend does, rather than one call per chunk; tests turn it on for CPU (its reference)."""
         self.decode_graph = self.prefill_graph = self.mixed_graph = None
         self.decode_sizes = [self.max_num_seqs]
         """Row counts a corun decode step may run at (ascending, N last): N and the verified smaller ones."""
@@ -312,7 +315,8 @@ class ModelRunner:
             return build_step(decodes, num_decode_rows, chunks, self.block_size, self.device)
         return build_windowed_step(decodes, num_decode_rows, chunks, self.block_size, self.device,
                                    self.window_blocks, self.kv_splits(num_decode_rows),
-                                   chunk_invariant_prefill=self.mode == "batch_invariant", table_rows=self.table_rows)
+                                   chunk_invariant_prefill=self.mode == "batch_invariant", table_rows=self.table_rows,
+                                   varlen_prompts=self.varlen_prompt_attention)
 
     def forward_counts(self) -> dict[str, int]:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,

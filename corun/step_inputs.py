@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from corun.attention import AttentionMetadata, RequestSegment
+from corun.attention import AttentionMetadata, RequestSegment, VarlenPrompts
 from corun.block_manager import NULL_BLOCK
 from corun.packed_prefill import PackedPrefillMeta, max_prefill_tiles, packed_prefill_tiles
 from corun.request import Request
@@ -97,9 +97,11 @@ def _columns(rows: list[tuple], width: int) -> list[list]:
 
 def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, chunks: list[PrefillChunk],
                         block_size: int, device, window_blocks: int, num_kv_splits: int,
-                        chunk_invariant_prefill: bool = False, table_rows: BlockTableRows | None = None) -> StepInputs:
-    """Decode rows through the batched paged-decode kernel, prompt chunks as per-request segments (CUDA), or
-    with chunk_invariant_prefill all of them through one packed prefill kernel launch."""
+                        chunk_invariant_prefill: bool = False, table_rows: BlockTableRows | None = None,
+                        varlen_prompts: bool = False) -> StepInputs:
+    """Decode rows through the batched paged-decode kernel; prompt chunks as per-request segments, or with
+    chunk_invariant_prefill through one packed prefill kernel launch, or with varlen_prompts through one varlen
+    attention launch."""
     table_rows = table_rows or BlockTableRows(window_blocks)
     window = build_window_decode(decode_requests, num_decode_rows, window_blocks, block_size, table_rows)
     chunk_step = build_step([], 0, chunks, block_size, "cpu") if chunks else None
@@ -107,14 +109,34 @@ def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, ch
     packed = None
     if chunk_invariant_prefill and chunks:
         packed = packed_prefill_meta(chunks, num_decode_rows, len(chunks), 0, table_rows).to(device)
+    varlen = varlen_prompt_meta(chunks, num_decode_rows, block_size).to(device) if varlen_prompts and chunks else None
+    per_segment = chunk_step is not None and packed is None and varlen is None
     meta = AttentionMetadata(
         torch.cat([window.slot_blocks, *([chunk_step.meta.slot_blocks] if chunk_step else [])]).to(device),
         torch.cat([window.slot_offsets, *([chunk_step.meta.slot_offsets] if chunk_step else [])]).to(device),
         num_decode_rows, window.block_tables.to(device), window.context_lens.to(device),
-        segments=_shifted(chunk_step.meta.segments, num_decode_rows, device) if chunk_step and packed is None else (),
-        num_kv_splits=num_kv_splits, packed_prefill=packed)
+        segments=_shifted(chunk_step.meta.segments, num_decode_rows, device) if per_segment else (),
+        num_kv_splits=num_kv_splits, packed_prefill=packed, varlen_prompts=varlen)
     ids = torch.cat([p.input_ids for p in parts]).to(device)
     return StepInputs(ids, torch.cat([p.positions for p in parts]).to(device), meta)
+
+
+def varlen_prompt_meta(chunks: list[PrefillChunk], first_row: int, block_size: int) -> VarlenPrompts:
+    """Chunks laid out one after another from step row first_row, each reading its prompt's KV from position 0 to
+    its chunk's end; host tensors."""
+    query_lens = [c.num_tokens for c in chunks]
+    context_lens = [c.start + c.num_tokens for c in chunks]
+    key_slots = []
+    for chunk, context_len in zip(chunks, context_lens, strict=True):
+        positions = np.arange(context_len, dtype=np.int64)
+        blocks = np.asarray(chunk.request.block_ids, dtype=np.int64)[positions // block_size]
+        key_slots.append(blocks * block_size + positions % block_size)
+
+    def starts(lengths):
+        return torch.tensor(np.cumsum([0, *lengths]), dtype=torch.int32)
+
+    return VarlenPrompts(first_row, sum(query_lens), starts(query_lens), starts(context_lens),
+                         torch.from_numpy(np.concatenate(key_slots)), max(query_lens), max(context_lens))
 
 
 def _shifted(segments, offset: int, device) -> tuple[RequestSegment, ...]:

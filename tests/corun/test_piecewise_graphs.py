@@ -161,7 +161,7 @@ def test_captured_pieces_at_the_exact_size_are_the_plain_forward_bitwise():
 
 @pytest.mark.gpu
 def test_a_standard_cuda_engine_runs_mixed_steps_through_its_graphs():
-    graphed, eager = LLMEngine(cuda_config(piecewise_graphs=True)), LLMEngine(cuda_config())
+    graphed, eager = LLMEngine(cuda_config()), LLMEngine(cuda_config(piecewise_graphs=False))
     assert graphed.runner.prefill_path == "mixed-batch-piecewise-graphs" and eager.runner.mixed_graph is None
     tokens, logprobs = generate(graphed)
     assert graphed.runner.mixed_graph.num_replays > 0
