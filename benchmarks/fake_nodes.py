@@ -2,8 +2,9 @@
 
 It speaks corun.protocol as the real nodes do (a zmq ROUTER socket, Ping/Pong with model facts), but computes
 nothing: the prefill node answers each PrefillRequest at once (token 0 of benchmarks.fake_output, and a KV handle
-no one reads); the decode node paces steps as a real one does: every --step-ms it sends, for every running sample,
-one TokenEvent with one new token, and ends each sample at max_tokens (finish_reason "length"). Aborts stop samples.
+no one reads); the decode node paces steps as a real one does: every --step-ms it sends each router one StepTokens
+holding, for every running sample of that router, one TokenEvent with one new token, and ends each sample at
+max_tokens (finish_reason "length"). Aborts stop samples.
 Neither makes logprobs: requests asking for them get a 400. Like a real decode node, this one never waits for the
 router: a router that falls behind holds the events in zmq's and TCP's buffers and its own queues (neither side
 has a HWM since the drops this benchmark found; a drop to a router that is gone is counted).
@@ -44,6 +45,7 @@ from corun.protocol import (
     PrefillRequest,
     PrefillResult,
     ProtocolError,
+    StepTokens,
     TokenEvent,
     decode,
     encode,
@@ -131,13 +133,13 @@ class FakeNode:
             else:
                 self.handle(identity, message)
 
-    def send(self, identity: bytes, payload: bytes) -> None:
+    def send(self, identity: bytes, payload: bytes, num_events: int = 1) -> None:
         try:
             self.server.send_multipart([identity, payload], zmq.NOBLOCK)
         except zmq.ZMQError:  # NOTE: EAGAIN: the router's pipe is full (HWM); EHOSTUNREACH: that router is gone
-            self.window.events_dropped += 1
+            self.window.events_dropped += num_events
         else:
-            self.window.events_sent += 1
+            self.window.events_sent += num_events
 
     def take_window(self) -> dict:
         window, self.window = self.window, WindowCounters()
@@ -195,7 +197,7 @@ PACKED_TOKENS = [msgpack.packb(output_token_id(position)) for position in range(
 class RunningSample:
     identity: bytes
     head: bytes
-    """The TokenEvent's bytes up to its one token id."""
+    """The event's bytes inside StepTokens up to its one token id."""
     tail: bytes
     last_tail: bytes
     """The bytes after the token id: finish_reason null, or "length" on the sample's last event."""
@@ -215,6 +217,26 @@ def token_event_parts(request_id: str, index: int) -> tuple[bytes, bytes, bytes]
     return head, before_finish + pack(None) + after_finish, before_finish + pack("length") + after_finish
 
 
+def step_tokens_bytes(events: list[bytes]) -> bytes:
+    """corun.protocol.encode of StepTokens from the events' own bytes (token_event_parts, with the TokenEvent's
+    envelope swapped for an event map's header)."""
+    n = len(events)
+    header = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16
+                                                else b"\xdd" + n.to_bytes(4, "big"))
+    return STEP_TOKENS_HEAD + header + b"".join(events)
+
+
+EVENT_ENVELOPE = msgpack.packb({"v": PROTOCOL_VERSION, "type": "TokenEvent"})[1:]
+"""A TokenEvent message's v and type entries: what an event inside StepTokens lacks."""
+STEP_TOKENS_HEAD = msgpack.packb({"v": PROTOCOL_VERSION, "type": "StepTokens", "events": []})[:-1]
+
+
+def as_step_event(head: bytes) -> bytes:
+    """A TokenEvent message's head -> the same event's head inside StepTokens (a 6-entry map, no v or type)."""
+    assert head[0] == 0x88 and head[1:].startswith(EVENT_ENVELOPE)
+    return b"\x86" + head[1 + len(EVENT_ENVELOPE):]
+
+
 def check_token_event_parts() -> None:
     """The hand-packed events must be byte for byte what the real nodes send: a protocol change stops the fake
     here, instead of feeding the router messages it refuses."""
@@ -224,6 +246,9 @@ def check_token_event_parts() -> None:
         if head + PACKED_TOKENS[5] + ending != expected:
             raise RuntimeError("corun.protocol's TokenEvent changed: update token_event_parts in "
                                "benchmarks/fake_nodes.py")
+    events = [TokenEvent("request-x", [output_token_id(5)], None, None, index=3)] * 20
+    if step_tokens_bytes([as_step_event(head) + PACKED_TOKENS[5] + tail] * 20) != encode(StepTokens(events)):
+        raise RuntimeError("corun.protocol's StepTokens changed: update step_tokens_bytes in benchmarks/fake_nodes.py")
 
 
 class FakeDecode(FakeNode):
@@ -245,10 +270,10 @@ class FakeDecode(FakeNode):
             self.window.requests += 1
             for first in message.first_tokens:
                 head, tail, last_tail = token_event_parts(message.request_id, first.index)
-                sample = RunningSample(identity, head, tail, last_tail, 0, message.params.max_tokens)
+                sample = RunningSample(identity, as_step_event(head), tail, last_tail, 0, message.params.max_tokens)
                 # NOTE: as the real node once its KV read is done: the prefill's token goes out at once, then one
                 # token per step.
-                self.send(identity, head + msgpack.packb(first.token_id) + self.ending(sample))
+                self.send(identity, head + msgpack.packb(first.token_id) + self.ending(sample))  # NOTE: a TokenEvent
                 sample.position = 1
                 if sample.position < sample.max_tokens:
                     self.running[(message.request_id, first.index)] = sample
@@ -270,12 +295,15 @@ class FakeDecode(FakeNode):
         if start < self.next_step_at:
             return
         finished = []
+        step_events: dict[bytes, list[bytes]] = {}
         for key, sample in self.running.items():
-            self.send(sample.identity, sample.head + PACKED_TOKENS[sample.position % TOKEN_PERIOD]
-                      + self.ending(sample))
+            step_events.setdefault(sample.identity, []).append(
+                sample.head + PACKED_TOKENS[sample.position % TOKEN_PERIOD] + self.ending(sample))
             sample.position += 1
             if sample.position == sample.max_tokens:
                 finished.append(key)
+        for identity, events in step_events.items():
+            self.send(identity, step_tokens_bytes(events), len(events))
         for key in finished:
             del self.running[key]
         end = time.monotonic()

@@ -21,6 +21,8 @@ Version history:
      field type-checked on arrival.
   9: HandshakeReply.kv_base_addresses, one per KV segment (was kv_base_address: one tensor; a vLLM engine keeps
      one per layer).
+  10: StepTokens: a decode node sends every TokenEvent of one decode step for one router in one message (it sent
+     one message per request per step), encoded and decoded in C (msgspec) on that path.
 
 Besides the messages, one NIXL notification: a decode node's READ of a prefill node's KV ends with
 kv_done_notification(request_id), on which the prefill node frees its copy.
@@ -38,12 +40,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import msgspec
 
 from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
 from corun.seeding import SEED_BOUND
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 KV_DONE_PREFIX = b"done:"
 
 
@@ -154,6 +157,14 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class StepTokens:
+    """decode -> router: the TokenEvents of one decode step for the requests one router sent, in one message, so
+    the router decodes, and its receive loop wakes, once per step rather than once per request."""
+
+    events: list[TokenEvent]
+
+
+@dataclass(frozen=True)
 class ErrorReply:
     request_id: str
     status: int
@@ -261,16 +272,20 @@ class ClaimReply:
 
 
 MESSAGE_TYPES = {cls.__name__: cls for cls in (
-    PrefillRequest, PrefillResult, DecodeRequest, TokenEvent, ErrorReply, Abort, Ping, Pong,
+    PrefillRequest, PrefillResult, DecodeRequest, TokenEvent, StepTokens, ErrorReply, Abort, Ping, Pong,
     HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply, ReleaseKV)}
 
 
 def encode(message) -> bytes:
+    if type(message) is StepTokens:
+        return _STEP_TOKENS_ENCODER.encode(_step_tokens_wire(message))
     body = {f.name: _to_wire(getattr(message, f.name)) for f in dataclasses.fields(message)}
     return msgpack.packb({"v": PROTOCOL_VERSION, "type": type(message).__name__, **body}, use_bin_type=True)
 
 
 def decode(data: bytes):
+    if data.startswith(_STEP_TOKENS_HEAD):
+        return _decode_step_tokens(data)
     try:
         body = msgpack.unpackb(data, raw=False)
         version, type_name = body.pop("v"), body.pop("type")
@@ -398,6 +413,7 @@ _FIELD_DECODERS: dict[type, dict[str, Any]] = {
     DecodeRequest: {"params": _params, "first_tokens": _first_tokens, "kv": _kv_handle},
     TokenEvent: {"logprobs": lambda items: [_token_logprobs(i) for i in items],
                  "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
+    StepTokens: {"events": lambda items: [_from_body(TokenEvent, item) for item in items]},
     ClaimReply: {"block_ids": tuple},
     HandshakeReply: {"kv_base_addresses": tuple},
     Pong: {"model_facts": lambda wire: ModelFacts(**wire), "counters": tuple},
@@ -408,6 +424,68 @@ _FIELD_DECODERS: dict[type, dict[str, Any]] = {
 def _from_wire(message_type: type, name: str, value):
     decoder = _FIELD_DECODERS.get(message_type, {}).get(name)
     return value if decoder is None or value is None else decoder(value)
+
+
+def _from_body(message_type: type, body):
+    if not isinstance(body, dict):
+        raise TypeError(f"{message_type.__name__} must be a map")
+    return message_type(**{name: _from_wire(message_type, name, value) for name, value in body.items()})
+
+
+# --- StepTokens in C: the one message sent every decode step (hundreds of events each) -------------------------
+# NOTE: the same wire form as encode()'s generic one (a map {"v", "type", "events": [TokenEvent maps]}, keys in
+# that order), so either side may use either path; msgspec checks every field's type as it decodes, as
+# check_fields does for the other messages (tests/corun/test_protocol.py holds the two paths to one answer).
+_WireLogprobs = tuple[int, float, list[tuple[int, float]]]
+
+
+class _TokenEventWire(msgspec.Struct, forbid_unknown_fields=True):
+    request_id: typing.Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
+    token_ids: list[int]
+    logprobs: list[_WireLogprobs] | None
+    finish_reason: str | None = None
+    prompt_logprobs: list[_WireLogprobs | None] | None = None
+    index: int = 0
+
+
+class _StepTokensWire(msgspec.Struct, forbid_unknown_fields=True):
+    v: int
+    type: str
+    events: list[_TokenEventWire]
+
+
+_STEP_TOKENS_ENCODER = msgspec.msgpack.Encoder()
+_STEP_TOKENS_DECODER = msgspec.msgpack.Decoder(_StepTokensWire)
+_STEP_TOKENS_HEAD = msgpack.packb({"v": PROTOCOL_VERSION, "type": "StepTokens", "events": []})[:-1]
+"""The bytes a StepTokens message of this version starts with (the map header, v, type and the events key)."""
+
+
+def _step_tokens_wire(message: StepTokens) -> _StepTokensWire:
+    def wire(logprobs):
+        return None if logprobs is None else [_to_wire(lp) for lp in logprobs]
+
+    return _StepTokensWire(PROTOCOL_VERSION, "StepTokens", [
+        _TokenEventWire(e.request_id, e.token_ids, wire(e.logprobs), e.finish_reason, wire(e.prompt_logprobs), e.index)
+        for e in message.events])
+
+
+def _decode_step_tokens(data: bytes) -> StepTokens:
+    try:
+        wire = _STEP_TOKENS_DECODER.decode(data)
+    except msgspec.MsgspecError as error:
+        raise ProtocolError(f"malformed StepTokens: {error}") from error
+    events = []
+    for e in wire.events:
+        logprobs, prompt_logprobs = e.logprobs, e.prompt_logprobs
+        if logprobs is not None or prompt_logprobs is not None:  # NOTE: rare (logprobs asked for): checked here
+            logprobs = None if logprobs is None else [_token_logprobs(lp) for lp in logprobs]
+            prompt_logprobs = None if prompt_logprobs is None else [_token_logprobs(lp) for lp in prompt_logprobs]
+            event = TokenEvent(e.request_id, e.token_ids, logprobs, e.finish_reason, prompt_logprobs, e.index)
+            check_fields(event, "StepTokens.events")
+            events.append(event)
+        else:
+            events.append(TokenEvent(e.request_id, e.token_ids, None, e.finish_reason, None, e.index))
+    return StepTokens(events)
 
 
 def kv_done_notification(request_id: str) -> bytes:

@@ -5,7 +5,8 @@ Lifecycle of a request (queues):
   claiming (handshake with the prefill node first, if new; ClaimKV) --ClaimReply ok--> transferring
   transferring (NIXL READ of its blocks into ours, polled each turn) --DONE; NIXL notifies the prefill node,
       which frees its copy; token 1 (sampled by prefill) streamed--> running
-  running (the N-row decode step; a TokenEvent per token) --stop / length / abort--> finished: slot + blocks free
+  running (the N-row decode step; one StepTokens per router per step, a TokenEvent per request in it)
+      --stop / length / abort--> finished: slot + blocks free
   refused handshake, refused claim (lease expired), a claim unanswered for CLAIM_TIMEOUT_S, KV of a restarted
       prefill instance, a failed READ or one past half the peer's lease --> ErrorReply(503) to the router, blocks
       free; a claimed lease it will not read goes back to the prefill node at once (ReleaseKV)
@@ -142,12 +143,16 @@ class DecodeServer(NodeServer):
 
     def postprocess(self, sampled: list[SampledToken]) -> None:
         samples = {id(sample.request): sample for sample in self.running}
+        step_events: dict[bytes, list[protocol.TokenEvent]] = {}
         for item in sampled:
             sample = samples[id(item.request)]
             finish_reason = item.request.append_token(item.token_id, item.logprobs)
-            self.send_tokens(sample.job, sample.index, [item.token_id], item.logprobs, finish_reason)
+            event = token_event(sample.job, sample.index, [item.token_id], item.logprobs, finish_reason)
+            step_events.setdefault(sample.job.router, []).append(event)
             if finish_reason is not None:
                 self.finish(sample)
+        for router, events in step_events.items():
+            self.sockets.reply(router, protocol.StepTokens(events))
 
     # --- pulling KV ---------------------------------------------------------------------------------------------
     def claim(self, job: DecodeJob) -> None:
@@ -398,9 +403,7 @@ class DecodeServer(NodeServer):
 
     # --- endings ------------------------------------------------------------------------------------------------
     def send_tokens(self, job: DecodeJob, index: int, token_ids, logprobs, finish_reason) -> None:
-        wire_logprobs = None if logprobs is None else [logprobs]
-        self.sockets.reply(job.router, protocol.TokenEvent(job.request_id, token_ids, wire_logprobs, finish_reason,
-                                                           index=index))
+        self.sockets.reply(job.router, token_event(job, index, token_ids, logprobs, finish_reason))
 
     def finish(self, sample: RunningSample) -> None:
         self.running.remove(sample)
@@ -435,3 +438,8 @@ class DecodeServer(NodeServer):
                 "num_graph_replays": 0 if graph is None else graph.num_replays,
                 "num_blocks_quarantined": self.num_blocks_quarantined,
                 "kv_probe_read_gbps_min": round(min(self.read_gbps.values(), default=0.0), 3)}
+
+
+def token_event(job: DecodeJob, index: int, token_ids, logprobs, finish_reason) -> protocol.TokenEvent:
+    return protocol.TokenEvent(job.request_id, token_ids, None if logprobs is None else [logprobs], finish_reason,
+                               index=index)

@@ -25,7 +25,7 @@ import zmq.utils.monitor
 
 from corun.config import Role, RouterConfig
 from corun.node_auth import ClusterKey
-from corun.protocol import ErrorReply, ModelFacts, Ping, Pong, ProtocolError, decode, encode
+from corun.protocol import ErrorReply, ModelFacts, Ping, Pong, ProtocolError, StepTokens, decode, encode
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +185,13 @@ class NodeClient:
             queue.put_nowait(ErrorReply(request_id, 503, f"{self.role} node {self.address} was lost: {why}"))
 
     def _dispatch(self, message) -> None:
+        if type(message) is StepTokens:
+            queues = self._request_queues
+            for event in message.events:
+                queue = queues.get(event.request_id)
+                if queue is not None:  # NOTE: None: aborted or timed out meanwhile, as below
+                    queue.put_nowait(event)
+            return
         if isinstance(message, Pong):
             previous = self._latest_pong
             self._latest_pong, self._latest_pong_time = message, time.monotonic()

@@ -62,7 +62,7 @@ async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int],
                 async for event in events:
                     event = progress.new_part(event)
                     if event is not None:
-                        yield dataclasses.replace(event, request_id=request_id)
+                        yield event if attempt == 1 else dataclasses.replace(event, request_id=request_id)
             return
         except GenerationError as error:
             if error.status not in RETRYABLE_STATUSES or attempt == MAX_ATTEMPTS:
@@ -92,8 +92,9 @@ class SampleProgress:
         skip = min(len(event.token_ids), max(0, self.delivered.get(index, 0) - num_seen))
         if skip == len(event.token_ids) and event.finish_reason is None:
             return None
-        logprobs = None if event.logprobs is None else event.logprobs[skip:]
-        event = dataclasses.replace(event, token_ids=event.token_ids[skip:], logprobs=logprobs)
+        if skip:
+            logprobs = None if event.logprobs is None else event.logprobs[skip:]
+            event = dataclasses.replace(event, token_ids=event.token_ids[skip:], logprobs=logprobs)
         self.delivered[index] = self.delivered.get(index, 0) + len(event.token_ids)
         if event.finish_reason is not None:
             self.finished.add(index)
@@ -215,18 +216,25 @@ async def next_reply(node: NodeClient, replies: asyncio.Queue, timeout_s: float)
     NOTE: waits in short slices and gives up as soon as the node stops answering pings, so a dead node costs
     a few seconds (then a retry elsewhere), not the whole request timeout.
     """
+    if replies.empty():
+        reply = await wait_for_reply(node, replies, timeout_s)
+    else:
+        reply = replies.get_nowait()  # NOTE: the common case while streaming: no timer, no task
+    if isinstance(reply, ErrorReply):
+        raise GenerationError(reply.status, f"{node.role} node {node.address}: {reply.message}")
+    return reply
+
+
+async def wait_for_reply(node: NodeClient, replies: asyncio.Queue, timeout_s: float):
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         remaining = deadline - asyncio.get_running_loop().time()
         try:
-            reply = await asyncio.wait_for(replies.get(), max(0.0, min(NODE_CHECK_INTERVAL_S, remaining)))
-            break
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(max(0.0, min(NODE_CHECK_INTERVAL_S, remaining))):
+                return await replies.get()
+        except TimeoutError:
             if remaining <= NODE_CHECK_INTERVAL_S or not node.healthy:
                 raise silence_error(node, timeout_s) from None
-    if isinstance(reply, ErrorReply):
-        raise GenerationError(reply.status, f"{node.role} node {node.address}: {reply.message}")
-    return reply
 
 
 def silence_error(node: NodeClient, timeout_s: float) -> GenerationError:
