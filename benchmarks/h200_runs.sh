@@ -16,7 +16,9 @@ BUCKETS=corun:prefill_buckets=default
 PACKED=corun:prefill_chunk_size=2048:prefill_pack_tokens=2048:prefill_pack_seqs=32
 LADDER=decode_step_sizes=16/32/64/128/160/192/224  # NOTE: candidates; each engine keeps those it verifies
 BURST_RATE=${BURST_RATE:-3}; SHAREGPT_RATE=${SHAREGPT_RATE:-8}  # NOTE: the rates the poisson part ran at
-# issue 10 (the cluster on GPUs): nixl and pyzmq from the wheels `bash ../shared/tools/gpu-wheels.sh .whl` makes
+# issue 10 (the cluster on GPUs): nixl and pyzmq from the wheels `bash ../shared/tools/gpu-wheels.sh .whl` makes, and
+# (protocol v10) msgspec: `pip download msgspec==0.23.0 --no-deps --python-version 3.12 --only-binary=:all:
+#   --platform manylinux2014_x86_64 -d .whl`
 # (carried along: no package index there)
 if [ -d .whl ]; then
   pip install -q --no-index --no-deps --target /tmp/pydeps .whl/*.whl > "$out/wheels.log" 2>&1

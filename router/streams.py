@@ -89,8 +89,13 @@ def to_delta(detokenizer: IncrementalDetokenizer, index: int, event: TokenEvent,
     return ChoiceDelta(index, text.text, tuple(kept), logprobs, finish_reason, stop_reason, prompt_logprobs)
 
 
-async def merge(streams: list[AsyncIterator[ChoiceDelta]]) -> AsyncIterator[ChoiceDelta]:
-    """Items of every stream in arrival order; the first error cancels the others and is raised."""
+def merge(streams: list[AsyncIterator[ChoiceDelta]]) -> AsyncIterator[ChoiceDelta]:
+    """Items of every stream in arrival order; the first error cancels the others and is raised. One stream is
+    itself (no task and queue hop per item: the common case, one prompt)."""
+    return streams[0] if len(streams) == 1 else merged(streams)
+
+
+async def merged(streams: list[AsyncIterator[ChoiceDelta]]) -> AsyncIterator[ChoiceDelta]:
     queue: asyncio.Queue = asyncio.Queue()
     tasks = [asyncio.create_task(pump(stream, queue)) for stream in streams]
     try:

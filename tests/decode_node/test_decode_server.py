@@ -39,6 +39,7 @@ class Bench:
         self.prefill = PrefillServer(node_config(model_dir, "prefill", prefill_id, kv_lease_seconds=lease_s), agent)
         self.decode = DecodeServer(node_config(model_dir, "decode", "decode-a", transfer=transfer), agent)
         self.to_prefill, self.to_decode = self.socket(self.prefill), self.socket(self.decode)
+        self.step_messages: list[int] = []
 
     @staticmethod
     def socket(server):
@@ -48,13 +49,19 @@ class Bench:
         return socket
 
     def step(self, turns: int = 1) -> list:
-        """Step both servers; -> the messages the decode node sent the router meanwhile."""
+        """Step both servers; -> the messages the decode node sent the router meanwhile, a StepTokens as its
+        events (self.step_messages counts the StepTokens and their events)."""
         replies = []
         for _ in range(turns):
             self.prefill.step()
             self.decode.step()
             while self.to_decode.poll(1):
-                replies.append(protocol.decode(self.to_decode.recv_multipart()[-1]))
+                message = protocol.decode(self.to_decode.recv_multipart()[-1])
+                if isinstance(message, protocol.StepTokens):
+                    self.step_messages.append(len(message.events))
+                    replies += message.events
+                else:
+                    replies.append(message)
         return replies
 
     def prefilled(self, request_id: str, num_tokens: int = 20) -> tuple[protocol.PrefillResult, list[int]]:
@@ -130,6 +137,24 @@ def test_normal_path_streams_every_token_and_the_prefill_node_frees_its_copy(ben
     bench.step(3)  # NOTE: the read's notification reaches the prefill node on its next turn
     assert bench.prefill.agent.counters.kv_released == 1 and not bench.prefill.leases
     assert bench.decode.agent.counters.reads_completed == 1
+    bench.assert_idle()
+
+
+def test_a_step_sends_each_router_one_message_with_every_running_request(bench):
+    """One StepTokens per step for this router, holding an event per running request (the router decodes and
+    wakes once per step); inverse: with one request running, a step's message holds one event."""
+    for name in ("a", "b", "c"):
+        result, prompt = bench.prefilled(name)
+        bench.send_decode(result, prompt)
+    events = bench.until(lambda replies: sum(bool(isinstance(r, protocol.TokenEvent) and r.finish_reason)
+                                             for r in replies) == 3)
+    assert {e.request_id for e in events} == {"a", "b", "c"}
+    assert max(bench.step_messages) == 3
+    bench.step_messages.clear()
+    result, prompt = bench.prefilled("alone")
+    bench.send_decode(result, prompt)
+    bench.until(finished)
+    assert bench.step_messages and set(bench.step_messages) == {1}
     bench.assert_idle()
 
 
