@@ -126,17 +126,18 @@ def varlen_prompt_meta(chunks: list[PrefillChunk], first_row: int, block_size: i
     its chunk's end; host tensors."""
     query_lens = [c.num_tokens for c in chunks]
     context_lens = [c.start + c.num_tokens for c in chunks]
-    key_slots = []
+    key_blocks, key_offsets = [], []
     for chunk, context_len in zip(chunks, context_lens, strict=True):
         positions = np.arange(context_len, dtype=np.int64)
-        blocks = np.asarray(chunk.request.block_ids, dtype=np.int64)[positions // block_size]
-        key_slots.append(blocks * block_size + positions % block_size)
+        key_blocks.append(np.asarray(chunk.request.block_ids, dtype=np.int64)[positions // block_size])
+        key_offsets.append(positions % block_size)
 
     def starts(lengths):
         return torch.tensor(np.cumsum([0, *lengths]), dtype=torch.int32)
 
     return VarlenPrompts(first_row, sum(query_lens), starts(query_lens), starts(context_lens),
-                         torch.from_numpy(np.concatenate(key_slots)), max(query_lens), max(context_lens))
+                         torch.from_numpy(np.concatenate(key_blocks)), torch.from_numpy(np.concatenate(key_offsets)),
+                         max(query_lens), max(context_lens))
 
 
 def _shifted(segments, offset: int, device) -> tuple[RequestSegment, ...]:

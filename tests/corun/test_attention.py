@@ -59,9 +59,10 @@ def test_cuda_causal_attention_follows_the_rule(num_new, num_prior):
 def cache_and_chunks(dtype=torch.float32, device="cpu"):
     """A paged cache filled at random and three chunks over it: a first chunk, a later one, a one-token one."""
     gen = torch.Generator().manual_seed(3)
-    num_blocks = 64
-    k_cache, v_cache = (torch.randn(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen).to(device, dtype)
-                        for _ in range(2))
+    num_blocks, num_layers = 64, 3
+    # NOTE: block-major, as corun/kv_cache.py lays it out: each layer's K and V are strided views
+    data = torch.randn(num_blocks, num_layers, 2, BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen).to(device, dtype)
+    k_cache, v_cache = data[:, 1, 0], data[:, 1, 1]
     blocks = BlockManager(num_blocks, BLOCK_SIZE)
     params = SamplingParams(max_tokens=4)
 
@@ -97,7 +98,7 @@ def test_varlen_reference_gives_each_chunk_its_own_calls_bits():
     expected = per_chunk(q, k_cache, v_cache, chunks)
     assert torch.equal(varlen_prompt_attention(q, k_cache, v_cache, prompts, 0.25), expected)
     # NOTE: inverse: keys read one block off give other values, so the comparison can fail
-    prompts.key_slots = (prompts.key_slots + BLOCK_SIZE) % (k_cache.shape[0] * BLOCK_SIZE)
+    prompts.key_blocks = (prompts.key_blocks + 1) % k_cache.shape[0]
     assert not torch.equal(varlen_prompt_attention(q, k_cache, v_cache, prompts, 0.25), expected)
 
 
