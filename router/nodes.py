@@ -55,6 +55,14 @@ class NodeStatus:
     seconds_since_pong: float | None
 
 
+class ReplyQueue(asyncio.Queue):
+    """A request's replies from its node, in arrival order."""
+
+    def peek(self):
+        """The next reply without taking it (the queue is not empty)."""
+        return self._queue[0]
+
+
 class NodeClient:
     """One node: a DEALER socket, a receive loop routing replies to per-request queues, and a work count."""
 
@@ -67,7 +75,7 @@ class NodeClient:
         """No new requests: it is being removed (router/admin.py)."""
         self._context = context
         self._socket: zmq.asyncio.Socket | None = None
-        self._request_queues: dict[str, asyncio.Queue] = {}
+        self._request_queues: dict[str, ReplyQueue] = {}
         self._latest_pong: Pong | None = None
         self._latest_pong_time: float | None = None
         self._connected = False
@@ -119,11 +127,11 @@ class NodeClient:
             logger.debug("dropped a message to %s: %s", self.address, future.exception())
 
     @contextlib.contextmanager
-    def open_request(self, request_id: str, work: int) -> Iterator[asyncio.Queue]:
+    def open_request(self, request_id: str, work: int) -> Iterator[ReplyQueue]:
         """Route this request's replies to a fresh queue and count its work until the block ends."""
         if request_id in self._request_queues:
             raise ValueError(f"request id {request_id!r} is already in flight on {self.address}")
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = ReplyQueue()
         self._request_queues[request_id] = queue
         self.outstanding_work += work
         try:

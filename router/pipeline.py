@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 
 from corun.protocol import Abort, DecodeRequest, ErrorReply, PrefillRequest, PrefillResult, TokenEvent
 from corun.sampling_params import SamplingParams
-from router.nodes import NodeClient, NodePool, NoNodeAvailable, Placement, UnknownNode
+from router.nodes import NodeClient, NodePool, NoNodeAvailable, Placement, ReplyQueue, UnknownNode
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +173,8 @@ async def run_decode(node: NodeClient, request: DecodeRequest, timeout_s: float,
             await send_within(node, request, timeout_s)
             while running:
                 event = await next_reply(node, replies, timeout_s)
+                if isinstance(event, TokenEvent):
+                    event = take_queued_tokens(event, replies)
                 if isinstance(event, TokenEvent) and event.index in aborted:
                     continue  # NOTE: decoded before the node saw the sample's Abort
                 if not isinstance(event, TokenEvent) or event.index not in running:
@@ -190,6 +192,22 @@ async def run_decode(node: NodeClient, request: DecodeRequest, timeout_s: float,
             if running:
                 # NOTE: consumer gone, stop string matched, node failed or silent: free the decode slots.
                 node.post(Abort(request.request_id))
+
+
+def take_queued_tokens(event: TokenEvent, replies: ReplyQueue) -> TokenEvent:
+    """event with the same sample's tokens that queued up behind it (the consumer fell behind the decode steps):
+    one delta, one SSE chunk and one write for them all, as vLLM's output processor merges what it finds queued;
+    a router keeping up finds nothing queued and streams one token per step."""
+    while event.finish_reason is None and not replies.empty():
+        queued = replies.peek()
+        if type(queued) is not TokenEvent or queued.index != event.index or (queued.logprobs is None) != (
+                event.logprobs is None) or queued.prompt_logprobs is not None:
+            break
+        replies.get_nowait()
+        logprobs = None if event.logprobs is None else event.logprobs + queued.logprobs
+        event = dataclasses.replace(event, token_ids=event.token_ids + queued.token_ids, logprobs=logprobs,
+                                    finish_reason=queued.finish_reason)
+    return event
 
 
 async def send_within(node: NodeClient, message, timeout_s: float) -> None:
@@ -210,7 +228,7 @@ async def send_within(node: NodeClient, message, timeout_s: float) -> None:
     sending.result()
 
 
-async def next_reply(node: NodeClient, replies: asyncio.Queue, timeout_s: float):
+async def next_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
     """The node's next message for this request; ErrorReply and silence become GenerationError.
 
     NOTE: waits in short slices and gives up as soon as the node stops answering pings, so a dead node costs
@@ -225,7 +243,7 @@ async def next_reply(node: NodeClient, replies: asyncio.Queue, timeout_s: float)
     return reply
 
 
-async def wait_for_reply(node: NodeClient, replies: asyncio.Queue, timeout_s: float):
+async def wait_for_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         remaining = deadline - asyncio.get_running_loop().time()
