@@ -275,10 +275,15 @@ def progress_line(mode: str, workload: str, result: dict) -> str:
     """One line per (mode, workload) for stderr, so long device runs show where they are."""
     ttft, tpot = result["ttft_s"], result["tpot_ms"]
     cut_short = " TRUNCATED" if result["truncated"] else ""
+    served = ""
+    if "itl_ms" in result:  # NOTE: a run through the router (corun bench --url)
+        served = f", ITL p50/p99 {result['itl_ms']['p50']}/{result['itl_ms']['p99']} ms"
+        if result.get("router_cpu_us_per_token") is not None:
+            served += f", router CPU {result['router_cpu_us_per_token']} us/token"
     return (f"corun bench: {mode} {workload} rate={result['arrivals']['request_rate']} "
             f"prefill={result['prefill_path']}: {result['output_tok_per_s']} tok/s, TTFT p50/p99 "
-            f"{ttft['p50']}/{ttft['p99']} s, TPOT p99 {tpot['p99']} ms, goodput {result['goodput_req_per_s']} "
-            f"req/s ({result['num_good']}/{result['num_requests']} good){cut_short}")
+            f"{ttft['p50']}/{ttft['p99']} s, TPOT p99 {tpot['p99']} ms{served}, goodput "
+            f"{result['goodput_req_per_s']} req/s ({result['num_good']}/{result['num_requests']} good){cut_short}")
 
 
 def scheduler_for(base: SchedulerConfig, spec: str) -> SchedulerConfig:

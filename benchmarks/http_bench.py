@@ -78,6 +78,7 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
                                      headers=bearer_headers(api_key)) as session:
         model = await served_model_name(session, url)
+        cpu_before = await router_cpu_seconds(session, url)
         records: list[StreamedRequest] = []
         start = time.perf_counter()
 
@@ -98,7 +99,34 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         elapsed = time.perf_counter() - start
-    return summarize_http(records, len(prompts), elapsed, arrivals, slo, truncated=bool(pending))
+        cpu_after = await router_cpu_seconds(session, url)
+    result = summarize_http(records, len(prompts), elapsed, arrivals, slo, truncated=bool(pending))
+    return result | router_cpu(cpu_before, cpu_after, sum(r.num_tokens for r in records),
+                               sum(len(r.chunk_at) for r in records))
+
+
+async def router_cpu_seconds(session: aiohttp.ClientSession, url: str) -> float | None:
+    """The router's process_cpu_seconds_total from its /metrics (summed over its processes); None when it has
+    none (another server behind the URL)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with session.get(f"{url}/metrics") as response:
+        if response.status != 200:
+            return None
+        text = await response.text()
+    samples = [sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == "process_cpu_seconds_total"]
+    return sum(samples) if samples else None
+
+
+def router_cpu(before: float | None, after: float | None, num_tokens: int, num_chunks: int) -> dict:
+    """The router's CPU over the run, per streamed token and per SSE chunk (a chunk carries several tokens when
+    the router fell behind the decode steps). NOTE: the whole process's CPU over the window, idle ticks included."""
+    if before is None or after is None or num_tokens == 0:
+        return {"router_cpu_s": None, "router_cpu_us_per_token": None, "router_cpu_us_per_chunk": None}
+    cpu_s = after - before
+    return {"router_cpu_s": round(cpu_s, 3), "router_cpu_us_per_token": round(1e6 * cpu_s / num_tokens, 2),
+            "router_cpu_us_per_chunk": round(1e6 * cpu_s / max(1, num_chunks), 2)}
 
 
 def summarize_http(records: list[StreamedRequest], num_requests: int, elapsed: float, arrivals: Arrivals,

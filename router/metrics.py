@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -26,6 +26,9 @@ class RouterMetrics:
 
     def __init__(self, node_statuses: Callable[[], list[NodeStatus]], count_in_flight: Callable[[], int]):
         self.registry = CollectorRegistry()
+        # NOTE: process_cpu_seconds_total and the other process_* series, as vLLM's /metrics has them: what
+        # `corun bench --url` turns into router CPU per streamed token
+        ProcessCollector(registry=self.registry)
         self.requests = Counter("corun_router_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=self.registry)
         self.in_flight = Gauge("corun_router_requests_in_flight", "Prompts admitted and not finished",

@@ -33,6 +33,8 @@ def test_every_request_streams_to_its_end_with_the_engine_schema(cluster, tiny_m
         assert result["output_tokens"] == sum(num_out for _, num_out in workload.lengths) and result["num_errors"] == 0
         assert result["num_good"] == len(workload.lengths) and 0 < result["ttft_s"]["p50"] <= result["ttft_s"]["p99"]
         assert result["itl_ms"]["p50"] > 0 and result["tpot_ms"]["p50"] > 0
+        # NOTE: the router's own CPU from its /metrics, per token and per chunk (a chunk holds >= 1 token)
+        assert result["router_cpu_s"] > 0 and result["router_cpu_us_per_chunk"] >= result["router_cpu_us_per_token"] > 0
     engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=128),
                           scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512))
     colocated = run_bench(engine, ["corun"], WORKLOADS[:1], slo=slo)["modes"]["corun"]["short"]
