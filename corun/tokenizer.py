@@ -6,6 +6,7 @@ Deliberately not transformers' AutoTokenizer: that imports torch, and the router
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -34,6 +35,13 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_stream(self, skip_special_tokens: bool = True) -> Callable[[int], str | None]:
+        """step(token_id) -> the text this token adds to the output so far, or None while it ends in an incomplete
+        character (tokenizers' DecodeStream, in Rust: one call per token, as vLLM's fast detokenizer does)."""
+        stream = tokenizers.decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
+        backend = self._backend
+        return lambda token_id: stream.step(backend, token_id)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if self._chat_template is None:

@@ -27,10 +27,12 @@ class TextDelta:
 class IncrementalDetokenizer:
     """The output's text as tokens arrive, holding back what may still change.
 
-    Equal to decoding the whole output at once, but each token decodes only a short window (vLLM's
-    prefix/read offsets): the text of tokens[prefix:] minus that of tokens[prefix:read] is the new text.
+    Equal to decoding the whole output at once, but each token decodes only a short window (tokenizers'
+    DecodeStream: the text of tokens[prefix:] minus that of tokens[prefix:read], vLLM's prefix/read offsets).
     NOTE: decoding the window with a little context, not the lone new token, keeps tokenizers that strip a
-    leading space or merge bytes across tokens right; decoding everything each time would cost O(length).
+    leading space or merge bytes across tokens right; decoding everything each time would cost O(length). The
+    last token decodes the whole output once, so the final text is exactly its decode, an unfinished character's
+    replacement included.
     """
 
     def __init__(self, tokenizer: Tokenizer, stop_strings: tuple[str, ...] = (), include_stop_string: bool = False,
@@ -46,9 +48,7 @@ class IncrementalDetokenizer:
         # NOTE: a possible stop string's beginning is held back, or it could be streamed before it matched.
         self._hold_back = max((len(s) for s in stop_strings), default=1) - 1
         self._token_ids: list[int] = []
-        self._prefix_offset = 0
-        self._read_offset = 0
-        """tokens[:read] are decoded into _text; tokens[prefix:read] are the context of the next decode."""
+        self._step = tokenizer.decode_stream(skip_special_tokens)
         self._text = ""
         self._emitted = ""
         self.stopped = False
@@ -85,15 +85,12 @@ class IncrementalDetokenizer:
         return False
 
     def _decode_window(self, is_last: bool) -> None:
-        context_text = self._decode(self._token_ids[self._prefix_offset:self._read_offset])
-        window_text = self._decode(self._token_ids[self._prefix_offset:])
-        # NOTE: text ending in U+FFFD ends in an incomplete UTF-8 sequence: wait for the next token.
-        if len(window_text) > len(context_text) and (is_last or not window_text.endswith(REPLACEMENT_CHAR)):
-            self._text += window_text[len(context_text):]
-            self._prefix_offset, self._read_offset = self._read_offset, len(self._token_ids)
-
-    def _decode(self, token_ids: list[int]) -> str:
-        return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens) if token_ids else ""
+        if is_last:
+            self._text = self._tokenizer.decode(self._token_ids, skip_special_tokens=self._skip_special_tokens)
+            return
+        new_text = self._step(self._token_ids[-1])  # NOTE: None: an incomplete UTF-8 sequence, wait for more
+        if new_text:
+            self._text += new_text
 
     def _find_stop(self, text: str) -> tuple[int, str] | None:
         """(where the first stop string starts, which one), or None."""

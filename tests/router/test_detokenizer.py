@@ -60,3 +60,22 @@ def test_random_token_sequences_detokenise_like_the_whole_decode(tokenizer):
         token_ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randint(1, 200))]
         text = "".join(delta.text for delta in feed(tokenizer, token_ids, group=rng.randint(1, 3)))
         assert text == tokenizer.decode(token_ids)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_token_streams_give_the_whole_decode_and_only_its_prefixes(tokenizer, seed):
+    """Any ids (special ones and split characters included), in groups of any size: every delta extends a prefix
+    of the whole decode, and the last leaves exactly the whole decode; inverse: an unfinished stream holds back."""
+    rng = random.Random(seed)
+    token_ids = [rng.randrange(tokenizer.vocab_size) for _ in range(200)]
+    whole = tokenizer.decode(token_ids)
+    detokenizer, shown, start = IncrementalDetokenizer(tokenizer), "", 0
+    while start < len(token_ids):
+        group = rng.randint(1, 4)
+        shown += detokenizer.add(token_ids[start:start + group], finished=start + group >= len(token_ids)).text
+        start += group
+        assert whole.startswith(shown)
+    assert shown == whole
+    unfinished = IncrementalDetokenizer(tokenizer)
+    split = tokenizer.encode("🙂")
+    assert len(split) > 1 and unfinished.add(split[:1], finished=False).text == ""
