@@ -87,6 +87,10 @@ case $part in
         --modes "corun,standard" --goodput ttft:500 tpot:50 \
         --out "$out/h200_defaults_poisson_$rate.json" > "$out/bench_poisson_$rate.log" 2>&1
     done ;;
+  standard_second_machine)  # the graph-captured standard on ShareGPT-like at t = 0 on another machine (as run: the
+    # last device call of the session, its GPU and CPU model appended to the log)
+    timeout 200 $BENCH --workloads sharegpt --max-seconds 12 --goodput ttft:500 tpot:50 --modes standard \
+      --out "$out/h200_standard_second_machine.json" > "$out/bench.log" 2>&1 ;;
   defaults_poisson)  # Poisson ShareGPT-like at 16 and 32 req/s, 300 requests, cut at 22 s
     for rate in 16 32; do
       timeout 270 $BENCH --workloads sharegpt --num-requests 300 --request-rate $rate --max-seconds 22 \
