@@ -96,3 +96,34 @@ def test_least_loaded_prefers_less_work_then_the_lowest_index():
         return picks
 
     assert asyncio.run(body()) == [0, 1, 2, 0]
+
+
+def test_a_samples_queued_events_merge_into_one_and_nothing_else_does():
+    """When the consumer fell behind, a sample's TokenEvents queued behind the first become one (one delta, one
+    chunk); another sample's event, a finished sample and a logprobs mismatch stop the merge."""
+    from corun.outputs import TokenLogprobs
+    from corun.protocol import TokenEvent
+    from router.nodes import ReplyQueue
+    from router.pipeline import take_queued_tokens
+
+    def logprobs(token_id):
+        return [TokenLogprobs(token_id, -0.5)]
+
+    async def scenario():
+        queue = ReplyQueue()
+        for event in (TokenEvent("r", [2], logprobs(2)), TokenEvent("r", [3], logprobs(3), "length"),
+                      TokenEvent("r", [4], logprobs(4))):
+            queue.put_nowait(event)
+        merged = take_queued_tokens(TokenEvent("r", [1], logprobs(1)), queue)
+        assert merged.token_ids == [1, 2, 3] and [lp.token_id for lp in merged.logprobs] == [1, 2, 3]
+        assert merged.finish_reason == "length" and queue.qsize() == 1  # NOTE: nothing merges past a finish
+        queue = ReplyQueue()
+        for event in (TokenEvent("r", [2], None, index=1), TokenEvent("r", [3], None)):
+            queue.put_nowait(event)
+        assert take_queued_tokens(TokenEvent("r", [1], None), queue).token_ids == [1]  # NOTE: sample 1 is next
+        queue = ReplyQueue()
+        queue.put_nowait(TokenEvent("r", [2], None))
+        assert take_queued_tokens(TokenEvent("r", [1], logprobs(1)), queue).token_ids == [1]
+        assert take_queued_tokens(TokenEvent("r", [1], None), ReplyQueue()).token_ids == [1]
+
+    asyncio.run(scenario())
