@@ -34,6 +34,7 @@ import zmq
 from benchmarks.fake_output import TOKEN_PERIOD, output_token_id
 from corun.protocol import (
     PROTOCOL_VERSION,
+    STEP_TOKENS_HEAD,
     Abort,
     DecodeRequest,
     ErrorReply,
@@ -228,7 +229,6 @@ def step_tokens_bytes(events: list[bytes]) -> bytes:
 
 EVENT_ENVELOPE = msgpack.packb({"v": PROTOCOL_VERSION, "type": "TokenEvent"})[1:]
 """A TokenEvent message's v and type entries: what an event inside StepTokens lacks."""
-STEP_TOKENS_HEAD = msgpack.packb({"v": PROTOCOL_VERSION, "type": "StepTokens", "events": []})[:-1]
 
 
 def as_step_event(head: bytes) -> bytes:

@@ -88,7 +88,7 @@ class ModelRunner:
         self.packed_prefill_kernel = self.on_cuda
         """Padded prefill attention through the packed Triton kernel (CUDA: graph-capturable) rather than one SDPA
         call per chunk (CPU); tests turn it on for CPU to run it in Triton's interpreter."""
-        self.varlen_prompt_attention = self.on_cuda and self.mode == "standard"
+        self.varlen_prompt_kernel = self.on_cuda and self.mode == "standard"
         """standard's mixed steps: every prompt chunk in one varlen attention launch per layer (CUDA), as vLLM's
         FlashAttention backend does, rather than one call per chunk; tests turn it on for CPU (its reference)."""
         self.decode_graph = self.prefill_graph = self.mixed_graph = None
@@ -316,7 +316,7 @@ class ModelRunner:
         return build_windowed_step(decodes, num_decode_rows, chunks, self.block_size, self.device,
                                    self.window_blocks, self.kv_splits(num_decode_rows),
                                    chunk_invariant_prefill=self.mode == "batch_invariant", table_rows=self.table_rows,
-                                   varlen_prompts=self.varlen_prompt_attention)
+                                   varlen_prompts=self.varlen_prompt_kernel)
 
     def forward_counts(self) -> dict[str, int]:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,

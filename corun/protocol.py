@@ -284,7 +284,7 @@ def encode(message) -> bytes:
 
 
 def decode(data: bytes):
-    if data.startswith(_STEP_TOKENS_HEAD):
+    if data.startswith(STEP_TOKENS_HEAD):
         return _decode_step_tokens(data)
     try:
         body = msgpack.unpackb(data, raw=False)
@@ -297,7 +297,7 @@ def decode(data: bytes):
         raise ProtocolError(f"unknown message type {str(type_name)[:40]!r}")
     try:
         message_type = MESSAGE_TYPES[type_name]
-        message = message_type(**{name: _from_wire(message_type, name, value) for name, value in body.items()})
+        message = _from_body(message_type, body)
     except Exception as error:  # NOTE: any field may be anything: a bad one is a refused message, never a crash
         raise ProtocolError(f"malformed {type_name}: {type(error).__name__}: {error}") from error
     check_fields(message, type_name)
@@ -456,7 +456,7 @@ class _StepTokensWire(msgspec.Struct, forbid_unknown_fields=True):
 
 _STEP_TOKENS_ENCODER = msgspec.msgpack.Encoder()
 _STEP_TOKENS_DECODER = msgspec.msgpack.Decoder(_StepTokensWire)
-_STEP_TOKENS_HEAD = msgpack.packb({"v": PROTOCOL_VERSION, "type": "StepTokens", "events": []})[:-1]
+STEP_TOKENS_HEAD = msgpack.packb({"v": PROTOCOL_VERSION, "type": "StepTokens", "events": []})[:-1]
 """The bytes a StepTokens message of this version starts with (the map header, v, type and the events key)."""
 
 
@@ -469,6 +469,10 @@ def _step_tokens_wire(message: StepTokens) -> _StepTokensWire:
         for e in message.events])
 
 
+def _logprobs_list(items) -> list[TokenLogprobs | None] | None:
+    return None if items is None else [_token_logprobs(item) for item in items]
+
+
 def _decode_step_tokens(data: bytes) -> StepTokens:
     try:
         wire = _STEP_TOKENS_DECODER.decode(data)
@@ -476,15 +480,11 @@ def _decode_step_tokens(data: bytes) -> StepTokens:
         raise ProtocolError(f"malformed StepTokens: {error}") from error
     events = []
     for e in wire.events:
-        logprobs, prompt_logprobs = e.logprobs, e.prompt_logprobs
-        if logprobs is not None or prompt_logprobs is not None:  # NOTE: rare (logprobs asked for): checked here
-            logprobs = None if logprobs is None else [_token_logprobs(lp) for lp in logprobs]
-            prompt_logprobs = None if prompt_logprobs is None else [_token_logprobs(lp) for lp in prompt_logprobs]
-            event = TokenEvent(e.request_id, e.token_ids, logprobs, e.finish_reason, prompt_logprobs, e.index)
+        event = TokenEvent(e.request_id, e.token_ids, _logprobs_list(e.logprobs), e.finish_reason,
+                           _logprobs_list(e.prompt_logprobs), e.index)
+        if e.logprobs is not None or e.prompt_logprobs is not None:  # NOTE: rare; msgspec lets NaN floats through
             check_fields(event, "StepTokens.events")
-            events.append(event)
-        else:
-            events.append(TokenEvent(e.request_id, e.token_ids, None, e.finish_reason, None, e.index))
+        events.append(event)
     return StepTokens(events)
 
 

@@ -131,6 +131,6 @@ def test_a_standard_engine_with_varlen_prompts_generates_the_per_chunk_bits(tiny
     calls = []
     monkeypatch.setattr(corun.attention, "varlen_prompt_attention",
                         lambda *args: calls.append(args[3].max_context_len) or varlen_prompt_attention(*args))
-    llm.engine.runner.varlen_prompt_attention = True
+    llm.engine.runner.varlen_prompt_kernel = True
     assert run() == per_chunk_outputs
     assert len(calls) > 0 and max(calls) > 64  # NOTE: later chunks (prompts longer than a chunk) went through it

@@ -85,7 +85,7 @@ def test_step_tokens_fast_path_writes_and_reads_the_generic_wire_form(message):
     # only one that can answer
     body = msgpack.unpackb(generic_wire(message))
     reordered = msgpack.packb({"type": body["type"], "v": body["v"], "events": body["events"]}, use_bin_type=True)
-    assert not reordered.startswith(protocol._STEP_TOKENS_HEAD) and protocol.decode(reordered) == message
+    assert not reordered.startswith(protocol.STEP_TOKENS_HEAD) and protocol.decode(reordered) == message
 
 
 @pytest.mark.parametrize("event", [
