@@ -23,11 +23,12 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_child(command: list[str], log_path: str, stdout=subprocess.DEVNULL) -> subprocess.Popen:
-    """command in a new session (its own process group), stderr to log_path."""
+def start_child(command: list[str], log_path: str, stdout=subprocess.DEVNULL,
+                env: dict[str, str] | None = None) -> subprocess.Popen:
+    """command in a new session (its own process group), stderr to log_path; env: its environment (None: ours)."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(command, stdout=stdout, stderr=log, start_new_session=True,
-                                preexec_fn=die_with_parent)
+                                preexec_fn=die_with_parent, env=env)
 
 
 def read_json_line(process: subprocess.Popen, timeout_s: float, what: str) -> dict:

@@ -106,17 +106,23 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
 
 
 async def router_cpu_seconds(session: aiohttp.ClientSession, url: str) -> float | None:
-    """The router's process_cpu_seconds_total from its /metrics (summed over its processes); None when it has
-    none (another server behind the URL)."""
+    """The router's CPU seconds from its /metrics: corun_router_process_cpu_seconds summed over its router
+    processes (several on one port: one series each), else process_cpu_seconds_total (one process: vLLM's);
+    None when it has neither (another server behind the URL)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     async with session.get(f"{url}/metrics") as response:
         if response.status != 200:
             return None
         text = await response.text()
-    samples = [sample.value for family in text_string_to_metric_families(text)
-               for sample in family.samples if sample.name == "process_cpu_seconds_total"]
-    return sum(samples) if samples else None
+    samples: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample.value)
+    for name in ("corun_router_process_cpu_seconds", "process_cpu_seconds_total"):
+        if name in samples:
+            return sum(samples[name])
+    return None
 
 
 def router_cpu(before: float | None, after: float | None, num_tokens: int, num_chunks: int) -> dict:

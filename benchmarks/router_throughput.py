@@ -16,8 +16,9 @@ each S of --streams. Per run:
   CPU. A row whose drivers could not keep up says so (driver_limited, warnings): it measures them, not only the
   router.
 
---routers takes a list, for the multi-router work of issue 21: the runner starts that many router processes on
-the same nodes and spreads the streams over them, but only 1 is accepted today.
+--routers takes a list: K router processes on one port, as `corun serve --routers K` starts them (SO_REUSEPORT,
+a control port each, one Prometheus directory); the clients open every stream to that one port, and the kernel
+spreads the connections.
 """
 
 from __future__ import annotations
@@ -54,9 +55,6 @@ from benchmarks.fake_output import MIN_VOCAB_SIZE
 from benchmarks.report import emit
 from benchmarks.router_load_client import LoadPlan, Schedule, run_worker
 
-SUPPORTED_ROUTER_COUNTS = (1,)
-"""Router processes per run that today's router supports; more is the multi-router work of issue 21 (the runner
-already starts K of them on the same nodes and spreads streams over them)."""
 DEFAULT_STREAMS = (32, 64, 128, 256, 512, 1024)
 SERVED_MODEL_NAME = "router-throughput"
 STARTUP_TIMEOUT_S = 60.0
@@ -87,6 +85,9 @@ class FakeNodeProcess:
 class RouterProcess:
     process: subprocess.Popen
     url: str
+    """The port every router serves."""
+    own_url: str
+    """Where this router alone answers (/health, /metrics): its control port beside others, else url."""
 
     @property
     def pid(self) -> int:
@@ -99,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--streams", type=int_list, default=DEFAULT_STREAMS,
                         help="concurrent streams per run, comma-separated (default %(default)s)")
     parser.add_argument("--routers", type=int_list, default=(1,),
-                        help="router processes per run, comma-separated; only 1 today (multi-router: issue 21)")
+                        help="router processes per run (on one port), comma-separated (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window of each run")
     parser.add_argument("--warmup-seconds", type=float, default=3.0,
                         help="streaming before the window (streams start spread over it)")
@@ -111,10 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-dir", help="keep the router's and fake nodes' logs here (default: a temporary "
                         "directory, removed at the end)")
     args = parser.parse_args(argv)
-    unsupported = sorted(set(args.routers) - set(SUPPORTED_ROUTER_COUNTS))
-    if unsupported:
-        parser.error(f"--routers {','.join(map(str, unsupported))}: today's router runs as 1 process per cluster "
-                     "(several routers over the same nodes are issue 21's future work); pass --routers 1")
+    if min(args.routers) < 1:
+        parser.error("--routers must be >= 1")
     if min(args.streams) < 1 or args.workers < 1 or args.max_tokens < 2 or args.prompt_tokens < 1:
         parser.error("--streams, --workers and --prompt-tokens must be >= 1, --max-tokens >= 2 (a decode)")
     if args.seconds <= 0 or args.warmup_seconds < 0 or args.step_ms <= 0:
@@ -153,9 +152,10 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             stack.callback(stop_child, decode.process)
             for num_routers in args.routers:
                 with contextlib.ExitStack() as router_stack:
-                    routers = []
+                    routers, port = [], free_port()
+                    metrics_dir = router_stack.enter_context(tempfile.TemporaryDirectory(prefix="router-metrics-"))
                     for index in range(num_routers):
-                        router = start_router(index, args, prefill, decode, log_dir)
+                        router = start_router(index, num_routers, port, metrics_dir, args, prefill, decode, log_dir)
                         router_stack.callback(stop_child, router.process)
                         routers.append(router)
                     for router in routers:
@@ -192,17 +192,24 @@ def start_fake_node(role: str, vocab_size: int, step_ms: float, log_dir: str) ->
     return FakeNodeProcess(process, ready["address"], ready["control"])
 
 
-def start_router(index: int, args: argparse.Namespace, prefill: FakeNodeProcess, decode: FakeNodeProcess,
-                 log_dir: str) -> RouterProcess:
-    port = free_port()
+def start_router(index: int, num_routers: int, port: int, metrics_dir: str, args: argparse.Namespace,
+                 prefill: FakeNodeProcess, decode: FakeNodeProcess, log_dir: str) -> RouterProcess:
+    """Router index of num_routers on port, started as launch/routers.py starts them."""
     # NOTE: admission must never refuse a stream: the benchmark measures streaming, not 429s
     max_pending = 2 * max(args.streams) + 64
     command = [sys.executable, "-m", "router", "--model", args.model, "--prefill-address", prefill.address,
                "--decode-address", decode.address, "--port", str(port), "--served-model-name", SERVED_MODEL_NAME,
                "--max-pending-requests", str(max_pending)]
-    process = start_child(command, os.path.join(log_dir, f"router_{index}.log"))
-    print(f"router {index}: pid {process.pid}, http://127.0.0.1:{port}", file=sys.stderr, flush=True)
-    return RouterProcess(process, f"http://127.0.0.1:{port}")
+    url = own_url = f"http://127.0.0.1:{port}"
+    env = None
+    if num_routers > 1:
+        control_port = free_port()
+        command += ["--reuse-port", "--control-port", str(control_port), "--instance-name", f"r{index}"]
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+        own_url = f"http://127.0.0.1:{control_port}"
+    process = start_child(command, os.path.join(log_dir, f"router_{index}.log"), env=env)
+    print(f"router {index}: pid {process.pid}, {url}", file=sys.stderr, flush=True)
+    return RouterProcess(process, url, own_url)
 
 
 def free_port() -> int:
@@ -217,13 +224,13 @@ def wait_until_healthy(router: RouterProcess) -> None:
         if router.process.poll() is not None:
             raise RuntimeError(f"the router exited ({router.process.returncode}) before it was healthy")
         try:
-            with urllib.request.urlopen(f"{router.url}/health", timeout=2) as reply:
+            with urllib.request.urlopen(f"{router.own_url}/health", timeout=2) as reply:
                 if reply.status == 200:
                     return
         except (urllib.error.URLError, OSError):
             pass  # NOTE: not listening yet, or 503 until both nodes answered a ping
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{router.url}/health was not 200 within {STARTUP_TIMEOUT_S:g} s")
+            raise RuntimeError(f"{router.own_url}/health was not 200 within {STARTUP_TIMEOUT_S:g} s")
         time.sleep(0.1)
 
 
@@ -240,11 +247,11 @@ def measure_idle(routers: list[RouterProcess]) -> dict:
 
 def generated_tokens(router: RouterProcess) -> int:
     """The router's own count of tokens it returned (vllm:generation_tokens), read while it is idle."""
-    with urllib.request.urlopen(f"{router.url}/metrics", timeout=10) as reply:
+    with urllib.request.urlopen(f"{router.own_url}/metrics", timeout=10) as reply:
         for line in reply.read().decode().splitlines():
             if line.startswith("vllm:generation_tokens_total "):
                 return int(float(line.split()[1]))
-    raise RuntimeError(f"{router.url}/metrics has no vllm:generation_tokens_total")
+    raise RuntimeError(f"{router.own_url}/metrics has no vllm:generation_tokens_total")
 
 
 def ask_window(node: FakeNodeProcess) -> dict:
@@ -278,7 +285,7 @@ def measure_run(routers: list[RouterProcess], prefill: FakeNodeProcess, decode: 
                 args: argparse.Namespace) -> dict:
     step_s = args.step_ms / 1e3
     num_workers = min(args.workers, streams)
-    plans = [LoadPlan(worker, tuple(router.url for router in routers), SERVED_MODEL_NAME,
+    plans = [LoadPlan(worker, tuple(sorted({router.url for router in routers})), SERVED_MODEL_NAME,
                       tuple(range(worker, streams, num_workers)), streams, tuple(range(1, args.prompt_tokens + 1)),
                       args.max_tokens, os.getpid())
              for worker in range(num_workers)]
@@ -288,7 +295,7 @@ def measure_run(routers: list[RouterProcess], prefill: FakeNodeProcess, decode: 
     workers = [context.Process(target=run_worker, args=(plan, queue, results), daemon=True,
                                name=f"router-load-client-{plan.worker}")
                for plan, queue in zip(plans, schedules, strict=True)]
-    router_tokens_before = sum(generated_tokens(router) for router in routers)
+    router_tokens_before = [generated_tokens(router) for router in routers]
     try:
         for worker in workers:
             worker.start()
@@ -311,7 +318,8 @@ def measure_run(routers: list[RouterProcess], prefill: FakeNodeProcess, decode: 
         prefill_window, decode_window = ask_window(prefill), ask_window(decode)
         tallies = await_messages(results, "done", num_workers, schedule.drain_timeout_s + STARTUP_TIMEOUT_S)
         left_running = ask_window(decode)["num_running"]
-        router_tokens = sum(generated_tokens(router) for router in routers) - router_tokens_before
+        router_tokens = [generated_tokens(router) - before for router, before in zip(routers, router_tokens_before,
+                                                                                     strict=True)]
     finally:
         for worker in workers:
             if worker.is_alive():
@@ -343,7 +351,7 @@ def sleep_until(at: float) -> None:
 
 def summarize_run(num_routers: int, streams: int, args: argparse.Namespace, before: Snapshot, after: Snapshot,
                   prefill_window: dict, decode_window: dict, tallies: list[dict], left_running: int,
-                  router_tokens: int, router_memory: list[dict]) -> dict:
+                  router_tokens: list[int], router_memory: list[dict]) -> dict:
     window_s = after.at - before.at
     tokens = sum(t["tokens"] for t in tallies)
     chunks = sum(t["chunks"] for t in tallies)
@@ -381,7 +389,8 @@ def summarize_run(num_routers: int, streams: int, args: argparse.Namespace, befo
         "clients": {
             "workers": len(tallies), "cpu_cores_per_worker": [round(t["cpu_s"] / window_s, 3) for t in tallies],
             "requests_started": sum(t["requests_started"] for t in tallies),
-            "tokens_received": sum(t["tokens_total"] for t in tallies), "router_counted_tokens": router_tokens,
+            "tokens_received": sum(t["tokens_total"] for t in tallies), "router_counted_tokens": sum(router_tokens),
+            "router_counted_tokens_per_router": router_tokens,
             "completed_exact": sum(t["completed_exact"] for t in tallies),
             "wrong_outputs": sum(t["wrong_outputs"] for t in tallies),
             "errors": sum(t["errors"] for t in tallies), "unfinished": sum(t["unfinished"] for t in tallies),

@@ -34,6 +34,8 @@ def add_serve(commands) -> None:
     add_transfer_args(cmd)
     cmd.add_argument("--prefill", type=int, default=1, help="number of prefill servers")
     cmd.add_argument("--decode", type=int, default=1, help="number of decode servers")
+    cmd.add_argument("--routers", type=int, default=1, help="router processes serving --port (SO_REUSEPORT: the "
+                     "kernel spreads connections over them), for a front door that one process cannot carry")
     cmd.add_argument("--host", default="127.0.0.1", help="the router's interface (and the local nodes')")
     cmd.add_argument("--port", type=int, default=8000)
     cmd.add_argument("--admin-port", type=int, default=None, help="control port for `corun scale` (add or remove "
@@ -73,7 +75,8 @@ def run_serve(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s %(message)s")
     config = ClusterConfig(
-        engine=engine_config_from_args(args), num_prefill=args.prefill, num_decode=args.decode, host=args.host,
+        engine=engine_config_from_args(args), num_prefill=args.prefill, num_decode=args.decode,
+        num_routers=args.routers, host=args.host,
         port=args.port, served_model_name=args.served_model_name, max_pending_requests=args.max_pending_requests,
         strict_fields=args.strict_fields, api_key=resolve_api_key(args.api_key, os.environ),
         enable_node_pinning=args.enable_node_pinning,

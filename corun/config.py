@@ -348,8 +348,30 @@ class RouterConfig:
     body_timeout_s: float = 60.0
     """A request body must have arrived this long after its headers, else 408 and the connection closes
     (a trickled body). 60 s: max_request_bytes at ~0.5 MB/s."""
+    reuse_port: bool = False
+    """Listen with SO_REUSEPORT, so that several router processes serve one port (`corun serve --routers K`): the
+    kernel spreads new connections over them."""
+    control_port: int | None = None
+    """One of several routers: a second listener, on this port of the same host, where this process alone answers
+    /health, /metrics (its own series) and the /admin/nodes API. The public port then refuses /admin/nodes (a pool
+    change must reach every router: `corun scale` does that), and its /metrics is every router's, summed
+    (prometheus_client's multiprocess mode: PROMETHEUS_MULTIPROC_DIR, which the launcher sets). None: one router,
+    every route on the public port."""
+    metrics_dir: str | None = None
+    """One of several routers: prometheus_client's multiprocess directory, where every router writes its series
+    and from which each one's /metrics sums them. The router's process must have it as PROMETHEUS_MULTIPROC_DIR in
+    its environment (the library reads that when it is imported; `python -m router` takes it from there)."""
+    instance_name: str = ""
+    """Prefix of the ids this router gives its requests on the nodes, different for each router of a cluster, so
+    that two routers never send a node the same id (a client's X-Request-Id is unique only per router). Changes
+    no output: seeds come from the client's request id."""
 
     def __post_init__(self):
+        if self.control_port is not None and not 0 < self.control_port < 65536:
+            raise ValueError(f"control_port must be a port number, got {self.control_port}")
+        if not (self.instance_name.isascii() and self.instance_name.replace("-", "").isalnum()
+                or not self.instance_name):
+            raise ValueError(f"instance_name must be ASCII letters, digits and '-', got {self.instance_name!r}")
         if not self.prefill_addresses or not self.decode_addresses:
             raise ValueError("the router needs at least one prefill and one decode address")
         if self.max_pending_requests < 1:

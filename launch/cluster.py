@@ -43,6 +43,8 @@ class ClusterConfig:
     engine: EngineConfig
     num_prefill: int = 1
     num_decode: int = 1
+    num_routers: int = 1
+    """Router processes on the launching host, all serving `port` (launch/routers.py)."""
     host: str = "127.0.0.1"
     """The router's HTTP interface; the local launcher's nodes bind it too."""
     port: int = 8000
@@ -77,6 +79,8 @@ class ClusterConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (a cluster needs a prefill and a decode server), "
                                  f"got {getattr(self, name)}")
+        if self.num_routers < 1:
+            raise ValueError(f"num_routers must be >= 1, got {self.num_routers}")
         check_api_key(self.api_key)
         if self.startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")

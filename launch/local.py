@@ -2,7 +2,8 @@
 
 Starts them, waits until the router's /health says every node answers, then waits for Ctrl-C or SIGTERM and
 stops them all (SIGTERM, then SIGKILL after a grace period). A node that dies is started again on its port (the
-router retries its requests elsewhere meanwhile); if the router dies, everything stops. At run time add_node()
+router retries its requests elsewhere meanwhile), and so is a router (launch/routers.py: with --routers K the others
+serve meanwhile); one that keeps dying at start stops everything. At run time add_node()
 starts one more node and adds it to the router's pool; remove_node() drains one (no new requests, what it holds
 finishes) and then stops it.
 """
@@ -17,9 +18,10 @@ from pathlib import Path
 
 from corun.node_auth import ClusterKey
 from launch import cluster as launch
-from launch import scaling, serve_loop
+from launch import serve_loop
 from launch.cluster import ClusterConfig, free_port
 from launch.restarts import RestartPolicy
+from launch.routers import RouterGroup
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +48,15 @@ class LocalCluster:
         """The cluster's CURVE key pair and its file (made at start, removed at stop)."""
         self.num_started = {"prefill": 0, "decode": 0}
         """Nodes ever started per role: the next one's index (ids are never reused)."""
+        self.routers: RouterGroup | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.config.host}:{self.config.port}"
+
+    def pool_addresses(self) -> tuple[list[str], list[str]]:
+        """(prefill, decode) addresses of the pool now: what a (re)started router is given."""
+        return list(self.prefill_addresses), list(self.decode_addresses)
 
     def start(self) -> LocalCluster:
         if self.processes:
@@ -84,23 +91,25 @@ class LocalCluster:
         """One more node of this role, in the router's pool (it takes requests once it answers); -> its id."""
         index = self.num_started[role]
         address = self.start_node(role, index)
-        scaling.router_admin(self.url, "POST", {"role": role, "address": address}, self.config.api_key)
+        self.routers.add_node(role, address)
         return launch.node_id(role, index)
 
     def remove_node(self, node_id: str) -> None:
         """Drain the node (the router sends it nothing new; what it holds finishes), then stop it."""
         if node_id not in self.node_addresses:
             raise ValueError(f"no running node {node_id!r} (have {', '.join(self.node_addresses)})")
-        scaling.drain_and_remove(self.url, self.node_addresses[node_id], self.config.drain_timeout_s,
-                                 self.config.api_key)
+        self.routers.drain_and_remove(self.node_addresses[node_id])
         [process] = [process for name, process in self.processes if name == node_id]
         launch.stop_processes([(node_id, process)], grace_s=10.0)
         self.processes = [(name, p) for name, p in self.processes if name != node_id]
-        del self.node_addresses[node_id]
+        address = self.node_addresses.pop(node_id)
+        for addresses in (self.prefill_addresses, self.decode_addresses):
+            if address in addresses:
+                addresses.remove(address)
 
     def start_router(self) -> None:
-        self.spawn("router", launch.router_argv(self.config, self.prefill_addresses, self.decode_addresses,
-                                                self.key_file), launch.router_environment(self.config))
+        self.routers = RouterGroup(self.config, self.key_file, self.restarts)
+        self.routers.start(self.pool_addresses)
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, where: str = "") -> None:
         logger.info("starting %s%s", name, where)
@@ -109,13 +118,12 @@ class LocalCluster:
         self.restarts.started(name)
 
     def restart_dead_nodes(self) -> None:
-        """Start again every prefill/decode process that exited (RestartPolicy: backoff, then giving up); raise
-        if the router did."""
+        """Start again every process that exited (RestartPolicy: backoff, then giving up); raise if a router is
+        given up on."""
+        self.routers.restart_dead(self.pool_addresses)
         for i, (name, process) in enumerate(self.processes):
             if process.poll() is None:
                 continue
-            if name == "router":
-                raise RuntimeError(f"router exited with code {process.returncode}")
             if self.restarts.decide(name, f"exit code {process.returncode}") != "restart":
                 continue
             logger.warning("%s exited with code %s; starting it again", name, process.returncode)
@@ -124,17 +132,21 @@ class LocalCluster:
             self.num_restarts += 1
 
     def wait_healthy(self) -> None:
-        launch.wait_healthy(self.url, self.config.startup_timeout_s, self.check_alive)
+        self.routers.wait_healthy(self.config.startup_timeout_s, self.check_alive)
 
     def healthy(self) -> bool:
-        return launch.router_healthy(self.url)
+        return self.routers.healthy()
 
     def check_alive(self) -> None:
+        if self.routers is not None:
+            self.routers.check_alive()
         for name, process in self.processes:
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited with code {process.returncode}")
 
     def stop(self, grace_s: float = 10.0) -> None:
+        if self.routers is not None:
+            self.routers.stop(grace_s)
         launch.stop_processes(self.processes, grace_s)
         self.processes.clear()
         if self.key_file is not None:

@@ -1,4 +1,5 @@
-"""`corun serve --launcher ray`: the prefill and decode servers on a Ray cluster, the router on this (driver) host.
+"""`corun serve --launcher ray`: the prefill and decode servers on a Ray cluster, the router (or the K routers of
+--routers K, launch/routers.py) on this (driver) host, where the cluster's port is.
 
 Placement: one placement group with one bundle per node ({"CPU": cpus_per_node}, plus {"GPU": 1} when the
 engine runs on CUDA and an optional custom resource per role, so that prefill and decode can be pinned to host
@@ -20,7 +21,6 @@ import dataclasses
 import logging
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -33,10 +33,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from corun.node_auth import ClusterKey
 from launch import cluster as launch
-from launch import scaling, serve_loop
+from launch import serve_loop
 from launch.cluster import ClusterConfig, Role
 from launch.ray_node import NodeActor
 from launch.restarts import RestartPolicy
+from launch.routers import RouterGroup
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ class RayCluster:
     def __init__(self, config: RayClusterConfig):
         self.config = config
         self.nodes: list[RayNode] = []
-        self.router: subprocess.Popen | None = None
+        self.routers: RouterGroup | None = None
         self.placement_group: PlacementGroup | None = None
         self.num_restarts = 0
         self.restarts = RestartPolicy()
@@ -199,6 +200,9 @@ class RayCluster:
     def decode_addresses(self) -> list[str]:
         return [node.address for node in self.nodes if node.role == "decode"]
 
+    def pool_addresses(self) -> tuple[list[str], list[str]]:
+        return self.prefill_addresses, self.decode_addresses
+
     def start(self) -> RayCluster:
         self.cluster_key, self.key_file = launch.make_cluster_key()
         try:
@@ -211,9 +215,8 @@ class RayCluster:
                                 timeout=self.config.placement_timeout_s)
             for node, address in zip(self.nodes, addresses, strict=True):
                 node.address = address
-            self.router = subprocess.Popen(
-                launch.router_argv(self.config.cluster, self.prefill_addresses, self.decode_addresses, self.key_file),
-                env=launch.router_environment(self.config.cluster))
+            self.routers = RouterGroup(self.config.cluster, self.key_file, self.restarts)
+            self.routers.start(self.pool_addresses)
             self.wait_healthy()
         except BaseException:
             self.stop()
@@ -271,7 +274,7 @@ class RayCluster:
             raise
         self.num_started[role] = index + 1
         self.nodes.append(node)
-        scaling.router_admin(self.url, "POST", {"role": role, "address": node.address}, self.config.cluster.api_key)
+        self.routers.add_node(role, node.address)
         return node.name
 
     def remove_node(self, node_id: str) -> None:
@@ -279,8 +282,7 @@ class RayCluster:
         node = next((n for n in self.nodes if n.name == node_id), None)
         if node is None:
             raise ValueError(f"no running node {node_id!r} (have {', '.join(n.name for n in self.nodes)})")
-        scaling.drain_and_remove(self.url, node.address, self.config.cluster.drain_timeout_s,
-                                 self.config.cluster.api_key)
+        self.routers.drain_and_remove(node.address)
         self.nodes.remove(node)
         self._release(node, node.actor.stop.remote(10.0), grace_s=10.0)
 
@@ -301,18 +303,19 @@ class RayCluster:
                                                           self.cluster_key)
 
     def wait_healthy(self) -> None:
-        launch.wait_healthy(self.url, self.config.cluster.startup_timeout_s, self.check_alive)
+        self.routers.wait_healthy(self.config.cluster.startup_timeout_s, self.check_alive)
 
     def check_alive(self) -> None:
-        self._check_router()
+        self.routers.check_alive()
         for node, state in zip(self.nodes, self._node_states(), strict=True):
             if state is not None:
                 raise RuntimeError(f"{node.name} exited ({state})")
 
     def restart_dead_nodes(self) -> None:
         """Start again every node whose process exited (on its actor) or whose actor died (a new actor in the
-        same bundle, on the same port); raise if the router exited."""
-        self._check_router()
+        same bundle, on the same port), and every router that exited (launch/routers.py); raise if a router is
+        given up on."""
+        self.routers.restart_dead(self.pool_addresses)
         for node, state in zip(self.nodes, self._node_states(), strict=True):
             if state is None or self.restarts.decide(node.name, str(state)) != "restart":
                 continue
@@ -346,15 +349,11 @@ class RayCluster:
             # NOTE: the bundle moved to another host (its host died); the router knows nodes by address.
             raise RuntimeError(f"{node.name} came back at {address}, not {node.address}; restart the cluster")
 
-    def _check_router(self) -> None:
-        if self.router is not None and self.router.poll() is not None:
-            raise RuntimeError(f"router exited with code {self.router.returncode}")
-
     def stop(self, grace_s: float = 10.0) -> None:
         stopping = [node.actor.stop.remote(grace_s) for node in self.nodes]
-        if self.router is not None:
-            launch.stop_processes([("router", self.router)], grace_s)
-            self.router = None
+        if self.routers is not None:
+            self.routers.stop(grace_s)
+            self.routers = None
         for node, ref in zip(self.nodes, stopping, strict=True):
             self._release(node, ref, grace_s)
         self.nodes.clear()

@@ -39,19 +39,22 @@ def router_admin(url: str, method: str, body: dict | None = None, api_key: str |
         raise ValueError(message) from None
 
 
-def drain_and_remove(url: str, address: str, timeout_s: float, api_key: str | None = None) -> None:
-    """Stop sending the node new requests, wait until it holds nothing, then drop it from the router's pool."""
-    router_admin(url, "DRAIN", {"address": address}, api_key)
+def drain_and_remove(urls: list[str], address: str, timeout_s: float, api_key: str | None = None) -> None:
+    """Stop sending the node new requests, wait until it holds nothing, then drop it from the pool: in every
+    router (urls: each router's own address), since each one sends the node requests."""
+    for url in urls:
+        router_admin(url, "DRAIN", {"address": address}, api_key)
     deadline = time.monotonic() + timeout_s
-    while True:
-        entry = next(n for n in router_admin(url, "GET", api_key=api_key)["nodes"] if n["address"] == address)
-        if entry["drained"]:
-            break
-        if time.monotonic() > deadline:
-            raise StartupError(f"{address} still holds work after {timeout_s} s of draining")
-        time.sleep(0.2)
-    router_admin(url, "DELETE", {"address": address}, api_key)
-
+    for url in urls:
+        while True:
+            entry = next(n for n in router_admin(url, "GET", api_key=api_key)["nodes"] if n["address"] == address)
+            if entry["drained"]:
+                break
+            if time.monotonic() > deadline:
+                raise StartupError(f"{address} still holds work after {timeout_s} s of draining")
+            time.sleep(0.2)
+    for url in urls:
+        router_admin(url, "DELETE", {"address": address}, api_key)
 
 
 class ScaleControl:

@@ -1,5 +1,5 @@
-"""The loop of `corun serve`, whatever the launcher: start, keep dead nodes restarted and scaling commands
-served, stop everything on SIGINT/SIGTERM or when the router dies."""
+"""The loop of `corun serve`, whatever the launcher: start, keep dead nodes and routers restarted and scaling
+commands served, stop everything on SIGINT/SIGTERM or when a router keeps dying."""
 
 from __future__ import annotations
 
@@ -26,14 +26,15 @@ class Cluster(Protocol):
 
 
 def serve_forever(cluster: Cluster, config: ClusterConfig) -> int:
-    """Start, then restart dead nodes every half second until SIGINT/SIGTERM (exit 0) or until the router dies
-    (exit 1); stop everything either way."""
+    """Start, then restart dead nodes and routers every half second until SIGINT/SIGTERM (exit 0) or until a
+    router is given up on (exit 1); stop everything either way."""
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: stopping.append(signum))
     cluster.start()
     control = None if config.admin_port is None else ScaleControl(config.host, config.admin_port, config.api_key)
-    print(f"CoRun cluster ready: {cluster.url}/v1 ({config.num_prefill}P{config.num_decode}D, "
+    routers = f", {config.num_routers} routers" if config.num_routers > 1 else ""
+    print(f"CoRun cluster ready: {cluster.url}/v1 ({config.num_prefill}P{config.num_decode}D{routers}, "
           f"N={config.engine.scheduler.max_num_seqs})" + (f"; scale at http://{config.host}:{config.admin_port}"
                                                           if control else ""), flush=True)
     try:

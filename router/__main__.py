@@ -16,9 +16,11 @@ from aiohttp import web
 
 from corun.auth import API_KEY_ENV, resolve_api_key
 from corun.config import RouterConfig
-from router.app import create_app, start_site
+from router.app import create_app, create_control_app, start_site
 
 logger = logging.getLogger("router")
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def parse_config(argv: list[str] | None = None) -> RouterConfig:
@@ -46,6 +48,12 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     parser.add_argument("--max-request-bytes", type=int, default=defaults["max_request_bytes"])
     parser.add_argument("--header-timeout-s", type=float, default=defaults["header_timeout_s"])
     parser.add_argument("--body-timeout-s", type=float, default=defaults["body_timeout_s"])
+    several = parser.add_argument_group("one of several routers on one port (corun serve --routers K)")
+    several.add_argument("--reuse-port", action="store_true", help="listen with SO_REUSEPORT")
+    several.add_argument("--control-port", type=int, default=None, help="this process' own port (on --host) for "
+                         "/health, /metrics and /admin/nodes; the shared port then refuses /admin/nodes")
+    several.add_argument("--instance-name", default="", help="prefix of this router's request ids on the nodes, "
+                         "unique in the cluster")
     args = parser.parse_args(argv)
     return RouterConfig(
         model=args.model, prefill_addresses=tuple(args.prefill_address), decode_addresses=tuple(args.decode_address),
@@ -54,7 +62,10 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
         request_timeout_s=args.request_timeout_s, base_seed=args.base_seed, strict_fields=args.strict_fields,
         api_key=resolve_api_key(args.api_key, os.environ), enable_node_pinning=args.enable_node_pinning,
         max_request_bytes=args.max_request_bytes, header_timeout_s=args.header_timeout_s,
-        body_timeout_s=args.body_timeout_s, cluster_key_file=args.cluster_key_file,
+        body_timeout_s=args.body_timeout_s, cluster_key_file=args.cluster_key_file, reuse_port=args.reuse_port,
+        control_port=args.control_port, instance_name=args.instance_name,
+        # NOTE: prometheus_client switches to multiprocess mode on this variable when imported; read here, once
+        metrics_dir=os.environ.get(MULTIPROCESS_ENV) or None,
     )
 
 
@@ -65,13 +76,19 @@ async def serve(app: web.Application, config: RouterConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    runner = await start_site(app, config.host, config.port)
-    logger.info("router listening on http://%s:%d (prefill %s, decode %s)", config.host, config.port,
-                ", ".join(config.prefill_addresses), ", ".join(config.decode_addresses))
+    runner = await start_site(app, config.host, config.port, config.reuse_port)
+    control = None
     try:
+        if config.control_port is not None:
+            control = await start_site(create_control_app(app), config.host, config.control_port)
+        logger.info("router %slistening on http://%s:%d (prefill %s, decode %s)",
+                    f"{config.instance_name} " if config.instance_name else "", config.host, config.port,
+                    ", ".join(config.prefill_addresses), ", ".join(config.decode_addresses))
         await stop.wait()
     finally:
         logger.info("router shutting down")
+        if control is not None:
+            await control.cleanup()
         await runner.cleanup()
 
 

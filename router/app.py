@@ -15,6 +15,7 @@ from router.admin import add_admin_routes
 from router.auth import api_key_middleware
 from router.errors import RequestError, error_body
 from router.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
+from router.metrics import REFRESH_S as METRICS_REFRESH_S
 from router.metrics import RouterMetrics
 from router.nodes import NodePool, NodeStatus, PoolMismatch
 from router.offload import Offload
@@ -48,11 +49,28 @@ def create_app(config: RouterConfig) -> web.Application:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    add_admin_routes(app)
+    if config.control_port is None:
+        add_admin_routes(app)
+    else:
+        app.router.add_route("*", "/admin/{path:.*}", admin_elsewhere)
     add_token_routes(app)
     app.on_startup.append(start_pool)
     app.on_cleanup.append(close_pool)
     return app
+
+
+def create_control_app(app: web.Application) -> web.Application:
+    """What one of several routers answers on its own control port (RouterConfig.control_port): its view of the
+    nodes (/health), its own series (/metrics) and the pool's admin API, for the launcher that starts the routers
+    and must reach each one. Shares app's state; app's startup and cleanup run the pool."""
+    config = app[STATE_KEY].config
+    middlewares = [error_and_metrics_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
+    control = web.Application(middlewares=middlewares, client_max_size=config.max_request_bytes + 1)
+    control[STATE_KEY] = app[STATE_KEY]
+    control.router.add_get("/health", health)
+    control.router.add_get("/metrics", own_metrics)
+    add_admin_routes(control)
+    return control
 
 
 def build_state(config: RouterConfig) -> RouterState:
@@ -61,12 +79,13 @@ def build_state(config: RouterConfig) -> RouterState:
     pool = NodePool(config)
     admission = Admission(config.max_pending_requests)
     tokenizer = load_tokenizer(config.model)
-    return RouterState(config, tokenizer, pool, admission, RouterMetrics(pool.statuses, lambda: admission.in_flight),
-                       Offload(config.model, tokenizer))
+    metrics = RouterMetrics(pool.statuses, lambda: admission.in_flight, config.metrics_dir)
+    return RouterState(config, tokenizer, pool, admission, metrics, Offload(config.model, tokenizer))
 
 
-async def start_site(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Serve app on host:port (port 0: any free one, see runner.addresses); returns the runner to clean up."""
+async def start_site(app: web.Application, host: str, port: int, reuse_port: bool = False) -> web.AppRunner:
+    """Serve app on host:port (port 0: any free one, see runner.addresses); returns the runner to clean up.
+    reuse_port: SO_REUSEPORT, so that other router processes may serve the same port."""
     # NOTE: handler_cancellation: a client that hangs up cancels its handler, which aborts its decode.
     # keepalive_timeout: aiohttp closes a connection whose request headers are not complete when it fires (it
     # runs from the connection's start and from each response), which bounds a slowloris' header read.
@@ -75,15 +94,28 @@ async def start_site(app: web.Application, host: str, port: int) -> web.AppRunne
                            max_line_size=MAX_HEADER_LINE_BYTES, max_field_size=MAX_HEADER_LINE_BYTES,
                            max_headers=MAX_HEADERS, lingering_time=LINGER_S)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
     return runner
+
+
+REFRESH_TASK_KEY = web.AppKey("corun_metrics_refresh", asyncio.Task)
 
 
 async def start_pool(app: web.Application) -> None:
     await app[STATE_KEY].pool.start()
+    if app[STATE_KEY].metrics.multiprocess_dir is not None:
+        app[REFRESH_TASK_KEY] = asyncio.create_task(refresh_metrics(app[STATE_KEY].metrics), name="metrics refresh")
+
+
+async def refresh_metrics(metrics: RouterMetrics) -> None:
+    while True:
+        metrics.refresh()
+        await asyncio.sleep(METRICS_REFRESH_S)
 
 
 async def close_pool(app: web.Application) -> None:
+    if REFRESH_TASK_KEY in app:
+        app[REFRESH_TASK_KEY].cancel()
     await app[STATE_KEY].pool.close()
     app[STATE_KEY].offload.close()
 
@@ -157,5 +189,19 @@ def node_health(status: NodeStatus) -> dict:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[STATE_KEY].metrics.render()
+    return metrics_response(request.app[STATE_KEY].metrics.render())
+
+
+async def own_metrics(request: web.Request) -> web.Response:
+    return metrics_response(request.app[STATE_KEY].metrics.render_own())
+
+
+def metrics_response(body: bytes) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def admin_elsewhere(request: web.Request) -> web.Response:
+    """One of several routers on this port: a pool change made here would reach only the router that took the
+    connection."""
+    return error_response(409, "this router is one of several serving this port: change the pool through `corun "
+                          "scale` (corun serve --admin-port), which tells every router")

@@ -73,7 +73,8 @@ async def serve_generation(request: web.Request, kind: Kind) -> web.StreamRespon
                           state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer,
                           generation.output, tuple(p for p in generation.prompts for _ in range(n)), n)
     with state.admission.admit(request_id, len(generation.prompts) * n):
-        deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i * n, f"{request_id}-{i}",
+        deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i * n,
+                                      node_request_id(state.config, request_id, i),
                                       list(prompt), bind_seed(generation, seed), generation.stop_strings,
                                       placement, generation.output)
                         for i, prompt in enumerate(generation.prompts)])
@@ -83,6 +84,13 @@ async def serve_generation(request: web.Request, kind: Kind) -> web.StreamRespon
             return await full_response(request, ctx, generation, deltas)
         finally:
             await deltas.aclose()
+
+
+def node_request_id(config, request_id: str, prompt_index: int) -> str:
+    """The id of a request's prompt on the nodes: the router's instance name (the id is unique only per router;
+    '/' never occurs in an instance name), the request id, the prompt's index."""
+    prefix = f"{config.instance_name}/" if config.instance_name else ""
+    return f"{prefix}{request_id}-{prompt_index}"
 
 
 def read_placement(request: web.Request, state: RouterState) -> Placement:

@@ -6,11 +6,13 @@ read a CoRun cluster; the cluster's own (HTTP requests, nodes) are corun_*.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from router.nodes import NodeStatus
@@ -22,18 +24,31 @@ NODE_LABELS = ("node_id", "role")
 
 
 class RouterMetrics:
-    """One registry per router (never the global one: tests build many routers in one process)."""
+    """One registry per router (never the global one: tests build many routers in one process).
 
-    def __init__(self, node_statuses: Callable[[], list[NodeStatus]], count_in_flight: Callable[[], int]):
+    With multiprocess_dir (several routers on one port: prometheus_client's multiprocess mode, switched on by
+    PROMETHEUS_MULTIPROC_DIR in the process' environment), every series is also written to that directory, and
+    render() sums them over the routers, as one router's would be; render_own() is this process' alone."""
+
+    def __init__(self, node_statuses: Callable[[], list[NodeStatus]], count_in_flight: Callable[[], int],
+                 multiprocess_dir: str | None = None):
         self.registry = CollectorRegistry()
-        # NOTE: process_cpu_seconds_total and the other process_* series, as vLLM's /metrics has them: what
-        # `corun bench --url` turns into router CPU per streamed token
-        ProcessCollector(registry=self.registry)
+        self.multiprocess_dir = multiprocess_dir
+        self._node_statuses = node_statuses
+        self._count_in_flight = count_in_flight
+        if multiprocess_dir is None:
+            # NOTE: process_cpu_seconds_total and the other process_* series, as vLLM's /metrics has them (one
+            # process' only, so not beside other routers' series)
+            ProcessCollector(registry=self.registry)
         self.requests = Counter("corun_router_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=self.registry)
+        # NOTE: set by refresh(), not set_function: multiprocess mode reads values from the files alone
         self.in_flight = Gauge("corun_router_requests_in_flight", "Prompts admitted and not finished",
-                               registry=self.registry)
-        self.in_flight.set_function(count_in_flight)
+                               registry=self.registry, multiprocess_mode="livesum")
+        self.cpu_seconds = Gauge("corun_router_process_cpu_seconds", "A router process' CPU time (user + "
+                                 "system): what `corun bench --url` turns into router CPU per streamed token; "
+                                 "one series per router process (label pid) beside others",
+                                 registry=self.registry, multiprocess_mode="all")
         self.time_to_first_token = Histogram("vllm:time_to_first_token_seconds",
                                              "From a prompt's start to its first token", buckets=LATENCY_BUCKETS_S,
                                              registry=self.registry)
@@ -57,8 +72,30 @@ class RouterMetrics:
                                        ["finished_reason"], registry=self.registry)
         self.registry.register(NodeStatsCollector(node_statuses))
 
+    def refresh(self) -> None:
+        """This process' gauges as of now (beside other routers, each refreshes its own every REFRESH_S)."""
+        self.in_flight.set(self._count_in_flight())
+        times = os.times()
+        self.cpu_seconds.set(times.user + times.system)
+
     def render(self) -> bytes:
+        """The router's /metrics: every router's series, summed, where there are several."""
+        self.refresh()
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self.multiprocess_dir)
+        registry.register(NodeStatsCollector(self._node_statuses))
+        return generate_latest(registry)
+
+    def render_own(self) -> bytes:
+        """This process' series alone (its control port's /metrics)."""
+        self.refresh()
         return generate_latest(self.registry)
+
+
+REFRESH_S = 0.5
+"""Beside other routers, how often each writes its in-flight count and CPU time for the others' /metrics."""
 
 
 class NodeStatsCollector(Collector):

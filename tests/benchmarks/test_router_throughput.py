@@ -67,10 +67,20 @@ def test_a_short_run_streams_every_token_and_reports_sane_figures(tiny_model_dir
     assert_gone(child_pids(result.stderr))
 
 
-def test_more_than_one_router_is_refused_with_the_reason(tiny_model_dir):
-    result = subprocess.run(benchmark_command(tiny_model_dir, "--routers", "1,2"), cwd=REPO, capture_output=True,
-                            text=True, timeout=30)
-    assert result.returncode == 2 and "--routers 2" in result.stderr and "issue 21" in result.stderr
+def test_two_routers_share_one_port_and_both_stream(tiny_model_dir, tmp_path):
+    out = tmp_path / "result.json"
+    result = subprocess.run(benchmark_command(tiny_model_dir, "--routers", "2", "--streams", "16", "--max-tokens",
+                                              str(MAX_TOKENS), "--seconds", "2", "--warmup-seconds", "0.5",
+                                              "--out", str(out)),
+                            cwd=REPO, capture_output=True, text=True, timeout=90)
+    assert result.returncode == 0, result.stderr
+    [run] = json.loads(out.read_text())["runs"]
+    clients = run["clients"]
+    assert run["routers"] == 2 and clients["wrong_outputs"] == clients["errors"] == clients["unfinished"] == 0
+    assert clients["tokens_received"] == clients["router_counted_tokens"]
+    per_router = clients["router_counted_tokens_per_router"]
+    assert len(per_router) == 2 and all(tokens > 0 for tokens in per_router), per_router
+    assert_gone(child_pids(result.stderr))
 
 
 def test_a_router_that_cannot_start_fails_the_run_and_leaves_nothing_behind(tiny_model_dir, tmp_path):

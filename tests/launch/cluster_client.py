@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import zmq
 
-from corun import protocol
+from corun import LLM, SamplingParams, protocol
 from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from launch.local import LocalCluster, LocalClusterConfig, free_port
+from router.responses import json_logprob, token_text
 
 N = 32
 MAX_MODEL_LEN = 512
@@ -105,3 +106,18 @@ def wait_for_line(process: subprocess.Popen, needle: str, timeout_s: float) -> s
         if not line and process.poll() is not None:
             raise RuntimeError(f"corun serve exited with {process.returncode}")
     raise TimeoutError(f"no {needle!r} from corun serve in {timeout_s} s")
+
+
+def colocated_records(model_dir: str, prompts: list[str], params: dict) -> list:
+    """Each prompt's output on the colocated engine with the nodes' settings (one CPU thread: the thread count
+    changes the bits), as complete() returns a served one: (token ids, per step (logprob, sorted (token text,
+    logprob) of the top alternatives and the sampled token))."""
+    llm = LLM(model_dir, max_num_seqs=N, max_model_len=MAX_MODEL_LEN, prefill_chunk_size=CHUNK, num_threads=1)
+    outputs = llm.generate(prompts, SamplingParams(**params, ignore_eos=True))
+    return [(o.outputs[0].token_ids, [api_step(llm.tokenizer, lp, params["logprobs"]) for lp in o.outputs[0].logprobs])
+            for o in outputs]
+
+
+def api_step(tokenizer, logprobs, num_top: int) -> tuple:
+    top = {token_text(tokenizer, t): json_logprob(v) for t, v in logprobs.top[:num_top]}
+    return logprobs.logprob, sorted({**top, token_text(tokenizer, logprobs.token_id): logprobs.logprob}.items())

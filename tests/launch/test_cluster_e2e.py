@@ -13,16 +13,13 @@ import urllib.request
 import openai
 import pytest
 
-from corun import LLM, SamplingParams
 from launch.cluster import PoolRefused
 from launch.local import LocalCluster, LocalClusterConfig, free_port
-from router.responses import json_logprob, token_text
 from tests.conftest import varied_prompts
 from tests.launch.cluster_client import (
-    CHUNK,
     MAX_MODEL_LEN,
-    N,
     client,
+    colocated_records,
     complete,
     complete_all_concurrently,
     completion_record,
@@ -53,17 +50,7 @@ def cluster_2p2d(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def colocated(tiny_model_dir):
-    """The colocated engine with the nodes' settings (one CPU thread: the thread count changes the bits), each
-    step as the completions API shows it: (logprob, sorted (token text, logprob) of the top alternatives and the
-    sampled token)."""
-    llm = LLM(tiny_model_dir, max_num_seqs=N, max_model_len=MAX_MODEL_LEN, prefill_chunk_size=CHUNK, num_threads=1)
-    outputs = llm.generate(PROMPTS, SamplingParams(**PARAMS, ignore_eos=True))
-    return [(o.outputs[0].token_ids, [api_step(llm.tokenizer, lp) for lp in o.outputs[0].logprobs]) for o in outputs]
-
-
-def api_step(tokenizer, logprobs) -> tuple:
-    top = {token_text(tokenizer, t): json_logprob(v) for t, v in logprobs.top[:PARAMS["logprobs"]]}
-    return logprobs.logprob, sorted({**top, token_text(tokenizer, logprobs.token_id): logprobs.logprob}.items())
+    return colocated_records(tiny_model_dir, PROMPTS, PARAMS)
 
 
 def mean_running_per_step(before: dict, after: dict) -> float:

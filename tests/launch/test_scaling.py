@@ -70,7 +70,8 @@ def test_removing_nodes_drains_them_while_they_stream_and_loses_nothing(local_cl
                                                            local_cluster.remove_node("prefill-0")))
     assert during == before  # NOTE: every stream finished, bitwise, though its nodes were removed under it
     assert roles_in_pool(local_cluster) == [("decode", "decode-1"), ("prefill", "prefill-1")]
-    assert {name for name, _ in local_cluster.processes} == {"router", "decode-1", "prefill-1"}
+    assert {name for name, _ in local_cluster.processes} == {"decode-1", "prefill-1"}
+    assert all(process.poll() is None for process in local_cluster.routers.processes.values())
     assert outputs(local_cluster, PROMPTS[:3]) == before[:3]
 
 

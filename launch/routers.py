@@ -1,0 +1,124 @@
+"""The cluster's router processes, on the launching host: one, or K full routers on one port (`--routers K`).
+
+K > 1: each router listens with SO_REUSEPORT (the kernel spreads new connections over them) and on a control port
+of its own on 127.0.0.1, where the launcher reaches that router alone: its /health, and the /admin/nodes API, which
+a pool change must reach in every router. Their Prometheus series go to one multiprocess directory, so every
+router's /metrics is the cluster's. A router that dies is started again (RestartPolicy) with the pool as it is
+now, while the others serve; its clients' open streams end with it.
+
+Imports neither torch nor ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client.multiprocess import mark_process_dead
+
+from launch import cluster as launch
+from launch import scaling
+from launch.cluster import ClusterConfig, free_port
+from launch.restarts import RestartPolicy
+
+logger = logging.getLogger(__name__)
+
+CONTROL_HOST = "127.0.0.1"
+"""Where each router's control port listens: only the launcher, on the same host, calls it."""
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+Addresses = Callable[[], tuple[list[str], list[str]]]
+"""-> (prefill addresses, decode addresses) of the nodes in the pool now."""
+
+
+class RouterGroup:
+    def __init__(self, config: ClusterConfig, key_file: Path | None, restarts: RestartPolicy):
+        self.config = config
+        self.key_file = key_file
+        self.restarts = restarts
+        several = config.num_routers > 1
+        self.names = [f"router-{i}" for i in range(config.num_routers)] if several else ["router"]
+        self.control_ports = [free_port(CONTROL_HOST) for _ in self.names] if several else []
+        self.metrics_dir: Path | None = None
+        """K > 1: the routers' Prometheus directory (made at start, removed at stop)."""
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.num_restarts = 0
+
+    @property
+    def url(self) -> str:
+        """The cluster's front door: every router's."""
+        return f"http://{self.config.host}:{self.config.port}"
+
+    @property
+    def admin_urls(self) -> list[str]:
+        """Where each router alone answers (/health, /admin/nodes)."""
+        if not self.control_ports:
+            return [self.url]
+        return [f"http://{CONTROL_HOST}:{port}" for port in self.control_ports]
+
+    def start(self, addresses: Addresses) -> None:
+        if self.control_ports:
+            self.metrics_dir = Path(tempfile.mkdtemp(prefix="corun-router-metrics-"))
+        for index in range(len(self.names)):
+            self._spawn(index, addresses)
+
+    def _spawn(self, index: int, addresses: Addresses) -> None:
+        name = self.names[index]
+        prefill, decode = addresses()
+        argv = launch.router_argv(self.config, prefill, decode, self.key_file)
+        env = launch.router_environment(self.config)
+        if self.control_ports:
+            argv += ["--reuse-port", "--control-port", str(self.control_ports[index]), "--instance-name", f"r{index}"]
+            env = {**env, MULTIPROCESS_ENV: str(self.metrics_dir)}
+        logger.info("starting %s", name)
+        self.processes[name] = subprocess.Popen(argv, env=env)
+        self.restarts.started(name)
+
+    def restart_dead(self, addresses: Addresses) -> None:
+        """Start again each router that exited (with the pool as it is now); raise once one is given up on (it
+        keeps dying at start: the cluster cannot serve as configured)."""
+        for index, name in enumerate(self.names):
+            process = self.processes[name]
+            if process.poll() is None:
+                continue
+            decision = self.restarts.decide(name, f"exit code {process.returncode}")
+            if decision == "give_up":
+                raise RuntimeError(f"{name} exited with code {process.returncode} and keeps exiting")
+            if decision != "restart":
+                continue
+            if self.metrics_dir is not None:
+                # NOTE: its in-flight gauge ends with it; its counters stay in the sums
+                mark_process_dead(process.pid, str(self.metrics_dir))
+            logger.warning("%s exited with code %s; starting it again", name, process.returncode)
+            self._spawn(index, addresses)
+            self.num_restarts += 1
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {process.returncode}")
+
+    def wait_healthy(self, timeout_s: float, check_alive: Callable[[], None]) -> None:
+        for url in self.admin_urls:
+            launch.wait_healthy(url, timeout_s, check_alive)
+
+    def healthy(self) -> bool:
+        return all(launch.router_healthy(url) for url in self.admin_urls)
+
+    def add_node(self, role: str, address: str) -> None:
+        for url in self.admin_urls:
+            scaling.router_admin(url, "POST", {"role": role, "address": address}, self.config.api_key)
+
+    def drain_and_remove(self, address: str) -> None:
+        scaling.drain_and_remove(self.admin_urls, address, self.config.drain_timeout_s, self.config.api_key)
+
+    def stop(self, grace_s: float) -> None:
+        launch.stop_processes(list(self.processes.items()), grace_s)
+        self.processes.clear()
+        if self.metrics_dir is not None:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            self.metrics_dir = None
