@@ -29,6 +29,10 @@ fi
 # Algorithm 1); standard's mixed steps run as piecewise CUDA graphs, standard:piecewise_graphs=off is the old eager one
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  front_door)  # issue 21: the engine, colocated nodes through HTTP, 1P1D on one GPU through HTTP (and its KV hand-off
+    # per request under ShareGPT-like load), ShareGPT-/BurstGPT-like and 1024x2048 at t = 0, each cut at 15 s
+    timeout 590 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
+      --out "$out/h200_front_door.json" > "$out/front_door.log" 2>&1 ;;
   defaults_a)  # GPU tests of the graph paths (piecewise standard steps included); t = 0 BurstGPT- and ShareGPT-like
     timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_piecewise_graphs.py \
       tests/corun/test_prefill_graphs.py > "$out/gpu_tests.log" 2>&1

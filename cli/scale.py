@@ -17,7 +17,7 @@ def add_scale(commands) -> None:
     cmd.add_argument("--api-key", default=None, help=f"corun serve's --api-key (default: ${API_KEY_ENV})")
     action = cmd.add_subparsers(dest="action", required=True)
     add = action.add_parser("add", help="start one more node of a role and add it to the router's pool")
-    add.add_argument("role", choices=["prefill", "decode"])
+    add.add_argument("role", choices=["prefill", "decode", "colocated"])
     remove = action.add_parser("remove", help="drain a node (no new requests; what it holds finishes), then stop it")
     remove.add_argument("node_id", help="e.g. decode-1")
     cmd.set_defaults(run=run_scale)

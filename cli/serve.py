@@ -34,6 +34,9 @@ def add_serve(commands) -> None:
     add_transfer_args(cmd)
     cmd.add_argument("--prefill", type=int, default=1, help="number of prefill servers")
     cmd.add_argument("--decode", type=int, default=1, help="number of decode servers")
+    cmd.add_argument("--colocated", type=int, default=0, help="servers that prefill and decode a request in one "
+                     "process (the engine's co-run schedule): beside the P/D pools, or alone with --prefill 0 --decode "
+                     "0 (one GPU served by one process, no KV hand-off)")
     cmd.add_argument("--routers", type=int, default=1, help="router processes serving --port (SO_REUSEPORT: the "
                      "kernel spreads connections over them), for a front door that one process cannot carry")
     cmd.add_argument("--host", default="127.0.0.1", help="the router's interface (and the local nodes')")
@@ -53,6 +56,8 @@ def add_serve(commands) -> None:
     gpus.add_argument("--prefill-gpus", type=parse_names, default=(), help="local launcher: each prefill node's GPU "
                       "index, comma-separated (one for all; nodes may share a GPU)")
     gpus.add_argument("--decode-gpus", type=parse_names, default=(), help="local launcher: each decode node's GPU")
+    gpus.add_argument("--colocated-gpus", type=parse_names, default=(), help="local launcher: each colocated "
+                      "node's GPU")
     gpus.add_argument("--prefill-kv-cache-mib", type=int, default=None, help="each prefill node's KV cache "
                       "(default --kv-cache-mib)")
     gpus.add_argument("--decode-kv-cache-mib", type=int, default=None, help="each decode node's KV cache")
@@ -76,12 +81,13 @@ def run_serve(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s %(message)s")
     config = ClusterConfig(
         engine=engine_config_from_args(args), num_prefill=args.prefill, num_decode=args.decode,
-        num_routers=args.routers, host=args.host,
+        num_colocated=args.colocated, num_routers=args.routers, host=args.host,
         port=args.port, served_model_name=args.served_model_name, max_pending_requests=args.max_pending_requests,
         strict_fields=args.strict_fields, api_key=resolve_api_key(args.api_key, os.environ),
         enable_node_pinning=args.enable_node_pinning,
         kv_lease_seconds=args.kv_lease_seconds, transfer=transfer_config_from_args(args),
-        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, admin_port=args.admin_port,
+        prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus, colocated_gpus=args.colocated_gpus,
+        admin_port=args.admin_port,
         prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.decode_kv_cache_mib)
     if args.launcher != "ray" and (given := [f"--{dest.replace('_', '-')}" for dest in RAY_FLAGS
                                              if getattr(args, dest) is not None]):

@@ -19,7 +19,7 @@ measured fastest there, so a user without tuning flags gets the benchmarked path
 Mode = Literal["corun", "standard", "batch_invariant"]
 Sizes = tuple[int, ...] | Literal["auto"]
 DType = Literal["float32", "bfloat16", "float16"]
-Role = Literal["prefill", "decode"]
+Role = Literal["prefill", "decode", "colocated"]
 Backend = Literal["corun", "vllm"]
 
 
@@ -293,8 +293,8 @@ class NodeConfig:
     authentication (in-process tests); the launchers always make one."""
 
     def __post_init__(self):
-        if self.role not in ("prefill", "decode"):
-            raise ValueError(f"role must be 'prefill' or 'decode', got {self.role!r}")
+        if self.role not in ("prefill", "decode", "colocated"):
+            raise ValueError(f"role must be 'prefill', 'decode' or 'colocated', got {self.role!r}")
         if self.kv_lease_seconds <= 0:
             raise ValueError("kv_lease_seconds must be > 0")
 
@@ -316,6 +316,8 @@ class RouterConfig:
     """Checkpoint directory: the router reads only its tokenizer files (the model's limits come from the nodes)."""
     prefill_addresses: tuple[str, ...]
     decode_addresses: tuple[str, ...]
+    colocated_addresses: tuple[str, ...] = ()
+    """Nodes that prefill and decode a request in one process (colocated_node/), beside or instead of the P/D pools."""
     served_model_name: str = "corun-tiny"
     host: str = "127.0.0.1"
     port: int = 8000
@@ -372,8 +374,10 @@ class RouterConfig:
         if not (self.instance_name.isascii() and self.instance_name.replace("-", "").isalnum()
                 or not self.instance_name):
             raise ValueError(f"instance_name must be ASCII letters, digits and '-', got {self.instance_name!r}")
-        if not self.prefill_addresses or not self.decode_addresses:
-            raise ValueError("the router needs at least one prefill and one decode address")
+        if not (self.prefill_addresses and self.decode_addresses or self.colocated_addresses):
+            raise ValueError("the router needs at least one prefill and one decode address, or a colocated one")
+        if bool(self.prefill_addresses) != bool(self.decode_addresses):
+            raise ValueError("prefill and decode nodes come in pairs: give both kinds of address, or neither")
         if self.max_pending_requests < 1:
             raise ValueError("max_pending_requests must be >= 1")
         check_api_key(self.api_key)

@@ -1,4 +1,4 @@
-"""Every message between router, prefill nodes and decode nodes, defined once (msgpack on zmq), versioned.
+"""Every message between router, prefill, decode and colocated nodes, defined once (msgpack on zmq), versioned.
 
 Torch-free: the router imports this. A message is a frozen dataclass; on the wire it is the msgpack map
 {"v": PROTOCOL_VERSION, "type": class name, **fields}. A peer speaking another version is refused.
@@ -23,6 +23,9 @@ Version history:
      one per layer).
   10: StepTokens: a decode node sends every TokenEvent of one decode step for one router in one message (it sent
      one message per request per step), encoded and decoded in C (msgspec) on that path.
+  11: GenerateRequest: a whole request to a colocated node (prefill and decode in one process), answered with
+     StepTokens like a decode node's, each sample's first event carrying the prompt's logprobs; the node role
+     "colocated" in Pong.
 
 Besides the messages, one NIXL notification: a decode node's READ of a prefill node's KV ends with
 kv_done_notification(request_id), on which the prefill node frees its copy.
@@ -46,7 +49,7 @@ from corun.outputs import TokenLogprobs
 from corun.sampling_params import SamplingParams
 from corun.seeding import SEED_BOUND
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 KV_DONE_PREFIX = b"done:"
 
 
@@ -142,6 +145,21 @@ class DecodeRequest:
         check_seed(self.seed)
 
 
+# --- router -> colocated -> router ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A whole request to a colocated node: it prefills the prompt and decodes every sample itself."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    """The request's seed; sample i samples with corun.seeding.sample_seed(seed, i)."""
+
+    def __post_init__(self):
+        check_seed(self.seed)
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     """New tokens of one request from one decode step (the first event also carries the prefill's token)."""
@@ -151,7 +169,8 @@ class TokenEvent:
     logprobs: list[TokenLogprobs] | None
     finish_reason: str | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
-    """Set by the router on a sample's first event, from the PrefillResult (decode nodes never set it)."""
+    """A sample's first event: set by the router from the PrefillResult (decode nodes never set it), or by the
+    colocated node that prefilled the prompt."""
     index: int = 0
     """The sample (of params.n) these tokens belong to."""
 
@@ -272,8 +291,8 @@ class ClaimReply:
 
 
 MESSAGE_TYPES = {cls.__name__: cls for cls in (
-    PrefillRequest, PrefillResult, DecodeRequest, TokenEvent, StepTokens, ErrorReply, Abort, Ping, Pong,
-    HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply, ReleaseKV)}
+    PrefillRequest, PrefillResult, DecodeRequest, GenerateRequest, TokenEvent, StepTokens, ErrorReply, Abort, Ping,
+    Pong, HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply, ReleaseKV)}
 
 
 def encode(message) -> bytes:
@@ -411,6 +430,7 @@ _FIELD_DECODERS: dict[type, dict[str, Any]] = {
     PrefillResult: {"first_tokens": _first_tokens, "kv": _kv_handle,
                     "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
     DecodeRequest: {"params": _params, "first_tokens": _first_tokens, "kv": _kv_handle},
+    GenerateRequest: {"params": _params},
     TokenEvent: {"logprobs": lambda items: [_token_logprobs(i) for i in items],
                  "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
     StepTokens: {"events": lambda items: [_from_body(TokenEvent, item) for item in items]},

@@ -38,11 +38,13 @@ class StartupError(RuntimeError):
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """P prefill servers, D decode servers and the router, whatever starts them."""
+    """P prefill servers, D decode servers, C colocated servers and the routers, whatever starts them."""
 
     engine: EngineConfig
     num_prefill: int = 1
     num_decode: int = 1
+    num_colocated: int = 0
+    """Nodes that prefill and decode in one process (colocated_node/): beside the P/D pools, or alone (P = D = 0)."""
     num_routers: int = 1
     """Router processes on the launching host, all serving `port` (launch/routers.py)."""
     host: str = "127.0.0.1"
@@ -62,10 +64,12 @@ class ClusterConfig:
     """--device cuda, local launcher: the GPU of each prefill node (CUDA_VISIBLE_DEVICES of its process), one per
     node or one for all; several nodes may share a GPU. (): the launching process' default GPU."""
     decode_gpus: tuple[str, ...] = ()
+    colocated_gpus: tuple[str, ...] = ()
     prefill_kv_cache_mib: int | None = None
     """KV cache of each prefill node (it holds prompts being prefilled and their leases); None: the engine's."""
     decode_kv_cache_mib: int | None = None
-    """KV cache of each decode node (it holds every running request's context); None: the engine's. Nodes that
+    """KV cache of each decode node and each colocated node (it holds every running request's context); None: the
+    engine's. Nodes that
     share a GPU split it: weights once per node, plus these."""
     startup_timeout_s: float = 180.0
     """How long every node may take to answer the router's pings (model load) before start() gives up."""
@@ -75,17 +79,24 @@ class ClusterConfig:
     """`corun serve`'s control port (`corun scale`: add or remove nodes at run time); None: none."""
 
     def __post_init__(self):
-        for name in ("num_prefill", "num_decode"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (a cluster needs a prefill and a decode server), "
-                                 f"got {getattr(self, name)}")
+        for name in ("num_prefill", "num_decode", "num_colocated"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if (self.num_prefill == 0) != (self.num_decode == 0):
+            raise ValueError(f"prefill and decode servers come together: {self.num_prefill} prefill and "
+                             f"{self.num_decode} decode (give both, or neither and colocated servers)")
+        if self.num_prefill == 0 and self.num_colocated == 0:
+            raise ValueError("a cluster needs a prefill and a decode server, or a colocated one")
+        if self.num_colocated and self.engine.backend != "corun":
+            raise ValueError("colocated servers run the corun engine (--engine corun)")
         if self.num_routers < 1:
             raise ValueError(f"num_routers must be >= 1, got {self.num_routers}")
         check_api_key(self.api_key)
         if self.startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
         for role, gpus, count in (("prefill", self.prefill_gpus, self.num_prefill),
-                                  ("decode", self.decode_gpus, self.num_decode)):
+                                  ("decode", self.decode_gpus, self.num_decode),
+                                  ("colocated", self.colocated_gpus, self.num_colocated)):
             if gpus and not self.engine.device.startswith("cuda"):
                 raise ValueError(f"--{role}-gpus needs --device cuda")
             if len(gpus) not in (0, 1, count):
@@ -99,7 +110,8 @@ class ClusterConfig:
 
     def nodes(self) -> list[tuple[Role, int]]:
         """(role, index) of every node, the prefill servers first."""
-        return [("prefill", i) for i in range(self.num_prefill)] + [("decode", i) for i in range(self.num_decode)]
+        return [(role, i) for role, count in (("prefill", self.num_prefill), ("decode", self.num_decode),
+                                              ("colocated", self.num_colocated)) for i in range(count)]
 
 
 def check_model(path: str) -> None:
@@ -130,7 +142,7 @@ def check_port_free(host: str, port: int) -> None:
 
 def node_gpu(config: ClusterConfig, role: Role, index: int) -> str | None:
     """The GPU index a local node's process sees as its one device, or None (the launching process' default)."""
-    gpus = config.prefill_gpus if role == "prefill" else config.decode_gpus
+    gpus = {"prefill": config.prefill_gpus, "decode": config.decode_gpus, "colocated": config.colocated_gpus}[role]
     return None if not gpus else gpus[index] if len(gpus) > 1 else gpus[0]
 
 
@@ -177,7 +189,7 @@ def make_cluster_key(directory: Path | None = None) -> tuple[ClusterKey, Path]:
 
 
 def router_argv(config: ClusterConfig, prefill_addresses: Iterable[str], decode_addresses: Iterable[str],
-                key_file: Path | None = None) -> list[str]:
+                key_file: Path | None = None, colocated_addresses: Iterable[str] = ()) -> list[str]:
     argv = [sys.executable, "-m", "router", "--model", config.engine.model, "--host", config.host,
             "--port", str(config.port), "--served-model-name", config.served_model_name,
             "--max-pending-requests", str(config.max_pending_requests),
@@ -187,6 +199,8 @@ def router_argv(config: ClusterConfig, prefill_addresses: Iterable[str], decode_
         argv += ["--prefill-address", address]
     for address in decode_addresses:
         argv += ["--decode-address", address]
+    for address in colocated_addresses:
+        argv += ["--colocated-address", address]
     return argv + (["--cluster-key-file", str(key_file)] if key_file else [])
 
 

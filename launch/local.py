@@ -41,12 +41,13 @@ class LocalCluster:
         self.restarts = RestartPolicy()
         self.prefill_addresses: list[str] = []
         self.decode_addresses: list[str] = []
+        self.colocated_addresses: list[str] = []
         self.node_addresses: dict[str, str] = {}
         """node id -> tcp://HOST:PORT, of the nodes running now."""
         self.cluster_key: ClusterKey | None = None
         self.key_file: Path | None = None
         """The cluster's CURVE key pair and its file (made at start, removed at stop)."""
-        self.num_started = {"prefill": 0, "decode": 0}
+        self.num_started = {"prefill": 0, "decode": 0, "colocated": 0}
         """Nodes ever started per role: the next one's index (ids are never reused)."""
         self.routers: RouterGroup | None = None
 
@@ -54,9 +55,13 @@ class LocalCluster:
     def url(self) -> str:
         return f"http://{self.config.host}:{self.config.port}"
 
-    def pool_addresses(self) -> tuple[list[str], list[str]]:
-        """(prefill, decode) addresses of the pool now: what a (re)started router is given."""
-        return list(self.prefill_addresses), list(self.decode_addresses)
+    def pool_addresses(self) -> tuple[list[str], list[str], list[str]]:
+        """(prefill, decode, colocated) addresses of the pool now: what a (re)started router is given."""
+        return list(self.prefill_addresses), list(self.decode_addresses), list(self.colocated_addresses)
+
+    def role_addresses(self, role: str) -> list[str]:
+        return {"prefill": self.prefill_addresses, "decode": self.decode_addresses,
+                "colocated": self.colocated_addresses}[role]
 
     def start(self) -> LocalCluster:
         if self.processes:
@@ -83,7 +88,7 @@ class LocalCluster:
         argv = launch.node_argv(self.config, engine, role, index, host, port, key_file=self.key_file)
         self.spawn(launch.node_id(role, index), argv, env, "" if gpu is None else f" on GPU {gpu}")
         address = f"tcp://{host}:{port}"
-        (self.prefill_addresses if role == "prefill" else self.decode_addresses).append(address)
+        self.role_addresses(role).append(address)
         self.node_addresses[launch.node_id(role, index)] = address
         return address
 
@@ -103,7 +108,7 @@ class LocalCluster:
         launch.stop_processes([(node_id, process)], grace_s=10.0)
         self.processes = [(name, p) for name, p in self.processes if name != node_id]
         address = self.node_addresses.pop(node_id)
-        for addresses in (self.prefill_addresses, self.decode_addresses):
+        for addresses in (self.prefill_addresses, self.decode_addresses, self.colocated_addresses):
             if address in addresses:
                 addresses.remove(address)
 

@@ -181,7 +181,8 @@ class RayCluster:
         self.placement_group: PlacementGroup | None = None
         self.num_restarts = 0
         self.restarts = RestartPolicy()
-        self.num_started = {"prefill": config.cluster.num_prefill, "decode": config.cluster.num_decode}
+        self.num_started = {"prefill": config.cluster.num_prefill, "decode": config.cluster.num_decode,
+                            "colocated": config.cluster.num_colocated}
         """Nodes ever started per role: the next added node's index (ids are never reused)."""
         self._initialized_ray = False
         self.cluster_key: ClusterKey | None = None
@@ -200,8 +201,12 @@ class RayCluster:
     def decode_addresses(self) -> list[str]:
         return [node.address for node in self.nodes if node.role == "decode"]
 
-    def pool_addresses(self) -> tuple[list[str], list[str]]:
-        return self.prefill_addresses, self.decode_addresses
+    @property
+    def colocated_addresses(self) -> list[str]:
+        return [node.address for node in self.nodes if node.role == "colocated"]
+
+    def pool_addresses(self) -> tuple[list[str], list[str], list[str]]:
+        return self.prefill_addresses, self.decode_addresses, self.colocated_addresses
 
     def start(self) -> RayCluster:
         self.cluster_key, self.key_file = launch.make_cluster_key()

@@ -31,8 +31,8 @@ CONTROL_HOST = "127.0.0.1"
 """Where each router's control port listens: only the launcher, on the same host, calls it."""
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-Addresses = Callable[[], tuple[list[str], list[str]]]
-"""-> (prefill addresses, decode addresses) of the nodes in the pool now."""
+Addresses = Callable[[], tuple[list[str], list[str], list[str]]]
+"""-> (prefill, decode, colocated) addresses of the nodes in the pool now."""
 
 
 class RouterGroup:
@@ -68,8 +68,8 @@ class RouterGroup:
 
     def _spawn(self, index: int, addresses: Addresses) -> None:
         name = self.names[index]
-        prefill, decode = addresses()
-        argv = launch.router_argv(self.config, prefill, decode, self.key_file)
+        prefill, decode, colocated = addresses()
+        argv = launch.router_argv(self.config, prefill, decode, self.key_file, colocated)
         env = launch.router_environment(self.config)
         if self.control_ports:
             argv += ["--reuse-port", "--control-port", str(self.control_ports[index]), "--instance-name", f"r{index}"]

@@ -75,8 +75,8 @@ class ScaleControl:
                     role = json.loads(self.rfile.read(length) or b"{}").get("role")
                 except (ValueError, AttributeError):
                     role = None
-                if self.path != "/nodes" or role not in ("prefill", "decode"):
-                    return self.answer(400, {"error": 'POST /nodes with {"role": "prefill" | "decode"}'})
+                if self.path != "/nodes" or role not in ("prefill", "decode", "colocated"):
+                    return self.answer(400, {"error": 'POST /nodes with {"role": "prefill" | "decode" | "colocated"}'})
                 self.answer(*control.submit("add_node", role))
 
             def do_DELETE(self):  # noqa: N802

@@ -27,10 +27,12 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     defaults = {field.name: field.default for field in dataclasses.fields(RouterConfig)}
     parser = argparse.ArgumentParser(prog="python -m router", description="CoRun router (OpenAI-compatible).")
     parser.add_argument("--model", required=True, help="checkpoint directory (tokenizer files, config.json)")
-    parser.add_argument("--prefill-address", action="append", required=True, metavar="ADDR",
+    parser.add_argument("--prefill-address", action="append", default=[], metavar="ADDR",
                         help="prefill node zmq address, e.g. tcp://10.0.0.1:7001 (repeat for more)")
-    parser.add_argument("--decode-address", action="append", required=True, metavar="ADDR",
+    parser.add_argument("--decode-address", action="append", default=[], metavar="ADDR",
                         help="decode node zmq address (repeat for more)")
+    parser.add_argument("--colocated-address", action="append", default=[], metavar="ADDR",
+                        help="colocated node zmq address (prefill and decode in one process; repeat for more)")
     parser.add_argument("--host", default=defaults["host"])
     parser.add_argument("--port", type=int, default=defaults["port"])
     parser.add_argument("--served-model-name", default=defaults["served_model_name"])
@@ -57,6 +59,7 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
     args = parser.parse_args(argv)
     return RouterConfig(
         model=args.model, prefill_addresses=tuple(args.prefill_address), decode_addresses=tuple(args.decode_address),
+        colocated_addresses=tuple(args.colocated_address),
         served_model_name=args.served_model_name, host=args.host, port=args.port,
         max_pending_requests=args.max_pending_requests,
         request_timeout_s=args.request_timeout_s, base_seed=args.base_seed, strict_fields=args.strict_fields,
@@ -81,9 +84,10 @@ async def serve(app: web.Application, config: RouterConfig) -> None:
     try:
         if config.control_port is not None:
             control = await start_site(create_control_app(app), config.host, config.control_port)
-        logger.info("router %slistening on http://%s:%d (prefill %s, decode %s)",
+        logger.info("router %slistening on http://%s:%d (prefill %s, decode %s, colocated %s)",
                     f"{config.instance_name} " if config.instance_name else "", config.host, config.port,
-                    ", ".join(config.prefill_addresses), ", ".join(config.decode_addresses))
+                    ", ".join(config.prefill_addresses) or "-", ", ".join(config.decode_addresses) or "-",
+                    ", ".join(config.colocated_addresses) or "-")
         await stop.wait()
     finally:
         logger.info("router shutting down")

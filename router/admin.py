@@ -21,7 +21,7 @@ from router.fields import decode_json
 from router.handlers import STATE_KEY, read_body
 from router.nodes import NodeClient, UnknownNode
 
-ROLES = ("prefill", "decode")
+ROLES = ("prefill", "decode", "colocated")
 MAX_ADMIN_BODY_BYTES = 64 * 2**10
 """A role and an address; far more is not an admin request."""
 
@@ -48,7 +48,7 @@ async def list_nodes(request: web.Request) -> web.Response:
 async def add_node(request: web.Request) -> web.Response:
     body = await json_body(request, ("role", "address"))
     if body["role"] not in ROLES:
-        return refusal(400, f"role must be 'prefill' or 'decode', got {body['role']!r}")
+        return refusal(400, f"role must be one of {', '.join(ROLES)}, got {body['role']!r}")
     if not str(body["address"]).startswith("tcp://"):
         return refusal(400, f"address must be tcp://HOST:PORT, got {body['address']!r}")
     try:
@@ -65,7 +65,7 @@ async def drain_node(request: web.Request) -> web.Response:
         node = pool.find(body["address"])
     except UnknownNode as error:
         return refusal(404, str(error))
-    siblings = pool.prefill_nodes if node.role == "prefill" else pool.decode_nodes
+    siblings = pool.by_role[node.role]
     if all(other.draining or other is node for other in siblings):
         return refusal(409, f"{node.address} is the last {node.role} node that takes requests")
     node.draining = True

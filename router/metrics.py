@@ -128,8 +128,10 @@ def pool_gauges(statuses: list[NodeStatus]) -> Iterator[GaugeMetricFamily]:
     """vLLM's engine gauges for the whole pool: requests running and waiting (summed over the nodes' latest
     stats), and each node's KV cache usage."""
     stats = [(status, status.pong.stats) for status in statuses if status.pong is not None]
-    running = GaugeMetricFamily("vllm:num_requests_running", "Requests decoding, over the decode nodes")
-    running.add_metric([], float(sum(s.get("num_running", 0) for status, s in stats if status.role == "decode")))
+    running = GaugeMetricFamily("vllm:num_requests_running", "Requests running, over the decode and colocated "
+                                "nodes")
+    running.add_metric([], float(sum(s.get("num_running", 0) for status, s in stats
+                                     if status.role in ("decode", "colocated"))))
     waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Requests queued on the nodes (prefill and decode)")
     waiting.add_metric([], float(sum(s.get("num_waiting", 0) for _, s in stats)))
     usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "Fraction of a node's KV blocks in use (1 = full)",

@@ -1,8 +1,9 @@
-"""Connections to prefill and decode nodes: one zmq DEALER per node, replies demultiplexed by request id.
+"""Connections to prefill, decode and colocated nodes: one zmq DEALER per node, replies demultiplexed by request id.
 
-Instance choice is least outstanding work (prefill: prompt tokens not yet answered; decode: requests not yet
-finished), ties to the lowest index. Nodes that answered a recent ping are preferred over silent ones; draining
-nodes get no new requests.
+Instance choice is least outstanding work (prefill: prompt tokens not yet answered; decode and colocated: samples
+not yet finished), ties to the lowest index. Nodes that answered a recent ping are preferred over silent ones;
+draining nodes get no new requests. A request goes to the least loaded colocated node unless a decode node has
+less outstanding work (choose_path).
 
 Membership changes at run time (router/admin.py): a node is added, drained (no new requests; what it holds
 finishes), and removed once drained.
@@ -221,16 +222,28 @@ class NodePool:
         self.request_timeout_s = config.request_timeout_s
         self._context = zmq.asyncio.Context()
         self.key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
-        self.prefill_nodes = [NodeClient(self._context, "prefill", index, address, self.key)
-                              for index, address in enumerate(config.prefill_addresses)]
-        self.decode_nodes = [NodeClient(self._context, "decode", index, address, self.key)
-                             for index, address in enumerate(config.decode_addresses)]
+        self.by_role: dict[Role, list[NodeClient]] = {
+            role: [NodeClient(self._context, role, index, address, self.key) for index, address in enumerate(addresses)]
+            for role, addresses in (("prefill", config.prefill_addresses), ("decode", config.decode_addresses),
+                                    ("colocated", config.colocated_addresses))}
         self._ping_task: asyncio.Task | None = None
         self._nonces = itertools.count()
 
     @property
+    def prefill_nodes(self) -> list[NodeClient]:
+        return self.by_role["prefill"]
+
+    @property
+    def decode_nodes(self) -> list[NodeClient]:
+        return self.by_role["decode"]
+
+    @property
+    def colocated_nodes(self) -> list[NodeClient]:
+        return self.by_role["colocated"]
+
+    @property
     def nodes(self) -> list[NodeClient]:
-        return [*self.prefill_nodes, *self.decode_nodes]
+        return [*self.prefill_nodes, *self.decode_nodes, *self.colocated_nodes]
 
     async def start(self) -> None:
         for node in self.nodes:
@@ -246,7 +259,7 @@ class NodePool:
 
     def add(self, role: Role, address: str) -> NodeClient:
         """A new node of the pool (call from the event loop); it takes requests once it answers a ping."""
-        nodes = self.prefill_nodes if role == "prefill" else self.decode_nodes
+        nodes = self.by_role[role]
         if any(node.address == address for node in self.nodes):
             raise ValueError(f"{address} is already a node of this pool")
         node = NodeClient(self._context, role, max((n.index for n in nodes), default=-1) + 1, address, self.key)
@@ -263,7 +276,7 @@ class NodePool:
     async def remove(self, address: str) -> None:
         """Drop a drained node; ValueError if it still holds work or is the last of its role."""
         node = self.find(address)
-        nodes = self.prefill_nodes if node.role == "prefill" else self.decode_nodes
+        nodes = self.by_role[node.role]
         if not node.is_drained():
             raise ValueError(f"{address} is not drained yet: drain it and wait until it holds nothing")
         nodes.remove(node)
@@ -273,7 +286,31 @@ class NodePool:
         return pick(self.prefill_nodes, pinned) if pinned else least_loaded(self.prefill_nodes)
 
     def choose_decode(self, pinned: str | None = None) -> NodeClient:
-        return pick(self.decode_nodes, pinned) if pinned else least_loaded(self.decode_nodes)
+        """A decode node, or (pinned only) a colocated one."""
+        if pinned:
+            return pick(self.decode_nodes + self.colocated_nodes, pinned)
+        return least_loaded(self.decode_nodes)
+
+    def choose_colocated(self, placement: Placement) -> NodeClient | None:
+        """The colocated node a request goes to, or None for the prefill -> decode path: the least loaded
+        colocated node unless a decode node has less outstanding work (or the request is pinned to P/D nodes)."""
+        if placement.prefill or placement.decode:
+            pinned = self.choose_decode(placement.decode) if placement.decode else None
+            return pinned if pinned is not None and pinned.role == "colocated" else None
+        colocated = [node for node in self.colocated_nodes if not node.draining]
+        decode = [node for node in self.decode_nodes if not node.draining]
+        disaggregated = bool(decode) and any(not node.draining for node in self.prefill_nodes)
+        if disaggregated:
+            # NOTE: a lost colocated node's retry goes to the P/D path rather than back to it
+            colocated = [node for node in colocated if node.healthy]
+        if not colocated:
+            if disaggregated or not self.colocated_nodes:
+                return None
+            least_loaded(self.colocated_nodes)  # NOTE: raises NoNodeAvailable: every colocated node is draining
+        best = least_loaded(colocated)
+        if disaggregated and least_loaded(decode).outstanding_work < best.outstanding_work:
+            return None
+        return best
 
     def statuses(self) -> list[NodeStatus]:
         now = time.monotonic()
@@ -340,7 +377,7 @@ def least_loaded(nodes: list[NodeClient]) -> NodeClient:
     draining node."""
     open_nodes = [node for node in nodes if not node.draining]
     if not open_nodes:
-        raise NoNodeAvailable(f"every {nodes[0].role} node is draining" if nodes else "no nodes")
+        raise NoNodeAvailable(f"every {nodes[0].role} node is draining" if nodes else "no node of that role")
     candidates = [node for node in open_nodes if node.healthy] or open_nodes
     return min(candidates, key=lambda node: (node.outstanding_work, node.index))
 
@@ -367,4 +404,4 @@ def pick(nodes: list[NodeClient], node_id: str) -> NodeClient:
         pong = node.status().pong
         if node_id == node.address or (pong is not None and pong.node_id == node_id):
             return node
-    raise UnknownNode(f"no {nodes[0].role} node {node_id!r}")
+    raise UnknownNode(f"no {nodes[0].role if nodes else 'such'} node {node_id!r}")

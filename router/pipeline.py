@@ -1,4 +1,5 @@
-"""One prompt through the cluster: prefill on one node, then decode on another, token events streamed back.
+"""One prompt through the cluster: prefill on one node, then decode on another, token events streamed back; or
+the whole request on one colocated node (NodePool.choose_colocated).
 
 n samples: the prefill node prefills the prompt once and samples each sample's first token; one decode node
 reads the KV once and decodes every sample from its own copy. Events carry the sample's index.
@@ -17,7 +18,15 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from corun.protocol import Abort, DecodeRequest, ErrorReply, PrefillRequest, PrefillResult, TokenEvent
+from corun.protocol import (
+    Abort,
+    DecodeRequest,
+    ErrorReply,
+    GenerateRequest,
+    PrefillRequest,
+    PrefillResult,
+    TokenEvent,
+)
 from corun.sampling_params import SamplingParams
 from router.nodes import NodeClient, NodePool, NoNodeAvailable, Placement, ReplyQueue, UnknownNode
 
@@ -105,6 +114,17 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
                         seed: int, placement: Placement,
                         is_done: Callable[[int], bool] = lambda index: False,
                         on_queue_time: Callable[[float], None] = lambda seconds: None) -> AsyncIterator[TokenEvent]:
+    try:
+        colocated = pool.choose_colocated(placement)
+    except (UnknownNode, NoNodeAvailable) as error:
+        raise GenerationError(400 if isinstance(error, UnknownNode) else 503, str(error)) from None
+    if colocated is not None:
+        # NOTE: the node prefills and decodes; its events are a decode node's, the prompt's logprobs included
+        request = GenerateRequest(request_id, prompt_token_ids, params, seed)
+        async with contextlib.aclosing(run_decode(colocated, request, pool.request_timeout_s, is_done)) as events:
+            async for event in events:
+                yield event
+        return
     prefill_node = choose(pool.choose_prefill, placement.prefill)
     prefill = await run_prefill(prefill_node, PrefillRequest(request_id, prompt_token_ids, params, seed),
                                 params.n, pool.request_timeout_s)
@@ -162,11 +182,15 @@ async def run_prefill(node: NodeClient, request: PrefillRequest, num_samples: in
     return reply
 
 
-async def run_decode(node: NodeClient, request: DecodeRequest, timeout_s: float,
+async def run_decode(node: NodeClient, request: DecodeRequest | GenerateRequest, timeout_s: float,
                      is_done: Callable[[int], bool] = lambda index: False) -> AsyncIterator[TokenEvent]:
     """The samples' token events until each finished; a sample is_done says the consumer ended is aborted on
-    the node at its next event (which is dropped)."""
-    running = {first.index for first in request.first_tokens}
+    the node at its next event (which is dropped). A decode node decodes request.first_tokens' samples, a
+    colocated node every sample of the GenerateRequest."""
+    if isinstance(request, GenerateRequest):
+        running = set(range(request.params.n))
+    else:
+        running = {first.index for first in request.first_tokens}
     aborted: set[int] = set()
     with node.open_request(request.request_id, work=len(running)) as replies:
         try:
@@ -178,7 +202,7 @@ async def run_decode(node: NodeClient, request: DecodeRequest, timeout_s: float,
                 if isinstance(event, TokenEvent) and event.index in aborted:
                     continue  # NOTE: decoded before the node saw the sample's Abort
                 if not isinstance(event, TokenEvent) or event.index not in running:
-                    raise GenerationError(502, f"decode node {node.address} answered {type(event).__name__} "
+                    raise GenerationError(502, f"{node.role} node {node.address} answered {type(event).__name__} "
                                                "for no running sample")
                 if event.finish_reason is not None:
                     running.discard(event.index)

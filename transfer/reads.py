@@ -14,7 +14,7 @@ import torch
 
 from corun.block_manager import NULL_BLOCK
 from transfer.compat import IncompatiblePeer
-from transfer.counters import TransferCounters
+from transfer.counters import TransferCounters, count_read_time
 
 XferState = Literal["DONE", "PROC", "ERR"]
 PROBE_BYTES = 64 * 2**20
@@ -129,7 +129,7 @@ def count_finished(counters: TransferCounters, handle: ReadHandle) -> None:
         counters.bytes_read += handle.num_bytes
         counters.blocks_read += handle.num_blocks
         # NOTE: to the poll that saw it done: a decode node polls between steps, so this includes up to one step
-        counters.read_seconds_total += time.perf_counter() - handle.started_at
+        count_read_time(counters, time.perf_counter() - handle.started_at)
     else:
         counters.read_failures += 1
 

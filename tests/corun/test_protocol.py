@@ -24,6 +24,8 @@ MESSAGES = [
                            KV),
     protocol.DecodeRequest("r1", [1, 2, 3], PARAMS, 11, [FIRST], KV),
     protocol.DecodeRequest("r4", [1, 2, 3], CONTROLLED, 11, [FIRST, protocol.FirstToken(2, 9, None)], KV),
+    protocol.GenerateRequest("r1", [1, 2, 3], PARAMS, 11),
+    protocol.GenerateRequest("r4", [1, 2, 3], CONTROLLED, 11),
     protocol.TokenEvent("r1", [5], [LOGPROBS], None),
     protocol.TokenEvent("r1", [5, 6], None, "stop"),
     protocol.TokenEvent("r4", [5, 6], None, None, index=2),

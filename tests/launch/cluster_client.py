@@ -69,7 +69,7 @@ def node_stats(cluster: LocalCluster) -> dict[str, dict]:
     """node id -> its stats right now, asked of every node directly (the router's copy can be a second old)."""
     context = zmq.Context.instance()
     stats = {}
-    for address in [*cluster.prefill_addresses, *cluster.decode_addresses]:
+    for address in [*cluster.prefill_addresses, *cluster.decode_addresses, *cluster.colocated_addresses]:
         with context.socket(zmq.DEALER) as socket:
             socket.setsockopt(zmq.LINGER, 0)
             cluster.cluster_key.connect(socket)  # NOTE: a cluster member's key: nodes admit nobody else

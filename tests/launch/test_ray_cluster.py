@@ -164,8 +164,8 @@ def test_a_crashed_actor_is_replaced_in_its_bundle_at_the_same_address(cluster_1
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"num_decode": 0}, "num_decode must be >= 1"),
-    ({"num_prefill": 0}, "num_prefill must be >= 1"),
+    ({"num_decode": 0}, "prefill and decode servers come together"),
+    ({"num_prefill": -1}, "num_prefill must be >= 0"),
     ({"placement_strategy": "DIAGONAL"}, "placement_strategy must be one of SPREAD, PACK"),
     ({"cpus_per_node": 0}, "cpus_per_node must be > 0"),
     ({"address": "head-node"}, "Ray address must be 'auto', 'ray://HOST:PORT' or 'HOST:PORT'"),

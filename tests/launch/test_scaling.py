@@ -150,7 +150,8 @@ def test_ray_with_two_nodes_on_one_host_scales_out_and_in(tiny_model_dir):
 
 def test_the_admin_api_refuses_what_it_cannot_do_with_a_clear_message(local_cluster):
     url, decode = local_cluster.url, local_cluster.node_addresses["decode-0"]
-    cases = [("POST", {"role": "router", "address": "tcp://127.0.0.1:1"}, "role must be 'prefill' or 'decode'"),
+    cases = [("POST", {"role": "router", "address": "tcp://127.0.0.1:1"},
+              "role must be one of prefill, decode, colocated"),
              ("POST", {"role": "decode", "address": "127.0.0.1:1"}, "address must be tcp://HOST:PORT"),
              ("POST", {"role": "decode", "address": decode}, "already a node of this pool"),
              ("DRAIN", {"address": "tcp://127.0.0.1:1"}, "no node at"),

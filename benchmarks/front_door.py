@@ -1,0 +1,145 @@
+"""The cluster through its HTTP front door next to the engine behind it, on one GPU (issue 21).
+
+    python -m benchmarks.front_door --preset qwen3-8b --out benchmarks/results/h200_front_door.json
+
+In one run, one after the other on GPU 0, the same workloads (each cut at --max-seconds):
+1. `engine`: the colocated corun engine (`corun bench`'s run_bench), the defaults a user gets;
+2. `colocated_nodes_http`: `corun serve --prefill 0 --decode 0 --colocated 1` through HTTP (`corun bench --url`);
+3. `1p1d_http`: `corun serve --prefill 1 --decode 1` on the same GPU through HTTP, and the KV hand-off per request
+   under the ShareGPT-like load (the decode node's read-time buckets: kv_handoff_ms_p50 is the smallest bucket
+   holding half the reads).
+Determinism through both clusters: each prompt alone vs all concurrently, and the cluster vs the engine, bitwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import tempfile
+import time
+import urllib.request
+
+import torch
+
+from benchmarks.gpu_cluster import PARAMS, colocated_outputs, differing, served_outputs
+from benchmarks.gpu_determinism import token_prompts
+from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets, run_bench, scheduler_for
+from benchmarks.http_bench import run_http_bench
+from corun import LLM
+from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+from corun.models.presets import PRESETS, make_random_model_dir
+from launch.cluster import ClusterConfig, free_port
+from launch.local import LocalCluster
+from planner.workloads import make_workload
+from transfer.counters import READ_MS_BUCKETS
+
+HANDOFF_WORKLOAD = "sharegpt"
+
+
+def decode_stats(url: str) -> dict:
+    time.sleep(2.0)  # NOTE: the router's copy of node stats is its last pong: let one more arrive
+    with urllib.request.urlopen(f"{url}/admin/nodes", timeout=10) as response:
+        return next(node["stats"] for node in json.loads(response.read())["nodes"] if node["role"] == "decode")
+
+
+def handoff(before: dict, after: dict) -> dict:
+    """The KV reads between two decode-node stats: count, mean, and the bucket holding the median."""
+    reads = after["reads_completed"] - before["reads_completed"]
+    within = {ms: after[f"reads_within_{ms}ms"] - before[f"reads_within_{ms}ms"] for ms in READ_MS_BUCKETS}
+    p50 = next((ms for ms in READ_MS_BUCKETS if reads and within[ms] >= reads / 2), None)
+    seconds = after["read_seconds_total"] - before["read_seconds_total"]
+    return {"reads": reads, "kv_handoff_ms_mean": round(1e3 * seconds / max(1, reads), 3),
+            "kv_handoff_ms_p50_at_most": p50, "reads_within_ms": within,
+            "note": "read time: post to the decode loop's poll that saw it done (includes waiting for that poll)"}
+
+
+def empty_cache() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def served_determinism(url: str, prompts: list[list[int]], reference: list[dict]) -> dict:
+    alone = asyncio.run(served_outputs(url, prompts, PARAMS, concurrent=False))
+    together = asyncio.run(served_outputs(url, prompts, PARAMS, concurrent=True))
+    return {"prompts": len(prompts), "bs1_vs_bsn_differing": differing(alone, together),
+            "vs_engine_differing": differing(alone, reference)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", default="qwen3-8b", choices=sorted(PRESETS))
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the whole script (qwen3-tiny)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=6144)
+    parser.add_argument("--prefill-chunk-size", type=int, default=4096)
+    parser.add_argument("--kv-cache-mib", type=int, default=60000, help="the engine's and each decoding node's")
+    parser.add_argument("--prefill-kv-cache-mib", type=int, default=16000)
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=1500)
+    parser.add_argument("--workloads", default="sharegpt,burstgpt,1024x2048")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--max-seconds", type=float, default=20.0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    model_dir = str(make_random_model_dir(args.preset, tempfile.mkdtemp(prefix=f"random-{args.preset}-")))
+    vocab = PRESETS[args.preset]["vocab_size"]
+    base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                           prefill_chunk_size=args.prefill_chunk_size)
+    engine = EngineConfig(model=model_dir, dtype=args.dtype, device=args.device, num_threads=1,
+                          scheduler=scheduler_for(base, "corun"),
+                          cache=CacheConfig(memory_budget_bytes=args.kv_cache_mib * 2**20))
+    prompts = token_prompts(args.num_prompts, vocab - 1, 1, args.prompt_len)  # NOTE: never the EOS id (the last)
+    workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
+    gpu = ("0",) if args.device.startswith("cuda") else ()
+    report = {"gpu": torch.cuda.get_device_name() if gpu else None, "torch": torch.__version__, "command": vars(args),
+              "engine": dataclasses.asdict(engine), "modes": {}, "determinism": {}}
+
+    def save() -> None:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+
+    llm = LLM.from_config(engine)
+    reference = colocated_outputs(llm, prompts, one_by_one=False)
+    del llm
+    empty_cache()
+    report["modes"]["engine"] = run_bench(engine, ["corun"], workloads, max_seconds=args.max_seconds)["modes"]["corun"]
+    save()
+    empty_cache()
+    served = {"slo": SLOTargets(), "arrivals": DEFAULT_ARRIVALS, "max_seconds": args.max_seconds}
+    colocated = ClusterConfig(engine, num_prefill=0, num_decode=0, num_colocated=1, port=free_port("127.0.0.1"),
+                              colocated_gpus=gpu, decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)
+    with LocalCluster(colocated) as cluster:
+        report["determinism"]["colocated_nodes_http"] = served_determinism(cluster.url, prompts, reference)
+        report["modes"]["colocated_nodes_http"] = run_http_bench(
+            cluster.url, workloads, vocab, args.max_model_len, label="colocated_nodes_http", **served)["modes"][
+            "colocated_nodes_http"]
+    save()
+    pd = ClusterConfig(engine, port=free_port("127.0.0.1"), prefill_gpus=gpu, decode_gpus=gpu,
+                       prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.kv_cache_mib,
+                       startup_timeout_s=600)
+    with LocalCluster(pd) as cluster:
+        report["determinism"]["1p1d_http"] = served_determinism(cluster.url, prompts, reference)
+        report["modes"]["1p1d_http"] = {}
+        for workload in workloads:
+            before = decode_stats(cluster.url)
+            runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="1p1d_http", **served)
+            report["modes"]["1p1d_http"].update(runs["modes"]["1p1d_http"])
+            costs = handoff(before, decode_stats(cluster.url))
+            report.setdefault("kv_handoff", {})[workload.name] = costs
+            if workload.name == HANDOFF_WORKLOAD:
+                report["kv_handoff_ms_p50"] = costs["kv_handoff_ms_p50_at_most"]
+            save()
+    report["ratios_to_engine"] = {
+        mode: {name: round(run["output_tok_per_s"] / report["modes"]["engine"][name]["output_tok_per_s"], 3)
+               for name, run in runs.items() if name in report["modes"]["engine"]}
+        for mode, runs in report["modes"].items() if mode != "engine"}
+    save()
+    print(json.dumps({"determinism": report["determinism"], "ratios_to_engine": report["ratios_to_engine"],
+                      "kv_handoff": report.get("kv_handoff")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

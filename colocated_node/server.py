@@ -1,0 +1,142 @@
+"""Colocated server: prefill and decode in one process, the engine's co-run schedule, behind the router.
+
+The colocated engine (corun/engine.py) as a node: its scheduler and model runner run the request, so its outputs
+are the engine's, and so the P/D cluster's. This is how one GPU is served without a second CUDA context or a KV
+hand-off.
+
+Lifecycle of a request (queues; each of its n samples is a request of its own, seed sample_seed(seed, i), as
+LLM.generate splits them):
+  waiting (the scheduler's FIFO) --a slot and KV blocks for prompt + max_tokens free--> prefilling (alone, one
+      chunk per forward, as the engine's corun mode: bucketed, packed or natural)
+  prefilling --last chunk: token 1 sampled, streamed (with the prompt's logprobs)--> decoding
+  decoding (the N-row decode step; one StepTokens per router per step, a TokenEvent per sample in it)
+      --stop / length / Abort--> finished: slot + blocks free
+  with prefill_token_budget, a decode step runs once that many prompt tokens were prefilled since the last one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from corun import protocol
+from corun.config import NodeConfig
+from corun.model_runner import SampledToken
+from corun.request import Request
+from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, make_scheduler
+from corun.seeding import sample_seed
+from node_core.server import AgentFactory, NodeServer
+from transfer.agent import KVTransferAgent
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Sample:
+    """One sample of a GenerateRequest, as the router knows it."""
+
+    router: bytes
+    request_id: str
+    index: int
+    request: Request
+    """The scheduler's request for it (its own id: request_id#index)."""
+
+
+class ColocatedServer(NodeServer):
+    role = "colocated"
+
+    def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent):
+        if config.engine.scheduler.mode != "corun":
+            raise ValueError(f"a colocated node runs mode corun (got {config.engine.scheduler.mode}): its outputs "
+                             "are the engine's and the P/D cluster's only under corun's shapes")
+        super().__init__(config, agent_factory, capture_decode_graph=True)
+        self.scheduler = make_scheduler(self.config.engine.scheduler, self.block_manager)
+        self.samples: dict[int, Sample] = {}
+        """id(request) -> its sample, while the scheduler holds it."""
+        self.num_prefill_forwards = 0
+        self.num_decode_steps = 0
+        self.num_decoded_rows = 0
+        self.num_finished = 0
+
+    # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
+    def busy(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def schedule(self) -> ScheduledBatch | None:
+        return self.scheduler.schedule()
+
+    def run(self, batch: ScheduledBatch) -> list[SampledToken]:
+        if batch.prefill_chunks:
+            self.num_prefill_forwards += 1
+            return self.runner.run_prefill(batch.prefill_chunks)
+        self.num_decode_steps += 1
+        self.num_decoded_rows += len(batch.decode_requests)
+        return self.runner.run_decode(batch.decode_requests)
+
+    def postprocess(self, sampled: list[SampledToken]) -> None:
+        step_events: dict[bytes, list[protocol.TokenEvent]] = {}
+        for item in sampled:
+            sample = self.samples[id(item.request)]
+            request = item.request
+            finish_reason = request.append_token(item.token_id, item.logprobs)
+            first = len(request.output_token_ids) == 1
+            prompt_logprobs = request.prompt_logprobs if first and request.params.prompt_logprobs is not None \
+                else None
+            logprobs = None if item.logprobs is None else [item.logprobs]
+            event = protocol.TokenEvent(sample.request_id, [item.token_id], logprobs, finish_reason, prompt_logprobs,
+                                        sample.index)
+            step_events.setdefault(sample.router, []).append(event)
+            if finish_reason is not None:
+                self.finish(sample, finish_reason)
+        for router, events in step_events.items():
+            self.sockets.reply(router, protocol.StepTokens(events))
+
+    # --- requests -----------------------------------------------------------------------------------------------
+    def on_generate(self, identity: bytes, message: protocol.GenerateRequest) -> None:
+        params = dataclasses.replace(message.params, n=1)
+        requests = [Request.create(f"{message.request_id}#{index}", message.prompt_token_ids, params,
+                                   sample_seed(message.seed, index), self.eos_token_ids)
+                    for index in range(message.params.n)]
+        try:
+            check_engine_request(message.request_id, message.prompt_token_ids, params, self.config.engine,
+                                 self.runner.model.cfg.vocab_size)
+            self.check_fits(requests)
+        except RequestRejected as error:
+            self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, str(error)))
+            return
+        for index, request in enumerate(requests):
+            self.scheduler.add(request)
+            self.samples[id(request)] = Sample(identity, message.request_id, index, request)
+
+    def check_fits(self, requests: list[Request]) -> None:
+        """Each sample fits the model and the cache alone, and all of them the slots (they may run together)."""
+        for request in requests:
+            self.scheduler.check_fits_ever(request)
+        if len(requests) > self.config.engine.scheduler.max_num_seqs:
+            raise RequestRejected(f"request {requests[0].request_id.rsplit('#', 1)[0]}: n = {len(requests)} "
+                                  f"samples, this node runs at most {self.config.engine.scheduler.max_num_seqs}")
+
+    def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
+        """Every sample of the request, or only sample message.index."""
+        for sample in list(self.samples.values()):
+            if sample.request_id == message.request_id and message.index in (None, sample.index):
+                self.scheduler.abort(sample.request)
+                del self.samples[id(sample.request)]
+
+    handlers = {protocol.GenerateRequest: on_generate, protocol.Abort: on_abort, protocol.Ping: NodeServer.on_ping}
+
+    def finish(self, sample: Sample, reason: str) -> None:
+        self.scheduler.finish(sample.request, reason)
+        del self.samples[id(sample.request)]
+        self.num_finished += 1
+
+    ROLE_COUNTERS = ("num_prefill_forwards", "num_decode_steps", "num_decoded_rows", "num_finished",
+                     "num_graph_replays")
+
+    def role_stats(self) -> dict:
+        graph = self.runner.decode_graph
+        return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
+                "num_prefill_forwards": self.num_prefill_forwards, "num_decode_steps": self.num_decode_steps,
+                "num_decoded_rows": self.num_decoded_rows, "num_finished": self.num_finished,
+                "num_graph_replays": 0 if graph is None else graph.num_replays}
