@@ -32,16 +32,26 @@ from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.models.presets import PRESETS, make_random_model_dir
 from launch.cluster import ClusterConfig, free_port
 from launch.local import LocalCluster
+from node_core.server import LOOP_PHASES
 from planner.workloads import make_workload
 from transfer.counters import READ_MS_BUCKETS
 
 HANDOFF_WORKLOAD = "sharegpt"
 
 
-def decode_stats(url: str) -> dict:
+def role_stats(url: str) -> dict[str, dict]:
+    """role -> the stats of the cluster's one node of that role."""
     time.sleep(2.0)  # NOTE: the router's copy of node stats is its last pong: let one more arrive
     with urllib.request.urlopen(f"{url}/admin/nodes", timeout=10) as response:
-        return next(node["stats"] for node in json.loads(response.read())["nodes"] if node["role"] == "decode")
+        return {node["role"]: node["stats"] for node in json.loads(response.read())["nodes"]}
+
+
+def loop_breakdown(before: dict, after: dict) -> dict:
+    """Where a node's loop spent the workload's time (seconds per phase), and its forwards."""
+    seconds = {phase: round(after[f"loop_{phase}_seconds_total"] - before[f"loop_{phase}_seconds_total"], 3)
+               for phase in LOOP_PHASES}
+    steps = {key: after.get(key, 0) - before.get(key, 0) for key in ("num_decode_steps", "num_prefill_forwards")}
+    return {"seconds": seconds, **steps}
 
 
 def handoff(before: dict, after: dict) -> dict:
@@ -113,10 +123,15 @@ def main() -> None:
                               colocated_gpus=gpu, decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)
     with LocalCluster(colocated) as cluster:
         report["determinism"]["colocated_nodes_http"] = served_determinism(cluster.url, prompts, reference)
-        report["modes"]["colocated_nodes_http"] = run_http_bench(
-            cluster.url, workloads, vocab, args.max_model_len, label="colocated_nodes_http", **served)["modes"][
-            "colocated_nodes_http"]
-    save()
+        report["modes"]["colocated_nodes_http"] = {}
+        for workload in workloads:
+            before = role_stats(cluster.url)["colocated"]
+            runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="colocated_nodes_http",
+                                  **served)
+            report["modes"]["colocated_nodes_http"].update(runs["modes"]["colocated_nodes_http"])
+            report.setdefault("node_loops", {}).setdefault("colocated", {})[workload.name] = loop_breakdown(
+                before, role_stats(cluster.url)["colocated"])
+            save()
     pd = ClusterConfig(engine, port=free_port("127.0.0.1"), prefill_gpus=gpu, decode_gpus=gpu,
                        prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.kv_cache_mib,
                        startup_timeout_s=600)
@@ -124,10 +139,13 @@ def main() -> None:
         report["determinism"]["1p1d_http"] = served_determinism(cluster.url, prompts, reference)
         report["modes"]["1p1d_http"] = {}
         for workload in workloads:
-            before = decode_stats(cluster.url)
+            before = role_stats(cluster.url)
             runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="1p1d_http", **served)
             report["modes"]["1p1d_http"].update(runs["modes"]["1p1d_http"])
-            costs = handoff(before, decode_stats(cluster.url))
+            after = role_stats(cluster.url)
+            for role in ("prefill", "decode"):
+                report["node_loops"].setdefault(role, {})[workload.name] = loop_breakdown(before[role], after[role])
+            costs = handoff(before["decode"], after["decode"])
             report.setdefault("kv_handoff", {})[workload.name] = costs
             if workload.name == HANDOFF_WORKLOAD:
                 report["kv_handoff_ms_p50"] = costs["kv_handoff_ms_p50_at_most"]
@@ -138,7 +156,7 @@ def main() -> None:
         for mode, runs in report["modes"].items() if mode != "engine"}
     save()
     print(json.dumps({"determinism": report["determinism"], "ratios_to_engine": report["ratios_to_engine"],
-                      "kv_handoff": report.get("kv_handoff")}, indent=2))
+                      "kv_handoff": report.get("kv_handoff"), "node_loops": report.get("node_loops")}, indent=2))
 
 
 if __name__ == "__main__":

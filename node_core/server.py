@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 import uuid
 from collections.abc import Callable
 from typing import ClassVar
@@ -31,6 +32,8 @@ AgentFactory = Callable[[str, KVData, TransferConfig], KVRegion]
 """(agent name, the KV cache's tensor or segment tensors, the transfer settings) -> a KV transfer agent:
 KVTransferAgent, or transfer.fake's in tests."""
 
+
+LOOP_PHASES = ("receive", "schedule", "run", "postprocess", "turns")
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -88,6 +91,9 @@ class NodeServer:
         self.agent = agent_factory(config.node_id, self.runner.kv_cache.data, transfer_for_host(config))
         key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
         self.sockets = NodeSockets(config.bind_address, key)
+        self.loop_seconds = dict.fromkeys(LOOP_PHASES, 0.0)
+        """Seconds the loop spent per phase, summed (turns: whole turns, idle waits included): where a node's time
+        goes beside its forwards (run: the forward and sampling, as the host waits for them)."""
         self.model_facts = protocol.ModelFacts(config.engine.scheduler.max_model_len,
                                                self.runner.model.cfg.vocab_size, config.engine.max_logprobs)
 
@@ -106,7 +112,8 @@ class NodeServer:
 
     def stats(self) -> dict:
         blocks = self.block_manager
-        return {**self.role_stats(), "num_free_blocks": blocks.num_free_blocks,
+        loop = {f"loop_{phase}_seconds_total": round(seconds, 6) for phase, seconds in self.loop_seconds.items()}
+        return {**self.role_stats(), **loop, "num_free_blocks": blocks.num_free_blocks,
                 "kv_cache_usage_perc": round(1 - blocks.num_free_blocks / blocks.num_usable_blocks, 6),
                 **self.runner.forward_counts(), **self.agent.counters.as_dict()}
 
@@ -119,16 +126,29 @@ class NodeServer:
     @functools.cached_property
     def counters(self) -> tuple[str, ...]:
         """Stats that only ever grow: the transfer counters, the forward counts and the role's (fixed names)."""
-        return tuple(sorted({*self.agent.counters.as_dict(), *self.runner.forward_counts(), *self.ROLE_COUNTERS}))
+        loop = {f"loop_{phase}_seconds_total" for phase in LOOP_PHASES}
+        return tuple(sorted({*self.agent.counters.as_dict(), *self.runner.forward_counts(), *self.ROLE_COUNTERS,
+                             *loop}))
 
     # --- the loop: schedule -> run -> postprocess (the role fills each in) ------------------------------------
     def step(self) -> None:
         """One turn: the messages that arrived (waiting a little only when idle), one forward, the timers."""
+        loop = self.loop_seconds
+        started = time.perf_counter()
         self.receive(timeout_ms=0 if self.busy() else IDLE_RECEIVE_MS)
+        received = time.perf_counter()
         batch = self.schedule()
+        scheduled = time.perf_counter()
         if batch:
-            self.postprocess(self.run(batch))
+            sampled = self.run(batch)
+            ran = time.perf_counter()
+            self.postprocess(sampled)
+            loop["run"] += ran - scheduled
+            loop["postprocess"] += time.perf_counter() - ran
         self.after_step()
+        loop["receive"] += received - started
+        loop["schedule"] += scheduled - received
+        loop["turns"] += time.perf_counter() - started
 
     def busy(self) -> bool:
         raise NotImplementedError
