@@ -332,6 +332,10 @@ def request_id_of(data: bytes) -> str:
     return request_id if isinstance(request_id, str) and len(request_id) <= MAX_ID_CHARS else ""
 
 
+INT_MIN, INT_END = -(2**63), 2**64
+"""What msgpack carries as an integer (int64 and uint64)."""
+
+
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
@@ -364,6 +368,8 @@ def _check_type(value, hint, path: str) -> None:
             for i, (item, item_hint) in enumerate(zip(value, args, strict=True)):
                 _check_type(item, item_hint, f"{path}[{i}]")
             return
+        if args[0] is int and all(type(item) is int and INT_MIN <= item < INT_END for item in value):
+            return  # NOTE: token ids: thousands per request, checked in one pass; the loop below names a bad one
         for i, item in enumerate(value):
             _check_type(item, args[0], f"{path}[{i}]")
         return
@@ -380,7 +386,7 @@ def _check_plain(value, hint, path: str) -> None:
     elif hint is bool:
         ok = isinstance(value, bool)
     elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**64
+        ok = isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value < INT_END
     elif hint is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
     elif hint is str:
@@ -401,6 +407,8 @@ def _to_wire(value):
     if dataclasses.is_dataclass(value):
         return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, list | tuple):
+        if all(type(v) is int for v in value):  # NOTE: token ids and block ids: thousands per message, as they are
+            return list(value)
         return [_to_wire(v) for v in value]
     return value
 

@@ -68,6 +68,15 @@ def test_foreign_messages_are_refused_with_the_reason(body, error):
         protocol.decode(b"\xc1")
 
 
+@pytest.mark.parametrize("bad, position", [(True, 700), (1.5, 0), ("7", 1023), ([3], 512)])
+def test_a_long_token_id_list_with_one_bad_item_is_refused_naming_it(bad, position):
+    """Token-id lists are checked in one pass (thousands per request); a bad item still names itself."""
+    body = msgpack.unpackb(protocol.encode(protocol.GenerateRequest("r1", list(range(1024)), PARAMS, 11)))
+    body["prompt_token_ids"][position] = bad
+    with pytest.raises(protocol.ProtocolError, match=rf"prompt_token_ids\[{position}\] must be int"):
+        protocol.decode(msgpack.packb(body))
+
+
 def test_kv_done_notification_names_its_request_and_nothing_else():
     assert protocol.kv_done_request_id(protocol.kv_done_notification("r-9")) == "r-9"
     assert protocol.kv_done_request_id(b"something else") is None
