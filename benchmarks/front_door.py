@@ -60,9 +60,13 @@ def handoff(before: dict, after: dict) -> dict:
     within = {ms: after[f"reads_within_{ms}ms"] - before[f"reads_within_{ms}ms"] for ms in READ_MS_BUCKETS}
     p50 = next((ms for ms in READ_MS_BUCKETS if reads and within[ms] >= reads / 2), None)
     seconds = after["read_seconds_total"] - before["read_seconds_total"]
+    transfer = after["read_transfer_seconds_total"] - before["read_transfer_seconds_total"]
     return {"reads": reads, "kv_handoff_ms_mean": round(1e3 * seconds / max(1, reads), 3),
             "kv_handoff_ms_p50_at_most": p50, "reads_within_ms": within,
-            "note": "read time: post to the decode loop's poll that saw it done (includes waiting for that poll)"}
+            "kv_transfer_ms_mean": round(1e3 * transfer / max(1, reads), 3),
+            "reads_over_1ms": after["reads_over_1ms"] - before["reads_over_1ms"],
+            "note": "hand-off: post to the decode loop's poll that saw the READ done (a poll per decode step, so up "
+                    "to a step's wait is in it); transfer: NIXL's telemetry of the READ itself"}
 
 
 def empty_cache() -> None:
