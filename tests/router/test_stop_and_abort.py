@@ -27,8 +27,19 @@ def stream_text(events) -> tuple[str, list[int], str | None]:
     return "".join(c["text"] for c in choices), token_ids, choices[-1]["finish_reason"]
 
 
+@pytest.fixture
+def paced_router(tiny_model_dir, word_token_ids):
+    """Decode nodes that send a token every 50 ms: the decode is still running when the stop string matches.
+    NOTE: with instant fake nodes, a router behind on a loaded host takes every queued token at once, the last
+    one finishing the sample, and then there is nothing left to abort."""
+    with RouterHarness(tiny_model_dir, word_token_ids, decode=FakeBehaviour(event_delay_s=0.05)) as harness:
+        harness.wait_until_healthy()
+        yield harness
+
+
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_stop_string_truncates_the_text_and_aborts_the_decode(router, stream):
+def test_a_stop_string_truncates_the_text_and_aborts_the_decode(paced_router, stream):
+    router = paced_router
     reference = completions(router, BODY, f"ref-{stream}").body["choices"][0]
     stop = reference["text"][10:14]
     expected_text = reference["text"][:reference["text"].index(stop)]
