@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -181,19 +180,7 @@ def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     config = NodeConfig(role=role, node_id=args.node_id, engine=engine_config_from_args(args), host=args.host,
                         port=args.port, advertise_host=args.advertise_host, kv_lease_seconds=args.kv_lease_seconds,
                         transfer=transfer_config_from_args(args), cluster_key_file=args.cluster_key_file)
-    with compute_stream(config.engine):
-        return serve(role, server_factory, config)
-
-
-def compute_stream(engine: EngineConfig):
-    """The stream a node computes on: on CUDA (the project's engine), one of its own rather than the legacy
-    default stream. NOTE: a blocking stream, as UCX's CUDA-IPC copies may use, waits for the legacy default
-    stream's work: a decode node computing there could make every KV READ into it wait for the decode step in
-    flight (measured on one H200, 1P1D, all on the default stream: 20-27 ms per READ under load against 0.5 ms
-    idle; benchmarks/results/README.md has what this stream changed)."""
-    if not engine.device.startswith("cuda") or engine.backend != "corun":
-        return contextlib.nullcontext()
-    return torch.cuda.stream(torch.cuda.Stream(engine.device))
+    return serve(role, server_factory, config)
 
 
 def serve(role: str, server_factory, config: NodeConfig) -> int:
