@@ -81,8 +81,9 @@ class RayClusterConfig:
             raise ValueError(f"cpus_per_node must be > 0, got {self.cpus_per_node}")
         if not 0 < self.gpus_per_node <= 1:
             raise ValueError(f"gpus_per_node must be in (0, 1] (a node runs on one GPU), got {self.gpus_per_node}")
-        if self.cluster.prefill_gpus or self.cluster.decode_gpus:
-            raise ValueError("on Ray, Ray picks each node's GPU: use --gpus-per-node, not --prefill-gpus/--decode-gpus")
+        if self.cluster.prefill_gpus or self.cluster.decode_gpus or self.cluster.colocated_gpus:
+            raise ValueError("on Ray, Ray picks each node's GPU: use --gpus-per-node, not --prefill-gpus/--decode-gpus/"
+                             "--colocated-gpus")
         if not self.placement_timeout_s > 0:
             raise ValueError(f"placement_timeout_s must be > 0, got {self.placement_timeout_s}")
         check_address(self.address)
