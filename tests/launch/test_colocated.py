@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import urllib.error
 import urllib.request
 
 import pytest
@@ -130,3 +131,11 @@ def test_a_cluster_needs_both_p_and_d_or_colocated_nodes(tiny_model_dir):
         ClusterConfig(engine_settings, num_prefill=0, num_decode=0)
     assert ClusterConfig(engine_settings, num_prefill=0, num_decode=0, num_colocated=2).nodes() == [
         ("colocated", 0), ("colocated", 1)]
+
+
+def test_a_request_a_colocated_node_cannot_hold_is_a_400_and_it_keeps_serving(colocated_only, engine):
+    body = {"model": "corun-tiny", "prompt": PROMPTS[0], "max_tokens": 4, "n": 40, "best_of": 40}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post(colocated_only, body)
+    assert refused.value.code == 400 and "at most 32" in json.loads(refused.value.read())["error"]["message"]
+    assert complete(client(colocated_only), PROMPTS[3], PARAMS) == engine[3]
