@@ -54,6 +54,8 @@ from benchmarks.cpu_usage import (
 from benchmarks.fake_output import MIN_VOCAB_SIZE
 from benchmarks.report import emit
 from benchmarks.router_load_client import LoadPlan, Schedule, run_worker
+from corun.config import METRICS_DIR_ENV
+from launch.routers import one_of_several_argv
 
 DEFAULT_STREAMS = (32, 64, 128, 256, 512, 1024)
 SERVED_MODEL_NAME = "router-throughput"
@@ -204,8 +206,8 @@ def start_router(index: int, num_routers: int, port: int, metrics_dir: str, args
     env = None
     if num_routers > 1:
         control_port = free_port()
-        command += ["--reuse-port", "--control-port", str(control_port), "--instance-name", f"r{index}"]
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+        command += one_of_several_argv(index, control_port)
+        env = {**os.environ, METRICS_DIR_ENV: metrics_dir}
         own_url = f"http://127.0.0.1:{control_port}"
     process = start_child(command, os.path.join(log_dir, f"router_{index}.log"), env=env)
     print(f"router {index}: pid {process.pid}, {url}", file=sys.stderr, flush=True)

@@ -101,7 +101,7 @@ class ColocatedServer(NodeServer):
         try:
             check_engine_request(message.request_id, message.prompt_token_ids, params, self.config.engine,
                                  self.runner.model.cfg.vocab_size)
-            self.check_fits(requests)
+            self.check_fits(message.request_id, requests)
         except RequestRejected as error:
             self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, str(error)))
             return
@@ -109,12 +109,12 @@ class ColocatedServer(NodeServer):
             self.scheduler.add(request)
             self.samples[id(request)] = Sample(identity, message.request_id, index, request)
 
-    def check_fits(self, requests: list[Request]) -> None:
+    def check_fits(self, request_id: str, requests: list[Request]) -> None:
         """Each sample fits the model and the cache alone, and all of them the slots (they may run together)."""
         for request in requests:
             self.scheduler.check_fits_ever(request)
         if len(requests) > self.config.engine.scheduler.max_num_seqs:
-            raise RequestRejected(f"request {requests[0].request_id.rsplit('#', 1)[0]}: n = {len(requests)} "
+            raise RequestRejected(f"request {request_id}: n = {len(requests)} "
                                   f"samples, this node runs at most {self.config.engine.scheduler.max_num_seqs}")
 
     def on_abort(self, identity: bytes, message: protocol.Abort) -> None:

@@ -308,6 +308,10 @@ class NodeConfig:
         return f"tcp://{self.advertise_host or self.host}:{self.port}"
 
 
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Where a router process finds RouterConfig.metrics_dir: prometheus_client's own switch to multiprocess mode."""
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """The HTTP front door."""
@@ -371,8 +375,8 @@ class RouterConfig:
     def __post_init__(self):
         if self.control_port is not None and not 0 < self.control_port < 65536:
             raise ValueError(f"control_port must be a port number, got {self.control_port}")
-        if not (self.instance_name.isascii() and self.instance_name.replace("-", "").isalnum()
-                or not self.instance_name):
+        name = self.instance_name
+        if name and not (name.isascii() and name.replace("-", "").isalnum()):
             raise ValueError(f"instance_name must be ASCII letters, digits and '-', got {self.instance_name!r}")
         if not (self.prefill_addresses and self.decode_addresses or self.colocated_addresses):
             raise ValueError("the router needs at least one prefill and one decode address, or a colocated one")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from prometheus_client.multiprocess import mark_process_dead
 
+from corun.config import METRICS_DIR_ENV
 from launch import cluster as launch
 from launch import scaling
 from launch.cluster import ClusterConfig, free_port
@@ -29,10 +30,14 @@ logger = logging.getLogger(__name__)
 
 CONTROL_HOST = "127.0.0.1"
 """Where each router's control port listens: only the launcher, on the same host, calls it."""
-MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 Addresses = Callable[[], tuple[list[str], list[str], list[str]]]
 """-> (prefill, decode, colocated) addresses of the nodes in the pool now."""
+
+
+def one_of_several_argv(index: int, control_port: int) -> list[str]:
+    """The flags that make `python -m router` router index of several on one port."""
+    return ["--reuse-port", "--control-port", str(control_port), "--instance-name", f"r{index}"]
 
 
 class RouterGroup:
@@ -72,8 +77,8 @@ class RouterGroup:
         argv = launch.router_argv(self.config, prefill, decode, self.key_file, colocated)
         env = launch.router_environment(self.config)
         if self.control_ports:
-            argv += ["--reuse-port", "--control-port", str(self.control_ports[index]), "--instance-name", f"r{index}"]
-            env = {**env, MULTIPROCESS_ENV: str(self.metrics_dir)}
+            argv += one_of_several_argv(index, self.control_ports[index])
+            env = {**env, METRICS_DIR_ENV: str(self.metrics_dir)}
         logger.info("starting %s", name)
         self.processes[name] = subprocess.Popen(argv, env=env)
         self.restarts.started(name)

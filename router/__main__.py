@@ -15,12 +15,10 @@ import sys
 from aiohttp import web
 
 from corun.auth import API_KEY_ENV, resolve_api_key
-from corun.config import RouterConfig
+from corun.config import METRICS_DIR_ENV, RouterConfig
 from router.app import create_app, create_control_app, start_site
 
 logger = logging.getLogger("router")
-
-MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def parse_config(argv: list[str] | None = None) -> RouterConfig:
@@ -68,7 +66,7 @@ def parse_config(argv: list[str] | None = None) -> RouterConfig:
         body_timeout_s=args.body_timeout_s, cluster_key_file=args.cluster_key_file, reuse_port=args.reuse_port,
         control_port=args.control_port, instance_name=args.instance_name,
         # NOTE: prometheus_client switches to multiprocess mode on this variable when imported; read here, once
-        metrics_dir=os.environ.get(MULTIPROCESS_ENV) or None,
+        metrics_dir=os.environ.get(METRICS_DIR_ENV) or None,
     )
 
 

@@ -39,10 +39,7 @@ SHUTDOWN_GRACE_S = 5.0
 
 def create_app(config: RouterConfig) -> web.Application:
     """The router app; its node clients and ping loop start with the app and close with it."""
-    # NOTE: the key check runs inside the error middleware, so that a 401 is an OpenAI error and is counted.
-    middlewares = [error_and_metrics_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
-    # NOTE: aiohttp refuses a body of exactly client_max_size bytes; max_request_bytes is the largest accepted.
-    app = web.Application(middlewares=middlewares, client_max_size=config.max_request_bytes + 1)
+    app = new_application(config)
     app[STATE_KEY] = build_state(config)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -59,13 +56,19 @@ def create_app(config: RouterConfig) -> web.Application:
     return app
 
 
+def new_application(config: RouterConfig) -> web.Application:
+    """An application with the router's middlewares and body limit, no routes yet."""
+    # NOTE: the key check runs inside the error middleware, so that a 401 is an OpenAI error and is counted.
+    middlewares = [error_and_metrics_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
+    # NOTE: aiohttp refuses a body of exactly client_max_size bytes; max_request_bytes is the largest accepted.
+    return web.Application(middlewares=middlewares, client_max_size=config.max_request_bytes + 1)
+
+
 def create_control_app(app: web.Application) -> web.Application:
     """What one of several routers answers on its own control port (RouterConfig.control_port): its view of the
     nodes (/health), its own series (/metrics) and the pool's admin API, for the launcher that starts the routers
     and must reach each one. Shares app's state; app's startup and cleanup run the pool."""
-    config = app[STATE_KEY].config
-    middlewares = [error_and_metrics_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
-    control = web.Application(middlewares=middlewares, client_max_size=config.max_request_bytes + 1)
+    control = new_application(app[STATE_KEY].config)
     control[STATE_KEY] = app[STATE_KEY]
     control.router.add_get("/health", health)
     control.router.add_get("/metrics", own_metrics)

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -115,8 +116,6 @@ def test_a_lost_colocated_node_s_requests_finish_on_the_p_d_path_with_the_same_b
 
 
 def wait_for_running(cluster, node: str) -> None:
-    import time
-
     deadline = time.monotonic() + 30
     while node_stats(cluster)[node]["num_running"] == 0:
         assert time.monotonic() < deadline, f"{node} never ran the request"

@@ -45,12 +45,16 @@ def get_json(url: str) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-def metric(url: str, name: str) -> float:
-    """The sum of a series' samples in the /metrics at url."""
+def samples(url: str, name: str) -> list:
+    """The samples of a series in the /metrics at url."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == name)
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name == name]
+
+
+def metric(url: str, name: str) -> float:
+    return sum(sample.value for sample in samples(url, name))
 
 
 def wait_until(condition, timeout_s: float, what: str) -> None:
@@ -76,15 +80,9 @@ def test_the_port_s_metrics_sum_every_router_s_series(cluster):
     time.sleep(0.6)  # NOTE: each router writes its CPU time for the others every 0.5 s
     own = [metric(url, "vllm:generation_tokens_total") for url in cluster.routers.admin_urls]
     assert metric(cluster.url, "vllm:generation_tokens_total") == sum(own)
-    cpu = text_series(cluster.url, "corun_router_process_cpu_seconds")
+    cpu = {sample.labels.get("pid", ""): sample.value
+           for sample in samples(cluster.url, "corun_router_process_cpu_seconds")}
     assert len(cpu) >= 2 and all(value > 0 for value in cpu.values()), f"one CPU series per router: {cpu}"
-
-
-def text_series(url: str, name: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {sample.labels.get("pid", ""): sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name == name}
 
 
 def test_a_pool_change_reaches_every_router_and_never_one_router_s_public_admin(cluster):
