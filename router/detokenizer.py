@@ -63,12 +63,26 @@ class IncrementalDetokenizer:
 
     def add(self, token_ids: list[int], finished: bool) -> TextDelta:
         """Offer new tokens; finished means the node ended the output after them (flush everything)."""
+        if not self._stop_strings:
+            return self._add_without_stop_strings(token_ids, finished)
         start = len(self._emitted)
         for count, token_id in enumerate(token_ids, start=1):
             self._token_ids.append(token_id)
             is_last = finished and count == len(token_ids)
             if self._advance(is_last):
                 return TextDelta(self._emitted[start:], count, stopped=True)
+        return TextDelta(self._emitted[start:], len(token_ids), stopped=False)
+
+    def _add_without_stop_strings(self, token_ids: list[int], finished: bool) -> TextDelta:
+        """add() when nothing can cut the output: every token's text is visible at once. NOTE: the common case,
+        and the router's per-token path: one call, no per-token stop check."""
+        start = len(self._emitted)
+        self._token_ids += token_ids
+        if finished:
+            self._text = self._tokenizer.decode(self._token_ids, skip_special_tokens=self._skip_special_tokens)
+        else:
+            self._text += "".join(filter(None, map(self._step, token_ids)))
+        self._emitted = self._text
         return TextDelta(self._emitted[start:], len(token_ids), stopped=False)
 
     def _advance(self, is_last: bool) -> bool:

@@ -21,9 +21,9 @@ from router.responses import (
     ChoiceDelta,
     ChoiceTotal,
     ResponseContext,
-    chunk_body,
+    chunk_choice,
     response_body,
-    role_chunk,
+    role_choice,
     usage,
     usage_chunk,
 )
@@ -175,7 +175,7 @@ async def stream_response(request: web.Request, ctx: ResponseContext, generation
                                            **request[RESPONSE_HEADERS_KEY]})
     await response.prepare(request)
     try:
-        await write_events(response, ctx, generation, with_first(first_delta, deltas))
+        await write_events(response, ctx, generation, first_delta, deltas)
         await response.write_eof()
     except ConnectionResetError:
         logger.info("the client of request %s went away", ctx.request_id)
@@ -183,11 +183,11 @@ async def stream_response(request: web.Request, ctx: ResponseContext, generation
 
 
 async def write_events(response: web.StreamResponse, ctx: ResponseContext, generation: GenerationRequest,
-                       deltas: AsyncIterator[ChoiceDelta]) -> None:
+                       first_delta: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta]) -> None:
     try:
         num_prompt_tokens = sum(len(prompt) for prompt in generation.prompts)
         continuous = num_prompt_tokens if generation.continuous_usage else None
-        num_completion_tokens = await write_deltas(response, ctx, deltas, continuous)
+        num_completion_tokens = await write_deltas(response, ctx, first_delta, deltas, continuous)
         if generation.include_usage:
             await send_event(response, usage_chunk(ctx, num_prompt_tokens, num_completion_tokens))
     except GenerationError as error:
@@ -197,28 +197,40 @@ async def write_events(response: web.StreamResponse, ctx: ResponseContext, gener
     await response.write(b"data: [DONE]\n\n")
 
 
-async def write_deltas(response: web.StreamResponse, ctx: ResponseContext, deltas: AsyncIterator[ChoiceDelta],
-                       continuous_prompt_tokens: int | None = None) -> int:
-    """Send each delta as a chunk (a chat choice opens with its role); returns the completion tokens sent.
-    continuous_prompt_tokens: every chunk carries the usage so far (stream_options.continuous_usage_stats)."""
+async def write_deltas(response: web.StreamResponse, ctx: ResponseContext, first_delta: ChoiceDelta,
+                       deltas: AsyncIterator[ChoiceDelta], continuous_prompt_tokens: int | None = None) -> int:
+    """Send first_delta, then each of deltas, as a chunk (a chat choice opens with its role); returns the
+    completion tokens sent. continuous_prompt_tokens: every chunk carries the usage so far
+    (stream_options.continuous_usage_stats)."""
     text_offsets: dict[int, int] = {}
     num_tokens = 0
-    async for delta in deltas:
-        if ctx.kind == "chat" and delta.index not in text_offsets:
-            await send_event(response, role_chunk(ctx, delta.index))
+    chunks = ChunkEncoder(ctx)
+    delta = first_delta
+    while delta is not None:
         first = delta.index not in text_offsets
-        chunk, text_offsets[delta.index] = chunk_body(ctx, delta, text_offsets.get(delta.index, 0), first)
+        if ctx.kind == "chat" and first:
+            await response.write(chunks.event(role_choice(delta.index)))
+        choice, text_offsets[delta.index] = chunk_choice(ctx, delta, text_offsets.get(delta.index, 0), first)
         num_tokens += 0 if ctx.output.drop_generated else len(delta.token_ids)
-        if continuous_prompt_tokens is not None:
-            chunk["usage"] = usage(continuous_prompt_tokens, num_tokens)
-        await send_event(response, chunk)
+        chunk_usage = None if continuous_prompt_tokens is None else usage(continuous_prompt_tokens, num_tokens)
+        await response.write(chunks.event(choice, chunk_usage))
+        delta = await anext(deltas, None)
     return num_tokens
 
 
-async def with_first(first: ChoiceDelta, rest: AsyncIterator[ChoiceDelta]) -> AsyncIterator[ChoiceDelta]:
-    yield first
-    async for item in rest:
-        yield item
+class ChunkEncoder:
+    """A response's stream chunks as server-sent events: {envelope, "choices": [choice], "usage": usage}, the
+    envelope every chunk repeats encoded once. NOTE: the bytes of send_event's encoding of that dict (msgspec keeps
+    a dict's key order); one chunk is encoded per streamed token."""
+
+    def __init__(self, ctx: ResponseContext):
+        envelope = JSON_ENCODER.encode(ctx.envelope(streaming=True))
+        self._head = b"data: " + envelope[:-1] + b',"choices":['
+
+    def event(self, choice: dict, chunk_usage: dict | None = None) -> bytes:
+        if chunk_usage is None:
+            return self._head + JSON_ENCODER.encode(choice) + b'],"usage":null}\n\n'
+        return self._head + JSON_ENCODER.encode(choice) + b'],"usage":' + JSON_ENCODER.encode(chunk_usage) + b"}\n\n"
 
 
 async def send_event(response: web.StreamResponse, body: dict) -> None:

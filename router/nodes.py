@@ -56,12 +56,51 @@ class NodeStatus:
     seconds_since_pong: float | None
 
 
+UNHEALTHY_WAIT_S = 0.5
+"""A request waiting this long on a node that stopped answering pings fails over (it may be gone)."""
+WATCH_INTERVAL_S = 0.1
+"""How often a node's watchdog looks at the requests waiting on it: a silence ends at most this late."""
+
+
 class ReplyQueue(asyncio.Queue):
-    """A request's replies from its node, in arrival order."""
+    """A request's replies from its node, in arrival order.
+
+    A consumer waits with next_within(timeout_s); the node's watchdog (NodeClient._watch_loop) ends a wait that
+    outlived its timeout, or that waits on an unhealthy node, with SILENT. NOTE: one watchdog per node rather than a
+    timer per wait: a timer per streamed token cost the router more than the token's own bookkeeping."""
+
+    def __init__(self):
+        super().__init__()
+        self.waiting_since: float | None = None
+        self.deadline = 0.0
 
     def peek(self):
         """The next reply without taking it (the queue is not empty)."""
         return self._queue[0]
+
+    async def next_within(self, timeout_s: float):
+        """The next reply, or SILENT when none came within timeout_s (or the node stopped answering while the
+        wait lasted UNHEALTHY_WAIT_S)."""
+        while not self.empty():
+            reply = self.get_nowait()
+            if reply is not SILENT:  # NOTE: a SILENT found queued came after a reply that ended its wait: stale
+                return reply
+        now = asyncio.get_running_loop().time()
+        self.waiting_since, self.deadline = now, now + timeout_s
+        try:
+            return await self.get()
+        finally:
+            self.waiting_since = None
+
+    def end_wait_if_silent(self, now: float, node_healthy: bool) -> None:
+        if self.waiting_since is not None and (
+                now >= self.deadline or (not node_healthy and now - self.waiting_since >= UNHEALTHY_WAIT_S)):
+            self.waiting_since = None
+            self.put_nowait(SILENT)
+
+
+SILENT = object()
+"""What ReplyQueue.next_within returns when the wait ended without a reply."""
 
 
 class NodeClient:
@@ -82,6 +121,7 @@ class NodeClient:
         self._connected = False
         self._receive_task: asyncio.Task | None = None
         self._monitor_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
         self.num_lost = 0
         """Times the node was lost (its connection closed, or a Pong came from another instance)."""
 
@@ -104,9 +144,10 @@ class NodeClient:
         self._socket.connect(self.address)
         self._receive_task = asyncio.create_task(self._receive_loop(), name=f"receive {self.address}")
         self._monitor_task = asyncio.create_task(self._monitor_loop(monitor), name=f"monitor {self.address}")
+        self._watch_task = asyncio.create_task(self._watch_loop(), name=f"watch {self.address}")
 
     async def close(self) -> None:
-        for task in (self._receive_task, self._monitor_task):
+        for task in (self._receive_task, self._monitor_task, self._watch_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -170,6 +211,15 @@ class NodeClient:
                 self._dispatch(decode(frames[-1]))
             except ProtocolError as error:
                 logger.warning("dropped a message from %s: %s", self.address, error)
+
+    async def _watch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            if self._request_queues:
+                now, healthy = loop.time(), self.healthy
+                for queue in self._request_queues.values():
+                    queue.end_wait_if_silent(now, healthy)
 
     async def _monitor_loop(self, monitor: zmq.asyncio.Socket) -> None:
         try:

@@ -28,7 +28,7 @@ from corun.protocol import (
     TokenEvent,
 )
 from corun.sampling_params import SamplingParams
-from router.nodes import NodeClient, NodePool, NoNodeAvailable, Placement, ReplyQueue, UnknownNode
+from router.nodes import SILENT, NodeClient, NodePool, NoNodeAvailable, Placement, ReplyQueue, UnknownNode
 
 logger = logging.getLogger(__name__)
 
@@ -255,28 +255,15 @@ async def send_within(node: NodeClient, message, timeout_s: float) -> None:
 async def next_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
     """The node's next message for this request; ErrorReply and silence become GenerationError.
 
-    NOTE: waits in short slices and gives up as soon as the node stops answering pings, so a dead node costs
-    a few seconds (then a retry elsewhere), not the whole request timeout.
+    NOTE: a wait ends soon after the node stops answering pings (router/nodes.py, UNHEALTHY_WAIT_S), so a dead
+    node costs a few seconds at most (then a retry elsewhere), not the whole request timeout.
     """
-    if replies.empty():
-        reply = await wait_for_reply(node, replies, timeout_s)
-    else:
-        reply = replies.get_nowait()  # NOTE: the common case while streaming: no timer, no task
+    reply = await replies.next_within(timeout_s)
+    if reply is SILENT:
+        raise silence_error(node, timeout_s)
     if isinstance(reply, ErrorReply):
         raise GenerationError(reply.status, f"{node.role} node {node.address}: {reply.message}")
     return reply
-
-
-async def wait_for_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        remaining = deadline - asyncio.get_running_loop().time()
-        try:
-            async with asyncio.timeout(max(0.0, min(NODE_CHECK_INTERVAL_S, remaining))):
-                return await replies.get()
-        except TimeoutError:
-            if remaining <= NODE_CHECK_INTERVAL_S or not node.healthy:
-                raise silence_error(node, timeout_s) from None
 
 
 def silence_error(node: NodeClient, timeout_s: float) -> GenerationError:

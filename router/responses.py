@@ -174,16 +174,17 @@ def vllm_prompt_logprobs(ctx: ResponseContext, prompt_logprobs, num_top: int) ->
     return entries
 
 
-def chunk_body(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int,
-               first: bool = False) -> tuple[dict, int]:
-    """A stream chunk for one delta, and the text offset after it (completions logprobs count from it); a
-    choice's first chunk shows the prompt when asked (echo, prompt_logprobs)."""
+def chunk_choice(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int,
+                 first: bool = False) -> tuple[dict, int]:
+    """The choice of a stream chunk for one delta (the chunk's envelope: ResponseContext.envelope), and the text
+    offset after it (completions logprobs count from it); a choice's first chunk shows the prompt when asked (echo,
+    prompt_logprobs)."""
     if ctx.shows_prompt and first:
         shown = completion_with_prompt(ctx, delta.index, delta.text, delta.token_ids, delta.logprobs,
                                        delta.prompt_logprobs, 0)
         choice = {"index": delta.index, **shown, "finish_reason": delta.finish_reason,
                   "stop_reason": delta.stop_reason, "seed": ctx.choice_seed(delta.index)}
-        return {**ctx.envelope(streaming=True), "choices": [choice], "usage": None}, len(shown["text"])
+        return choice, len(shown["text"])
     formatted, end_offset = None, text_offset
     if delta.logprobs is not None:
         formatted, end_offset = format_logprobs(ctx, delta.logprobs, text_offset)
@@ -194,14 +195,12 @@ def chunk_body(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int,
         choice["text"] = delta.text
     else:
         choice["delta"] = {"content": delta.text}
-    return {**ctx.envelope(streaming=True), "choices": [choice], "usage": None}, end_offset
+    return choice, end_offset
 
 
-def role_chunk(ctx: ResponseContext, index: int) -> dict:
+def role_choice(index: int) -> dict:
     """A chat stream opens each choice with the assistant role, as OpenAI's does."""
-    choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-              "finish_reason": None}
-    return {**ctx.envelope(streaming=True), "choices": [choice], "usage": None}
+    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
 
 def usage_chunk(ctx: ResponseContext, num_prompt_tokens: int, num_completion_tokens: int) -> dict:

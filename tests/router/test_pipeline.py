@@ -127,3 +127,56 @@ def test_a_samples_queued_events_merge_into_one_and_nothing_else_does():
         assert take_queued_tokens(TokenEvent("r", [1], None), ReplyQueue()).token_ids == [1]
 
     asyncio.run(scenario())
+
+
+def test_a_wait_ends_with_silent_at_its_deadline_or_on_an_unhealthy_node_and_a_stale_silent_is_skipped():
+    """The node's watchdog (one per node, not a timer per wait) ends a wait past its timeout, or one on a node
+    that stopped answering, with SILENT; a SILENT that queued behind the reply that ended its wait is dropped.
+    Inverse: a healthy node's wait inside its timeout is left alone."""
+    from corun.protocol import TokenEvent
+    from router.nodes import SILENT, UNHEALTHY_WAIT_S, ReplyQueue
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        queue = ReplyQueue()
+        waiting = asyncio.ensure_future(queue.next_within(timeout_s=10.0))
+        await asyncio.sleep(0)
+        queue.end_wait_if_silent(loop.time() + 1.0, node_healthy=True)
+        await asyncio.sleep(0)
+        assert not waiting.done()  # NOTE: inverse: healthy, inside the timeout
+        queue.end_wait_if_silent(loop.time() + UNHEALTHY_WAIT_S, node_healthy=False)
+        assert await waiting is SILENT
+        waiting = asyncio.ensure_future(queue.next_within(timeout_s=2.0))
+        await asyncio.sleep(0)
+        queue.end_wait_if_silent(loop.time() + 2.0, node_healthy=True)
+        assert await waiting is SILENT
+        # NOTE: a reply and the watchdog in the same turn: the reply ends the wait, its SILENT is stale
+        waiting = asyncio.ensure_future(queue.next_within(timeout_s=2.0))
+        await asyncio.sleep(0)
+        queue.put_nowait(TokenEvent("r", [1], None))
+        queue.end_wait_if_silent(loop.time() + 2.0, node_healthy=True)
+        assert (await waiting).token_ids == [1]
+        queue.put_nowait(TokenEvent("r", [2], None))
+        assert (await queue.next_within(timeout_s=2.0)).token_ids == [2]
+        assert queue.empty()
+
+    asyncio.run(scenario())
+
+
+def test_a_silent_node_fails_the_request_within_a_watch_interval_of_its_timeout():
+    """A decode node that never answers: a 504 (it still answers pings) at the request timeout, not before and not
+    much later."""
+    import time
+
+    from router.nodes import WATCH_INTERVAL_S
+
+    async def body(pool, prefills, decodes):
+        await pool.wait_until_healthy(5)
+        start = time.monotonic()
+        with pytest.raises(GenerationError) as error:
+            await collect(pool, "silent", [1, 2, 3], SamplingParams(max_tokens=4), seed=0)
+        return error.value.status, time.monotonic() - start
+
+    status, seconds = asyncio.run(with_cluster([5, 6, 7], body, num_prefill=1, num_decode=1,
+                                               decode=FakeBehaviour(silent=True), timeout_s=1.0))
+    assert status == 504 and 1.0 <= seconds <= 1.0 + WATCH_INTERVAL_S + 1.0

@@ -1,0 +1,33 @@
+"""Stream chunks encoded with their envelope encoded once (ChunkEncoder) are the bytes of the whole chunk's
+encoding."""
+
+import json
+
+import pytest
+
+from corun.outputs import TokenLogprobs
+from router.handlers import JSON_ENCODER, ChunkEncoder
+from router.responses import ChoiceDelta, ResponseContext, chunk_choice, role_choice, usage
+
+
+def whole_chunk(ctx, choice, chunk_usage):
+    return b"data: " + JSON_ENCODER.encode({**ctx.envelope(streaming=True), "choices": [choice],
+                                            "usage": chunk_usage}) + b"\n\n"
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_a_chunk_is_the_bytes_of_its_whole_encoding_with_and_without_usage(tokenizer, kind):
+    ctx = ResponseContext(kind, "req-\u00e9\"1", 1700000000, "model \u2603", "fp_1", 2**62 + 1, 2, tokenizer, n=3)
+    chunks = ChunkEncoder(ctx)
+    deltas = [ChoiceDelta(1, " h\u00e9llo \"q\"\n", (17, 18), None, None),
+              ChoiceDelta(2, "", (19,), (TokenLogprobs(19, -0.25, ((19, -0.25), (3, -1.5))),), "stop", "\n")]
+    for delta in deltas:
+        choice, _ = chunk_choice(ctx, delta, 0, first=False)
+        for chunk_usage in (None, usage(5, 7)):
+            encoded = chunks.event(choice, chunk_usage)
+            assert encoded == whole_chunk(ctx, choice, chunk_usage)
+            assert json.loads(encoded[len(b"data: "):])["choices"][0]["index"] == delta.index
+    # NOTE: inverse: another choice gives other bytes
+    other, _ = chunk_choice(ctx, deltas[0], 0)
+    assert chunks.event(role_choice(0)) != whole_chunk(ctx, other, None)
+    assert chunks.event(role_choice(0)) == whole_chunk(ctx, role_choice(0), None)
