@@ -147,3 +147,14 @@ def test_sse_events_are_read_without_json_where_the_router_s_layout_allows(event
 def test_an_error_event_is_an_error():
     ids, finish, error = read_event(b'data: {"error": {"message": "node lost", "code": 503}}')
     assert ids == [] and finish is None and "node lost" in error
+
+
+def test_the_sse_write_floor_counts_every_write_and_its_cpu():
+    """benchmarks/sse_write_floor.py: the writes it made at the pace asked for, and a CPU cost per write."""
+    import asyncio
+
+    from benchmarks.sse_write_floor import measure, parse_args
+
+    report = asyncio.run(measure(parse_args(["--streams", "4", "--step-ms", "10", "--seconds", "0.3"])))
+    assert 4 * 10 <= report["writes"] <= 4 * 31
+    assert report["writer_cpu_us_per_write"] > 0
