@@ -21,14 +21,14 @@ import aiohttp
 
 from benchmarks.report import emit
 from corun import LLM, SamplingParams
-from corun.config import RouterConfig
 from corun.models.tiny import make_tiny_model
-from corun.tokenizer import load_tokenizer
 from launch.local import LocalCluster, LocalClusterConfig, free_port
 from router.nodes import NodePool
 from router.pipeline import generate
 from tests.conftest import varied_prompts
 from tests.launch.cluster_client import MAX_MODEL_LEN, engine_config
+from wire.config import RouterConfig
+from wire.tokenizer import load_tokenizer
 
 
 def percentiles(samples: list[float]) -> dict:

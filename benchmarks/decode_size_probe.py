@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.harness import timed
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.cuda_graphs import CapturedGraphs
 from corun.model_runner import ModelRunner
 from corun.request import Request
-from corun.sampling_params import SamplingParams
 from corun.step_inputs import build_window_decode
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 
 def fake_requests(runner: ModelRunner, num: int, seed: int) -> list[Request]:

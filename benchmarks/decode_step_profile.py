@@ -15,10 +15,10 @@ import torch
 
 from benchmarks.harness import measure_hardware, step_floor
 from benchmarks.report import emit
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
-from corun.sampling_params import SamplingParams
 from corun.step_inputs import build_window_decode
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 
 def sync():

@@ -1,6 +1,6 @@
 """`python -m benchmarks.fake_nodes --role prefill|decode --vocab-size V`: a node without a model, to load the router.
 
-It speaks corun.protocol as the real nodes do (a zmq ROUTER socket, Ping/Pong with model facts), but computes
+It speaks wire.protocol as the real nodes do (a zmq ROUTER socket, Ping/Pong with model facts), but computes
 nothing: the prefill node answers each PrefillRequest at once (token 0 of benchmarks.fake_output, and a KV handle
 no one reads); the decode node paces steps as a real one does: every --step-ms it sends each router one StepTokens
 holding, for every running sample of that router, one TokenEvent with one new token, and ends each sample at
@@ -32,7 +32,7 @@ import msgpack
 import zmq
 
 from benchmarks.fake_output import TOKEN_PERIOD, output_token_id
-from corun.protocol import (
+from wire.protocol import (
     PROTOCOL_VERSION,
     STEP_TOKENS_HEAD,
     Abort,
@@ -208,7 +208,7 @@ class RunningSample:
 
 
 def token_event_parts(request_id: str, index: int) -> tuple[bytes, bytes, bytes]:
-    """(head, tail, last tail) such that head + packb(token id) + tail is corun.protocol.encode of
+    """(head, tail, last tail) such that head + packb(token id) + tail is wire.protocol.encode of
     TokenEvent(request_id, [token id], None, None, index=index) (last tail: finish_reason "length")."""
     pack = msgpack.packb
     head = (b"\x88" + pack("v") + pack(PROTOCOL_VERSION) + pack("type") + pack("TokenEvent")
@@ -219,7 +219,7 @@ def token_event_parts(request_id: str, index: int) -> tuple[bytes, bytes, bytes]
 
 
 def step_tokens_bytes(events: list[bytes]) -> bytes:
-    """corun.protocol.encode of StepTokens from the events' own bytes (token_event_parts, with the TokenEvent's
+    """wire.protocol.encode of StepTokens from the events' own bytes (token_event_parts, with the TokenEvent's
     envelope swapped for an event map's header)."""
     n = len(events)
     header = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16
@@ -244,11 +244,11 @@ def check_token_event_parts() -> None:
     for finish_reason, ending in ((None, tail), ("length", last_tail)):
         expected = encode(TokenEvent("request-x", [output_token_id(5)], None, finish_reason, index=3))
         if head + PACKED_TOKENS[5] + ending != expected:
-            raise RuntimeError("corun.protocol's TokenEvent changed: update token_event_parts in "
+            raise RuntimeError("wire.protocol's TokenEvent changed: update token_event_parts in "
                                "benchmarks/fake_nodes.py")
     events = [TokenEvent("request-x", [output_token_id(5)], None, None, index=3)] * 20
     if step_tokens_bytes([as_step_event(head) + PACKED_TOKENS[5] + tail] * 20) != encode(StepTokens(events)):
-        raise RuntimeError("corun.protocol's StepTokens changed: update step_tokens_bytes in benchmarks/fake_nodes.py")
+        raise RuntimeError("wire.protocol's StepTokens changed: update step_tokens_bytes in benchmarks/fake_nodes.py")
 
 
 class FakeDecode(FakeNode):

@@ -28,13 +28,13 @@ from benchmarks.gpu_determinism import token_prompts
 from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets, run_bench, scheduler_for
 from benchmarks.http_bench import run_http_bench
 from corun import LLM
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.models.presets import PRESETS, make_random_model_dir
 from launch.cluster import ClusterConfig, free_port
 from launch.local import LocalCluster
 from node_core.server import LOOP_PHASES
 from planner.workloads import make_workload
 from transfer.counters import READ_MS_BUCKETS
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 HANDOFF_WORKLOAD = "sharegpt"
 

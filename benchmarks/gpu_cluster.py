@@ -27,11 +27,11 @@ from benchmarks.gpu_determinism import token_prompts
 from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets, run_bench, scheduler_for
 from benchmarks.http_bench import run_http_bench
 from corun import LLM, SamplingParams
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.models.presets import PRESETS, make_random_model_dir
 from launch.cluster import ClusterConfig, free_port
 from launch.local import LocalCluster
 from planner.workloads import make_workload
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 PARAMS = {"temperature": 0.7, "seed": 5, "max_tokens": 24, "logprobs": 5}
 

@@ -16,7 +16,7 @@ import torch
 
 from benchmarks.harness import scheduler_for
 from corun import LLM, SamplingParams
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

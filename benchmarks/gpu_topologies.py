@@ -24,10 +24,10 @@ from benchmarks.gpu_cluster import PARAMS, colocated_outputs, differing, needle_
 from benchmarks.gpu_determinism import token_prompts
 from benchmarks.harness import scheduler_for
 from corun import LLM
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.models.presets import PRESETS, make_random_model_dir
 from launch.cluster import ClusterConfig, free_port
 from launch.local import LocalCluster
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 
 def parse_topology(text: str) -> tuple[int, int]:

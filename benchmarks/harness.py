@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from corun.config import EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
-from corun.engine_args import parse_buckets, parse_switch
 from corun.request import Request
 from planner.workloads import Arrivals, Workload, check_fits, make_prompts
+from wire.config import EngineConfig, SchedulerConfig
+from wire.engine_args import parse_buckets, parse_switch
 
 DEFAULT_ARRIVALS = Arrivals()
 GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms"}

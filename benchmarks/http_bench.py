@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from benchmarks.harness import RequestOutcome, SLOTargets, outcome_summary, percentile
-from corun.auth import bearer_headers
 from planner.workloads import Arrivals, Workload, make_prompts
+from wire.auth import bearer_headers
 
 REQUEST_TIMEOUT_S = 3600.0
 

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from nixl._api import nixl_agent, nixl_agent_config
 
-from corun.config import TransferConfig
 from tests.transfer.nixl_peers import recv_within
 from tests.transfer.scenario import peer_info
 from transfer.agent import KVTransferAgent, apply_ucx_environment
+from wire.config import TransferConfig
 
 NUM_TIMED_READS = 5
 STEP_TIMEOUT_S = 120.0

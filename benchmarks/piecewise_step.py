@@ -20,11 +20,11 @@ import time
 import torch
 
 from corun.block_manager import BlockManager
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
 from corun.request import Request
-from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 CASES = ((0, 1, 512), (64, 1, 512), (256, 1, 1792), (16, 1, 4096), (0, 40, 200), (0, 8, 1000), (128, 20, 300))
 """(decoding requests, prompt chunks, tokens per chunk): one chunk as in a Poisson step, many as at t = 0."""

@@ -13,12 +13,12 @@ import time
 
 import torch
 
-from corun.config import DEFAULT_PREFILL_BUCKETS, CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
 from corun.request import Request
-from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
 from corun.step_inputs import build_prefill_pack
+from wire.config import DEFAULT_PREFILL_BUCKETS, CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0.6, seed=1, max_tokens=1, ignore_eos=True)
 

@@ -19,9 +19,9 @@ import time
 import torch
 
 from benchmarks.harness import measure_hardware, scheduler_for
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
-from corun.sampling_params import SamplingParams
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 PATHS = "corun:prefill_buckets=none,corun,corun:prefill_pack_tokens=2048:prefill_pack_seqs=16"
 """Natural eager, the defaults (bucketed graphs on CUDA), packed."""

@@ -54,8 +54,8 @@ from benchmarks.cpu_usage import (
 from benchmarks.fake_output import MIN_VOCAB_SIZE
 from benchmarks.report import emit
 from benchmarks.router_load_client import LoadPlan, Schedule, run_worker
-from corun.config import METRICS_DIR_ENV
 from launch.routers import one_of_several_argv
+from wire.config import METRICS_DIR_ENV
 
 DEFAULT_STREAMS = (32, 64, 128, 256, 512, 1024)
 SERVED_MODEL_NAME = "router-throughput"

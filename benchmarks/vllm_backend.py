@@ -15,9 +15,9 @@ import random
 import statistics
 import time
 
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
-from corun.sampling_params import SamplingParams
 from planner.workloads import make_workload
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 
 def run_requests(engine, requests: list[tuple[list[int], SamplingParams]]) -> dict:

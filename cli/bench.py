@@ -7,9 +7,9 @@ import os
 import sys
 
 from benchmarks.harness import DEFAULT_ARRIVALS, parse_goodput, run_bench
-from corun.auth import API_KEY_ENV, resolve_api_key
-from corun.engine_args import add_engine_args, engine_config_from_args
 from planner.workloads import PAPER_WORKLOADS, Arrivals, Workload, default_workloads, make_workload
+from wire.auth import API_KEY_ENV, resolve_api_key
+from wire.engine_args import add_engine_args, engine_config_from_args
 
 CUDA_MODES = ("corun", "standard", "batch_invariant")
 CPU_MODES = ("corun", "standard")

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from corun.engine_args import add_engine_args, engine_config_from_args
+from wire.engine_args import add_engine_args, engine_config_from_args
 
 
 def add_make_tiny_model(commands) -> None:
@@ -67,7 +67,7 @@ def read_prompts(path: str) -> list[str]:
 
 def run_generate(args) -> int:
     from corun.llm import LLM
-    from corun.sampling_params import SamplingParams
+    from wire.sampling_params import SamplingParams
 
     prompts = read_prompts(args.prompts)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

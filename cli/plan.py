@@ -110,7 +110,7 @@ def decode_config(args, profile: PerformanceProfile) -> DecodeConfig:
 
 
 def measure_profile(args) -> PerformanceProfile:
-    from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+    from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
     block_size = CacheConfig.block_size if args.block_size is None else args.block_size
     num_blocks = None if args.kv_capacity_tokens is None else args.kv_capacity_tokens // block_size + 1

@@ -7,7 +7,7 @@ import os
 import urllib.error
 import urllib.request
 
-from corun.auth import API_KEY_ENV, bearer_headers, check_api_key, resolve_api_key
+from wire.auth import API_KEY_ENV, bearer_headers, check_api_key, resolve_api_key
 
 
 def add_scale(commands) -> None:

@@ -7,9 +7,9 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from corun.auth import API_KEY_ENV, resolve_api_key
-from corun.config import NodeConfig, RouterConfig
-from corun.engine_args import (
+from wire.auth import API_KEY_ENV, resolve_api_key
+from wire.config import NodeConfig, RouterConfig
+from wire.engine_args import (
     add_engine_args,
     add_transfer_args,
     engine_config_from_args,

@@ -20,14 +20,14 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from corun import protocol
-from corun.config import NodeConfig
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, make_scheduler
-from corun.seeding import sample_seed
 from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
+from wire import protocol
+from wire.config import NodeConfig
+from wire.seeding import sample_seed
 
 logger = logging.getLogger(__name__)
 

@@ -3,13 +3,13 @@
 Isolated prefill, fixed-shape decode and request-keyed sampling; see `../shared/reference/design.md`.
 """
 
-from corun.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 
 __all__ = ["SamplingParams", "LLM"]
 
 
 def __getattr__(name):
-    # NOTE: lazy so that `import corun.protocol` (router side) never pulls torch in.
+    # NOTE: lazy so that `from corun import SamplingParams` never pulls torch in.
     if name == "LLM":
         from corun.llm import LLM
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 
-NULL_BLOCK = 0
+from wire.config import NULL_BLOCK
+
 """Block 0 is never handed out: padding rows of the fixed-shape decode step read and write it."""
 
 

@@ -12,27 +12,43 @@ few running requests then runs at the smallest kept size, which costs less than 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from corun.kv_cache import PagedKVCache
+from corun.models.decoder import DecoderLM
 from corun.request import Request
-from corun.sampler import SamplingBatch
-from corun.sampling_params import SamplingParams
+from corun.sampler import Sampler, SamplingBatch
+from wire.config import EngineConfig
+from wire.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from corun.model_runner import ModelRunner
+
+class ProbedRunner(Protocol):
+    """What the probe runs a decode step on (corun.model_runner.ModelRunner, which calls the probe at start-up)."""
+
+    config: EngineConfig
+    device: torch.device
+    block_size: int
+    max_num_seqs: int
+    window_blocks: int
+    model: DecoderLM
+    sampler: Sampler
+    kv_cache: PagedKVCache
+
+    def decode_logits(self, requests: list[Request], num_rows: int) -> torch.Tensor: ...
+
 
 PROBE_SEED = 20261201
 MAX_PROBE_BLOCKS_PER_REQUEST = 8
 
 
-def equivalent_decode_sizes(runner: ModelRunner, candidates: tuple[int, ...]) -> list[int]:
+def equivalent_decode_sizes(runner: ProbedRunner, candidates: tuple[int, ...]) -> list[int]:
     """The candidates (< N) whose decode step matches the N-row step bit for bit, then N; ascending."""
     return [size for size in candidates if matches_full_step(runner, size)] + [runner.max_num_seqs]
 
 
-def matches_full_step(runner: ModelRunner, size: int) -> bool:
+def matches_full_step(runner: ProbedRunner, size: int) -> bool:
     """Every row filled, and one row among padding: the two ends of what a step of `size` rows carries."""
     for num_real in sorted({1, size}):
         requests = probe_requests(runner, num_real, random.Random(PROBE_SEED + 1000 * size + num_real))
@@ -42,7 +58,7 @@ def matches_full_step(runner: ModelRunner, size: int) -> bool:
     return True
 
 
-def probe_requests(runner: ModelRunner, num: int, rng: random.Random) -> list[Request]:
+def probe_requests(runner: ProbedRunner, num: int, rng: random.Random) -> list[Request]:
     """num requests on distinct blocks (from block 1) filled with random K and V, at random contexts."""
     blocks_per_request = max(1, min(MAX_PROBE_BLOCKS_PER_REQUEST, (runner.kv_cache.num_blocks - 1) // num,
                                     runner.window_blocks))
@@ -60,7 +76,7 @@ def probe_requests(runner: ModelRunner, num: int, rng: random.Random) -> list[Re
     return requests
 
 
-def fill_random_kv(runner: ModelRunner, block_ids: list[int], seed: int) -> None:
+def fill_random_kv(runner: ProbedRunner, block_ids: list[int], seed: int) -> None:
     """NOTE: the probe's blocks are free: whatever is left in them is overwritten before any request reads it."""
     generator = torch.Generator(device=runner.device).manual_seed(seed)
     index = torch.tensor(block_ids, device=runner.device)
@@ -70,7 +86,7 @@ def fill_random_kv(runner: ModelRunner, block_ids: list[int], seed: int) -> None
             cache[index] = torch.randn(shape, generator=generator, device=runner.device).to(cache.dtype)
 
 
-def probe_outputs(runner: ModelRunner, requests: list[Request], num_rows: int) -> list[torch.Tensor]:
+def probe_outputs(runner: ProbedRunner, requests: list[Request], num_rows: int) -> list[torch.Tensor]:
     """The requests' rows of a decode step at num_rows rows: logits, then the sampler's outputs."""
     logits = runner.decode_logits(requests, num_rows).clone()  # NOTE: a graph's output buffer is reused
     batch = SamplingBatch.build([r.params for r in requests], [r.seed for r in requests],

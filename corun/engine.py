@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from corun.block_manager import BlockManager
-from corun.config import EngineConfig
 from corun.model_runner import ModelRunner, SampledToken
 from corun.request import Request
-from corun.sampling_params import SamplingParams
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, make_scheduler
-from corun.seeding import seed_from_request_id
+from wire.config import EngineConfig
+from wire.sampling_params import SamplingParams
+from wire.seeding import seed_from_request_id
 
 __all__ = ["EngineStats", "LLMEngine", "RequestRejected"]
 """RequestRejected too: what add_request raises, for callers that import it from here."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from corun.config import CacheConfig
 from corun.models.config import ModelArchConfig
+from wire.config import CacheConfig
 
 
 def bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:

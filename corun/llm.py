@@ -6,14 +6,14 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
 from corun.models.presets import is_random_spec
-from corun.outputs import CompletionOutput, RequestOutput
 from corun.request import Request
-from corun.sampling_params import SamplingParams
-from corun.seeding import sample_seed, seed_from_request_id
-from corun.tokenizer import load_tokenizer
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.outputs import CompletionOutput, RequestOutput
+from wire.sampling_params import SamplingParams
+from wire.seeding import sample_seed, seed_from_request_id
+from wire.tokenizer import load_tokenizer
 
 Prompt = str | Sequence[int]
 

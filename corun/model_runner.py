@@ -21,17 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from corun.config import EngineConfig
 from corun.cuda_graphs import CapturedGraphs
 from corun.decode_sizes import equivalent_decode_sizes
 from corun.kv_cache import PagedKVCache
 from corun.models.loader import DTYPES, load_model
-from corun.outputs import TokenLogprobs
 from corun.piecewise_graphs import PiecewiseForward, piecewise_sizes
 from corun.request import Request
 from corun.sampler import Sampler, SamplerOutput, SamplingBatch
 from corun.scheduler import PrefillChunk, ScheduledBatch
-from corun.seeding import sample_seed
 from corun.step_inputs import (
     BlockTableRows,
     PrefillPackInputs,
@@ -42,6 +39,9 @@ from corun.step_inputs import (
     build_window_decode,
     build_windowed_step,
 )
+from wire.config import EngineConfig
+from wire.outputs import TokenLogprobs
+from wire.seeding import sample_seed
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from corun.attention import AttentionMetadata
-from corun.block_manager import NULL_BLOCK
+from wire.config import NULL_BLOCK
 
 PIECEWISE_SIZES = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 """Token counts a mixed step is padded to: fine where launches dominate, coarser where GEMMs do. Larger steps run

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from corun.outputs import TokenLogprobs
-from corun.sampling_params import SamplingParams
+from wire.outputs import TokenLogprobs
+from wire.sampling_params import SamplingParams
 
 
 class RequestStatus(IntEnum):

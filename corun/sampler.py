@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from corun.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 
 MASK32 = 0xFFFFFFFF
 NOISE_BITS = 23

@@ -19,8 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from corun.block_manager import BlockManager
-from corun.config import SchedulerConfig
 from corun.request import Request, RequestStatus
+from wire.config import SchedulerConfig
 
 
 class RequestRejected(ValueError):

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from corun.attention import AttentionMetadata, RequestSegment, VarlenPrompts
-from corun.block_manager import NULL_BLOCK
 from corun.packed_prefill import PackedPrefillMeta, max_prefill_tiles, packed_prefill_tiles
 from corun.request import Request
 from corun.scheduler import PrefillChunk
+from wire.config import NULL_BLOCK
 
 
 @dataclass

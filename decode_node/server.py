@@ -24,16 +24,16 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from corun import protocol
-from corun.config import NodeConfig
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, check_vocab_ids
-from corun.seeding import sample_seed
 from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
 from transfer.compat import IncompatiblePeer, check_compatible
 from transfer.reads import PROBE_BYTES, ReadHandle
+from wire import protocol
+from wire.config import NodeConfig
+from wire.seeding import sample_seed
 
 logger = logging.getLogger(__name__)
 

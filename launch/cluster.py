@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corun.auth import API_KEY_ENV, check_api_key
-from corun.config import EngineConfig, NodeConfig, Role, RouterConfig, TransferConfig
-from corun.engine_args import engine_args_to_argv, transfer_args_to_argv
 from corun.models.config import random_weights_spec
-from corun.node_auth import ClusterKey
+from wire.auth import API_KEY_ENV, check_api_key
+from wire.config import EngineConfig, NodeConfig, Role, RouterConfig, TransferConfig
+from wire.engine_args import engine_args_to_argv, transfer_args_to_argv
+from wire.node_auth import ClusterKey
 
 logger = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from corun.node_auth import ClusterKey
 from launch import cluster as launch
 from launch import serve_loop
 from launch.cluster import ClusterConfig, free_port
 from launch.restarts import RestartPolicy
 from launch.routers import RouterGroup
+from wire.node_auth import ClusterKey
 
 logger = logging.getLogger(__name__)
 

@@ -31,13 +31,13 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from corun.node_auth import ClusterKey
 from launch import cluster as launch
 from launch import serve_loop
 from launch.cluster import ClusterConfig, Role
 from launch.ray_node import NodeActor
 from launch.restarts import RestartPolicy
 from launch.routers import RouterGroup
+from wire.node_auth import ClusterKey
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import ray
 
-from corun.config import EngineConfig
-from corun.node_auth import ClusterKey
 from launch import cluster as launch
 from launch.cluster import ClusterConfig, Role
+from wire.config import EngineConfig
+from wire.node_auth import ClusterKey
 
 logger = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from prometheus_client.multiprocess import mark_process_dead
 
-from corun.config import METRICS_DIR_ENV
 from launch import cluster as launch
 from launch import scaling
 from launch.cluster import ClusterConfig, free_port
 from launch.restarts import RestartPolicy
+from wire.config import METRICS_DIR_ENV
 
 logger = logging.getLogger(__name__)
 

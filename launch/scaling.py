@@ -16,8 +16,8 @@ import time
 import urllib.error
 import urllib.request
 
-from corun.auth import API_KEY_ENV, bearer_headers, is_authorized
 from launch.cluster import StartupError
+from wire.auth import API_KEY_ENV, bearer_headers, is_authorized
 
 logger = logging.getLogger(__name__)
 

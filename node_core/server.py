@@ -13,17 +13,17 @@ import uuid
 from collections.abc import Callable
 from typing import ClassVar
 
-from corun import protocol
 from corun.block_manager import BlockManager
-from corun.config import EngineConfig, NodeConfig, TransferConfig
 from corun.model_runner import ModelRunner
 from corun.models.loader import model_digest
-from corun.node_auth import ClusterKey
 from corun.request import Request
 from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
 from transfer.agent import KVTransferAgent
 from transfer.compat import KV_LAYOUT, compat_hash, compat_info
 from transfer.reads import KVData, KVRegion
+from wire import protocol
+from wire.config import EngineConfig, NodeConfig, TransferConfig
+from wire.node_auth import ClusterKey
 
 IDLE_RECEIVE_MS = 5
 """How long an idle node waits for a message per turn (a busy one only takes what has arrived)."""

@@ -13,9 +13,9 @@ import sys
 import torch
 import zmq
 
-from corun import protocol
-from corun.config import EngineConfig, NodeConfig
-from corun.node_auth import ClusterKey, admit_only_members
+from wire import protocol
+from wire.config import EngineConfig, NodeConfig
+from wire.node_auth import ClusterKey, admit_only_members
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def compat_fields(config: EngineConfig, arch, model_digest: str) -> dict:
 
 
 def node_arg_parser(role: str) -> argparse.ArgumentParser:
-    from corun.engine_args import add_engine_args, add_transfer_args
+    from wire.engine_args import add_engine_args, add_transfer_args
 
     parser = argparse.ArgumentParser(prog=f"{role}_node", description=f"CoRun {role} server")
     parser.add_argument("--node-id", required=True, help="unique in the cluster; also the NIXL agent name")
@@ -173,7 +173,7 @@ def node_arg_parser(role: str) -> argparse.ArgumentParser:
 
 def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     """Parse flags, build the server, loop step() until SIGTERM/SIGINT."""
-    from corun.engine_args import engine_config_from_args, transfer_config_from_args
+    from wire.engine_args import engine_config_from_args, transfer_config_from_args
 
     args = node_arg_parser(role).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.node_id} %(levelname)s %(message)s")

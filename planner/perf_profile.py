@@ -260,7 +260,7 @@ class EngineMeasurer:
             num_rows * manager.blocks_needed(num_tokens) <= manager.num_usable_blocks
 
     def add(self, prompt_len: int, max_tokens: int):
-        from corun.sampling_params import SamplingParams
+        from wire.sampling_params import SamplingParams
 
         vocab = self.engine.runner.model.cfg.vocab_size
         request_id = f"profile-{next(self.request_ids)}"

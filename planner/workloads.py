@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from corun.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 
 PAPER_WORKLOADS = ("1024x128", "1024x2048", "4096x128", "4096x2048", "burstgpt")
 """The paper's workloads: `corun bench`'s default set."""

@@ -26,14 +26,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from corun import protocol
-from corun.config import NodeConfig
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import PrefillChunk, RequestRejected, check_prompt_logprobs, check_vocab_ids
 from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
 from transfer.compat import IncompatiblePeer, check_compatible
+from wire import protocol
+from wire.config import NodeConfig
 
 logger = logging.getLogger(__name__)
 

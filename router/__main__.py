@@ -14,9 +14,9 @@ import sys
 
 from aiohttp import web
 
-from corun.auth import API_KEY_ENV, resolve_api_key
-from corun.config import METRICS_DIR_ENV, RouterConfig
 from router.app import create_app, create_control_app, start_site
+from wire.auth import API_KEY_ENV, resolve_api_key
+from wire.config import METRICS_DIR_ENV, RouterConfig
 
 logger = logging.getLogger("router")
 

@@ -9,8 +9,6 @@ import time
 
 from aiohttp import web
 
-from corun.config import RouterConfig
-from corun.tokenizer import load_tokenizer
 from router.admin import add_admin_routes
 from router.auth import api_key_middleware
 from router.errors import RequestError, error_body
@@ -22,6 +20,8 @@ from router.offload import Offload
 from router.pipeline import GenerationError
 from router.state import Admission, RouterState
 from router.tokens import add_token_routes
+from wire.config import RouterConfig
+from wire.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

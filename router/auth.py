@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from corun.auth import is_authorized
 from router.errors import RequestError
+from wire.auth import is_authorized
 
 OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
 """NOTE: a list of what is open rather than of what is protected: a route added later needs the key unless it

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import jinja2
 
-from corun.tokenizer import Tokenizer
 from router.errors import bad_request
 from router.fields import TEXT, is_text
+from wire.tokenizer import Tokenizer
 
 CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs", "response_format", "tool_choice",
                          "tools", "parallel_tool_calls"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from corun.tokenizer import Tokenizer
+from wire.tokenizer import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 """What decoding yields for an incomplete UTF-8 sequence: the next token may complete it."""

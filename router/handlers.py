@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable
 import msgspec
 from aiohttp import web
 
-from corun.seeding import seed_from_request_id
 from router.errors import RequestError, bad_request, error_body
 from router.nodes import Placement, UnknownNode
 from router.openai_api import GenerationRequest, Kind, bind_seed, parse_body
@@ -29,6 +28,7 @@ from router.responses import (
 )
 from router.state import RouterState
 from router.streams import merge, prompt_deltas
+from wire.seeding import seed_from_request_id
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import zmq
 import zmq.asyncio
 import zmq.utils.monitor
 
-from corun.config import Role, RouterConfig
-from corun.node_auth import ClusterKey
-from corun.protocol import ErrorReply, ModelFacts, Ping, Pong, ProtocolError, StepTokens, decode, encode
+from wire.config import Role, RouterConfig
+from wire.node_auth import ClusterKey
+from wire.protocol import ErrorReply, ModelFacts, Ping, Pong, ProtocolError, StepTokens, decode, encode
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
-from corun.tokenizer import Tokenizer, load_tokenizer
 from router.errors import RequestError
+from wire.tokenizer import Tokenizer, load_tokenizer
 
 T = TypeVar("T")
 LARGE_BODY_BYTES = 32 * 2**10

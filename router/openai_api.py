@@ -9,9 +9,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from corun.sampling_params import MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, SamplingParams
-from corun.seeding import SEED_BOUND
-from corun.tokenizer import Tokenizer
 from router.chat import CHAT_FIELDS, render_chat
 from router.errors import RequestError, bad_request
 from router.fields import (
@@ -28,6 +25,9 @@ from router.fields import (
     read_field,
     unknown_fields,
 )
+from wire.sampling_params import MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, SamplingParams
+from wire.seeding import SEED_BOUND
+from wire.tokenizer import Tokenizer
 
 Kind = Literal["completion", "chat"]
 MAX_STOP_STRINGS = 4

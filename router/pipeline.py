@@ -18,7 +18,8 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from corun.protocol import (
+from router.nodes import SILENT, NodeClient, NodePool, NoNodeAvailable, Placement, ReplyQueue, UnknownNode
+from wire.protocol import (
     Abort,
     DecodeRequest,
     ErrorReply,
@@ -27,8 +28,7 @@ from corun.protocol import (
     PrefillResult,
     TokenEvent,
 )
-from corun.sampling_params import SamplingParams
-from router.nodes import SILENT, NodeClient, NodePool, NoNodeAvailable, Placement, ReplyQueue, UnknownNode
+from wire.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

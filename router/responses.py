@@ -1,7 +1,7 @@
 """Response bodies and stream chunks of /v1/completions and /v1/chat/completions (OpenAI format, vLLM extras).
 
 Extras: `seed` (the request's bound seed) at the top level; in every choice its `token_ids` and its own `seed`
-(sample i of n: corun.seeding.sample_seed(seed, i); with n = 1 the request's seed).
+(sample i of n: wire.seeding.sample_seed(seed, i); with n = 1 the request's seed).
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from corun.outputs import TokenLogprobs
-from corun.seeding import sample_seed
-from corun.tokenizer import Tokenizer
 from router.openai_api import Kind, OutputOptions
+from wire.outputs import TokenLogprobs
+from wire.seeding import sample_seed
+from wire.tokenizer import Tokenizer
 
 LOWEST_LOGPROB = -9999.0
 """JSON has no -inf: as vLLM, impossible tokens get this logprob."""

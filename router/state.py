@@ -8,13 +8,13 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from corun.config import RouterConfig
-from corun.tokenizer import Tokenizer
 from router.errors import RequestError
 from router.metrics import RouterMetrics
 from router.nodes import NodePool, PoolMismatch
 from router.offload import Offload
 from router.openai_api import ModelInfo
+from wire.config import RouterConfig
+from wire.tokenizer import Tokenizer
 
 RETRY_AFTER_S = 1
 MODEL_FACTS_WAIT_S = 5.0

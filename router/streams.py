@@ -6,15 +6,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from corun.protocol import TokenEvent
-from corun.sampling_params import SamplingParams
-from corun.tokenizer import Tokenizer
 from router.detokenizer import IncrementalDetokenizer
 from router.metrics import RouterMetrics
 from router.nodes import NodePool, Placement
 from router.openai_api import OutputOptions
 from router.pipeline import generate
 from router.responses import ChoiceDelta
+from wire.protocol import TokenEvent
+from wire.sampling_params import SamplingParams
+from wire.tokenizer import Tokenizer
 
 
 async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMetrics, index: int, request_id: str,

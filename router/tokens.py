@@ -7,11 +7,11 @@ import json
 
 from aiohttp import web
 
-from corun.tokenizer import Tokenizer
 from router.chat import render_chat
 from router.errors import RequestError, bad_request
 from router.fields import TEXT, bool_field, decode_json, is_int_list, is_text, read_field
 from router.handlers import STATE_KEY, read_body
+from wire.tokenizer import Tokenizer
 
 
 def add_token_routes(app: web.Application) -> None:

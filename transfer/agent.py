@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import numpy as np
 from nixl._api import nixl_agent, nixl_agent_config, nixl_xfer_handle, nixlBind
 
-from corun.config import TransferConfig
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 from transfer.reads import (
@@ -41,6 +40,7 @@ from transfer.reads import (
     count_finished,
     kv_segments,
 )
+from wire.config import TransferConfig
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from corun.protocol import PROTOCOL_VERSION
+from wire.protocol import PROTOCOL_VERSION
 
 KV_LAYOUT = "block-major:[blocks,layers,kv,block,heads,dim]"
 """corun.kv_cache.PagedKVCache's layout: one block is one contiguous region of every layer's K and V."""

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 import torch
 
-from corun.config import TransferConfig
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 from transfer.reads import (
@@ -27,6 +26,7 @@ from transfer.reads import (
     count_finished,
     kv_segments,
 )
+from wire.config import TransferConfig
 
 _AGENTS: dict[str, FakeKVTransferAgent] = {}
 

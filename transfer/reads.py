@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 import torch
 
-from corun.block_manager import NULL_BLOCK
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters, count_read_time
+from wire.config import NULL_BLOCK
 
 XferState = Literal["DONE", "PROC", "ERR"]
 PROBE_BYTES = 64 * 2**20

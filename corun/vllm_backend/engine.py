@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from corun.config import EngineConfig
-from corun.models.config import eos_token_ids_of
-from corun.outputs import TokenLogprobs
 from corun.request import Request
-from corun.sampling_params import SamplingParams
 from corun.scheduler import RequestRejected, check_engine_request
-from corun.seeding import seed_from_request_id
-from corun.vllm_backend.engine_args import vllm_engine_kwargs, vllm_environment
+from corun.vllm_backend.engine_args import eos_token_ids, vllm_engine_kwargs, vllm_environment
+from wire.config import EngineConfig
+from wire.outputs import TokenLogprobs
+from wire.sampling_params import SamplingParams
+from wire.seeding import seed_from_request_id
 
 CPU_BLOCK_MULTIPLE = 32
 """vLLM 0.32's CPU attention kernel takes blocks of a multiple of 32 tokens."""
@@ -42,12 +41,6 @@ def start_vllm_engine(config: EngineConfig):
     if config.scheduler.mode == "corun":
         engine.collective_rpc("corun_fix_decode_shape", args=(config.scheduler.max_num_seqs,))
     return engine
-
-
-def eos_token_ids(model_config) -> tuple[int, ...]:
-    """The model's EOS ids as corun's engine takes them (config.json's and generation_config.json's), from vLLM's
-    ModelConfig."""
-    return eos_token_ids_of(model_config.model, getattr(model_config.hf_config, "eos_token_id", None))
 
 
 def vllm_params(params: SamplingParams, seed: int, num_prompt_tokens: int, key: str = "",

@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from corun.config import EngineConfig
+from corun.models.config import eos_token_ids_of
+from wire.config import EngineConfig
 
 CORUN_CHUNK_SIZE_KEY = "corun_prefill_chunk_size"
 """vllm_config.additional_config key: the chunk size CoRunVllmScheduler cuts prompts at."""
@@ -77,3 +78,9 @@ def vllm_kv_layout(config: EngineConfig) -> str:
                           default=str)
     digest = hashlib.sha256(settings.encode()).hexdigest()[:16]
     return f"vllm {vllm.__version__}: per-layer segments [blocks,kv_heads,block,2*head_dim]; settings {digest}"
+
+
+def eos_token_ids(model_config) -> tuple[int, ...]:
+    """The model's EOS ids as corun's engine takes them (config.json's and generation_config.json's), from vLLM's
+    ModelConfig."""
+    return eos_token_ids_of(model_config.model, getattr(model_config.hf_config, "eos_token_id", None))

@@ -18,14 +18,15 @@ from dataclasses import dataclass
 
 import torch
 
-from corun.config import EngineConfig
 from corun.model_runner import SampledToken, sample_requests
-from corun.outputs import TokenLogprobs
 from corun.request import Request
 from corun.sampler import Sampler
-from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
-from corun.vllm_backend.engine import eos_token_ids, start_vllm_engine, vllm_params
+from corun.vllm_backend.engine import start_vllm_engine, vllm_params
+from corun.vllm_backend.engine_args import eos_token_ids
+from wire.config import EngineConfig
+from wire.outputs import TokenLogprobs
+from wire.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from vllm.v1.sample.logits_processor.interface import MoveDirectionality
 
 from corun.request import stop_ids_of
 from corun.sampler import SamplingBatch, sample_token_ids
-from corun.sampling_params import SamplingParams
-from corun.vllm_backend.engine import eos_token_ids
+from corun.vllm_backend.engine_args import eos_token_ids
+from wire.sampling_params import SamplingParams
 
 EXTRA_ARGS_KEY = "corun"
 """vllm.SamplingParams.extra_args[EXTRA_ARGS_KEY] = to_extra_args(...)."""

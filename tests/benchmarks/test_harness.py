@@ -6,8 +6,8 @@ import pytest
 
 from benchmarks.harness import SLOTargets, percentile, run_bench
 from cli.main import main
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from planner.workloads import PAPER_WORKLOADS, Arrivals, Workload, default_workloads, make_workload
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 
 def config(model: str, max_num_seqs: int = 4) -> EngineConfig:

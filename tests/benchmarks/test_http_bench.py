@@ -7,10 +7,10 @@ import pytest
 from benchmarks.harness import SLOTargets, run_bench
 from benchmarks.http_bench import run_http_bench
 from cli.main import main
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from launch.cluster import free_port
 from planner.workloads import Arrivals, Workload
 from tests.launch.cluster_client import start_cluster
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 WORKLOADS = [Workload("short", ((12, 5),) * 6), Workload("mixed", ((40, 9), (7, 3), (90, 12), (25, 1)))]
 

@@ -10,9 +10,9 @@ import torch
 from corun.attention import causal_attention, request_attention, varlen_prompt_attention
 from corun.block_manager import BlockManager
 from corun.request import Request
-from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
 from corun.step_inputs import build_step, varlen_prompt_meta
+from wire.sampling_params import SamplingParams
 
 CASES = [(7, 0), (5, 9), (1, 12), (300, 700)]  # first chunk, later chunk, decode token, long later chunk
 BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM = 4, 2, 8, 16

@@ -12,10 +12,10 @@ import dataclasses
 import pytest
 
 from corun import LLM, SamplingParams
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.decode_sizes import matches_full_step
 from tests.conftest import varied_prompts
 from tests.corun.test_determinism import completions, first_difference
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 pytestmark = pytest.mark.numerics
 

@@ -4,8 +4,8 @@ import pytest
 
 from corun import LLM, SamplingParams
 from corun.scheduler import RequestRejected
-from corun.seeding import seed_from_request_id
 from tests.conftest import varied_prompts
+from wire.seeding import seed_from_request_id
 
 ENGINE = dict(max_num_seqs=8, max_model_len=256, prefill_chunk_size=64, num_blocks=64)
 PROMPT = "the people of the city walk by the river in the morning"

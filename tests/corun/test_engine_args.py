@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
-from corun.engine_args import add_engine_args, engine_args_to_argv, engine_config_from_args, parse_buckets
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.engine_args import add_engine_args, engine_args_to_argv, engine_config_from_args, parse_buckets
 
 
 @pytest.mark.parametrize("scheduler", [
@@ -40,7 +40,7 @@ def test_flag_defaults_are_the_config_defaults(tiny_model_dir):
 
 def test_every_config_field_has_exactly_one_flag():
     """A field added to the engine's config without a flag would silently take its default in node processes."""
-    from corun.engine_args import ENGINE_FLAGS, SECTIONS
+    from wire.engine_args import ENGINE_FLAGS, SECTIONS
 
     flagged = sorted(flag.field for flag in ENGINE_FLAGS) + ["model", "use_cuda_graph"]
     fields = [f"{section}.{f.name}" for section, owner in SECTIONS.items() for f in dataclasses.fields(owner)]
@@ -62,9 +62,9 @@ def test_a_non_default_value_of_every_flag_reaches_the_config():
 
 
 def test_transfer_flags_round_trip_and_reach_the_node_argv():
-    from corun.config import TransferConfig
-    from corun.engine_args import add_transfer_args, transfer_args_to_argv, transfer_config_from_args
     from launch.cluster import ClusterConfig, node_argv
+    from wire.config import TransferConfig
+    from wire.engine_args import add_transfer_args, transfer_args_to_argv, transfer_config_from_args
 
     parser = argparse.ArgumentParser()
     add_transfer_args(parser)
@@ -79,7 +79,7 @@ def test_transfer_flags_round_trip_and_reach_the_node_argv():
 
 
 def test_ucx_settings_come_from_the_config_alone():
-    from corun.config import TransferConfig
+    from wire.config import TransferConfig
 
     assert TransferConfig().ucx_environment(vram=True) == {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
     assert TransferConfig().ucx_environment(vram=False) == {}  # NOTE: a CPU-only UCX warns about the CUDA one

@@ -15,14 +15,14 @@ import torch
 import torch.nn.functional as F
 
 from corun.attention import AttentionMetadata, write_kv
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.model_runner import ModelRunner
 from corun.models.decoder import RMSNorm
 from corun.models.rope import apply_rope
 from corun.request import Request
-from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
 from corun.step_inputs import build_step, build_window_decode
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.numerics,
               pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")]

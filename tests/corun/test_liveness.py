@@ -11,9 +11,9 @@ import statistics
 
 import pytest
 
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
-from corun.sampling_params import SamplingParams
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 PROMPT_TOKENS = 200
 N = 128

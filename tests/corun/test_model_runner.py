@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from corun.block_manager import NULL_BLOCK, BlockManager
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.model_runner import ModelRunner
 from corun.request import Request
-from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
 from corun.step_inputs import build_step, build_window_decode
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.numerics
 

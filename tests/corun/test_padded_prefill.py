@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from corun import LLM, SamplingParams
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.model_runner import ModelRunner
 from corun.request import Request
 from corun.scheduler import PrefillChunk
@@ -19,6 +18,7 @@ from corun.step_inputs import build_prefill_pack
 from node_core.serving import engine_fingerprint
 from tests.conftest import varied_prompts
 from tests.corun.test_determinism import PARAMS, completions, first_difference
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 pytestmark = pytest.mark.numerics
 

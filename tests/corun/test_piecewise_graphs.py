@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from corun.block_manager import NULL_BLOCK, BlockManager
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import LLMEngine
 from corun.model_runner import ModelRunner
 from corun.piecewise_graphs import PiecewiseForward, piecewise_sizes
 from corun.request import Request
-from corun.sampling_params import SamplingParams
 from corun.scheduler import PrefillChunk
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from corun import LLM, SamplingParams
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from tests.corun.test_determinism import completions, first_difference
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 pytestmark = pytest.mark.gpu  # NOTE: CUDA graphs need a GPU
 PARAMS = SamplingParams(temperature=0.6, seed=42, max_tokens=12, logprobs=5, ignore_eos=True)

@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from corun import LLM, SamplingParams
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.engine import RequestRejected
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 pytestmark = pytest.mark.numerics
 

@@ -16,8 +16,8 @@ from corun.sampler import (
     request_noise,
     top_k_top_p_mask,
 )
-from corun.sampling_params import SamplingParams
-from corun.seeding import seed_from_request_id
+from wire.sampling_params import SamplingParams
+from wire.seeding import seed_from_request_id
 
 pytestmark = pytest.mark.numerics
 

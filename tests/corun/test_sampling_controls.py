@@ -15,7 +15,7 @@ import torch
 
 from corun import LLM, SamplingParams
 from corun.sampler import Sampler, SamplerOutput, SamplingBatch, min_p_mask
-from corun.seeding import SEED_BOUND, sample_seed
+from wire.seeding import SEED_BOUND, sample_seed
 
 pytestmark = pytest.mark.numerics
 

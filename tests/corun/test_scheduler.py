@@ -7,10 +7,10 @@ a token after a prompt's last chunk and after every decode, and finishes request
 import pytest
 
 from corun.block_manager import NULL_BLOCK, BlockManager
-from corun.config import SchedulerConfig
 from corun.request import Request, RequestStatus
-from corun.sampling_params import SamplingParams
 from corun.scheduler import CoRunScheduler, RequestRejected, ScheduledBatch, StandardScheduler, make_scheduler
+from wire.config import SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
 

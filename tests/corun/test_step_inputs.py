@@ -4,8 +4,8 @@ import torch
 
 from corun.block_manager import NULL_BLOCK
 from corun.request import Request
-from corun.sampling_params import SamplingParams
 from corun.step_inputs import BlockTableRows, build_window_decode
+from wire.sampling_params import SamplingParams
 
 
 def request(i: int, blocks: list[int]) -> Request:

@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 
 from corun.models.tiny import make_tiny_model
-from corun.tokenizer import load_tokenizer
+from wire.tokenizer import load_tokenizer
 
 # Loading from a local directory must never need the Hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -133,7 +133,7 @@ def test_matches_transformers_tokenizer(model_dir):
 
 
 def test_tokenizer_does_not_import_torch(model_dir):
-    script = ("import sys; from corun.tokenizer import load_tokenizer; "
+    script = ("import sys; from wire.tokenizer import load_tokenizer; "
               f"load_tokenizer({str(model_dir)!r}).encode('hi'); print('torch' in sys.modules)")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,

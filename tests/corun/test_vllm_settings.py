@@ -5,13 +5,13 @@ import dataclasses
 
 import pytest
 
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from corun.vllm_backend.engine_args import (
     CORUN_CHUNK_SIZE_KEY,
     SCHEDULER_CLS,
     vllm_engine_kwargs,
     vllm_environment,
 )
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 
 def config(mode: str = "corun", device: str = "cpu", **engine) -> EngineConfig:

@@ -13,13 +13,13 @@ import msgpack
 import pytest
 import zmq
 
-from corun import protocol
-from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig, TransferConfig
-from corun.sampling_params import SamplingParams
 from decode_node.server import DecodeServer
 from launch.local import free_port
 from prefill_node.server import PrefillServer
 from transfer.fake import FakeKVTransferAgent
+from wire import protocol
+from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig, TransferConfig
+from wire.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0.6, seed=5, max_tokens=6, logprobs=2, ignore_eos=True)
 

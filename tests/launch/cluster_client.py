@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import zmq
 
-from corun import LLM, SamplingParams, protocol
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
+from corun import LLM, SamplingParams
 from launch.local import LocalCluster, LocalClusterConfig, free_port
 from router.responses import json_logprob, token_text
+from wire import protocol
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 N = 32
 MAX_MODEL_LEN = 512

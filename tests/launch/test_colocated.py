@@ -14,7 +14,6 @@ import urllib.request
 
 import pytest
 
-from corun.seeding import sample_seed
 from launch.cluster import ClusterConfig
 from tests.conftest import varied_prompts
 from tests.launch.cluster_client import (
@@ -26,6 +25,7 @@ from tests.launch.cluster_client import (
     node_stats,
     start_cluster,
 )
+from wire.seeding import sample_seed
 
 PARAMS = {"temperature": 0.7, "seed": 11, "max_tokens": 12, "logprobs": 3}
 PROMPTS = varied_prompts(24, seed=5)

@@ -9,9 +9,9 @@ import urllib.request
 import pytest
 
 from corun import LLM, SamplingParams
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig, TransferConfig
 from launch.cluster import ClusterConfig, free_port
 from launch.local import LocalCluster
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig, TransferConfig
 
 pytestmark = pytest.mark.gpu
 

@@ -3,10 +3,10 @@ KV budget), locally through CUDA_VISIBLE_DEVICES and on Ray through GPU bundles 
 
 import pytest
 
-from corun.config import EngineConfig
 from launch import cluster as launch
 from launch import local
 from launch.cluster import ClusterConfig
+from wire.config import EngineConfig
 
 CUDA = EngineConfig(model="m", device="cuda")
 

@@ -10,8 +10,8 @@ from corun import LLM, SamplingParams
 from corun.models.config import random_weights_spec
 from corun.models.loader import model_digest
 from corun.models.presets import make_random_model_dir
-from corun.tokenizer import load_tokenizer
 from tests.launch.cluster_client import client, engine_config, start_cluster
+from wire.tokenizer import load_tokenizer
 
 PROMPTS = [[5, 17, 300, 2000, 9], list(range(100, 180)), [2046]]
 

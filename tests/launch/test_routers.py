@@ -15,7 +15,6 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from corun.config import RouterConfig
 from router.handlers import node_request_id
 from tests.conftest import varied_prompts
 from tests.launch.cluster_client import (
@@ -25,6 +24,7 @@ from tests.launch.cluster_client import (
     complete_all_concurrently,
     start_cluster,
 )
+from wire.config import RouterConfig
 
 PARAMS = {"temperature": 0.8, "seed": 7, "max_tokens": 12, "logprobs": 3}
 PROMPTS = varied_prompts(24, seed=3)

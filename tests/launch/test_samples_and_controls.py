@@ -11,9 +11,9 @@ import urllib.request
 import pytest
 
 from corun import LLM, SamplingParams
-from corun.seeding import sample_seed
 from tests.conftest import varied_prompts
 from tests.launch.cluster_client import CHUNK, MAX_MODEL_LEN, N, client, start_cluster
+from wire.seeding import sample_seed
 
 PROMPTS = varied_prompts(4, seed=23, max_words=60)
 SEED = 77

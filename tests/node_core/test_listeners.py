@@ -4,10 +4,10 @@ import os
 import re
 from pathlib import Path
 
-from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
 from launch.local import free_port
 from prefill_node.server import PrefillServer
 from transfer.agent import KVTransferAgent
+from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
 
 
 def listening_addresses() -> set[str]:

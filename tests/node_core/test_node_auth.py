@@ -7,14 +7,14 @@ import stat
 import pytest
 import zmq
 
-from corun import protocol
-from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
-from corun.node_auth import ClusterKey
-from corun.sampling_params import SamplingParams
 from launch.cluster import make_cluster_key
 from launch.local import free_port
 from prefill_node.server import PrefillServer
 from transfer.fake import FakeKVTransferAgent
+from wire import protocol
+from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from wire.node_auth import ClusterKey
+from wire.sampling_params import SamplingParams
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import time
 
 import zmq
 
-from corun import protocol
 from node_core.serving import NodeSockets
+from wire import protocol
 
 NUM_REPLIES = 20000
 """More than zmq's default send and receive queues together (1000 + 1000) and, at REPLY_BYTES each, than the

@@ -10,14 +10,14 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corun import protocol
-from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
-from corun.outputs import TokenLogprobs
-from corun.sampling_params import SamplingParams
 from decode_node.server import DecodeServer
 from launch.local import free_port
 from prefill_node.server import PrefillServer
 from transfer.fake import FakeKVTransferAgent
+from wire import protocol
+from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from wire.outputs import TokenLogprobs
+from wire.sampling_params import SamplingParams
 
 LEASE_S = 0.5
 PARAMS = SamplingParams(temperature=0.7, max_tokens=3, logprobs=1, ignore_eos=True)

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from cli.main import main
-from corun.config import CacheConfig, EngineConfig, SchedulerConfig
 from planner.perf_profile import (
     DecodePoint,
     DecodeStepModel,
@@ -19,6 +18,7 @@ from planner.perf_profile import (
 )
 from planner.plan import SLO, DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
 from planner.plan_sim import check_plan, simulate
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 # NOTE: close to the H200 fit of benchmarks/results/h200_planner_profile.json (Qwen3-8B, bf16, N = 256)
 H200_LIKE = PerformanceModel(PrefillModel(a=0.009, b=24e-6, c=2e-10, chunk_size=4096),

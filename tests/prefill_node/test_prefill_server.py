@@ -6,11 +6,11 @@ import time
 import pytest
 import zmq
 
-from corun import protocol
-from corun.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
-from corun.sampling_params import SamplingParams
 from launch.local import free_port
 from prefill_node.server import PrefillServer
+from wire import protocol
+from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@ import re
 
 import pytest
 
-from corun.tokenizer import load_tokenizer
 from tests.router.harness import RouterHarness
+from wire.tokenizer import load_tokenizer
 
 WORD_TOKEN = re.compile(r"^ ?[a-z]{2,}$")
 

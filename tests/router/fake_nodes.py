@@ -1,4 +1,4 @@
-"""In-process fake prefill and decode nodes: zmq.asyncio ROUTER servers speaking corun.protocol.
+"""In-process fake prefill and decode nodes: zmq.asyncio ROUTER servers speaking wire.protocol.
 
 Their tokens are a pure function of (prompt, seed, position) over a list of candidate token ids, so a test can
 compute the exact expected output with `expected_token_ids`. The decode node groups tokens into events of 1-3
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from corun.outputs import TokenLogprobs
-from corun.protocol import (
+from wire.outputs import TokenLogprobs
+from wire.protocol import (
     Abort,
     DecodeRequest,
     ErrorReply,
@@ -31,8 +31,8 @@ from corun.protocol import (
     decode,
     encode,
 )
-from corun.sampling_params import SamplingParams
-from corun.seeding import sample_seed
+from wire.sampling_params import SamplingParams
+from wire.seeding import sample_seed
 
 FAKE_FINGERPRINT = "fake-node-fingerprint-v1"
 

@@ -14,12 +14,12 @@ import aiohttp
 import zmq.asyncio
 from multidict import CIMultiDict
 
-from corun.config import EngineConfig, RouterConfig, SchedulerConfig
-from corun.protocol import ModelFacts
 from router.app import create_app, start_site
 from router.handlers import STATE_KEY
 from router.state import RouterState
 from tests.router.fake_nodes import FakeBehaviour, FakeDecode, FakePrefill
+from wire.config import EngineConfig, RouterConfig, SchedulerConfig
+from wire.protocol import ModelFacts
 
 CALL_TIMEOUT_S = 120.0
 """A bound on one call into the harness loop (start, stop, a node action): far above what any takes on a loaded host;

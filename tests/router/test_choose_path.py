@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from corun.config import RouterConfig
 from router.nodes import NodePool, NodeStatus, NoNodeAvailable, Placement
+from wire.config import RouterConfig
 
 ADDRESS = "tcp://127.0.0.1:9"
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from corun.outputs import TokenLogprobs
 from router.handlers import JSON_ENCODER, ChunkEncoder
 from router.responses import ChoiceDelta, ResponseContext, chunk_choice, role_choice, usage
+from wire.outputs import TokenLogprobs
 
 
 def whole_chunk(ctx, choice, chunk_usage):

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from corun.protocol import DecodeRequest
 from tests.router.fake_nodes import FakeBehaviour
 from tests.router.harness import RouterHarness, post, wait_for
+from wire.protocol import DecodeRequest
 
 pytestmark = pytest.mark.timeout(120)  # NOTE: a hang guard with room for a loaded host
 BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2}

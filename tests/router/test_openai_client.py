@@ -5,10 +5,10 @@ import re
 import pytest
 from openai import OpenAI
 
-from corun.sampling_params import SamplingParams
-from corun.seeding import sample_seed, seed_from_request_id
 from tests.router.fake_nodes import expected_token_ids
 from tests.router.harness import get
+from wire.sampling_params import SamplingParams
+from wire.seeding import sample_seed, seed_from_request_id
 
 pytestmark = pytest.mark.timeout(30)
 MODEL = "corun-tiny"

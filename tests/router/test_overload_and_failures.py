@@ -5,10 +5,10 @@ import asyncio
 import aiohttp
 import pytest
 
-from corun.protocol import Abort, DecodeRequest, PrefillRequest
-from corun.sampling_params import SamplingParams
 from tests.router.fake_nodes import FakeBehaviour, expected_token_ids
 from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, get, post, sse_events, wait_for
+from wire.protocol import Abort, DecodeRequest, PrefillRequest
+from wire.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(30)
 BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2}

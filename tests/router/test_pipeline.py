@@ -5,12 +5,12 @@ import asyncio
 import pytest
 import zmq.asyncio
 
-from corun.config import RouterConfig
-from corun.protocol import DecodeRequest, ModelFacts, PrefillRequest
-from corun.sampling_params import SamplingParams
 from router.nodes import NodePool, least_loaded
 from router.pipeline import GenerationError, generate
 from tests.router.fake_nodes import FakeBehaviour, FakeDecode, FakePrefill, expected_token_ids
+from wire.config import RouterConfig
+from wire.protocol import DecodeRequest, ModelFacts, PrefillRequest
+from wire.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(30)
 FACTS = ModelFacts(max_model_len=1024, vocab_size=4096, max_logprobs=20)
@@ -101,10 +101,10 @@ def test_least_loaded_prefers_less_work_then_the_lowest_index():
 def test_a_samples_queued_events_merge_into_one_and_nothing_else_does():
     """When the consumer fell behind, a sample's TokenEvents queued behind the first become one (one delta, one
     chunk); another sample's event, a finished sample and a logprobs mismatch stop the merge."""
-    from corun.outputs import TokenLogprobs
-    from corun.protocol import TokenEvent
     from router.nodes import ReplyQueue
     from router.pipeline import take_queued_tokens
+    from wire.outputs import TokenLogprobs
+    from wire.protocol import TokenEvent
 
     def logprobs(token_id):
         return [TokenLogprobs(token_id, -0.5)]
@@ -133,8 +133,8 @@ def test_a_wait_ends_with_silent_at_its_deadline_or_on_an_unhealthy_node_and_a_s
     """The node's watchdog (one per node, not a timer per wait) ends a wait past its timeout, or one on a node
     that stopped answering, with SILENT; a SILENT that queued behind the reply that ended its wait is dropped.
     Inverse: a healthy node's wait inside its timeout is left alone."""
-    from corun.protocol import TokenEvent
     from router.nodes import SILENT, UNHEALTHY_WAIT_S, ReplyQueue
+    from wire.protocol import TokenEvent
 
     async def scenario():
         loop = asyncio.get_running_loop()

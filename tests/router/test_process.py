@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(30)
 NO_TORCH_SCRIPT = """
 import sys
 import router.__main__
-from corun.config import RouterConfig
+from wire.config import RouterConfig
 from router.app import create_app
 create_app(RouterConfig(model=sys.argv[1], prefill_addresses=("tcp://127.0.0.1:1",),
                         decode_addresses=("tcp://127.0.0.1:2",)))

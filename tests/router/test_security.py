@@ -14,13 +14,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from corun.protocol import DecodeRequest, PrefillRequest
 from router.__main__ import parse_config
 from router.app import LINGER_S
 from router.errors import RequestError
 from router.offload import Offload
 from tests.router.harness import RouterHarness, get, http_request, post
 from tests.router.test_errors import VALID, assert_error
+from wire.protocol import DecodeRequest, PrefillRequest
 
 pytestmark = pytest.mark.timeout(60)
 KEY = "sk-corun-test-key"
@@ -294,7 +294,7 @@ def test_a_dead_parser_process_is_a_503_and_the_next_large_body_gets_a_fresh_one
 
 ROUTER_STAND_IN = """
 import asyncio, sys
-from corun.tokenizer import load_tokenizer
+from wire.tokenizer import load_tokenizer
 from router.offload import Offload
 from tests.router.test_security import worker_pid
 

@@ -5,9 +5,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from corun.protocol import Abort, DecodeRequest
 from tests.router.fake_nodes import FakeBehaviour
 from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, post, sse_events, wait_for
+from wire.protocol import Abort, DecodeRequest
 
 pytestmark = pytest.mark.timeout(30)
 BODY = {"prompt": "the green city", "max_tokens": 24, "seed": 21}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corun.protocol import PROTOCOL_VERSION
 from transfer.compat import KV_LAYOUT, IncompatiblePeer, check_compatible, compat_hash, compat_info
+from wire.protocol import PROTOCOL_VERSION
 
 FIELDS = {"model_digest": "ab12", "dtype": "float32", "num_layers": 4, "num_kv_heads": 4, "head_dim": 32,
           "block_size": 16, "max_num_seqs": 32, "prefill_chunk_size": 512, "max_model_len": 1024}

@@ -135,7 +135,7 @@ def test_non_contiguous_kv_is_refused():
 @pytest.mark.timeout(60)
 def test_a_read_with_nixl_s_progress_thread_lands_and_notifies():
     """TransferConfig.progress_thread "on" (GPU KV's default): the same read, advanced by NIXL's own thread."""
-    from corun.config import TransferConfig
+    from wire.config import TransferConfig
 
     config = TransferConfig(progress_thread="on")
     holder = KVTransferAgent("threaded-prefill", scenario.patterned_kv(), config)

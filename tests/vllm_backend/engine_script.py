@@ -8,9 +8,9 @@ import json
 import sys
 
 if __name__ == "__main__":
-    from corun.config import CacheConfig, EngineConfig, SchedulerConfig
-    from corun.sampling_params import SamplingParams
     from corun.vllm_backend.engine import VllmEngine
+    from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+    from wire.sampling_params import SamplingParams
 
     job = json.loads(sys.argv[1])
     config = EngineConfig(

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.slow, requires_vllm]
 
 SCRIPT = """
 import json, sys
-from corun.config import CacheConfig, EngineConfig
+from wire.config import CacheConfig, EngineConfig
 from node_core.server import kv_layout
 from node_core.serving import engine_fingerprint
 configs = {name: EngineConfig(model=sys.argv[1], backend=name, cache=CacheConfig(block_size=32))

@@ -14,9 +14,9 @@ import urllib.request
 import openai
 import pytest
 
-from corun.seeding import sample_seed
 from launch.local import free_port
 from tests.vllm_backend.conftest import REPO, VLLM_PYTHON, requires_vllm
+from wire.seeding import sample_seed
 
 pytestmark = [pytest.mark.slow, requires_vllm]
 

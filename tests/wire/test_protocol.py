@@ -4,9 +4,9 @@ versions, unknown types and malformed bodies are refused; the KV-done notificati
 import msgpack
 import pytest
 
-from corun import protocol
-from corun.outputs import TokenLogprobs
-from corun.sampling_params import SamplingParams
+from wire import protocol
+from wire.outputs import TokenLogprobs
+from wire.sampling_params import SamplingParams
 
 LOGPROBS = TokenLogprobs(7, -0.5, ((7, -0.5), (3, -1.25)))
 KV = protocol.KVHandle("prefill-0", "tcp://127.0.0.1:5000", (3, 4, 9), 40, "abc123")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from corun.config import (
+from wire.config import (
     AUTO,
     DEFAULT_PREFILL_BUCKETS,
     Backend,

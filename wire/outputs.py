@@ -22,7 +22,7 @@ class CompletionOutput:
     logprobs: list[TokenLogprobs] | None
     finish_reason: str | None
     seed: int | None = None
-    """The seed this sample was drawn with (sample i of n: corun.seeding.sample_seed(request seed, i))."""
+    """The seed this sample was drawn with (sample i of n: wire.seeding.sample_seed(request seed, i))."""
 
     @property
     def cumulative_logprob(self) -> float | None:

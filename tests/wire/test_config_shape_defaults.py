@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from corun.config import (
+from wire.config import (
     AUTO,
     DEFAULT_PREFILL_BUCKETS,
     EngineConfig,
@@ -12,7 +12,7 @@ from corun.config import (
     auto_decode_step_candidates,
     resolve_shape_defaults,
 )
-from corun.engine_args import add_engine_args, engine_args_to_argv, engine_config_from_args
+from wire.engine_args import add_engine_args, engine_args_to_argv, engine_config_from_args
 
 
 def resolved(device="cuda", use_cuda_graph=True, backend="corun", **scheduler) -> SchedulerConfig:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from corun.auth import check_api_key
+from wire.auth import check_api_key
 
 DEFAULT_PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
 """`--prefill-buckets default`: fine steps where a prefill is launch-bound, coarser where it is compute-bound;
@@ -150,6 +150,10 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     return dataclasses.replace(sched, prefill_buckets=buckets, decode_step_sizes=sizes)
 
 
+NULL_BLOCK = 0
+"""The KV block no request holds: padding rows read and write it, so a block id a node is sent must be above it."""
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -289,7 +293,7 @@ class NodeConfig:
     and how long a claimed lease waits for its READ to end (a longer wait means a dead or lost claimer)."""
     transfer: TransferConfig = field(default_factory=TransferConfig)
     cluster_key_file: str | None = None
-    """The cluster's CURVE key pair (corun.node_auth): only its holders may talk to this node. None: no
+    """The cluster's CURVE key pair (wire.node_auth): only its holders may talk to this node. None: no
     authentication (in-process tests); the launchers always make one."""
 
     def __post_init__(self):
@@ -334,7 +338,7 @@ class RouterConfig:
     """Unknown request fields are a 400; by default they are ignored with a warning (logged, and named in the
     response's X-CoRun-Ignored-Fields header), as vLLM does."""
     cluster_key_file: str | None = None
-    """The cluster's CURVE key pair (corun.node_auth), without which nodes that have one refuse the router."""
+    """The cluster's CURVE key pair (wire.node_auth), without which nodes that have one refuse the router."""
     api_key: str | None = field(default=None, repr=False)
     """Every request but /health, /version and /metrics needs `Authorization: Bearer <api_key>` (else 401);
     None: no key, as vLLM without --api-key. Out of repr, so that no log line shows it."""

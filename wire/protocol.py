@@ -45,9 +45,9 @@ from typing import Any
 import msgpack
 import msgspec
 
-from corun.outputs import TokenLogprobs
-from corun.sampling_params import SamplingParams
-from corun.seeding import SEED_BOUND
+from wire.outputs import TokenLogprobs
+from wire.sampling_params import SamplingParams
+from wire.seeding import SEED_BOUND
 
 PROTOCOL_VERSION = 11
 KV_DONE_PREFIX = b"done:"
@@ -109,7 +109,7 @@ class PrefillRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int
-    """The request's seed; sample i samples with corun.seeding.sample_seed(seed, i)."""
+    """The request's seed; sample i samples with wire.seeding.sample_seed(seed, i)."""
 
     def __post_init__(self):
         check_seed(self.seed)
@@ -154,7 +154,7 @@ class GenerateRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int
-    """The request's seed; sample i samples with corun.seeding.sample_seed(seed, i)."""
+    """The request's seed; sample i samples with wire.seeding.sample_seed(seed, i)."""
 
     def __post_init__(self):
         check_seed(self.seed)
