@@ -63,7 +63,9 @@ def test_a_short_run_streams_every_token_and_reports_sane_figures(tiny_model_dir
     assert clients["requests_started"] >= 8 and clients["completed_exact"] == clients["requests_started"]
     assert clients["wrong_outputs"] == clients["errors"] == clients["unfinished"] == 0
     assert clients["tokens_received"] == clients["router_counted_tokens"] == MAX_TOKENS * clients["completed_exact"]
-    assert len(clients["cpu_cores_per_worker"]) == 2 and run["chunks"] == run["tokens"]
+    # NOTE: a router that fell behind (a loaded host) merges a stream's queued tokens into one chunk: never more
+    # chunks than tokens, and never a token lost (above)
+    assert len(clients["cpu_cores_per_worker"]) == 2 and 0 < run["chunks"] <= run["tokens"]
     assert_gone(child_pids(result.stderr))
 
 
