@@ -5,7 +5,9 @@ import asyncio
 
 import pytest
 
-from router.nodes import NodePool, NodeStatus, NoNodeAvailable, Placement
+from router.nodes.choice import NoNodeAvailable, Placement
+from router.nodes.client import NodeStatus
+from router.nodes.pool import NodePool
 from wire.config import RouterConfig
 
 ADDRESS = "tcp://127.0.0.1:9"

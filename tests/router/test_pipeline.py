@@ -5,8 +5,9 @@ import asyncio
 import pytest
 import zmq.asyncio
 
-from router.nodes import NodePool, least_loaded
-from router.pipeline import GenerationError, generate
+from router.generation.pipeline import GenerationError, generate
+from router.nodes.choice import least_loaded
+from router.nodes.pool import NodePool
 from tests.router.fake_nodes import FakeBehaviour, FakeDecode, FakePrefill, expected_token_ids
 from wire.config import RouterConfig
 from wire.protocol import DecodeRequest, ModelFacts, PrefillRequest
@@ -101,8 +102,8 @@ def test_least_loaded_prefers_less_work_then_the_lowest_index():
 def test_a_samples_queued_events_merge_into_one_and_nothing_else_does():
     """When the consumer fell behind, a sample's TokenEvents queued behind the first become one (one delta, one
     chunk); another sample's event, a finished sample and a logprobs mismatch stop the merge."""
-    from router.nodes import ReplyQueue
-    from router.pipeline import take_queued_tokens
+    from router.generation.pipeline import take_queued_tokens
+    from router.nodes.client import ReplyQueue
     from wire.outputs import TokenLogprobs
     from wire.protocol import TokenEvent
 
@@ -133,7 +134,7 @@ def test_a_wait_ends_with_silent_at_its_deadline_or_on_an_unhealthy_node_and_a_s
     """The node's watchdog (one per node, not a timer per wait) ends a wait past its timeout, or one on a node
     that stopped answering, with SILENT; a SILENT that queued behind the reply that ended its wait is dropped.
     Inverse: a healthy node's wait inside its timeout is left alone."""
-    from router.nodes import SILENT, UNHEALTHY_WAIT_S, ReplyQueue
+    from router.nodes.client import SILENT, UNHEALTHY_WAIT_S, ReplyQueue
     from wire.protocol import TokenEvent
 
     async def scenario():
@@ -168,7 +169,7 @@ def test_a_silent_node_fails_the_request_within_a_watch_interval_of_its_timeout(
     much later."""
     import time
 
-    from router.nodes import WATCH_INTERVAL_S
+    from router.nodes.client import WATCH_INTERVAL_S
 
     async def body(pool, prefills, decodes):
         await pool.wait_until_healthy(5)

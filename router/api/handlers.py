@@ -12,11 +12,9 @@ from collections.abc import AsyncIterator, Callable
 import msgspec
 from aiohttp import web
 
-from router.errors import RequestError, bad_request, error_body
-from router.nodes import Placement, UnknownNode
-from router.openai_api import GenerationRequest, Kind, bind_seed, parse_body
-from router.pipeline import GenerationError
-from router.responses import (
+from router.api.errors import RequestError, bad_request, error_body
+from router.api.openai_api import GenerationRequest, Kind, bind_seed, parse_body
+from router.api.responses import (
     ChoiceDelta,
     ChoiceTotal,
     ResponseContext,
@@ -26,8 +24,10 @@ from router.responses import (
     usage,
     usage_chunk,
 )
-from router.state import RouterState
-from router.streams import merge, prompt_deltas
+from router.api.state import RouterState
+from router.generation.deltas import merge, prompt_deltas
+from router.generation.pipeline import GenerationError
+from router.nodes.choice import Placement, UnknownNode
 from wire.seeding import seed_from_request_id
 
 logger = logging.getLogger(__name__)

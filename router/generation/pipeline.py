@@ -18,7 +18,9 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from router.nodes import SILENT, NodeClient, NodePool, NoNodeAvailable, Placement, ReplyQueue, UnknownNode
+from router.nodes.choice import NoNodeAvailable, Placement, UnknownNode
+from router.nodes.client import SILENT, NodeClient, ReplyQueue
+from router.nodes.pool import NodePool
 from wire.protocol import (
     Abort,
     DecodeRequest,
@@ -255,7 +257,7 @@ async def send_within(node: NodeClient, message, timeout_s: float) -> None:
 async def next_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
     """The node's next message for this request; ErrorReply and silence become GenerationError.
 
-    NOTE: a wait ends soon after the node stops answering pings (router/nodes.py, UNHEALTHY_WAIT_S), so a dead
+    NOTE: a wait ends soon after the node stops answering pings (router/nodes/client.py, UNHEALTHY_WAIT_S), so a dead
     node costs a few seconds at most (then a retry elsewhere), not the whole request timeout.
     """
     reply = await replies.next_within(timeout_s)
