@@ -15,7 +15,7 @@ import time
 
 import zmq.asyncio
 
-from router.nodes.choice import Placement, UnknownNode, least_loaded, pick
+from router.nodes.choice import DEFAULT_POLICY, ChoicePolicy, RoutedRequest, UnknownNode, pick
 from router.nodes.client import NodeClient, NodeStatus
 from wire.config import Role, RouterConfig
 from wire.node_auth import ClusterKey
@@ -28,10 +28,11 @@ within a fraction of a second of the nodes being up."""
 
 
 class NodePool:
-    """Every node of the cluster, their ping loop and the instance choice."""
+    """Every node of the cluster, their ping loop and the instance choice (policy: a ChoicePolicy)."""
 
-    def __init__(self, config: RouterConfig):
+    def __init__(self, config: RouterConfig, policy: ChoicePolicy = DEFAULT_POLICY):
         self.request_timeout_s = config.request_timeout_s
+        self.policy = policy
         self._context = zmq.asyncio.Context()
         self.key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
         self.by_role: dict[Role, list[NodeClient]] = {
@@ -94,35 +95,31 @@ class NodePool:
         nodes.remove(node)
         await node.close()
 
-    def choose_prefill(self, pinned: str | None = None) -> NodeClient:
-        return pick(self.prefill_nodes, pinned) if pinned else least_loaded(self.prefill_nodes)
+    def choose_prefill(self, request: RoutedRequest) -> NodeClient:
+        pinned = request.placement.prefill
+        return self.pinned_prefill(pinned) if pinned else self.policy.choose_prefill(self.prefill_nodes, request)
 
-    def choose_decode(self, pinned: str | None = None) -> NodeClient:
+    def choose_decode(self, request: RoutedRequest) -> NodeClient:
         """A decode node, or (pinned only) a colocated one."""
-        if pinned:
-            return pick(self.decode_nodes + self.colocated_nodes, pinned)
-        return least_loaded(self.decode_nodes)
+        pinned = request.placement.decode
+        return self.pinned_decode(pinned) if pinned else self.policy.choose_decode(self.decode_nodes, request)
 
-    def choose_colocated(self, placement: Placement) -> NodeClient | None:
-        """The colocated node a request goes to, or None for the prefill -> decode path: the least loaded
-        colocated node unless a decode node has less outstanding work (or the request is pinned to P/D nodes)."""
+    def choose_colocated(self, request: RoutedRequest) -> NodeClient | None:
+        """The colocated node a request goes to, or None for the prefill -> decode path: the policy's choice,
+        unless the request is pinned (to a colocated node, or to P/D nodes)."""
+        placement = request.placement
         if placement.prefill or placement.decode:
-            pinned = self.choose_decode(placement.decode) if placement.decode else None
+            pinned = self.pinned_decode(placement.decode) if placement.decode else None
             return pinned if pinned is not None and pinned.role == "colocated" else None
-        colocated = [node for node in self.colocated_nodes if not node.draining]
-        decode = [node for node in self.decode_nodes if not node.draining]
-        disaggregated = bool(decode) and any(not node.draining for node in self.prefill_nodes)
-        if disaggregated:
-            # NOTE: a lost colocated node's retry goes to the P/D path rather than back to it
-            colocated = [node for node in colocated if node.healthy]
-        if not colocated:
-            if disaggregated or not self.colocated_nodes:
-                return None
-            least_loaded(self.colocated_nodes)  # NOTE: raises NoNodeAvailable: every colocated node is draining
-        best = least_loaded(colocated)
-        if disaggregated and least_loaded(decode).outstanding_work < best.outstanding_work:
-            return None
-        return best
+        return self.policy.choose_colocated(self.prefill_nodes, self.decode_nodes, self.colocated_nodes, request)
+
+    def pinned_prefill(self, node_id: str) -> NodeClient:
+        """The prefill node whose id (from its Pong) or address is node_id; UnknownNode if none."""
+        return pick(self.prefill_nodes, node_id)
+
+    def pinned_decode(self, node_id: str) -> NodeClient:
+        """The decode node, or colocated one, whose id or address is node_id; UnknownNode if none."""
+        return pick(self.decode_nodes + self.colocated_nodes, node_id)
 
     def statuses(self) -> list[NodeStatus]:
         now = time.monotonic()

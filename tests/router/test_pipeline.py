@@ -82,6 +82,25 @@ def test_an_error_reply_becomes_a_generation_error_with_its_status(word_token_id
     assert error.status == 400 and "prompt too long" in error.message
 
 
+def test_the_node_choice_is_given_the_prompt_its_samples_and_its_id(word_token_ids):
+    """What a policy routing on the prompt would need: generate() hands each choice the request's id, prompt token
+    ids and n."""
+    from tests.router.test_choose_path import RecordingPolicy
+
+    params = SamplingParams(max_tokens=3, n=2)
+
+    async def body(pool, prefills, decodes):
+        pool.policy = RecordingPolicy()
+        async for _ in generate(pool, "seen", [5, 6, 7], params, 1):
+            pass
+        return pool.policy.asked
+
+    asked = asyncio.run(with_cluster(word_token_ids, body))
+    assert [role for role, _ in asked] == ["colocated", "prefill", "decode"]
+    assert {(request.request_id, tuple(request.prompt_token_ids), request.n) for _, request in asked} == {
+        ("seen", (5, 6, 7), 2)}
+
+
 def test_least_loaded_prefers_less_work_then_the_lowest_index():
     async def body():
         pool = NodePool(RouterConfig(model="unused", prefill_addresses=("tcp://127.0.0.1:9",) * 3,
