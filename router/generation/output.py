@@ -2,7 +2,8 @@
 the options that shape that output (OutputOptions).
 
 NOTE: a module of its own, with nothing but dataclasses: body parsing (router/api/openai_api.py) builds
-OutputOptions in the parser's worker processes (router/api/offload.py), which so import none of the pipeline.
+OutputOptions in the parser's worker processes (router/api/offload.py), which so never import the pipeline (nor
+zmq and prometheus_client under it).
 """
 
 from __future__ import annotations
