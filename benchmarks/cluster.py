@@ -3,7 +3,7 @@
     python -m benchmarks.cluster --out benchmarks/results/cluster_cpu.json
 
 (a) router overhead: the same short request, one at a time, over HTTP (streaming off) vs through
-    router.pipeline.generate on the same nodes from this process; p50/p90 of each and the p50 difference.
+    router.generation.pipeline.generate on the same nodes from this process; p50/p90 of each and the p50 difference.
 (b) 64 requests submitted at once: per-request TTFT (first streamed token) and output tokens/s, 1P1D over HTTP
     vs the colocated engine in this process (both with one compute thread per engine process).
 """
@@ -23,8 +23,8 @@ from benchmarks.report import emit
 from corun import LLM, SamplingParams
 from corun.models.tiny import make_tiny_model
 from launch.local import LocalCluster, LocalClusterConfig, free_port
-from router.nodes import NodePool
-from router.pipeline import generate
+from router.generation.pipeline import generate
+from router.nodes.pool import NodePool
 from tests.conftest import varied_prompts
 from tests.launch.cluster_client import MAX_MODEL_LEN, engine_config
 from wire.config import RouterConfig

@@ -1,4 +1,4 @@
-"""Scaling a running cluster: the router's /admin/nodes API (router/admin.py) as the launchers use it, and
+"""Scaling a running cluster: the router's /admin/nodes API (router/api/admin.py) as the launchers use it, and
 `corun serve`'s control port that `corun scale` talks to.
 
 Imports neither torch nor ray.
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 def router_admin(url: str, method: str, body: dict | None = None, api_key: str | None = None) -> dict:
-    """One call of the router's /admin/nodes API (router/admin.py); ValueError with its message if refused."""
+    """One call of the router's /admin/nodes API (router/api/admin.py); ValueError with its message if refused."""
     path = "/admin/nodes/drain" if method == "DRAIN" else "/admin/nodes"
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(f"{url}{path}", data, {"Content-Type": "application/json",

@@ -9,17 +9,18 @@ import time
 
 from aiohttp import web
 
-from router.admin import add_admin_routes
-from router.auth import api_key_middleware
-from router.errors import RequestError, error_body
-from router.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
+from router.api.admin import add_admin_routes
+from router.api.auth import api_key_middleware
+from router.api.errors import RequestError, error_body
+from router.api.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
+from router.api.offload import Offload
+from router.api.state import Admission, RouterState
+from router.api.tokens import add_token_routes
+from router.generation.pipeline import GenerationError
 from router.metrics import REFRESH_S as METRICS_REFRESH_S
 from router.metrics import RouterMetrics
-from router.nodes import NodePool, NodeStatus, PoolMismatch
-from router.offload import Offload
-from router.pipeline import GenerationError
-from router.state import Admission, RouterState
-from router.tokens import add_token_routes
+from router.nodes.client import NodeStatus
+from router.nodes.pool import NodePool, PoolMismatch
 from wire.config import RouterConfig
 from wire.tokenizer import load_tokenizer
 

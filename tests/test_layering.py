@@ -4,6 +4,9 @@
 - router imports neither the engine (corun) nor torch;
 - the engine (corun) imports no transfer, node, router or launcher code;
 - transfer imports no engine;
+- the router's request path flows one way through its rooms, api -> generation -> nodes: the nodes room imports
+  neither generation nor api, the generation room no api, and no room imports router.app or router.__main__
+  (which assemble and start them);
 - no import circles between the project's modules.
 
 Inverse: the same reading finds a rule broken in a module written to break it.
@@ -21,12 +24,18 @@ PACKAGES = ("wire", "corun", "router", "transfer", "node_core", "prefill_node", 
             "launch", "planner", "cli", "benchmarks")
 NODE_AND_ABOVE = ("transfer", "node_core", "prefill_node", "decode_node", "colocated_node", "router", "launch",
                   "planner", "cli", "benchmarks")
+ROUTER_ASSEMBLY = ("router.app", "router.__main__")
+"""What builds the router's app from its rooms and starts it: no room imports them."""
 FORBIDDEN = {
     "wire": ("torch", *(p for p in PACKAGES if p != "wire")),
     "router": ("torch", "corun", "transfer", "node_core", "prefill_node", "decode_node", "colocated_node"),
+    "router.api": ROUTER_ASSEMBLY,
+    "router.generation": ("router.api", *ROUTER_ASSEMBLY),
+    "router.nodes": ("router.api", "router.generation", *ROUTER_ASSEMBLY),
     "corun": NODE_AND_ABOVE,
     "transfer": ("corun",),
 }
+"""A module (or package: its modules too) and what it must not import (modules, and the modules under them)."""
 
 
 def module_name(path: Path) -> str:
@@ -56,12 +65,22 @@ def project_files() -> list[Path]:
     return [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
 
 
+def is_within(name: str, module: str) -> bool:
+    """name is module or one of the modules (or names) under it."""
+    return name == module or name.startswith(module + ".")
+
+
+def forbidden_for(module: str) -> tuple[str, ...]:
+    """Everything module must not import: the rules of every package it lies in."""
+    return tuple(target for owner, targets in FORBIDDEN.items() if is_within(module, owner) for target in targets)
+
+
 def broken_rules(files: list[Path]) -> list[str]:
     broken = []
     for path in files:
-        top = module_name(path).split(".")[0]
+        forbidden = forbidden_for(module_name(path))
         for name in sorted(imported_modules(path)):
-            if name.split(".")[0] in FORBIDDEN.get(top, ()):
+            if any(is_within(name, target) for target in forbidden):
                 broken.append(f"{path.relative_to(ROOT)} imports {name}")
     return broken
 
@@ -118,11 +137,13 @@ def test_the_project_has_no_import_circles():
 
 @pytest.fixture
 def broken_tree(tmp_path):
-    """A tree that breaks each rule once: wire imports the engine, the router torch, the engine a node, and two
-    router modules import each other."""
+    """A tree that breaks each rule once: wire imports the engine, the router torch, the engine a node, the router's
+    nodes room its generation room (relatively), and two router modules import each other."""
     files = {"wire/bad.py": "from corun.llm import LLM\n",
              "router/bad.py": "def f():\n    import torch\n",
-             "corun/bad.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from prefill_node import server\n",
+             "corun/bad.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                             "    from prefill_node import server\n",
+             "router/nodes/bad.py": "from ..generation import pipeline\n",
              "router/a.py": "from router import b\n", "router/b.py": "from .a import x\n"}
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -135,5 +156,7 @@ def test_the_reading_finds_each_broken_rule_and_circle(broken_tree, monkeypatch)
     monkeypatch.setattr(f"{__name__}.ROOT", root)
     assert broken_rules(files) == ["wire/bad.py imports corun.llm", "wire/bad.py imports corun.llm.LLM",
                                    "router/bad.py imports torch", "corun/bad.py imports prefill_node",
-                                   "corun/bad.py imports prefill_node.server"]
+                                   "corun/bad.py imports prefill_node.server",
+                                   "router/nodes/bad.py imports router.generation",
+                                   "router/nodes/bad.py imports router.generation.pipeline"]
     assert circles(import_graph(files)) == [["router.a", "router.b"]]

@@ -11,7 +11,7 @@ import zmq
 
 from corun import LLM, SamplingParams
 from launch.local import LocalCluster, LocalClusterConfig, free_port
-from router.responses import json_logprob, token_text
+from router.api.responses import json_logprob, token_text
 from wire import protocol
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 

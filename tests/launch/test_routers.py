@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.handlers import node_request_id
+from router.api.handlers import node_request_id
 from tests.conftest import varied_prompts
 from tests.launch.cluster_client import (
     client,

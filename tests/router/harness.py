@@ -14,9 +14,9 @@ import aiohttp
 import zmq.asyncio
 from multidict import CIMultiDict
 
+from router.api.handlers import STATE_KEY
+from router.api.state import RouterState
 from router.app import create_app, start_site
-from router.handlers import STATE_KEY
-from router.state import RouterState
 from tests.router.fake_nodes import FakeBehaviour, FakeDecode, FakePrefill
 from wire.config import EngineConfig, RouterConfig, SchedulerConfig
 from wire.protocol import ModelFacts

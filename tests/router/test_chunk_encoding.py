@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from router.handlers import JSON_ENCODER, ChunkEncoder
-from router.responses import ChoiceDelta, ResponseContext, chunk_choice, role_choice, usage
+from router.api.handlers import JSON_ENCODER, ChunkEncoder
+from router.api.responses import ResponseContext, chunk_choice, role_choice, usage
+from router.generation.output import ChoiceDelta
 from wire.outputs import TokenLogprobs
 
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from router.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from router.generation.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 
 TEXT = "The café 🙂 sat on the mat, ok. Numbers 42 and ünïcödé."
 

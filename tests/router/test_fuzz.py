@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.chat import CHAT_FIELDS, MESSAGE_KEYS
-from router.openai_api import COMPLETION_FIELDS, SAMPLING_FIELDS, STREAM_OPTIONS
+from router.api.chat import CHAT_FIELDS, MESSAGE_KEYS
+from router.api.openai_api import COMPLETION_FIELDS, SAMPLING_FIELDS, STREAM_OPTIONS
 from tests.router.harness import NO_CLIENT_TIMEOUT, get
 
 # NOTE: no time limit on an example (deadline=None, and no client timeout in send): an example that is slow on

@@ -45,7 +45,7 @@ def test_without_an_instance_change_the_silent_request_waits(tiny_model_dir, wor
 
 def test_a_request_for_a_role_whose_every_node_is_down_ends_with_a_503_not_silence(tiny_model_dir, word_token_ids,
                                                                                   monkeypatch):
-    monkeypatch.setattr("router.pipeline.UNREACHABLE_AFTER_S", 1.0)
+    monkeypatch.setattr("router.generation.pipeline.UNREACHABLE_AFTER_S", 1.0)
     with RouterHarness(tiny_model_dir, word_token_ids, num_decode=1, request_timeout_s=120) as router:
         router.wait_until_healthy()
         router.call(router.decode_nodes[0].close)  # NOTE: the only decode node is gone (and not coming back)

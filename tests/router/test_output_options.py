@@ -3,7 +3,7 @@ return_tokens_as_token_ids; none changes the tokens."""
 
 import pytest
 
-from router.detokenizer import IncrementalDetokenizer
+from router.generation.detokenizer import IncrementalDetokenizer
 from tests.router.test_errors import VALID, completions
 
 pytestmark = pytest.mark.timeout(30)

@@ -59,8 +59,8 @@ def test_a_silent_decode_node_times_out_with_504_and_is_aborted(tiny_model_dir, 
 
 
 def test_a_missing_node_makes_health_503_and_requests_503(tiny_model_dir, word_token_ids, monkeypatch):
-    monkeypatch.setattr("router.nodes.PING_INTERVAL_S", 0.1)
-    monkeypatch.setattr("router.nodes.HEALTHY_WITHIN_S", 0.5)
+    monkeypatch.setattr("router.nodes.pool.PING_INTERVAL_S", 0.1)
+    monkeypatch.setattr("router.nodes.client.HEALTHY_WITHIN_S", 0.5)
     with RouterHarness(tiny_model_dir, word_token_ids, request_timeout_s=0.3) as router:
         router.wait_until_healthy()
         router.call(router.decode_nodes[0].close)

@@ -5,8 +5,9 @@ import asyncio
 import pytest
 import zmq.asyncio
 
-from router.nodes import NodePool, least_loaded
-from router.pipeline import GenerationError, generate
+from router.generation.pipeline import GenerationError, generate
+from router.nodes.choice import least_loaded
+from router.nodes.pool import NodePool
 from tests.router.fake_nodes import FakeBehaviour, FakeDecode, FakePrefill, expected_token_ids
 from wire.config import RouterConfig
 from wire.protocol import DecodeRequest, ModelFacts, PrefillRequest
@@ -81,6 +82,25 @@ def test_an_error_reply_becomes_a_generation_error_with_its_status(word_token_id
     assert error.status == 400 and "prompt too long" in error.message
 
 
+def test_the_node_choice_is_given_the_prompt_its_samples_and_its_id(word_token_ids):
+    """What a policy routing on the prompt would need: generate() hands each choice the request's id, prompt token
+    ids and n."""
+    from tests.router.test_choose_path import RecordingPolicy
+
+    params = SamplingParams(max_tokens=3, n=2)
+
+    async def body(pool, prefills, decodes):
+        pool.policy = RecordingPolicy()
+        async for _ in generate(pool, "seen", [5, 6, 7], params, 1):
+            pass
+        return pool.policy.asked
+
+    asked = asyncio.run(with_cluster(word_token_ids, body))
+    assert [role for role, _ in asked] == ["colocated", "prefill", "decode"]
+    assert {(request.request_id, tuple(request.prompt_token_ids), request.n) for _, request in asked} == {
+        ("seen", (5, 6, 7), 2)}
+
+
 def test_least_loaded_prefers_less_work_then_the_lowest_index():
     async def body():
         pool = NodePool(RouterConfig(model="unused", prefill_addresses=("tcp://127.0.0.1:9",) * 3,
@@ -101,8 +121,8 @@ def test_least_loaded_prefers_less_work_then_the_lowest_index():
 def test_a_samples_queued_events_merge_into_one_and_nothing_else_does():
     """When the consumer fell behind, a sample's TokenEvents queued behind the first become one (one delta, one
     chunk); another sample's event, a finished sample and a logprobs mismatch stop the merge."""
-    from router.nodes import ReplyQueue
-    from router.pipeline import take_queued_tokens
+    from router.generation.pipeline import take_queued_tokens
+    from router.nodes.client import ReplyQueue
     from wire.outputs import TokenLogprobs
     from wire.protocol import TokenEvent
 
@@ -133,7 +153,7 @@ def test_a_wait_ends_with_silent_at_its_deadline_or_on_an_unhealthy_node_and_a_s
     """The node's watchdog (one per node, not a timer per wait) ends a wait past its timeout, or one on a node
     that stopped answering, with SILENT; a SILENT that queued behind the reply that ended its wait is dropped.
     Inverse: a healthy node's wait inside its timeout is left alone."""
-    from router.nodes import SILENT, UNHEALTHY_WAIT_S, ReplyQueue
+    from router.nodes.client import SILENT, UNHEALTHY_WAIT_S, ReplyQueue
     from wire.protocol import TokenEvent
 
     async def scenario():
@@ -168,7 +188,7 @@ def test_a_silent_node_fails_the_request_within_a_watch_interval_of_its_timeout(
     much later."""
     import time
 
-    from router.nodes import WATCH_INTERVAL_S
+    from router.nodes.client import WATCH_INTERVAL_S
 
     async def body(pool, prefills, decodes):
         await pool.wait_until_healthy(5)

@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from router.__main__ import parse_config
+from router.api.errors import RequestError
+from router.api.offload import Offload
 from router.app import LINGER_S
-from router.errors import RequestError
-from router.offload import Offload
 from tests.router.harness import RouterHarness, get, http_request, post
 from tests.router.test_errors import VALID, assert_error
 from wire.protocol import DecodeRequest, PrefillRequest
@@ -295,7 +295,7 @@ def test_a_dead_parser_process_is_a_503_and_the_next_large_body_gets_a_fresh_one
 ROUTER_STAND_IN = """
 import asyncio, sys
 from wire.tokenizer import load_tokenizer
-from router.offload import Offload
+from router.api.offload import Offload
 from tests.router.test_security import worker_pid
 
 async def main():

@@ -6,12 +6,12 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from router.detokenizer import IncrementalDetokenizer
+from router.generation.detokenizer import IncrementalDetokenizer
+from router.generation.output import ChoiceDelta, OutputOptions
+from router.generation.pipeline import generate
 from router.metrics import RouterMetrics
-from router.nodes import NodePool, Placement
-from router.openai_api import OutputOptions
-from router.pipeline import generate
-from router.responses import ChoiceDelta
+from router.nodes.choice import Placement
+from router.nodes.pool import NodePool
 from wire.protocol import TokenEvent
 from wire.sampling_params import SamplingParams
 from wire.tokenizer import Tokenizer

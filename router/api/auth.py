@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from router.errors import RequestError
+from router.api.errors import RequestError
 from wire.auth import is_authorized
 
 OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})

@@ -16,7 +16,7 @@ class RequestError(Exception):
         self.headers = headers or {}
 
     def __reduce__(self):
-        # NOTE: an exception pickles as its class and args alone; parsing in a worker process (router/offload.py)
+        # NOTE: an exception pickles as its class and args alone; parsing in a worker process (router/api/offload.py)
         # sends it back with every field.
         return RequestError, (self.status, self.message, self.param, self.headers)
 

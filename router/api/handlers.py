@@ -12,11 +12,9 @@ from collections.abc import AsyncIterator, Callable
 import msgspec
 from aiohttp import web
 
-from router.errors import RequestError, bad_request, error_body
-from router.nodes import Placement, UnknownNode
-from router.openai_api import GenerationRequest, Kind, bind_seed, parse_body
-from router.pipeline import GenerationError
-from router.responses import (
+from router.api.errors import RequestError, bad_request, error_body
+from router.api.openai_api import GenerationRequest, Kind, bind_seed, parse_body
+from router.api.responses import (
     ChoiceDelta,
     ChoiceTotal,
     ResponseContext,
@@ -26,8 +24,10 @@ from router.responses import (
     usage,
     usage_chunk,
 )
-from router.state import RouterState
-from router.streams import merge, prompt_deltas
+from router.api.state import RouterState
+from router.generation.deltas import merge, prompt_deltas
+from router.generation.pipeline import GenerationError
+from router.nodes.choice import Placement, UnknownNode
 from wire.seeding import seed_from_request_id
 
 logger = logging.getLogger(__name__)
@@ -104,18 +104,18 @@ def read_placement(request: web.Request, state: RouterState) -> Placement:
     if not state.config.enable_node_pinning:
         raise bad_request(f"{' and '.join(given)}: node pinning is off (start the router with "
                           "--enable-node-pinning)")
-    for header, choose in zip(PIN_HEADERS, (state.pool.choose_prefill, state.pool.choose_decode), strict=True):
+    for header, find_pinned in zip(PIN_HEADERS, (state.pool.pinned_prefill, state.pool.pinned_decode), strict=True):
         if pins[header] is not None:
-            check_pin(header, pins[header], choose)
+            check_pin(header, pins[header], find_pinned)
     return Placement(*pins.values())
 
 
-def check_pin(header: str, pin: str, choose: Callable[[str], object]) -> None:
-    """A 400 unless the pool has the pinned node (choose: the pool's choose_prefill or choose_decode)."""
+def check_pin(header: str, pin: str, find_pinned: Callable[[str], object]) -> None:
+    """A 400 unless the pool has the pinned node (find_pinned: the pool's pinned_prefill or pinned_decode)."""
     if not pin:  # NOTE: to the pool an empty pin means "not pinned"
         raise bad_request(f"{header} is empty: name a node (its id or address)")
     try:
-        choose(pin)
+        find_pinned(pin)
     except UnknownNode as error:
         raise bad_request(f"{header}: {error}") from None
 

@@ -7,10 +7,10 @@ import json
 
 from aiohttp import web
 
-from router.chat import render_chat
-from router.errors import RequestError, bad_request
-from router.fields import TEXT, bool_field, decode_json, is_int_list, is_text, read_field
-from router.handlers import STATE_KEY, read_body
+from router.api.chat import render_chat
+from router.api.errors import RequestError, bad_request
+from router.api.fields import TEXT, bool_field, decode_json, is_int_list, is_text, read_field
+from router.api.handlers import STATE_KEY, read_body
 from wire.tokenizer import Tokenizer
 
 
@@ -39,7 +39,7 @@ async def detokenize(request: web.Request) -> web.Response:
 
 
 def tokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, max_model_len: int) -> bytes:
-    """The answer's JSON, made off the event loop (router/offload.py): a long prompt's token list is large."""
+    """The answer's JSON, made off the event loop (router/api/offload.py): a long prompt's token list is large."""
     fields = model_fields(body, served_model_name)
     if "messages" in fields:
         text = render_chat(fields["messages"], tokenizer)

@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
-from router.errors import RequestError
+from router.api.errors import RequestError
 from wire.tokenizer import Tokenizer, load_tokenizer
 
 T = TypeVar("T")

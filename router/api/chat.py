@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import jinja2
 
-from router.errors import bad_request
-from router.fields import TEXT, is_text
+from router.api.errors import bad_request
+from router.api.fields import TEXT, is_text
 from wire.tokenizer import Tokenizer
 
 CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs", "response_format", "tool_choice",

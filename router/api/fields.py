@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from router.errors import bad_request
+from router.api.errors import bad_request
 
 MISSING = object()
 MAX_NAMED_FIELDS = 20

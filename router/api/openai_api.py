@@ -9,9 +9,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from router.chat import CHAT_FIELDS, render_chat
-from router.errors import RequestError, bad_request
-from router.fields import (
+from router.api.chat import CHAT_FIELDS, render_chat
+from router.api.errors import RequestError, bad_request
+from router.api.fields import (
     TEXT,
     bool_field,
     decode_json,
@@ -25,6 +25,7 @@ from router.fields import (
     read_field,
     unknown_fields,
 )
+from router.generation.output import OutputOptions
 from wire.sampling_params import MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, SamplingParams
 from wire.seeding import SEED_BOUND
 from wire.tokenizer import Tokenizer
@@ -57,22 +58,6 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
-class OutputOptions:
-    """How the output is written back (vLLM's fields); none of it changes the tokens."""
-
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-    return_tokens_as_token_ids: bool = False
-    """Logprob entries name tokens as "token_id:<id>" (text that cannot be mistaken for another token)."""
-    echo: bool = False
-    """Completions: the prompt before the completion, in the text and (with logprobs) in the logprobs."""
-    prompt_logprobs: int | None = None
-    """vLLM's prompt_logprobs field: each prompt token's logprob and this many alternatives, in the choice."""
-    drop_generated: bool = False
-    """max_tokens 0 with echo (lm-eval's loglikelihood request): the prompt alone comes back."""
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
     kind: Kind
     prompts: tuple[tuple[int, ...], ...]
@@ -91,7 +76,7 @@ class GenerationRequest:
 
 
 def parse_body(tokenizer: Tokenizer, body: bytes, kind: Kind, model: ModelInfo) -> GenerationRequest:
-    """The request in a raw body; router/offload.py runs this off the event loop (the tokenizer comes first)."""
+    """The request in a raw body; router/api/offload.py runs this off the event loop (the tokenizer comes first)."""
     parse = parse_completion_request if kind == "completion" else parse_chat_request
     return parse(decode_json(body), model, tokenizer)
 

@@ -1,20 +1,11 @@
-"""Connections to prefill, decode and colocated nodes: one zmq DEALER per node, replies demultiplexed by request id.
-
-Instance choice is least outstanding work (prefill: prompt tokens not yet answered; decode and colocated: samples
-not yet finished), ties to the lowest index. Nodes that answered a recent ping are preferred over silent ones;
-draining nodes get no new requests. A request goes to the least loaded colocated node unless a decode node has
-less outstanding work (choose_path).
-
-Membership changes at run time (router/admin.py): a node is added, drained (no new requests; what it holds
-finishes), and removed once drained.
+"""One node's connection: a zmq DEALER, a receive loop routing each reply to its request's queue (ReplyQueue), a
+watchdog ending silent waits, and the node's health (from its connection and its latest Pong).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -24,16 +15,12 @@ import zmq
 import zmq.asyncio
 import zmq.utils.monitor
 
-from wire.config import Role, RouterConfig
+from wire.config import Role
 from wire.node_auth import ClusterKey
-from wire.protocol import ErrorReply, ModelFacts, Ping, Pong, ProtocolError, StepTokens, decode, encode
+from wire.protocol import ErrorReply, Pong, ProtocolError, StepTokens, decode, encode
 
 logger = logging.getLogger(__name__)
 
-PING_INTERVAL_S = 1.0
-FIRST_PING_INTERVAL_S = 0.1
-"""Until every node has answered once (connections come up asynchronously), ping faster: /health turns 200
-within a fraction of a second of the nodes being up."""
 HEALTHY_WITHIN_S = 3.0
 """A node is healthy when it is connected and its latest Pong is at most this old (three missed pings make a busy
 or hung node unhealthy; a dead one is known at once, by its connection)."""
@@ -263,195 +250,3 @@ class NodeClient:
             logger.debug("no request waits for %s from %s", type(message).__name__, self.address)
             return
         queue.put_nowait(message)
-
-
-class NodePool:
-    """Every node of the cluster, their ping loop and the instance choice."""
-
-    def __init__(self, config: RouterConfig):
-        self.request_timeout_s = config.request_timeout_s
-        self._context = zmq.asyncio.Context()
-        self.key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
-        self.by_role: dict[Role, list[NodeClient]] = {
-            role: [NodeClient(self._context, role, index, address, self.key) for index, address in enumerate(addresses)]
-            for role, addresses in (("prefill", config.prefill_addresses), ("decode", config.decode_addresses),
-                                    ("colocated", config.colocated_addresses))}
-        self._ping_task: asyncio.Task | None = None
-        self._nonces = itertools.count()
-
-    @property
-    def prefill_nodes(self) -> list[NodeClient]:
-        return self.by_role["prefill"]
-
-    @property
-    def decode_nodes(self) -> list[NodeClient]:
-        return self.by_role["decode"]
-
-    @property
-    def colocated_nodes(self) -> list[NodeClient]:
-        return self.by_role["colocated"]
-
-    @property
-    def nodes(self) -> list[NodeClient]:
-        return [*self.prefill_nodes, *self.decode_nodes, *self.colocated_nodes]
-
-    async def start(self) -> None:
-        for node in self.nodes:
-            node.start()
-        self._ping_task = asyncio.create_task(self._ping_loop(), name="ping nodes")
-
-    async def close(self) -> None:
-        if self._ping_task is not None:
-            self._ping_task.cancel()
-            await asyncio.gather(self._ping_task, return_exceptions=True)
-        await asyncio.gather(*(node.close() for node in self.nodes))
-        self._context.term()
-
-    def add(self, role: Role, address: str) -> NodeClient:
-        """A new node of the pool (call from the event loop); it takes requests once it answers a ping."""
-        nodes = self.by_role[role]
-        if any(node.address == address for node in self.nodes):
-            raise ValueError(f"{address} is already a node of this pool")
-        node = NodeClient(self._context, role, max((n.index for n in nodes), default=-1) + 1, address, self.key)
-        node.start()
-        nodes.append(node)
-        return node
-
-    def find(self, address: str) -> NodeClient:
-        for node in self.nodes:
-            if node.address == address:
-                return node
-        raise UnknownNode(f"no node at {address!r}")
-
-    async def remove(self, address: str) -> None:
-        """Drop a drained node; ValueError if it still holds work or is the last of its role."""
-        node = self.find(address)
-        nodes = self.by_role[node.role]
-        if not node.is_drained():
-            raise ValueError(f"{address} is not drained yet: drain it and wait until it holds nothing")
-        nodes.remove(node)
-        await node.close()
-
-    def choose_prefill(self, pinned: str | None = None) -> NodeClient:
-        return pick(self.prefill_nodes, pinned) if pinned else least_loaded(self.prefill_nodes)
-
-    def choose_decode(self, pinned: str | None = None) -> NodeClient:
-        """A decode node, or (pinned only) a colocated one."""
-        if pinned:
-            return pick(self.decode_nodes + self.colocated_nodes, pinned)
-        return least_loaded(self.decode_nodes)
-
-    def choose_colocated(self, placement: Placement) -> NodeClient | None:
-        """The colocated node a request goes to, or None for the prefill -> decode path: the least loaded
-        colocated node unless a decode node has less outstanding work (or the request is pinned to P/D nodes)."""
-        if placement.prefill or placement.decode:
-            pinned = self.choose_decode(placement.decode) if placement.decode else None
-            return pinned if pinned is not None and pinned.role == "colocated" else None
-        colocated = [node for node in self.colocated_nodes if not node.draining]
-        decode = [node for node in self.decode_nodes if not node.draining]
-        disaggregated = bool(decode) and any(not node.draining for node in self.prefill_nodes)
-        if disaggregated:
-            # NOTE: a lost colocated node's retry goes to the P/D path rather than back to it
-            colocated = [node for node in colocated if node.healthy]
-        if not colocated:
-            if disaggregated or not self.colocated_nodes:
-                return None
-            least_loaded(self.colocated_nodes)  # NOTE: raises NoNodeAvailable: every colocated node is draining
-        best = least_loaded(colocated)
-        if disaggregated and least_loaded(decode).outstanding_work < best.outstanding_work:
-            return None
-        return best
-
-    def statuses(self) -> list[NodeStatus]:
-        now = time.monotonic()
-        return [node.status(now) for node in self.nodes]
-
-    def model_facts(self) -> ModelFacts | None:
-        """What the nodes report of the model (None before any answered); PoolMismatch if they disagree."""
-        pongs = [status.pong for status in self.statuses() if status.pong is not None]
-        return agreed_model_facts(pongs) if pongs else None
-
-    async def learned_model_facts(self, timeout_s: float) -> ModelFacts | None:
-        """model_facts() once a node has answered (None if none did within timeout_s).
-
-        NOTE: not once every node has: a node that never comes up must not delay every request."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._until_one_answered(), timeout_s)
-        return self.model_facts()
-
-    async def _until_one_answered(self) -> None:
-        while all(node.status().pong is None for node in self.nodes):
-            await asyncio.sleep(0.02)
-
-    def node_fingerprints(self) -> set[str]:
-        return {status.pong.fingerprint for status in self.statuses() if status.pong is not None}
-
-    async def wait_until_healthy(self, timeout_s: float) -> None:
-        """For direct (non-HTTP) users: wait for every node's first Pong."""
-        await asyncio.wait_for(self._until_all_healthy(), timeout_s)
-
-    async def _until_all_healthy(self) -> None:
-        while not all(node.healthy for node in self.nodes):
-            await asyncio.sleep(0.05)
-
-    async def _ping_loop(self) -> None:
-        while True:
-            nonce = next(self._nonces)
-            for node in self.nodes:
-                node.post(Ping(nonce))
-            all_answered = all(node.status().pong is not None for node in self.nodes)
-            await asyncio.sleep(PING_INTERVAL_S if all_answered else FIRST_PING_INTERVAL_S)
-
-
-class PoolMismatch(ValueError):
-    """The pool's nodes disagree on a model fact or their fingerprint: no request can be served consistently."""
-
-
-def agreed_model_facts(pongs: list[Pong]) -> ModelFacts:
-    """The facts (and fingerprint) every node reports; PoolMismatch names the first field two disagree on."""
-    first = pongs[0]
-    for pong in pongs[1:]:
-        for name in (f.name for f in dataclasses.fields(ModelFacts)):
-            ours, theirs = getattr(first.model_facts, name), getattr(pong.model_facts, name)
-            if ours != theirs:
-                raise PoolMismatch(f"the nodes disagree on {name}: {first.node_id} has {ours}, "
-                                   f"{pong.node_id} has {theirs}")
-        if pong.fingerprint != first.fingerprint:
-            raise PoolMismatch(f"the nodes disagree on fingerprint: {first.node_id} has {first.fingerprint}, "
-                               f"{pong.node_id} has {pong.fingerprint}")
-    return first.model_facts
-
-
-def least_loaded(nodes: list[NodeClient]) -> NodeClient:
-    """Least outstanding work among healthy nodes (all nodes when none is), ties to the lowest index; never a
-    draining node."""
-    open_nodes = [node for node in nodes if not node.draining]
-    if not open_nodes:
-        raise NoNodeAvailable(f"every {nodes[0].role} node is draining" if nodes else "no node of that role")
-    candidates = [node for node in open_nodes if node.healthy] or open_nodes
-    return min(candidates, key=lambda node: (node.outstanding_work, node.index))
-
-
-class NoNodeAvailable(ValueError):
-    """No node of a role may take a new request (all draining): the request gets a 503."""
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Node ids a request is pinned to (X-CoRun-Prefill-Node / X-CoRun-Decode-Node), for tests and debugging."""
-
-    prefill: str | None = None
-    decode: str | None = None
-
-
-class UnknownNode(ValueError):
-    pass
-
-
-def pick(nodes: list[NodeClient], node_id: str) -> NodeClient:
-    """The node whose id (from its Pong) or address is node_id."""
-    for node in nodes:
-        pong = node.status().pong
-        if node_id == node.address or (pong is not None and pong.node_id == node_id):
-            return node
-    raise UnknownNode(f"no {nodes[0].role if nodes else 'such'} node {node_id!r}")

@@ -9,28 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from router.openai_api import Kind, OutputOptions
+from router.api.openai_api import Kind
+from router.generation.output import ChoiceDelta, OutputOptions
 from wire.outputs import TokenLogprobs
 from wire.seeding import sample_seed
 from wire.tokenizer import Tokenizer
 
 LOWEST_LOGPROB = -9999.0
 """JSON has no -inf: as vLLM, impossible tokens get this logprob."""
-
-
-@dataclass(frozen=True)
-class ChoiceDelta:
-    """What one prompt produced since its last delta."""
-
-    index: int
-    text: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprobs, ...] | None
-    finish_reason: str | None
-    stop_reason: str | int | None = None
-    """What stopped it (vLLM's): the stop string, or the stop token id that is not EOS; None otherwise."""
-    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
-    """On a prompt's first delta, when asked for (echo with logprobs, or prompt_logprobs)."""
 
 
 @dataclass

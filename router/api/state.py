@@ -8,11 +8,11 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from router.errors import RequestError
+from router.api.errors import RequestError
+from router.api.offload import Offload
+from router.api.openai_api import ModelInfo
 from router.metrics import RouterMetrics
-from router.nodes import NodePool, PoolMismatch
-from router.offload import Offload
-from router.openai_api import ModelInfo
+from router.nodes.pool import NodePool, PoolMismatch
 from wire.config import RouterConfig
 from wire.tokenizer import Tokenizer
 

@@ -6,7 +6,7 @@
     POST   /admin/nodes/drain  {"address": ADDR}          no new requests; what it holds finishes
     DELETE /admin/nodes        {"address": ADDR}          forget a drained node (409 while it still holds work)
 
-With an API key set (RouterConfig.api_key), every call needs it (router/auth.py).
+With an API key set (RouterConfig.api_key), every call needs it (router/api/auth.py).
 
 Draining loses nothing: requests already on the node finish there, and a prefill node counts as drained only once
 every decode node has read the KV it leased.
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from router.errors import RequestError, bad_request, error_body
-from router.fields import decode_json
-from router.handlers import STATE_KEY, read_body
-from router.nodes import NodeClient, UnknownNode
+from router.api.errors import RequestError, bad_request, error_body
+from router.api.fields import decode_json
+from router.api.handlers import STATE_KEY, read_body
+from router.nodes.choice import UnknownNode
+from router.nodes.client import NodeClient
 
 ROLES = ("prefill", "decode", "colocated")
 MAX_ADMIN_BODY_BYTES = 64 * 2**10

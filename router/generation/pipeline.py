@@ -18,7 +18,9 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from router.nodes import SILENT, NodeClient, NodePool, NoNodeAvailable, Placement, ReplyQueue, UnknownNode
+from router.nodes.choice import NoNodeAvailable, Placement, RoutedRequest, UnknownNode
+from router.nodes.client import SILENT, NodeClient, ReplyQueue
+from router.nodes.pool import NodePool
 from wire.protocol import (
     Abort,
     DecodeRequest,
@@ -114,8 +116,10 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
                         seed: int, placement: Placement,
                         is_done: Callable[[int], bool] = lambda index: False,
                         on_queue_time: Callable[[float], None] = lambda seconds: None) -> AsyncIterator[TokenEvent]:
+    # NOTE: the choice is given the request (its prompt, its samples), so that a policy may route on the prompt
+    routed = RoutedRequest(request_id, prompt_token_ids, params.n, placement)
     try:
-        colocated = pool.choose_colocated(placement)
+        colocated = pool.choose_colocated(routed)
     except (UnknownNode, NoNodeAvailable) as error:
         raise GenerationError(400 if isinstance(error, UnknownNode) else 503, str(error)) from None
     if colocated is not None:
@@ -125,7 +129,7 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
             async for event in events:
                 yield event
         return
-    prefill_node = choose(pool.choose_prefill, placement.prefill)
+    prefill_node = choose(pool.choose_prefill, routed)
     prefill = await run_prefill(prefill_node, PrefillRequest(request_id, prompt_token_ids, params, seed),
                                 params.n, pool.request_timeout_s)
     on_queue_time(prefill.queue_seconds)
@@ -141,7 +145,7 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
         return
     decode_request = DecodeRequest(request_id, prompt_token_ids, params, seed, to_decode, prefill.kv)
     # NOTE: chosen only now, so that the decode work of requests prefilled meanwhile counts in the choice.
-    decode_node = choose(pool.choose_decode, placement.decode)
+    decode_node = choose(pool.choose_decode, routed)
     with_prompt = set() if prompt_logprobs is None else {first.index for first in to_decode}
     decoding = run_decode(decode_node, decode_request, pool.request_timeout_s, is_done)
     async with contextlib.aclosing(decoding) as events:
@@ -153,9 +157,9 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
             yield event
 
 
-def choose(choose_node, pinned: str | None) -> NodeClient:
+def choose(choose_node: Callable[[RoutedRequest], NodeClient], request: RoutedRequest) -> NodeClient:
     try:
-        return choose_node(pinned)
+        return choose_node(request)
     except UnknownNode as error:
         raise GenerationError(400, str(error)) from None
     except NoNodeAvailable as error:
@@ -255,7 +259,7 @@ async def send_within(node: NodeClient, message, timeout_s: float) -> None:
 async def next_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
     """The node's next message for this request; ErrorReply and silence become GenerationError.
 
-    NOTE: a wait ends soon after the node stops answering pings (router/nodes.py, UNHEALTHY_WAIT_S), so a dead
+    NOTE: a wait ends soon after the node stops answering pings (router/nodes/client.py, UNHEALTHY_WAIT_S), so a dead
     node costs a few seconds at most (then a retry elsewhere), not the whole request timeout.
     """
     reply = await replies.next_within(timeout_s)

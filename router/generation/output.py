@@ -1,0 +1,44 @@
+"""What the generation room hands up to its caller: each choice's output since its last delta (ChoiceDelta), and
+the options that shape that output (OutputOptions).
+
+NOTE: a module of its own, with nothing but dataclasses: body parsing (router/api/openai_api.py) builds
+OutputOptions in the parser's worker processes (router/api/offload.py), which so never import the pipeline (nor
+zmq and prometheus_client under it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wire.outputs import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How the output is written back (vLLM's fields); none of it changes the tokens."""
+
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    return_tokens_as_token_ids: bool = False
+    """Logprob entries name tokens as "token_id:<id>" (text that cannot be mistaken for another token)."""
+    echo: bool = False
+    """Completions: the prompt before the completion, in the text and (with logprobs) in the logprobs."""
+    prompt_logprobs: int | None = None
+    """vLLM's prompt_logprobs field: each prompt token's logprob and this many alternatives, in the choice."""
+    drop_generated: bool = False
+    """max_tokens 0 with echo (lm-eval's loglikelihood request): the prompt alone comes back."""
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """What one prompt produced since its last delta."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] | None
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+    """What stopped it (vLLM's): the stop string, or the stop token id that is not EOS; None otherwise."""
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    """On a prompt's first delta, when asked for (echo with logprobs, or prompt_logprobs)."""

@@ -1,0 +1,181 @@
+"""Every node of the cluster: one NodeClient per node (router/nodes/client.py), their ping loop, what they agree
+on of the model, and the instance choice (router/nodes/choice.py).
+
+Membership changes at run time (router/api/admin.py): a node is added, drained (no new requests; what it holds
+finishes), and removed once drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import time
+
+import zmq.asyncio
+
+from router.nodes.choice import DEFAULT_POLICY, ChoicePolicy, RoutedRequest, UnknownNode, pick
+from router.nodes.client import NodeClient, NodeStatus
+from wire.config import Role, RouterConfig
+from wire.node_auth import ClusterKey
+from wire.protocol import ModelFacts, Ping, Pong
+
+PING_INTERVAL_S = 1.0
+FIRST_PING_INTERVAL_S = 0.1
+"""Until every node has answered once (connections come up asynchronously), ping faster: /health turns 200
+within a fraction of a second of the nodes being up."""
+
+
+class NodePool:
+    """Every node of the cluster, their ping loop and the instance choice (policy: a ChoicePolicy)."""
+
+    def __init__(self, config: RouterConfig, policy: ChoicePolicy = DEFAULT_POLICY):
+        self.request_timeout_s = config.request_timeout_s
+        self.policy = policy
+        self._context = zmq.asyncio.Context()
+        self.key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
+        self.by_role: dict[Role, list[NodeClient]] = {
+            role: [NodeClient(self._context, role, index, address, self.key) for index, address in enumerate(addresses)]
+            for role, addresses in (("prefill", config.prefill_addresses), ("decode", config.decode_addresses),
+                                    ("colocated", config.colocated_addresses))}
+        self._ping_task: asyncio.Task | None = None
+        self._nonces = itertools.count()
+
+    @property
+    def prefill_nodes(self) -> list[NodeClient]:
+        return self.by_role["prefill"]
+
+    @property
+    def decode_nodes(self) -> list[NodeClient]:
+        return self.by_role["decode"]
+
+    @property
+    def colocated_nodes(self) -> list[NodeClient]:
+        return self.by_role["colocated"]
+
+    @property
+    def nodes(self) -> list[NodeClient]:
+        return [*self.prefill_nodes, *self.decode_nodes, *self.colocated_nodes]
+
+    async def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        self._ping_task = asyncio.create_task(self._ping_loop(), name="ping nodes")
+
+    async def close(self) -> None:
+        if self._ping_task is not None:
+            self._ping_task.cancel()
+            await asyncio.gather(self._ping_task, return_exceptions=True)
+        await asyncio.gather(*(node.close() for node in self.nodes))
+        self._context.term()
+
+    def add(self, role: Role, address: str) -> NodeClient:
+        """A new node of the pool (call from the event loop); it takes requests once it answers a ping."""
+        nodes = self.by_role[role]
+        if any(node.address == address for node in self.nodes):
+            raise ValueError(f"{address} is already a node of this pool")
+        node = NodeClient(self._context, role, max((n.index for n in nodes), default=-1) + 1, address, self.key)
+        node.start()
+        nodes.append(node)
+        return node
+
+    def find(self, address: str) -> NodeClient:
+        for node in self.nodes:
+            if node.address == address:
+                return node
+        raise UnknownNode(f"no node at {address!r}")
+
+    async def remove(self, address: str) -> None:
+        """Drop a drained node; ValueError if it still holds work or is the last of its role."""
+        node = self.find(address)
+        nodes = self.by_role[node.role]
+        if not node.is_drained():
+            raise ValueError(f"{address} is not drained yet: drain it and wait until it holds nothing")
+        nodes.remove(node)
+        await node.close()
+
+    def choose_prefill(self, request: RoutedRequest) -> NodeClient:
+        pinned = request.placement.prefill
+        return self.pinned_prefill(pinned) if pinned else self.policy.choose_prefill(self.prefill_nodes, request)
+
+    def choose_decode(self, request: RoutedRequest) -> NodeClient:
+        """A decode node, or (pinned only) a colocated one."""
+        pinned = request.placement.decode
+        return self.pinned_decode(pinned) if pinned else self.policy.choose_decode(self.decode_nodes, request)
+
+    def choose_colocated(self, request: RoutedRequest) -> NodeClient | None:
+        """The colocated node a request goes to, or None for the prefill -> decode path: the policy's choice,
+        unless the request is pinned (to a colocated node, or to P/D nodes)."""
+        placement = request.placement
+        if placement.prefill or placement.decode:
+            pinned = self.pinned_decode(placement.decode) if placement.decode else None
+            return pinned if pinned is not None and pinned.role == "colocated" else None
+        return self.policy.choose_colocated(self.prefill_nodes, self.decode_nodes, self.colocated_nodes, request)
+
+    def pinned_prefill(self, node_id: str) -> NodeClient:
+        """The prefill node whose id (from its Pong) or address is node_id; UnknownNode if none."""
+        return pick(self.prefill_nodes, node_id)
+
+    def pinned_decode(self, node_id: str) -> NodeClient:
+        """The decode node, or colocated one, whose id or address is node_id; UnknownNode if none."""
+        return pick(self.decode_nodes + self.colocated_nodes, node_id)
+
+    def statuses(self) -> list[NodeStatus]:
+        now = time.monotonic()
+        return [node.status(now) for node in self.nodes]
+
+    def model_facts(self) -> ModelFacts | None:
+        """What the nodes report of the model (None before any answered); PoolMismatch if they disagree."""
+        pongs = [status.pong for status in self.statuses() if status.pong is not None]
+        return agreed_model_facts(pongs) if pongs else None
+
+    async def learned_model_facts(self, timeout_s: float) -> ModelFacts | None:
+        """model_facts() once a node has answered (None if none did within timeout_s).
+
+        NOTE: not once every node has: a node that never comes up must not delay every request."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._until_one_answered(), timeout_s)
+        return self.model_facts()
+
+    async def _until_one_answered(self) -> None:
+        while all(node.status().pong is None for node in self.nodes):
+            await asyncio.sleep(0.02)
+
+    def node_fingerprints(self) -> set[str]:
+        return {status.pong.fingerprint for status in self.statuses() if status.pong is not None}
+
+    async def wait_until_healthy(self, timeout_s: float) -> None:
+        """For direct (non-HTTP) users: wait for every node's first Pong."""
+        await asyncio.wait_for(self._until_all_healthy(), timeout_s)
+
+    async def _until_all_healthy(self) -> None:
+        while not all(node.healthy for node in self.nodes):
+            await asyncio.sleep(0.05)
+
+    async def _ping_loop(self) -> None:
+        while True:
+            nonce = next(self._nonces)
+            for node in self.nodes:
+                node.post(Ping(nonce))
+            all_answered = all(node.status().pong is not None for node in self.nodes)
+            await asyncio.sleep(PING_INTERVAL_S if all_answered else FIRST_PING_INTERVAL_S)
+
+
+class PoolMismatch(ValueError):
+    """The pool's nodes disagree on a model fact or their fingerprint: no request can be served consistently."""
+
+
+def agreed_model_facts(pongs: list[Pong]) -> ModelFacts:
+    """The facts (and fingerprint) every node reports; PoolMismatch names the first field two disagree on."""
+    first = pongs[0]
+    for pong in pongs[1:]:
+        for name in (f.name for f in dataclasses.fields(ModelFacts)):
+            ours, theirs = getattr(first.model_facts, name), getattr(pong.model_facts, name)
+            if ours != theirs:
+                raise PoolMismatch(f"the nodes disagree on {name}: {first.node_id} has {ours}, "
+                                   f"{pong.node_id} has {theirs}")
+        if pong.fingerprint != first.fingerprint:
+            raise PoolMismatch(f"the nodes disagree on fingerprint: {first.node_id} has {first.fingerprint}, "
+                               f"{pong.node_id} has {pong.fingerprint}")
+    return first.model_facts
