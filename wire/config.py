@@ -437,8 +437,9 @@ class RouterConfig(RouterSettings):
                                                                            metavar="ADDR"))
     """Nodes that prefill and decode a request in one process (colocated_node/), beside or instead of the P/D pools
     (the flag once per node)."""
-    base_seed: int = 0
-    """Seeds of requests that bring none are derived from it and the request id."""
+    base_seed: int = EngineConfig.seed
+    """Seeds of requests that bring none are derived from it and the request id (`corun serve` gives the engine's
+    --base-seed)."""
     cluster_key_file: str | None = None
     """The cluster's CURVE key pair (wire.node_auth), without which nodes that have one refuse the router."""
     reuse_port: bool = False
