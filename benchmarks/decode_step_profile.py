@@ -54,7 +54,7 @@ def main() -> None:
         config = EngineConfig(model=args.model, dtype=args.dtype, device=device, scheduler=SchedulerConfig(
             mode=mode, max_num_seqs=args.max_num_seqs, max_model_len=args.prompt_len + 256,
             prefill_chunk_size=args.prompt_len, max_num_batched_tokens=args.prompt_len * 4),
-            cache=CacheConfig(num_blocks=args.max_num_seqs * (args.prompt_len + 256) // 16 + 64))
+            cache=CacheConfig(num_blocks=args.max_num_seqs * (args.prompt_len + 256) // CacheConfig.block_size + 64))
         engine = LLMEngine(config)
         rng = random.Random(0)
         vocab = engine.runner.model.cfg.vocab_size

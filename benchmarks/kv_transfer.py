@@ -33,7 +33,7 @@ from nixl._api import nixl_agent, nixl_agent_config
 from tests.transfer.nixl_peers import recv_within
 from tests.transfer.scenario import peer_info
 from transfer.agent import KVTransferAgent, apply_ucx_environment
-from wire.config import TransferConfig
+from wire.config import CacheConfig, TransferConfig
 
 NUM_TIMED_READS = 5
 STEP_TIMEOUT_S = 120.0
@@ -46,7 +46,7 @@ class KVShape:
     num_kv_heads: int
     head_dim: int
     dtype: str
-    block_size: int = 16
+    block_size: int = CacheConfig.block_size
 
     def cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         return (num_blocks, self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim)

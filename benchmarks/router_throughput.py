@@ -54,8 +54,9 @@ from benchmarks.cpu_usage import (
 from benchmarks.fake_output import MIN_VOCAB_SIZE
 from benchmarks.report import emit
 from benchmarks.router_load_client import LoadPlan, Schedule, run_worker
-from launch.routers import one_of_several_argv
-from wire.config import METRICS_DIR_ENV
+from launch.cluster import router_argv, router_environment
+from launch.routers import one_of_several
+from wire.config import RouterConfig
 
 DEFAULT_STREAMS = (32, 64, 128, 256, 512, 1024)
 SERVED_MODEL_NAME = "router-throughput"
@@ -199,17 +200,14 @@ def start_router(index: int, num_routers: int, port: int, metrics_dir: str, args
     """Router index of num_routers on port, started as launch/routers.py starts them."""
     # NOTE: admission must never refuse a stream: the benchmark measures streaming, not 429s
     max_pending = 2 * max(args.streams) + 64
-    command = [sys.executable, "-m", "router", "--model", args.model, "--prefill-address", prefill.address,
-               "--decode-address", decode.address, "--port", str(port), "--served-model-name", SERVED_MODEL_NAME,
-               "--max-pending-requests", str(max_pending)]
-    url = own_url = f"http://127.0.0.1:{port}"
-    env = None
-    if num_routers > 1:
-        control_port = free_port()
-        command += one_of_several_argv(index, control_port)
-        env = {**os.environ, METRICS_DIR_ENV: metrics_dir}
-        own_url = f"http://127.0.0.1:{control_port}"
-    process = start_child(command, os.path.join(log_dir, f"router_{index}.log"), env=env)
+    control_port = free_port() if num_routers > 1 else None
+    several = one_of_several(index, control_port, metrics_dir) if control_port else {}
+    router = RouterConfig(model=args.model, prefill_addresses=(prefill.address,), decode_addresses=(decode.address,),
+                          port=port, served_model_name=SERVED_MODEL_NAME, max_pending_requests=max_pending, **several)
+    url = f"http://127.0.0.1:{port}"
+    own_url = url if control_port is None else f"http://127.0.0.1:{control_port}"
+    process = start_child(router_argv(router), os.path.join(log_dir, f"router_{index}.log"),
+                          env=router_environment(router))
     print(f"router {index}: pid {process.pid}, {url}", file=sys.stderr, flush=True)
     return RouterProcess(process, url, own_url)
 

@@ -6,7 +6,9 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
+from wire.config import DType
 from wire.engine_args import add_engine_args, engine_config_from_args
 
 
@@ -14,7 +16,7 @@ def add_make_tiny_model(commands) -> None:
     cmd = commands.add_parser("make-tiny-model", help="write the built-in tiny random-weight Qwen3 (HF format)")
     cmd.add_argument("dir", type=Path)
     cmd.add_argument("--seed", type=int, default=0)
-    cmd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    cmd.add_argument("--dtype", default="float32", choices=get_args(DType))
     cmd.set_defaults(run=run_make_tiny_model)
 
 

@@ -9,14 +9,18 @@ from cli import bench, engine_commands, plan, scale, serve
 from launch.cluster import StartupError
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="corun", description="Deterministic LLM serving (CoRun).")
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (engine_commands.add_make_tiny_model, engine_commands.add_make_random_model,
                 engine_commands.add_generate, bench.add_bench, serve.add_serve, scale.add_scale, plan.add_profile,
                 plan.add_plan):
         add(commands)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError, StartupError) as error:

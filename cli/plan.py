@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from typing import get_args
 
 from planner.perf_profile import PerformanceModel, PerformanceProfile, profile_engine
 from planner.plan import SLO, DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
 from planner.plan_sim import check_plan
+from wire.config import CacheConfig, DType, EngineConfig, SchedulerConfig
 
 
 def add_plan(commands) -> None:
@@ -36,14 +38,19 @@ def add_plan(commands) -> None:
 
 def add_profiling_flags(cmd) -> None:
     """The engine a profile is measured on (and, for `plan --profile`, overrides of the profile's config)."""
-    cmd.add_argument("--max-num-seqs", type=int, default=None, help="N (default: the profile's; 32 to profile)")
-    cmd.add_argument("--max-model-len", type=int, default=None, help="default: the profile's; 1024 to profile")
+    # NOTE: None: the profile's value; profiling takes the engine's defaults (named here, written in wire.config)
+    cmd.add_argument("--max-num-seqs", type=int, default=None,
+                     help=f"N (default: the profile's; {SchedulerConfig.max_num_seqs} to profile)")
+    cmd.add_argument("--max-model-len", type=int, default=None,
+                     help=f"default: the profile's; {SchedulerConfig.max_model_len} to profile")
     cmd.add_argument("--kv-capacity-tokens", type=int, default=None, help="KV tokens per decode instance "
                      "(default: the profile's)")
-    cmd.add_argument("--prefill-chunk-size", type=int, default=None, help="default: the profile's; 512 to profile")
-    cmd.add_argument("--block-size", type=int, default=None)
-    cmd.add_argument("--device", default="cpu", help="profiling: device")
-    cmd.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    cmd.add_argument("--prefill-chunk-size", type=int, default=None,
+                     help=f"default: the profile's; {SchedulerConfig.prefill_chunk_size} to profile")
+    cmd.add_argument("--block-size", type=int, default=None,
+                     help=f"default: the profile's; {CacheConfig.block_size} to profile")
+    cmd.add_argument("--device", default=EngineConfig.device, help="profiling: device")
+    cmd.add_argument("--dtype", default=EngineConfig.dtype, choices=get_args(DType))
     cmd.add_argument("--num-threads", type=int, default=None)
     cmd.add_argument("--profile-lengths", default=None, help="profiling: prompt lengths, e.g. 64,256,1024")
     cmd.add_argument("--profile-contexts", default=None, help="profiling: decode contexts, e.g. 256,1024")
@@ -110,8 +117,6 @@ def decode_config(args, profile: PerformanceProfile) -> DecodeConfig:
 
 
 def measure_profile(args) -> PerformanceProfile:
-    from wire.config import CacheConfig, EngineConfig, SchedulerConfig
-
     block_size = CacheConfig.block_size if args.block_size is None else args.block_size
     num_blocks = None if args.kv_capacity_tokens is None else args.kv_capacity_tokens // block_size + 1
     scheduler = {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len,

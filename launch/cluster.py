@@ -18,14 +18,23 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from corun.models.config import random_weights_spec
-from wire.auth import API_KEY_ENV, check_api_key
-from wire.config import EngineConfig, NodeConfig, Role, RouterConfig, TransferConfig
-from wire.engine_args import engine_args_to_argv, transfer_args_to_argv
+from wire.config import (
+    MIB,
+    EngineConfig,
+    NodeConfig,
+    NodeSettings,
+    Role,
+    RouterConfig,
+    RouterSettings,
+    settings_of,
+)
+from wire.flags import config_argv, config_environment, environment_variables, flag
 from wire.node_auth import ClusterKey
 
 logger = logging.getLogger(__name__)
@@ -37,40 +46,36 @@ class StartupError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ClusterConfig:
-    """P prefill servers, D decode servers, C colocated servers and the routers, whatever starts them."""
+class ClusterConfig(RouterSettings, NodeSettings):
+    """P prefill servers, D decode servers, C colocated servers and the routers, whatever starts them.
+
+    Its RouterSettings (port, api_key, ...: the API key is the control port's too, and the launcher's own calls
+    send it) go to every router, its NodeSettings (kv_lease_seconds, transfer) to every node."""
 
     engine: EngineConfig
-    num_prefill: int = 1
-    num_decode: int = 1
-    num_colocated: int = 0
-    """Nodes that prefill and decode in one process (colocated_node/): beside the P/D pools, or alone (P = D = 0)."""
-    num_routers: int = 1
-    """Router processes on the launching host, all serving `port` (launch/routers.py)."""
-    host: str = "127.0.0.1"
-    """The router's HTTP interface; the local launcher's nodes bind it too."""
-    port: int = 8000
-    """The router's HTTP port."""
-    served_model_name: str = RouterConfig.served_model_name
-    max_pending_requests: int = RouterConfig.max_pending_requests
-    strict_fields: bool = RouterConfig.strict_fields
-    api_key: str | None = field(default=None, repr=False)
-    """The router's (RouterConfig.api_key) and the control port's; the launcher's own calls send it too."""
-    enable_node_pinning: bool = RouterConfig.enable_node_pinning
-    kv_lease_seconds: float = NodeConfig.kv_lease_seconds
-    transfer: TransferConfig = TransferConfig()
-    """Every node's KV transfer settings."""
+    """Every node's engine (--model, --max-num-seqs, ...; launch.node_engine gives each role its KV budget)."""
+    num_prefill: int = field(default=1, metadata=flag("--prefill"))
+    """Prefill servers."""
+    num_decode: int = field(default=1, metadata=flag("--decode"))
+    """Decode servers."""
+    num_colocated: int = field(default=0, metadata=flag("--colocated"))
+    """Nodes that prefill and decode in one process (colocated_node/, the engine's co-run schedule): beside the P/D
+    pools, or alone (P = D = 0: one GPU served by one process, no KV hand-off)."""
+    num_routers: int = field(default=1, metadata=flag("--routers"))
+    """Router processes on the launching host, all serving `port` (launch/routers.py: SO_REUSEPORT, the kernel
+    spreads connections over them), for a front door that one process cannot carry."""
     prefill_gpus: tuple[str, ...] = ()
     """--device cuda, local launcher: the GPU of each prefill node (CUDA_VISIBLE_DEVICES of its process), one per
     node or one for all; several nodes may share a GPU. (): the launching process' default GPU."""
     decode_gpus: tuple[str, ...] = ()
+    """As prefill_gpus, for the decode nodes."""
     colocated_gpus: tuple[str, ...] = ()
+    """As prefill_gpus, for the colocated nodes."""
     prefill_kv_cache_mib: int | None = None
     """KV cache of each prefill node (it holds prompts being prefilled and their leases); None: the engine's."""
     decode_kv_cache_mib: int | None = None
     """KV cache of each decode node and each colocated node (it holds every running request's context); None: the
-    engine's. Nodes that
-    share a GPU split it: weights once per node, plus these."""
+    engine's. Nodes that share a GPU split it: weights once per node, plus these."""
     startup_timeout_s: float = 180.0
     """How long every node may take to answer the router's pings (model load) before start() gives up."""
     drain_timeout_s: float = 600.0
@@ -91,7 +96,9 @@ class ClusterConfig:
             raise ValueError("colocated servers run the corun engine (--engine corun)")
         if self.num_routers < 1:
             raise ValueError(f"num_routers must be >= 1, got {self.num_routers}")
-        check_api_key(self.api_key)
+        # NOTE: each base's own checks, called by name: with two bases no one super() chain reaches both
+        RouterSettings.__post_init__(self)
+        NodeSettings.__post_init__(self)
         if self.startup_timeout_s <= 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
         for role, gpus, count in (("prefill", self.prefill_gpus, self.num_prefill),
@@ -156,7 +163,7 @@ def node_engine(config: ClusterConfig, role: Role, num_threads: int) -> EngineCo
     kv_mib = config.prefill_kv_cache_mib if role == "prefill" else config.decode_kv_cache_mib
     if kv_mib is None:
         return engine
-    return dataclasses.replace(engine, cache=dataclasses.replace(engine.cache, memory_budget_bytes=kv_mib * 2**20))
+    return dataclasses.replace(engine, cache=dataclasses.replace(engine.cache, memory_budget_bytes=kv_mib * MIB))
 
 
 def node_id(role: Role, index: int) -> str:
@@ -172,12 +179,12 @@ def free_port(host: str) -> int:
 
 def node_argv(config: ClusterConfig, engine: EngineConfig, role: Role, index: int, host: str, port: int,
               advertise_host: str | None = None, key_file: Path | None = None) -> list[str]:
-    """`python -m {role}_node ...` with this process' interpreter (on a Ray actor: the one on the node's host)."""
-    argv = [sys.executable, "-m", f"{role}_node", "--node-id", node_id(role, index), "--host", host,
-            "--port", str(port), "--kv-lease-seconds", str(config.kv_lease_seconds), *engine_args_to_argv(engine),
-            *transfer_args_to_argv(config.transfer)]
-    argv += ["--cluster-key-file", str(key_file)] if key_file else []
-    return argv + (["--advertise-host", advertise_host] if advertise_host else [])
+    """`python -m {role}_node ...` with this process' interpreter (on a Ray actor: the one on the node's host): the
+    flags of the node's NodeConfig, the cluster's NodeSettings included."""
+    node = NodeConfig(role=role, node_id=node_id(role, index), engine=engine, host=host, port=port,
+                      advertise_host=advertise_host, cluster_key_file=None if key_file is None else str(key_file),
+                      **settings_of(config, NodeSettings))
+    return [sys.executable, "-m", f"{role}_node", *config_argv(node)]
 
 
 def make_cluster_key(directory: Path | None = None) -> tuple[ClusterKey, Path]:
@@ -188,27 +195,29 @@ def make_cluster_key(directory: Path | None = None) -> tuple[ClusterKey, Path]:
     return key, key.save(directory / "cluster.key")
 
 
-def router_argv(config: ClusterConfig, prefill_addresses: Iterable[str], decode_addresses: Iterable[str],
-                key_file: Path | None = None, colocated_addresses: Iterable[str] = ()) -> list[str]:
-    argv = [sys.executable, "-m", "router", "--model", config.engine.model, "--host", config.host,
-            "--port", str(config.port), "--served-model-name", config.served_model_name,
-            "--max-pending-requests", str(config.max_pending_requests),
-            "--base-seed", str(config.engine.seed)] + (["--strict-fields"] if config.strict_fields else [])
-    argv += ["--enable-node-pinning"] if config.enable_node_pinning else []
-    for address in prefill_addresses:
-        argv += ["--prefill-address", address]
-    for address in decode_addresses:
-        argv += ["--decode-address", address]
-    for address in colocated_addresses:
-        argv += ["--colocated-address", address]
-    return argv + (["--cluster-key-file", str(key_file)] if key_file else [])
+def router_config(config: ClusterConfig, prefill_addresses: Iterable[str], decode_addresses: Iterable[str],
+                  key_file: Path | None = None, colocated_addresses: Iterable[str] = (),
+                  **one_router: Any) -> RouterConfig:
+    """A router of this cluster, serving this pool: the cluster's RouterSettings, its engine's model and base
+    seed; one_router: more RouterConfig fields (one of several routers: launch.routers.one_of_several)."""
+    return RouterConfig(model=config.engine.model, prefill_addresses=tuple(prefill_addresses),
+                        decode_addresses=tuple(decode_addresses), colocated_addresses=tuple(colocated_addresses),
+                        base_seed=config.engine.seed, cluster_key_file=None if key_file is None else str(key_file),
+                        **settings_of(config, RouterSettings), **one_router)
 
 
-def router_environment(config: ClusterConfig) -> dict[str, str]:
-    """The router process' environment: this one's, with the cluster's API key as VLLM_API_KEY (or none), where
-    the router reads it. NOTE: not --api-key: a command line is visible to every user of the host in `ps`."""
-    environment = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
-    return environment if config.api_key is None else {**environment, API_KEY_ENV: config.api_key}
+def router_argv(router: RouterConfig) -> list[str]:
+    """`python -m router ...` with this process' interpreter: the flags of every field of router but those that
+    travel in its environment (router_environment)."""
+    return [sys.executable, "-m", "router", *config_argv(router)]
+
+
+def router_environment(router: RouterConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The router process' environment: environ (this process') with the variables of the router's config set
+    from it, or removed where it has no value: the API key as VLLM_API_KEY (or none), the metrics directory as
+    PROMETHEUS_MULTIPROC_DIR. NOTE: not --api-key: a command line is visible to every user of the host in `ps`."""
+    own = environment_variables(RouterConfig)
+    return {name: value for name, value in environ.items() if name not in own} | config_environment(router)
 
 
 class PoolRefused(ValueError):

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.multiprocess import mark_process_dead
 
@@ -24,7 +25,6 @@ from launch import cluster as launch
 from launch import scaling
 from launch.cluster import ClusterConfig, free_port
 from launch.restarts import RestartPolicy
-from wire.config import METRICS_DIR_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +35,9 @@ Addresses = Callable[[], tuple[list[str], list[str], list[str]]]
 """-> (prefill, decode, colocated) addresses of the nodes in the pool now."""
 
 
-def one_of_several_argv(index: int, control_port: int) -> list[str]:
-    """The flags that make `python -m router` router index of several on one port."""
-    return ["--reuse-port", "--control-port", str(control_port), "--instance-name", f"r{index}"]
+def one_of_several(index: int, control_port: int, metrics_dir: str) -> dict[str, Any]:
+    """The RouterConfig fields that make a router index of several on one port."""
+    return {"reuse_port": True, "control_port": control_port, "instance_name": f"r{index}", "metrics_dir": metrics_dir}
 
 
 class RouterGroup:
@@ -74,13 +74,10 @@ class RouterGroup:
     def _spawn(self, index: int, addresses: Addresses) -> None:
         name = self.names[index]
         prefill, decode, colocated = addresses()
-        argv = launch.router_argv(self.config, prefill, decode, self.key_file, colocated)
-        env = launch.router_environment(self.config)
-        if self.control_ports:
-            argv += one_of_several_argv(index, self.control_ports[index])
-            env = {**env, METRICS_DIR_ENV: str(self.metrics_dir)}
+        several = one_of_several(index, self.control_ports[index], str(self.metrics_dir)) if self.control_ports else {}
+        router = launch.router_config(self.config, prefill, decode, self.key_file, colocated, **several)
         logger.info("starting %s", name)
-        self.processes[name] = subprocess.Popen(argv, env=env)
+        self.processes[name] = subprocess.Popen(launch.router_argv(router), env=launch.router_environment(router))
         self.restarts.started(name)
 
     def restart_dead(self, addresses: Addresses) -> None:

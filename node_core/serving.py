@@ -15,6 +15,7 @@ import zmq
 
 from wire import protocol
 from wire.config import EngineConfig, NodeConfig
+from wire.flags import add_flags, config_from_args
 from wire.node_auth import ClusterKey, admit_only_members
 
 logger = logging.getLogger(__name__)
@@ -155,32 +156,17 @@ def compat_fields(config: EngineConfig, arch, model_digest: str) -> dict:
 
 
 def node_arg_parser(role: str) -> argparse.ArgumentParser:
-    from wire.engine_args import add_engine_args, add_transfer_args
-
+    """`python -m {role}_node`'s flags: one per NodeConfig field (its engine's and its transfer's included)."""
     parser = argparse.ArgumentParser(prog=f"{role}_node", description=f"CoRun {role} server")
-    parser.add_argument("--node-id", required=True, help="unique in the cluster; also the NIXL agent name")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--advertise-host", default=None,
-                        help="host others reach this node at, if not --host (e.g. the host's IP with --host 0.0.0.0)")
-    parser.add_argument("--kv-lease-seconds", type=float, default=NodeConfig.kv_lease_seconds)
-    parser.add_argument("--cluster-key-file", default=None,
-                        help="the cluster's CURVE key pair (the launcher makes it): only its holders get in")
-    add_engine_args(parser)
-    add_transfer_args(parser)
+    add_flags(parser, NodeConfig)
     return parser
 
 
 def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     """Parse flags, build the server, loop step() until SIGTERM/SIGINT."""
-    from wire.engine_args import engine_config_from_args, transfer_config_from_args
-
     args = node_arg_parser(role).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.node_id} %(levelname)s %(message)s")
-    config = NodeConfig(role=role, node_id=args.node_id, engine=engine_config_from_args(args), host=args.host,
-                        port=args.port, advertise_host=args.advertise_host, kv_lease_seconds=args.kv_lease_seconds,
-                        transfer=transfer_config_from_args(args), cluster_key_file=args.cluster_key_file)
-    return serve(role, server_factory, config)
+    return serve(role, server_factory, config_from_args(NodeConfig, args, role=role))
 
 
 def serve(role: str, server_factory, config: NodeConfig) -> int:

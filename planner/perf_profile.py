@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from wire.config import CacheConfig
+
 
 @dataclass(frozen=True)
 class PrefillPoint:
@@ -51,7 +53,7 @@ class PerformanceProfile:
     kv_capacity_tokens: int | None = None
     """KV tokens of one instance of the profiled engine (the planner's default)."""
     max_model_len: int | None = None
-    block_size: int = 16
+    block_size: int = CacheConfig.block_size
     source: str = ""
     """How the points were obtained (engine, device, file names)."""
 

@@ -46,6 +46,7 @@ from planner.capacity_model import (
     ttft_p99,
 )
 from planner.perf_profile import PerformanceModel
+from wire.config import CacheConfig
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class DecodeConfig:
     kv_capacity_tokens: int
     """KV tokens per decode instance (usable blocks * block_size)."""
     max_model_len: int
-    block_size: int = 16
+    block_size: int = CacheConfig.block_size
 
     def __post_init__(self):
         for name in ("max_num_seqs", "kv_capacity_tokens", "max_model_len", "block_size"):

@@ -1,12 +1,17 @@
-"""Engine configuration: one frozen dataclass per concern, validated once when built."""
+"""Engine, node and router configuration: one frozen dataclass per concern, validated once when built.
+
+Every field is also a command-line flag (wire/flags.py): its docstring is the flag's help, its default the flag's,
+and what its type does not say about the flag sits next to it, in its metadata.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
-from wire.auth import check_api_key
+from wire.auth import API_KEY_ENV, check_api_key
+from wire.flags import NOT_A_FLAG, flag, format_switch, parse_switch
 
 DEFAULT_PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
 """`--prefill-buckets default`: fine steps where a prefill is launch-bound, coarser where it is compute-bound;
@@ -16,11 +21,36 @@ AUTO = "auto"
 """A shape setting resolved on the device when the EngineConfig is built (resolve_shape_defaults): the values that
 measured fastest there, so a user without tuning flags gets the benchmarked path."""
 
+MIB = 2**20
+
+LOCAL_HOST = "127.0.0.1"
+"""Where a server listens unless told otherwise: this host alone."""
+
 Mode = Literal["corun", "standard", "batch_invariant"]
 Sizes = tuple[int, ...] | Literal["auto"]
 DType = Literal["float32", "bfloat16", "float16"]
 Role = Literal["prefill", "decode", "colocated"]
 Backend = Literal["corun", "vllm"]
+
+
+def parse_sizes(text: str) -> tuple[int, ...] | str:
+    """A Sizes flag: comma-separated sizes, 'none' (no sizes) or 'auto'."""
+    if text in ("none", AUTO):
+        return () if text == "none" else AUTO
+    try:
+        # NOTE: '/' too, for mode specs inside comma-separated lists (corun bench --modes)
+        return tuple(int(size) for size in text.replace("/", ",").split(","))
+    except ValueError:
+        raise ValueError(f"expected comma-separated sizes (or 'none'), got {text!r}") from None
+
+
+def parse_buckets(text: str) -> tuple[int, ...]:
+    """As parse_sizes, and 'default': DEFAULT_PREFILL_BUCKETS."""
+    return DEFAULT_PREFILL_BUCKETS if text == "default" else parse_sizes(text)
+
+
+def format_sizes(sizes: tuple | str) -> str:
+    return sizes if sizes == AUTO else ",".join(map(str, sizes)) or "none"
 
 
 @dataclass(frozen=True)
@@ -37,7 +67,8 @@ class SchedulerConfig:
     """Prompts longer than this are prefilled in chunks of exactly this many tokens (the last one shorter)."""
     max_num_batched_tokens: int = 2048
     """standard mode only: token budget of one mixed prefill+decode step."""
-    prefill_buckets: Sizes = AUTO
+    prefill_buckets: Sizes = field(default=AUTO, metadata=flag(parse=parse_buckets, format=format_sizes,
+                                                               metavar="SIZES|default|none|auto"))
     """corun mode (as are the settings below; other modes ignore them). Isolated prefill: a prompt's first
     chunk of l tokens runs padded to the smallest bucket >= l (padding rows write only the null block and are
     never sampled), so its shape is still a function of the prompt alone; on CUDA each bucket is one captured
@@ -52,7 +83,8 @@ class SchedulerConfig:
     prefill_chunk_size <= T. 0 = isolated prefill (one prompt per forward)."""
     prefill_pack_seqs: int = 16
     """Packed prefill: the most prompts in one forward (S); token 1 of each is sampled on exactly S rows."""
-    decode_step_sizes: Sizes = AUTO
+    decode_step_sizes: Sizes = field(default=AUTO, metadata=flag(parse=parse_sizes, format=format_sizes,
+                                                                 metavar="SIZES|none|auto"))
     """corun: candidate row counts below N for decode steps with few running requests. At start-up each one is
     run against the N-row step on random KV, tokens, contexts and sampling parameters, and kept only if every
     row's logits and sampled outputs are bitwise those of the N-row step (kernels choose their algorithm by
@@ -68,7 +100,8 @@ class SchedulerConfig:
     requests finished at 16 req/s with the eager prefill); 2048 is vLLM's per-step token budget, so a running
     request waits at most about one 2048-token prefill between two of its tokens, and at t = 0 the extra decode
     steps produce tokens rather than waste them."""
-    piecewise_graphs: bool = True
+    piecewise_graphs: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
+                                                               metavar="on|off"))
     """standard and batch_invariant modes on CUDA: mixed prefill+decode steps (and prefill-only steps) of up to 2048
     tokens run as CUDA graphs by token-count bucket, split at attention, which runs eagerly between them (vLLM's
     piecewise scheme), so the baseline's speed depends less on the host CPU's. Larger steps run eagerly (GEMMs
@@ -78,7 +111,7 @@ class SchedulerConfig:
     steps included, with SDPA choosing cuDNN per new shape; that did not recur (benchmarks/results/README.md)."""
 
     def __post_init__(self):
-        if self.mode not in ("corun", "standard", "batch_invariant"):
+        if self.mode not in get_args(Mode):
             raise ValueError(f"mode must be 'corun', 'standard' or 'batch_invariant', got {self.mode!r}")
         for name in ("max_num_seqs", "max_model_len", "prefill_chunk_size", "max_num_batched_tokens",
                      "prefill_pack_seqs"):
@@ -160,8 +193,8 @@ class CacheConfig:
     """Tokens per KV block."""
     num_blocks: int | None = None
     """Number of KV blocks; when None it is derived from memory_budget_bytes."""
-    memory_budget_bytes: int = 512 * 2**20
-    """KV cache memory when num_blocks is not given."""
+    memory_budget_bytes: int = field(default=512 * MIB, metadata=flag("--kv-cache-mib", scale=MIB))
+    """KV cache memory when num_blocks is not given (the flag: in MiB)."""
 
     def __post_init__(self):
         if self.block_size < 1:
@@ -177,30 +210,34 @@ class EngineConfig:
     model: str
     """Directory of an HF-format checkpoint (config.json, *.safetensors, tokenizer.json)."""
     dtype: DType = "float32"
+    """The weights' and the activations' dtype."""
     device: str = "cpu"
-    seed: int = 0
+    """torch device: cpu, cuda, cuda:1, ..."""
+    seed: int = field(default=0, metadata=flag("--base-seed"))
     """Base seed for requests that bring none (their seed is derived from it and the request id)."""
     max_logprobs: int = 20
     """Top-k alternatives computed for every sampled row (a fixed width keeps the sampler shape fixed)."""
-    use_cuda_graph: bool = True
-    """On CUDA, capture the N-row decode step once and replay it."""
+    use_cuda_graph: bool = field(default=True, metadata=flag("--cuda-graph"))
+    """On CUDA, capture the N-row decode step once and replay it (--no-cuda-graph: decode steps run eagerly)."""
     num_threads: int | None = None
     """CPU compute threads (torch.set_num_threads); None keeps torch's default. Results are reproducible for a
     fixed thread count; nodes sharing a small host do better with 1 each than with spinning thread pools."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """How requests are batched into steps (its fields are flags of their own: --mode, --max-num-seqs, ...)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
-    backend: Backend = "corun"
+    """The paged KV cache (--block-size, --num-blocks, --kv-cache-mib)."""
+    backend: Backend = field(default="corun", metadata=flag("--engine"))
     """`--engine`: corun, the project's engine (Qwen3 and Llama dense models); vllm, a vLLM engine under the same
     rules (corun/vllm_backend: any model vLLM runs; needs the venv of scripts/setup_vllm.sh). mode corun or
     standard."""
 
     def __post_init__(self):
-        if self.backend not in ("corun", "vllm"):
+        if self.backend not in get_args(Backend):
             raise ValueError(f"engine backend must be 'corun' or 'vllm', got {self.backend!r}")
         if self.backend == "vllm" and self.scheduler.mode == "batch_invariant":
             raise ValueError("the vllm engine runs mode corun or standard (vLLM's batch-invariant kernels do not "
                              "run on its CPU build)")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.dtype not in get_args(DType):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_logprobs < 0:
             raise ValueError("max_logprobs must be >= 0")
@@ -220,6 +257,8 @@ class EngineConfig:
 
 
 ZcopySetting = Literal["y", "n", "auto"]
+TRANSFER_FLAG_PREFIX = "kv-"
+"""What the flags of a node's TransferConfig start with: --kv-ucx-devices, --kv-allow-slow-reads, ..."""
 
 
 @dataclass(frozen=True)
@@ -247,9 +286,10 @@ class TransferConfig:
     the H200, a direct one 60-127 GB/s idle but 11.5 GB/s with four 8B nodes busy on the same GPU (issue 13's
     topology run: 20 GB/s refused that peer once, and the retry's handshake measured 33 GB/s)."""
     allow_slow_reads: bool = False
+    """Serve even with a VRAM peer whose probe READ is slower than min_vram_read_gbps."""
 
     def __post_init__(self):
-        if self.cuda_ipc_get_zcopy not in ("y", "n", "auto"):
+        if self.cuda_ipc_get_zcopy not in get_args(ZcopySetting):
             raise ValueError(f"cuda_ipc_get_zcopy must be 'y', 'n' or 'auto', got {self.cuda_ipc_get_zcopy!r}")
         if self.progress_thread not in ("auto", "on", "off"):
             raise ValueError(f"progress_thread must be 'auto', 'on' or 'off', got {self.progress_thread!r}")
@@ -273,34 +313,49 @@ class TransferConfig:
         return env | ({"UCX_TLS": ",".join(self.ucx_transports)} if self.ucx_transports else {})
 
 
+@dataclass(frozen=True, kw_only=True)
+class NodeSettings:
+    """What every node of a cluster is given alike: NodeConfig's and ClusterConfig's fields (the launchers hand
+    them on by name, settings_of), so that a node setting is one field here and a flag of both command lines."""
+
+    kv_lease_seconds: float = 60.0
+    """prefill: how long a finished prefill's KV blocks wait to be claimed by a decode node before being freed,
+    and how long a claimed lease waits for its READ to end (a longer wait means a dead or lost claimer)."""
+    transfer: TransferConfig = field(default_factory=TransferConfig, metadata=flag(prefix=TRANSFER_FLAG_PREFIX))
+    """How the node's KV agent moves blocks (its fields' flags: --kv-...)."""
+
+    def __post_init__(self):
+        if self.kv_lease_seconds <= 0:
+            raise ValueError("kv_lease_seconds must be > 0")
+
+
 @dataclass(frozen=True)
-class NodeConfig:
+class NodeConfig(NodeSettings):
     """A prefill or decode server process."""
 
-    role: Role
+    role: Role = field(metadata=NOT_A_FLAG)
+    """prefill, decode or colocated: the program that runs (`python -m prefill_node`) says which."""
     node_id: str
     """Unique in the cluster; also the node's NIXL agent name."""
     engine: EngineConfig
-    host: str = "127.0.0.1"
+    """The node's engine (its fields are the engine's flags: --model, --max-num-seqs, ...)."""
+    host: str = LOCAL_HOST
     """Interface the control socket binds (0.0.0.0: all of them)."""
-    port: int = 0
+    # NOTE: a flag the node process must be given: 0 (bind any free port) suits in-process tests alone, since nobody
+    # could reach a node process at a port it chose itself
+    port: int = field(default=0, metadata=flag(required=True))
     """zmq ROUTER control port (router requests, decode->prefill handshakes and claims)."""
     advertise_host: str | None = None
     """Host the router and the other nodes reach this node at (the host's IP when it binds 0.0.0.0 on one of
     several hosts); None: host."""
-    kv_lease_seconds: float = 60.0
-    """prefill: how long a finished prefill's KV blocks wait to be claimed by a decode node before being freed,
-    and how long a claimed lease waits for its READ to end (a longer wait means a dead or lost claimer)."""
-    transfer: TransferConfig = field(default_factory=TransferConfig)
     cluster_key_file: str | None = None
     """The cluster's CURVE key pair (wire.node_auth): only its holders may talk to this node. None: no
     authentication (in-process tests); the launchers always make one."""
 
     def __post_init__(self):
-        if self.role not in ("prefill", "decode", "colocated"):
+        if self.role not in get_args(Role):
             raise ValueError(f"role must be 'prefill', 'decode' or 'colocated', got {self.role!r}")
-        if self.kv_lease_seconds <= 0:
-            raise ValueError("kv_lease_seconds must be > 0")
+        super().__post_init__()
 
     @property
     def bind_address(self) -> str:
@@ -316,36 +371,34 @@ METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """Where a router process finds RouterConfig.metrics_dir: prometheus_client's own switch to multiprocess mode."""
 
 
-@dataclass(frozen=True)
-class RouterConfig:
-    """The HTTP front door."""
+@dataclass(frozen=True, kw_only=True)
+class RouterSettings:
+    """What an operator sets for every router of a cluster alike: RouterConfig's and ClusterConfig's fields (the
+    launchers hand them on by name, settings_of), so that a router setting is one field here, a flag of both
+    `python -m router` and `corun serve`, and reaches every router process that `corun serve` starts."""
 
-    model: str
-    """Checkpoint directory: the router reads only its tokenizer files (the model's limits come from the nodes)."""
-    prefill_addresses: tuple[str, ...]
-    decode_addresses: tuple[str, ...]
-    colocated_addresses: tuple[str, ...] = ()
-    """Nodes that prefill and decode a request in one process (colocated_node/), beside or instead of the P/D pools."""
     served_model_name: str = "corun-tiny"
-    host: str = "127.0.0.1"
+    """The model name clients send and /v1/models lists."""
+    host: str = LOCAL_HOST
+    """The interface the router's HTTP server binds (`corun serve`: the local launcher's nodes bind it too)."""
     port: int = 8000
+    """The router's HTTP port."""
     max_pending_requests: int = 256
     """Requests in flight (queued or running) beyond this get 429 with Retry-After."""
     request_timeout_s: float = 600.0
-    base_seed: int = 0
-    """Seeds of requests that bring none are derived from it and the request id."""
+    """The longest the router waits for a node to take a request, or for its next reply (a token, the end of a
+    prefill), before the request ends with a 504."""
     strict_fields: bool = False
     """Unknown request fields are a 400; by default they are ignored with a warning (logged, and named in the
     response's X-CoRun-Ignored-Fields header), as vLLM does."""
-    cluster_key_file: str | None = None
-    """The cluster's CURVE key pair (wire.node_auth), without which nodes that have one refuse the router."""
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False, metadata=flag(environment=API_KEY_ENV))
     """Every request but /health, /version and /metrics needs `Authorization: Bearer <api_key>` (else 401);
-    None: no key, as vLLM without --api-key. Out of repr, so that no log line shows it."""
+    None: no key, as vLLM without --api-key. Out of repr, so that no log line shows it, and handed to a router
+    process in VLLM_API_KEY, never on its command line (which `ps` shows)."""
     enable_node_pinning: bool = False
     """Honour the X-CoRun-Prefill-Node / X-CoRun-Decode-Node headers (tests, debugging). A test hook: it lets a
     client aim load at one node, so it is off unless asked for, and a request carrying the headers is a 400."""
-    max_request_bytes: int = 32 * 2**20
+    max_request_bytes: int = 32 * MIB
     """Larger request bodies get a 413. 32 MiB holds the longest prompt a served context can take in any form (1M
     tokens as a token-id list is ~8 MiB, as text ~4 MiB) several times over, and bounds what one request makes
     the router parse (measured: json.loads of 30 MiB of nested junk takes 2 s of CPU)."""
@@ -358,6 +411,37 @@ class RouterConfig:
     body_timeout_s: float = 60.0
     """A request body must have arrived this long after its headers, else 408 and the connection closes
     (a trickled body). 60 s: max_request_bytes at ~0.5 MB/s."""
+
+    def __post_init__(self):
+        if self.max_pending_requests < 1:
+            raise ValueError("max_pending_requests must be >= 1")
+        check_api_key(self.api_key)
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class RouterConfig(RouterSettings):
+    """The HTTP front door: one router process."""
+
+    model: str
+    """Checkpoint directory: the router reads only its tokenizer files (the model's limits come from the nodes)."""
+    prefill_addresses: tuple[str, ...] = field(metadata=flag("--prefill-address", repeat=True, metavar="ADDR"))
+    """Prefill nodes' zmq addresses, e.g. tcp://10.0.0.1:7001 (the flag once per node)."""
+    decode_addresses: tuple[str, ...] = field(metadata=flag("--decode-address", repeat=True, metavar="ADDR"))
+    """Decode nodes' zmq addresses (the flag once per node)."""
+    colocated_addresses: tuple[str, ...] = field(default=(), metadata=flag("--colocated-address", repeat=True,
+                                                                           metavar="ADDR"))
+    """Nodes that prefill and decode a request in one process (colocated_node/), beside or instead of the P/D pools
+    (the flag once per node)."""
+    base_seed: int = EngineConfig.seed
+    """Seeds of requests that bring none are derived from it and the request id (`corun serve` gives the engine's
+    --base-seed)."""
+    cluster_key_file: str | None = None
+    """The cluster's CURVE key pair (wire.node_auth), without which nodes that have one refuse the router."""
     reuse_port: bool = False
     """Listen with SO_REUSEPORT, so that several router processes serve one port (`corun serve --routers K`): the
     kernel spreads new connections over them."""
@@ -367,7 +451,8 @@ class RouterConfig:
     change must reach every router: `corun scale` does that), and its /metrics is every router's, summed
     (prometheus_client's multiprocess mode: PROMETHEUS_MULTIPROC_DIR, which the launcher sets). None: one router,
     every route on the public port."""
-    metrics_dir: str | None = None
+    # NOTE: no flag: prometheus_client reads the variable when it is imported, so the process must have it anyway
+    metrics_dir: str | None = field(default=None, metadata=flag(is_flag=False, environment=METRICS_DIR_ENV))
     """One of several routers: prometheus_client's multiprocess directory, where every router writes its series
     and from which each one's /metrics sums them. The router's process must have it as PROMETHEUS_MULTIPROC_DIR in
     its environment (the library reads that when it is imported; `python -m router` takes it from there)."""
@@ -386,11 +471,10 @@ class RouterConfig:
             raise ValueError("the router needs at least one prefill and one decode address, or a colocated one")
         if bool(self.prefill_addresses) != bool(self.decode_addresses):
             raise ValueError("prefill and decode nodes come in pairs: give both kinds of address, or neither")
-        if self.max_pending_requests < 1:
-            raise ValueError("max_pending_requests must be >= 1")
-        check_api_key(self.api_key)
-        if self.max_request_bytes < 1:
-            raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
-        for name in ("header_timeout_s", "body_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        super().__post_init__()
+
+
+def settings_of(config, settings_class: type) -> dict:
+    """The fields of settings_class (a base of config's class: NodeSettings, RouterSettings) as config holds them:
+    what a launcher hands on from its cluster's config to a node's or a router's."""
+    return {settings.name: getattr(config, settings.name) for settings in dataclasses.fields(settings_class)}
