@@ -100,7 +100,7 @@ class ColocatedServer(NodeServer):
                     for index in range(message.params.n)]
         try:
             check_engine_request(message.request_id, message.prompt_token_ids, params, self.config.engine,
-                                 self.runner.model.cfg.vocab_size)
+                                 self.runner.arch.vocab_size)
             self.check_fits(message.request_id, requests)
         except RequestRejected as error:
             self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, str(error)))

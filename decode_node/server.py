@@ -351,7 +351,7 @@ class DecodeServer(NodeServer):
             return f"request {request_id}: no KV handle matching its {len(message.prompt_token_ids)}-token prompt"
         if not indices or len(set(indices)) != len(indices) or not all(0 <= i < params.n for i in indices):
             return f"request {request_id}: first tokens must name distinct samples in [0, n={params.n})"
-        vocab = self.runner.model.cfg.vocab_size
+        vocab = self.runner.arch.vocab_size
         if any(not 0 <= first.token_id < vocab for first in message.first_tokens):
             return f"request {request_id}: first token ids must be in [0, {vocab})"
         try:

@@ -141,7 +141,7 @@ class PrefillServer(NodeServer):
 
     def check_admissible(self, request: Request) -> None:
         check_request(request.request_id, request.prompt_token_ids, request.params, self.config.engine,
-                      self.runner.model.cfg.vocab_size)
+                      self.runner.arch.vocab_size)
         check_fits_cache(request.request_id, self.block_manager, request.num_prompt_tokens)
 
     def on_handshake(self, identity: bytes, message: protocol.HandshakeRequest) -> None:
