@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from corun.model_runner import SampledToken
 from corun.request import Request
-from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, make_scheduler
+from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, check_samples_fit, make_scheduler
 from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
 from wire import protocol
@@ -100,7 +100,7 @@ class ColocatedServer(NodeServer):
                     for index in range(message.params.n)]
         try:
             check_engine_request(message.request_id, message.prompt_token_ids, params, self.config.engine,
-                                 self.runner.model.cfg.vocab_size)
+                                 self.runner.arch.vocab_size)
             self.check_fits(message.request_id, requests)
         except RequestRejected as error:
             self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, str(error)))
@@ -113,9 +113,7 @@ class ColocatedServer(NodeServer):
         """Each sample fits the model and the cache alone, and all of them the slots (they may run together)."""
         for request in requests:
             self.scheduler.check_fits_ever(request)
-        if len(requests) > self.config.engine.scheduler.max_num_seqs:
-            raise RequestRejected(f"request {request_id}: n = {len(requests)} "
-                                  f"samples, this node runs at most {self.config.engine.scheduler.max_num_seqs}")
+        check_samples_fit(request_id, len(requests), self.config.engine.scheduler.max_num_seqs)
 
     def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
         """Every sample of the request, or only sample message.index."""

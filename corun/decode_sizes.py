@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from corun.kv_cache import PagedKVCache
-from corun.models.decoder import DecoderLM
+from corun.models.config import ModelArchConfig
 from corun.request import Request
 from corun.sampler import Sampler, SamplingBatch
 from wire.config import EngineConfig
@@ -32,7 +32,7 @@ class ProbedRunner(Protocol):
     block_size: int
     max_num_seqs: int
     window_blocks: int
-    model: DecoderLM
+    arch: ModelArchConfig
     sampler: Sampler
     kv_cache: PagedKVCache
 
@@ -62,7 +62,7 @@ def probe_requests(runner: ProbedRunner, num: int, rng: random.Random) -> list[R
     """num requests on distinct blocks (from block 1) filled with random K and V, at random contexts."""
     blocks_per_request = max(1, min(MAX_PROBE_BLOCKS_PER_REQUEST, (runner.kv_cache.num_blocks - 1) // num,
                                     runner.window_blocks))
-    vocab, requests = runner.model.cfg.vocab_size, []
+    vocab, requests = runner.arch.vocab_size, []
     for i in range(num):
         context = rng.randint(1, blocks_per_request * runner.block_size)
         params = SamplingParams(temperature=rng.choice([0.0, 0.7, 1.0]), top_p=rng.choice([1.0, 0.9]),

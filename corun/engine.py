@@ -38,12 +38,12 @@ class LLMEngine:
         self.runner = ModelRunner(config, runs_mixed_steps=config.scheduler.mode != "corun")
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.cache.block_size)
         self.scheduler = make_scheduler(config.scheduler, self.block_manager)
-        self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)
+        self.eos_token_ids = frozenset(self.runner.arch.eos_token_ids)
         self.stats = EngineStats()
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         """Queue a request; raises RequestRejected if it can never run here."""
-        check_engine_request(request_id, prompt_token_ids, params, self.config, self.runner.model.cfg.vocab_size)
+        check_engine_request(request_id, prompt_token_ids, params, self.config, self.runner.arch.vocab_size)
         seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
         request = Request.create(request_id, prompt_token_ids, params, seed, self.eos_token_ids)
         self.scheduler.add(request)

@@ -24,6 +24,7 @@ import torch
 from corun.cuda_graphs import CapturedGraphs
 from corun.decode_sizes import equivalent_decode_sizes
 from corun.kv_cache import PagedKVCache
+from corun.models.config import ModelArchConfig
 from corun.models.loader import DTYPES, load_model
 from corun.piecewise_graphs import PiecewiseForward, piecewise_sizes
 from corun.request import Request
@@ -317,6 +318,11 @@ class ModelRunner:
                                    self.window_blocks, self.kv_splits(num_decode_rows),
                                    chunk_invariant_prefill=self.mode == "batch_invariant", table_rows=self.table_rows,
                                    varlen_prompts=self.varlen_prompt_kernel)
+
+    @property
+    def arch(self) -> ModelArchConfig:
+        """The model's facts (corun.runner_interface.NodeRunner: what a node reads of its model)."""
+        return self.model.cfg
 
     def forward_counts(self) -> dict[str, int]:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,

@@ -107,7 +107,7 @@ class PiecewiseForward:
     @torch.inference_mode()
     def run_piece(self, size: int, piece: int) -> None:
         """Piece `piece` at `size` rows, from the buffers to the buffers."""
-        model, ops, b = self.model, self.model.fused_ops, self.buffers.first(size)
+        model, ops, b = self.model, self.model.ops, self.buffers.first(size)
         meta = AttentionMetadata(b.slot_blocks, b.slot_offsets)  # NOTE: only the fused KV write reads it here
         if piece == 0:
             x, residual, cos, sin = model.embed(b.input_ids, b.positions)

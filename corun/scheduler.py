@@ -16,6 +16,7 @@ running decodes, then running chunked prefills, then newly admitted prompts, all
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from corun.block_manager import BlockManager
@@ -27,35 +28,74 @@ class RequestRejected(ValueError):
     """The request can never run on this engine (too long for the model or the KV cache)."""
 
 
-def check_prompt_logprobs(request_id: str, params, config) -> None:
-    """params.prompt_logprobs asks for at most config.max_logprobs (an EngineConfig's) alternatives."""
-    wanted = params.prompt_logprobs
-    if wanted is not None and wanted > config.max_logprobs:
+def check_request(request_id: str, prompt_token_ids: list[int], params, config, vocab_size: int,
+                  prompt_logprobs_need_corun: bool = False) -> None:
+    """What every server of a request refuses before queueing it (the engines, the prefill, decode and colocated
+    nodes): an empty prompt, token ids outside the vocabulary (the prompt's, stop_token_ids, logit_bias), prompt +
+    max_tokens beyond max_model_len, prompt_logprobs beyond max_logprobs (config: an EngineConfig) and, where the
+    server schedules by mode (prompt_logprobs_need_corun: an engine, not a prefill node, which prefills every prompt
+    alone whatever its mode), prompt_logprobs outside corun mode."""
+    if not prompt_token_ids:
+        raise RequestRejected(f"request {request_id}: the prompt is empty")
+    if any(not 0 <= t < vocab_size for t in prompt_token_ids):
+        raise RequestRejected(f"request {request_id}: prompt token ids must be in [0, {vocab_size})")
+    check_length(request_id, len(prompt_token_ids), params.max_tokens, config.scheduler.max_model_len)
+    if prompt_logprobs_need_corun and params.prompt_logprobs is not None and config.scheduler.mode != "corun":
+        raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode corun (its isolated prefill "
+                              "makes them a function of the prompt alone)")
+    if params.prompt_logprobs is not None and params.prompt_logprobs > config.max_logprobs:
         raise RequestRejected(f"request {request_id}: prompt_logprobs must be <= {config.max_logprobs}")
+    outside = [t for t in (*params.stop_token_ids, *(t for t, _ in params.logit_bias)) if not 0 <= t < vocab_size]
+    if outside:
+        raise RequestRejected(f"request {request_id}: token id {outside[0]} is outside the vocabulary "
+                              f"[0, {vocab_size})")
+
+
+def check_length(request_id: str, num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    if num_prompt_tokens == 0:
+        raise RequestRejected(f"request {request_id}: the prompt is empty")
+    if num_prompt_tokens + max_tokens > max_model_len:
+        raise RequestRejected(f"request {request_id}: prompt ({num_prompt_tokens} tokens) + max_tokens "
+                              f"({max_tokens}) = {num_prompt_tokens + max_tokens} exceeds max_model_len "
+                              f"{max_model_len}")
 
 
 def check_engine_request(request_id: str, prompt_token_ids: list[int], params, config, vocab_size: int) -> None:
-    """What a colocated engine (corun's or the vLLM one) refuses before queueing a request: token ids outside the
-    vocabulary, prompt logprobs outside corun mode or beyond max_logprobs, n > 1 (LLM.generate splits samples)."""
-    if any(not 0 <= t < vocab_size for t in prompt_token_ids):
-        raise RequestRejected(f"request {request_id}: prompt token ids must be in [0, {vocab_size})")
-    if params.prompt_logprobs is not None and config.scheduler.mode != "corun":
-        # NOTE: the prefill node prefills every prompt alone whatever its mode; an engine only in corun's
-        raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode corun (its isolated prefill "
-                              "makes them a function of the prompt alone)")
-    check_prompt_logprobs(request_id, params, config)
-    check_vocab_ids(request_id, params, vocab_size)
+    """check_request for a colocated engine (corun's or the vLLM one), which also runs one sample per request
+    (LLM.generate splits n samples into requests)."""
+    check_request(request_id, prompt_token_ids, params, config, vocab_size, prompt_logprobs_need_corun=True)
     if params.n != 1:
         raise RequestRejected(f"request {request_id}: the engine runs one sample per request (LLM.generate "
                               "splits n samples into requests)")
 
 
-def check_vocab_ids(request_id: str, params, vocab_size: int) -> None:
-    """Token ids in params (stop_token_ids, logit_bias) name tokens of the model."""
-    outside = [t for t in (*params.stop_token_ids, *(t for t, _ in params.logit_bias)) if not 0 <= t < vocab_size]
-    if outside:
-        raise RequestRejected(f"request {request_id}: token id {outside[0]} is outside the vocabulary "
-                              f"[0, {vocab_size})")
+def check_samples_fit(request_id: str, num_samples: int, max_num_seqs: int) -> None:
+    """A request's samples may run together: they must fit the N decode rows."""
+    if num_samples > max_num_seqs:
+        raise RequestRejected(f"request {request_id}: n = {num_samples} samples, this node runs at most "
+                              f"{max_num_seqs} (its max_num_seqs)")
+
+
+def check_fits_cache(request_id: str, block_manager: BlockManager, num_tokens: int, num_samples: int = 1) -> None:
+    """num_samples sequences of num_tokens each fit the KV cache at once (the blocks reserved at admission)."""
+    num_blocks = num_samples * block_manager.blocks_needed(num_tokens)
+    if num_blocks > block_manager.num_usable_blocks:
+        raise RequestRejected(f"request {request_id}: needs {num_blocks} KV blocks, the cache has "
+                              f"{block_manager.num_usable_blocks}")
+
+
+def allocate_all(block_manager: BlockManager, num_tokens: list[int]) -> list[list[int]] | None:
+    """Blocks for every sequence (of num_tokens[i] tokens), or none at all (None) when they do not all fit:
+    a request's samples are admitted together."""
+    allocated = []
+    for count in num_tokens:
+        block_ids = block_manager.allocate(count)
+        if block_ids is None:
+            for held in allocated:
+                block_manager.free(held)
+            return None
+        allocated.append(block_ids)
+    return allocated
 
 
 @dataclass
@@ -87,18 +127,9 @@ class Scheduler:
         self.waiting.append(request)
 
     def check_fits_ever(self, request: Request) -> None:
-        if request.num_prompt_tokens == 0:
-            raise RequestRejected(f"request {request.request_id}: the prompt is empty")
-        if request.max_num_tokens > self.cfg.max_model_len:
-            raise RequestRejected(
-                f"request {request.request_id}: prompt ({request.num_prompt_tokens} tokens) + max_tokens "
-                f"({request.params.max_tokens}) = {request.max_num_tokens} exceeds max_model_len "
-                f"{self.cfg.max_model_len}")
-        num_blocks = self.block_manager.blocks_needed(request.max_num_tokens)
-        if num_blocks > self.block_manager.num_usable_blocks:
-            raise RequestRejected(
-                f"request {request.request_id}: needs {num_blocks} KV blocks, the cache has "
-                f"{self.block_manager.num_usable_blocks}")
+        """The request's whole sequence fits the model and the KV cache."""
+        check_length(request.request_id, request.num_prompt_tokens, request.params.max_tokens, self.cfg.max_model_len)
+        check_fits_cache(request.request_id, self.block_manager, request.max_num_tokens)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -129,10 +160,6 @@ class Scheduler:
         self.running.append(request)
         return request
 
-    def next_chunk(self, request: Request, max_tokens: int) -> PrefillChunk:
-        start = request.num_computed_tokens
-        return PrefillChunk(request, start, min(request.num_prompt_tokens - start, max_tokens))
-
     def schedule(self) -> ScheduledBatch | None:
         raise NotImplementedError
 
@@ -158,35 +185,10 @@ class CoRunScheduler(Scheduler):
         return budget > 0 and self.num_prefilled_since_decode >= budget
 
     def prefill_chunks(self) -> list[PrefillChunk]:
-        if self.cfg.prefill_pack_tokens:
-            return self.pack_chunks()
-        request = self.find_prefill_request()
-        return [] if request is None else [self.next_chunk(request, self.cfg.prefill_chunk_size)]
-
-    def find_prefill_request(self) -> Request | None:
-        """Algorithm 1: a chunked prefill in progress, else an admissible waiting request."""
-        for request in self.running:
-            if request.is_prefilling:
-                return request
-        return self.admit_head()
-
-    def pack_chunks(self) -> list[PrefillChunk]:
-        """The next chunk of every prompt being prefilled, then of newly admitted ones (FIFO), while they fit
-        the pack's rows and sequences; chunks are cut at multiples of prefill_chunk_size whatever else is packed."""
-        rows_left, chunks = self.cfg.prefill_pack_tokens, []
-        for request in (r for r in self.running if r.is_prefilling):
-            chunk = self.next_chunk(request, self.cfg.prefill_chunk_size)
-            if chunk.num_tokens <= rows_left and len(chunks) < self.cfg.prefill_pack_seqs:
-                chunks.append(chunk)
-                rows_left -= chunk.num_tokens
-        while len(chunks) < self.cfg.prefill_pack_seqs and self.waiting and \
-                min(self.waiting[0].num_prompt_tokens, self.cfg.prefill_chunk_size) <= rows_left:
-            request = self.admit_head()
-            if request is None:
-                break
-            chunks.append(self.next_chunk(request, self.cfg.prefill_chunk_size))
-            rows_left -= chunks[-1].num_tokens
-        return chunks
+        """Algorithm 1 (and packed prefill): the chunk in progress, else an admissible waiting request's."""
+        prefilling = [r for r in self.running if r.is_prefilling]
+        return pack_prefill_chunks(self.cfg, prefilling, lambda: self.waiting[0] if self.waiting else None,
+                                   self.admit_head)
 
 
 class StandardScheduler(Scheduler):
@@ -197,12 +199,41 @@ class StandardScheduler(Scheduler):
         chunks = []
         for request in [r for r in self.running if r.is_prefilling]:
             if budget > 0:
-                chunks.append(self.next_chunk(request, budget))
+                chunks.append(next_chunk(request, budget))
                 budget -= chunks[-1].num_tokens
         while budget > 0 and (request := self.admit_head()) is not None:
-            chunks.append(self.next_chunk(request, budget))
+            chunks.append(next_chunk(request, budget))
             budget -= chunks[-1].num_tokens
         return ScheduledBatch(decodes, chunks) if decodes or chunks else None
+
+
+def next_chunk(request: Request, max_tokens: int) -> PrefillChunk:
+    start = request.num_computed_tokens
+    return PrefillChunk(request, start, min(request.num_prompt_tokens - start, max_tokens))
+
+
+def pack_prefill_chunks(cfg: SchedulerConfig, prefilling: list[Request], waiting_head: Callable[[], Request | None],
+                        admit_head: Callable[[], Request | None]) -> list[PrefillChunk]:
+    """The prefill forward of a corun engine and of a prefill node: the next chunk of every prompt being
+    prefilled, then of newly admitted ones (FIFO: waiting_head peeks, admit_head admits or answers None when the
+    head does not fit), while they fit one forward: one chunk alone (isolated), or prefill_pack_tokens rows and
+    prefill_pack_seqs prompts (packed). Chunks are cut at multiples of prefill_chunk_size whatever else is packed,
+    so a prompt's cuts depend on the prompt alone."""
+    rows_left, max_prompts = cfg.prefill_pack_tokens or cfg.prefill_chunk_size, cfg.prefill_seqs_per_forward
+    chunks = []
+    for request in prefilling:
+        chunk = next_chunk(request, cfg.prefill_chunk_size)
+        if len(chunks) < max_prompts and chunk.num_tokens <= rows_left:
+            chunks.append(chunk)
+            rows_left -= chunk.num_tokens
+    while len(chunks) < max_prompts and (head := waiting_head()) is not None and \
+            min(head.num_prompt_tokens, cfg.prefill_chunk_size) <= rows_left:
+        request = admit_head()
+        if request is None:
+            break
+        chunks.append(next_chunk(request, cfg.prefill_chunk_size))
+        rows_left -= chunks[-1].num_tokens
+    return chunks
 
 
 def make_scheduler(cfg: SchedulerConfig, block_manager: BlockManager) -> Scheduler:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from corun.model_runner import SampledToken
 from corun.request import Request
-from corun.scheduler import RequestRejected, check_vocab_ids
+from corun.scheduler import RequestRejected, allocate_all, check_fits_cache, check_request, check_samples_fit
 from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
 from transfer.compat import IncompatiblePeer, check_compatible
@@ -123,14 +123,9 @@ class DecodeServer(NodeServer):
         """FIFO: the head job is admitted when all its samples have a slot and KV for prompt + max_tokens."""
         while self.waiting and self.num_seqs_admitted + len(self.waiting[0].samples) <= self.max_num_seqs:
             job = self.waiting[0]
-            allocated = []
-            for request in job.samples.values():
-                block_ids = self.block_manager.allocate(request.max_num_tokens)
-                if block_ids is None:
-                    for block_ids in allocated:
-                        self.block_manager.free(block_ids)
-                    return
-                allocated.append(block_ids)
+            allocated = allocate_all(self.block_manager, [r.max_num_tokens for r in job.samples.values()])
+            if allocated is None:
+                return
             self.waiting.popleft()
             for request, block_ids in zip(job.samples.values(), allocated, strict=True):
                 request.block_ids = block_ids
@@ -351,25 +346,19 @@ class DecodeServer(NodeServer):
 
     def admission_error(self, message: protocol.DecodeRequest) -> str | None:
         request_id, params = message.request_id, message.params
-        num_tokens = len(message.prompt_token_ids) + params.max_tokens
-        max_model_len = self.config.engine.scheduler.max_model_len
         indices = [first.index for first in message.first_tokens]
         if message.kv is None or message.kv.num_tokens != len(message.prompt_token_ids):
             return f"request {request_id}: no KV handle matching its {len(message.prompt_token_ids)}-token prompt"
         if not indices or len(set(indices)) != len(indices) or not all(0 <= i < params.n for i in indices):
             return f"request {request_id}: first tokens must name distinct samples in [0, n={params.n})"
-        vocab = self.runner.model.cfg.vocab_size
-        tokens = [*message.prompt_token_ids, *(first.token_id for first in message.first_tokens)]
-        if any(not 0 <= t < vocab for t in tokens):
-            return f"request {request_id}: token ids must be in [0, {vocab})"
-        if len(indices) > self.max_num_seqs:
-            return f"request {request_id}: {len(indices)} samples exceed this node's max_num_seqs {self.max_num_seqs}"
-        if num_tokens > max_model_len:
-            return f"request {request_id}: {num_tokens} tokens exceed max_model_len {max_model_len}"
-        if len(indices) * self.block_manager.blocks_needed(num_tokens) > self.block_manager.num_usable_blocks:
-            return f"request {request_id}: its {len(indices)} sample(s) need more KV blocks than this node has"
+        vocab = self.runner.arch.vocab_size
+        if any(not 0 <= first.token_id < vocab for first in message.first_tokens):
+            return f"request {request_id}: first token ids must be in [0, {vocab})"
         try:
-            check_vocab_ids(request_id, params, self.runner.model.cfg.vocab_size)
+            check_request(request_id, message.prompt_token_ids, params, self.config.engine, vocab)
+            check_samples_fit(request_id, len(indices), self.max_num_seqs)
+            check_fits_cache(request_id, self.block_manager, len(message.prompt_token_ids) + params.max_tokens,
+                             len(indices))
         except RequestRejected as error:
             return str(error)
         return None

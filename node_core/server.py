@@ -17,6 +17,7 @@ from corun.block_manager import BlockManager
 from corun.model_runner import ModelRunner
 from corun.models.loader import model_digest
 from corun.request import Request
+from corun.runner_interface import NodeRunner
 from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
 from transfer.agent import KVTransferAgent
 from transfer.compat import KV_LAYOUT, compat_hash, compat_info
@@ -49,7 +50,7 @@ def transfer_for_host(config: NodeConfig) -> TransferConfig:
     return dataclasses.replace(transfer, ucx_devices=("lo",))
 
 
-def make_model_runner(config: EngineConfig, capture_decode_graph: bool):
+def make_model_runner(config: EngineConfig, capture_decode_graph: bool) -> NodeRunner:
     if config.backend == "vllm":
         from corun.vllm_backend.runner import VllmModelRunner  # NOTE: only in scripts/setup_vllm.sh's venv
 
@@ -80,12 +81,12 @@ class NodeServer:
         self.config = config = dataclasses.replace(config, engine=config.engine.resolved())
         self.instance_id = uuid.uuid4().hex
         """This process: a node restarted on the same address gets another one."""
-        self.runner = make_model_runner(config.engine, capture_decode_graph)
+        self.runner: NodeRunner = make_model_runner(config.engine, capture_decode_graph)
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.engine.cache.block_size)
-        self.eos_token_ids = frozenset(self.runner.model.cfg.eos_token_ids)
+        self.eos_token_ids = frozenset(self.runner.arch.eos_token_ids)
         digest = model_digest(config.engine.model)
         self.fingerprint = engine_fingerprint(config.engine, digest)
-        self.compat = compat_info(**compat_fields(config.engine, self.runner.model.cfg, digest),
+        self.compat = compat_info(**compat_fields(config.engine, self.runner.arch, digest),
                                   kv_layout=kv_layout(config.engine))
         self.compat_hash = compat_hash(self.compat)
         self.agent = agent_factory(config.node_id, self.runner.kv_cache.data, transfer_for_host(config))
@@ -95,7 +96,7 @@ class NodeServer:
         """Seconds the loop spent per phase, summed (turns: whole turns, idle waits included): where a node's time
         goes beside its forwards (run: the forward and sampling, as the host waits for them)."""
         self.model_facts = protocol.ModelFacts(config.engine.scheduler.max_model_len,
-                                               self.runner.model.cfg.vocab_size, config.engine.max_logprobs)
+                                               self.runner.arch.vocab_size, config.engine.max_logprobs)
 
     def receive(self, timeout_ms: int) -> None:
         self.sockets.dispatch(self, timeout_ms)

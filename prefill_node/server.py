@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from corun.model_runner import SampledToken
 from corun.request import Request
-from corun.scheduler import PrefillChunk, RequestRejected, check_prompt_logprobs, check_vocab_ids
+from corun.scheduler import PrefillChunk, RequestRejected, check_fits_cache, check_request, pack_prefill_chunks
 from node_core.server import AgentFactory, NodeServer
 from transfer.agent import KVTransferAgent
 from transfer.compat import IncompatiblePeer, check_compatible
@@ -84,27 +84,13 @@ class PrefillServer(NodeServer):
         self.expire_leases()
 
     def schedule(self) -> list[PrefillChunk]:
-        """The next chunk of the prompts being prefilled, then of newly admitted ones (the head of waiting, if
-        its blocks fit), while they fit the forward: one chunk isolated, T rows and S prompts packed."""
-        sched = self.config.engine.scheduler
-        rows_left = sched.prefill_pack_tokens or sched.prefill_chunk_size
-        max_prompts = sched.prefill_seqs_per_forward
-        chunks = []
-        for pending in self.prefilling:
-            chunk = self.next_chunk(pending.request)
-            if len(chunks) < max_prompts and chunk.num_tokens <= rows_left:
-                chunks.append(chunk)
-                rows_left -= chunk.num_tokens
-        while len(chunks) < max_prompts and self.waiting and \
-                min(self.waiting[0].request.num_prompt_tokens, sched.prefill_chunk_size) <= rows_left:
-            pending = self.admit_head()
-            if pending is None:
-                break
-            chunks.append(self.next_chunk(pending.request))
-            rows_left -= chunks[-1].num_tokens
-        return chunks
+        """The engine's prefill forward (corun.scheduler.pack_prefill_chunks): the next chunk of the prompts being
+        prefilled, then of newly admitted ones (the head of waiting, if its prompt's blocks fit)."""
+        return pack_prefill_chunks(self.config.engine.scheduler, [p.request for p in self.prefilling],
+                                   lambda: self.waiting[0].request if self.waiting else None, self.admit_head)
 
-    def admit_head(self) -> PendingPrefill | None:
+    def admit_head(self) -> Request | None:
+        """NOTE: KV for the prompt alone: the decode node reserves the rest of the sequence."""
         block_ids = self.block_manager.allocate(self.waiting[0].request.num_prompt_tokens)
         if block_ids is None:
             return None
@@ -112,12 +98,7 @@ class PrefillServer(NodeServer):
         pending.request.block_ids = block_ids
         pending.queue_seconds = time.monotonic() - pending.arrived
         self.prefilling.append(pending)
-        return pending
-
-    def next_chunk(self, request: Request) -> PrefillChunk:
-        start = request.num_computed_tokens
-        return PrefillChunk(request, start, min(request.num_prompt_tokens - start,
-                                                self.config.engine.scheduler.prefill_chunk_size))
+        return pending.request
 
     def postprocess(self, sampled: list[SampledToken]) -> None:
         """Every prompt whose last chunk ran has token 1 of each sample: lease its KV and answer the router."""
@@ -159,17 +140,9 @@ class PrefillServer(NodeServer):
         self.waiting.append(PendingPrefill(identity, request))
 
     def check_admissible(self, request: Request) -> None:
-        scheduler = self.config.engine.scheduler
-        vocab = self.runner.model.cfg.vocab_size
-        if not request.prompt_token_ids or any(not 0 <= t < vocab for t in request.prompt_token_ids):
-            raise RequestRejected(f"request {request.request_id}: prompt must be non-empty token ids in [0, {vocab})")
-        if request.max_num_tokens > scheduler.max_model_len:
-            raise RequestRejected(f"request {request.request_id}: {request.max_num_tokens} tokens exceed "
-                                  f"max_model_len {scheduler.max_model_len}")
-        check_prompt_logprobs(request.request_id, request.params, self.config.engine)
-        check_vocab_ids(request.request_id, request.params, vocab)
-        if self.block_manager.blocks_needed(request.num_prompt_tokens) > self.block_manager.num_usable_blocks:
-            raise RequestRejected(f"request {request.request_id}: prompt needs more KV blocks than this node has")
+        check_request(request.request_id, request.prompt_token_ids, request.params, self.config.engine,
+                      self.runner.arch.vocab_size)
+        check_fits_cache(request.request_id, self.block_manager, request.num_prompt_tokens)
 
     def on_handshake(self, identity: bytes, message: protocol.HandshakeRequest) -> None:
         try:

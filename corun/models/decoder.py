@@ -3,10 +3,11 @@
 Weights are fused at load time (q/k/v into one projection, gate/up into one) so a step runs few, large GEMMs.
 Every op is token-wise except attention, which is request-local (corun/attention.py).
 
-Two implementations of the glue between the GEMMs, chosen by DecoderLM.fused_ops in each piece: torch ops (CPU,
-and the reference for transformers parity), and on CUDA fused Triton kernels (corun/kernels/fused_ops.py,
-DecoderLM.use_fused_kernels), where the residual add moves into the next norm and q/k norm, RoPE and the KV-cache
-write are one launch.
+The architecture is written once, over an ops object that holds the glue between the GEMMs (DecoderLM.ops): torch
+ops (TorchOps: CPU, and the reference for transformers parity), or on CUDA fused Triton kernels (FusedOps over
+corun/kernels/fused_ops.py, DecoderLM.use_fused_kernels), where q/k norm, RoPE and the KV-cache write are one launch.
+The residual stream travels as (x, residual) and each norm adds the two first, so both give the same sums (addition
+commutes bitwise).
 """
 
 from __future__ import annotations
@@ -48,6 +49,53 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class TorchOps:
+    """The glue in torch ops: the norms are the modules' own (batch_invariant mode swaps their kernel), the KV
+    write is attention()'s."""
+
+    writes_kv = False
+
+    @staticmethod
+    def add_rms_norm(x, residual, norm: RMSNorm):
+        """-> (norm(residual + x), residual + x); residual None: x is the embedding, nothing to add yet."""
+        stream = x if residual is None else residual + x
+        return norm(stream), stream
+
+    @staticmethod
+    def qk_norm_rope(attn: SelfAttention, q, k, v, cos, sin, kv_layer, meta: AttentionMetadata):
+        if attn.q_norm is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    @staticmethod
+    def silu_and_mul(gate_up, intermediate_size: int):
+        gate, up = gate_up.split(intermediate_size, dim=-1)
+        return F.silu(gate) * up
+
+
+class FusedOps:
+    """The glue as fused Triton kernels (corun.kernels.fused_ops): row-wise with a fixed reduction order."""
+
+    writes_kv = True
+    """q/k norm and RoPE write k and v to the cache in the same launch."""
+
+    def __init__(self, kernels):
+        self.kernels = kernels
+
+    def add_rms_norm(self, x, residual, norm: RMSNorm):
+        if residual is None:
+            return self.kernels.rms_norm(x, norm.weight, norm.eps), x
+        return self.kernels.fused_add_rms_norm(x, residual, norm.weight, norm.eps)
+
+    def qk_norm_rope(self, attn: SelfAttention, q, k, v, cos, sin, kv_layer, meta: AttentionMetadata):
+        q_weight, k_weight = (None, None) if attn.q_norm is None else (attn.q_norm.weight, attn.k_norm.weight)
+        return self.kernels.qk_norm_rope_write_kv(q, k, v, q_weight, k_weight, cos, sin, attn.rms_norm_eps,
+                                                  kv_layer[0], kv_layer[1], meta.slot_blocks, meta.slot_offsets)
+
+    def silu_and_mul(self, gate_up, intermediate_size: int):
+        return self.kernels.silu_and_mul(gate_up)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelArchConfig):
         super().__init__()
@@ -62,17 +110,10 @@ class SelfAttention(nn.Module):
         self.rms_norm_eps = cfg.rms_norm_eps
 
     def query_key_value(self, x, cos, sin, kv_layer, meta: AttentionMetadata, ops):
-        """-> q, k, v after q/k norm and RoPE. ops (corun.kernels.fused_ops, or None for torch ops): the fused
-        kernel also writes k and v to the cache, which torch's path leaves to attention()."""
+        """-> q, k, v after q/k norm and RoPE (and k, v in the cache when ops.writes_kv)."""
         q, k, v = self.project_qkv(x)
-        if ops is not None:
-            q_weight, k_weight = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
-            q, k = ops.qk_norm_rope_write_kv(q, k, v, q_weight, k_weight, cos, sin, self.rms_norm_eps, kv_layer[0],
-                                             kv_layer[1], meta.slot_blocks, meta.slot_offsets)
-            return q, k, v
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        q, k = ops.qk_norm_rope(self, q, k, v, cos, sin, kv_layer, meta)
+        return q, k, v
 
     def project_qkv(self, x):
         """x: [tokens, hidden] -> q [tokens, heads, head_dim], k, v [tokens, kv_heads, head_dim] (views)."""
@@ -91,11 +132,8 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, ops=None):
-        if ops is not None:
-            return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x, ops=TorchOps):
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x), self.intermediate_size))
 
 
 class DecoderLayer(nn.Module):
@@ -107,27 +145,15 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg)
 
     def attention_inputs(self, x, residual, cos, sin, kv_layer, meta, ops):
-        """The layer up to attention -> (q, k, v, residual). The stream is (x, residual): torch's path keeps it
-        whole in x (residual None); the fused path leaves the residual add to the next norm, which adds the two
-        (the same sum: addition commutes bitwise). residual None there: x is the embedding, nothing to add yet."""
-        norm = self.input_layernorm
-        if ops is None:
-            hidden = norm(x)
-        elif residual is None:
-            hidden, residual = ops.rms_norm(x, norm.weight, norm.eps), x
-        else:
-            hidden, residual = ops.fused_add_rms_norm(x, residual, norm.weight, norm.eps)
+        """The layer up to attention -> (q, k, v, residual): the stream (x, residual) added up and normed."""
+        hidden, residual = ops.add_rms_norm(x, residual, self.input_layernorm)
         q, k, v = self.self_attn.query_key_value(hidden, cos, sin, kv_layer, meta, ops)
-        return q, k, v, (x if ops is None else residual)
+        return q, k, v, residual
 
     def attention_output(self, attn_out, residual, ops):
         """The layer after attention -> the stream (x, residual) the next layer takes."""
         attn_out = self.self_attn.o_proj(attn_out.reshape(attn_out.shape[0], self.self_attn.q_size))
-        norm = self.post_attention_layernorm
-        if ops is None:
-            x = residual + attn_out
-            return x + self.mlp(norm(x)), None
-        hidden, residual = ops.fused_add_rms_norm(attn_out, residual, norm.weight, norm.eps)
+        hidden, residual = ops.add_rms_norm(attn_out, residual, self.post_attention_layernorm)
         return self.mlp(hidden, ops), residual
 
 
@@ -140,8 +166,8 @@ class DecoderLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tied_matmul = F.linear
-        self.fused_ops = None
-        """corun.kernels.fused_ops when the fused Triton path is on (use_fused_kernels), else None (torch ops)."""
+        self.ops = TorchOps
+        """The glue between the GEMMs: TorchOps, or FusedOps when the fused Triton path is on (use_fused_kernels)."""
         cos, sin = cos_sin_table(cfg, max_positions)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -154,9 +180,8 @@ class DecoderLM(nn.Module):
         (corun/piecewise_graphs.py)."""
         x, residual, cos, sin = self.embed(input_ids, positions)
         for i, kv_layer in enumerate(kv_layers):
-            q, k, v, residual = self.layers[i].attention_inputs(x, residual, cos, sin, kv_layer, meta, self.fused_ops)
-            x, residual = self.layers[i].attention_output(self.attend(i, q, k, v, kv_layer, meta), residual,
-                                                          self.fused_ops)
+            q, k, v, residual = self.layers[i].attention_inputs(x, residual, cos, sin, kv_layer, meta, self.ops)
+            x, residual = self.layers[i].attention_output(self.attend(i, q, k, v, kv_layer, meta), residual, self.ops)
         return self.final_norm(x, residual)
 
     def embed(self, input_ids, positions):
@@ -166,14 +191,10 @@ class DecoderLM(nn.Module):
 
     def attend(self, i: int, q, k, v, kv_layer, meta: AttentionMetadata):
         return attention(q, k, v, kv_layer[0], kv_layer[1], meta, self.layers[i].self_attn.scale,
-                         kv_written=self.fused_ops is not None)
+                         kv_written=self.ops.writes_kv)
 
     def final_norm(self, x, residual):
-        if self.fused_ops is None:
-            return self.norm(x)
-        if residual is None:  # NOTE: no layers: x is still the embedding
-            return self.fused_ops.rms_norm(x, self.norm.weight, self.norm.eps)
-        return self.fused_ops.fused_add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
+        return self.ops.add_rms_norm(x, residual, self.norm)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [rows, hidden] -> [rows, vocab] float32."""
@@ -196,8 +217,13 @@ class DecoderLM(nn.Module):
         order, so they serve every mode; in batch_invariant mode they take over from the RMSNorm kernel swap.
         enabled=False returns to the torch ops."""
         if not enabled:
-            self.fused_ops = None
+            self.ops = TorchOps
             return
         from corun.kernels import fused_ops  # NOTE: Triton only on CUDA hosts (and in tests)
 
-        self.fused_ops = fused_ops
+        self.ops = FusedOps(fused_ops)
+
+    @property
+    def fused_ops(self):
+        """corun.kernels.fused_ops when the fused Triton path is on, else None."""
+        return self.ops.kernels if isinstance(self.ops, FusedOps) else None

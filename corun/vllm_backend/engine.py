@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from corun.request import Request
-from corun.scheduler import RequestRejected, check_engine_request
+from corun.scheduler import check_engine_request
 from corun.vllm_backend.engine_args import eos_token_ids, vllm_engine_kwargs, vllm_environment
 from wire.config import EngineConfig
 from wire.outputs import TokenLogprobs
@@ -89,13 +89,8 @@ class VllmEngine:
         self.requests: dict[str, Request] = {}
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+        # NOTE: the empty prompt and max_model_len included, which vLLM would only log
         check_engine_request(request_id, prompt_token_ids, params, self.config, self.vocab_size)
-        # NOTE: what corun's scheduler checks on add (Scheduler.check_fits_ever); vLLM's would only log it
-        if not prompt_token_ids:
-            raise RequestRejected(f"request {request_id}: the prompt is empty")
-        if len(prompt_token_ids) + params.max_tokens > self.config.scheduler.max_model_len:
-            raise RequestRejected(f"request {request_id}: prompt + max_tokens exceeds max_model_len "
-                                  f"{self.config.scheduler.max_model_len}")
         seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
         request = Request.create(request_id, prompt_token_ids, params, seed, self.eos_token_ids)
         self.vllm.add_request(request_id, {"prompt_token_ids": list(prompt_token_ids)},

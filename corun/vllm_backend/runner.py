@@ -40,11 +40,6 @@ class VllmArch:
     head_dim: int
 
 
-@dataclass(frozen=True)
-class VllmModel:
-    cfg: VllmArch
-
-
 class VllmKVCache:
     """vLLM's KV: one block-major tensor per layer [num_blocks, kv heads, block_size, 2 * head_dim] (CPU layout);
     the transfer agent registers each as a segment (transfer/reads.py)."""
@@ -102,9 +97,8 @@ class VllmModelRunner:
         layers = self.vllm.collective_rpc(lambda worker: worker.model_runner.kv_caches)[0]
         self.kv_cache = VllmKVCache(layers)
         _, num_kv_heads, _, doubled_head_dim = layers[0].shape
-        self.model = VllmModel(VllmArch(self.vllm.model_config.get_vocab_size(),
-                                        eos_token_ids(self.vllm.model_config), len(layers), num_kv_heads,
-                                        doubled_head_dim // 2))
+        self.arch = VllmArch(self.vllm.model_config.get_vocab_size(), eos_token_ids(self.vllm.model_config),
+                             len(layers), num_kv_heads, doubled_head_dim // 2)
         self.sampler = Sampler()
         self.known: dict[Request, WorkerRequest] = {}
         """corun request (hashed by identity) -> the worker's request, for requests the worker holds.

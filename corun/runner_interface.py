@@ -1,0 +1,54 @@
+"""What a node runs its forwards on: the runner interface the prefill, decode and colocated nodes use.
+
+Two runners implement it: corun's ModelRunner (corun/model_runner.py) and the vLLM backend's VllmModelRunner
+(corun/vllm_backend/runner.py). A node reads the model's facts from `arch` and moves KV through `kv_cache`; it never
+reaches into a runner's model or its attributes beyond these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from corun.model_runner import SampledToken
+from corun.request import Request
+from corun.scheduler import PrefillChunk
+
+
+class ArchFacts(Protocol):
+    """The model facts a node needs (corun.models.config.ModelArchConfig has them, and more)."""
+
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+class NodeKVCache(Protocol):
+    """The paged KV cache as a node sees it: the tensors the transfer agent registers, and block copies."""
+
+    num_blocks: int
+    data: torch.Tensor | Sequence[torch.Tensor]
+    """One block-major tensor, or one per layer (transfer/reads.py, KVData)."""
+
+    def copy_blocks(self, source_ids: list[int], target_ids: list[int]) -> None: ...
+
+
+class DecodeGraphCounts(Protocol):
+    num_replays: int
+
+
+class NodeRunner(Protocol):
+    arch: ArchFacts
+    kv_cache: NodeKVCache
+    decode_graph: DecodeGraphCounts | None
+    """The captured decode step, when there is one (its replays are counted in stats)."""
+
+    def run_prefill(self, chunks: list[PrefillChunk]) -> list[SampledToken]: ...
+
+    def run_decode(self, requests: list[Request]) -> list[SampledToken]: ...
+
+    def forward_counts(self) -> dict[str, int]: ...
