@@ -160,3 +160,23 @@ def test_the_reading_finds_each_broken_rule_and_circle(broken_tree, monkeypatch)
                                    "router/nodes/bad.py imports router.generation",
                                    "router/nodes/bad.py imports router.generation.pipeline"]
     assert circles(import_graph(files)) == [["router.a", "router.b"]]
+
+
+NODE_PACKAGES = ("node_core", "prefill_node", "decode_node", "colocated_node")
+
+
+def runner_reaches(source: str) -> list[str]:
+    """Attribute chains through a runner past the node interface (corun/runner_interface.py): runner.model..."""
+    tree = ast.parse(source)
+    return sorted({ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                   and node.attr == "model" and ast.unparse(node.value).split(".")[-1] == "runner"})
+
+
+def test_the_nodes_use_the_runner_interface_only():
+    """A node reads its model's facts from runner.arch, never runner.model (which only corun's runner has).
+    Inverse: the reading finds such a reach."""
+    reaches = {str(path.relative_to(ROOT)): runner_reaches(path.read_text())
+               for package in NODE_PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+    assert {path: found for path, found in reaches.items() if found} == {}
+    assert runner_reaches("vocab = self.runner.model.cfg.vocab_size\n") == ["self.runner.model"]
+    assert runner_reaches("vocab = self.runner.arch.vocab_size\n") == []
