@@ -29,6 +29,12 @@ fi
 # Algorithm 1); standard's mixed steps run as piecewise CUDA graphs, standard:piecewise_graphs=off is the old eager one
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  structure_tests)  # issue 22 (the structural step: wire/, the transport seam, one scheduler, the ops-based decoder,
+    # the router's rooms, generated command lines): every GPU test, 1P1D over CUDA-IPC included, and the 8B
+    # determinism suite of the engine
+    timeout 380 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ > "$out/gpu_tests.log" 2>&1
+    timeout 180 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --modes corun,standard \
+      --out "$out/h200_determinism_structure.json" > "$out/determinism.log" 2>&1 ;;
   front_door)  # issue 21: the engine, colocated nodes through HTTP, 1P1D on one GPU through HTTP (and its KV hand-off
     # per request under ShareGPT-like load), ShareGPT-/BurstGPT-like and 1024x2048 at t = 0, each cut at 15 s
     timeout 590 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
