@@ -122,7 +122,8 @@ def broken_tree(tmp_path):
     router modules import each other."""
     files = {"wire/bad.py": "from corun.llm import LLM\n",
              "router/bad.py": "def f():\n    import torch\n",
-             "corun/bad.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from prefill_node import server\n",
+             "corun/bad.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                             "    from prefill_node import server\n",
              "router/a.py": "from router import b\n", "router/b.py": "from .a import x\n"}
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
