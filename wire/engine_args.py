@@ -16,6 +16,7 @@ from typing import Any, get_args
 from wire.config import (
     AUTO,
     DEFAULT_PREFILL_BUCKETS,
+    KV_TRANSPORTS,
     Backend,
     CacheConfig,
     DType,
@@ -161,6 +162,8 @@ def engine_args_to_argv(config: EngineConfig) -> list[str]:
 
 
 TRANSFER_FLAGS = (
+    EngineFlag("--kv-transport", "transfer.transport", "how KV moves between nodes (nixl; fake: one process, tests)",
+               parse=str, choices=tuple(KV_TRANSPORTS)),
     EngineFlag("--kv-cuda-ipc-get-zcopy", "transfer.cuda_ipc_get_zcopy",
                "UCX's CUDA-IPC READ path between processes of one host (y; auto: only with NVLink)", parse=str,
                choices=("y", "n", "auto")),
@@ -178,7 +181,7 @@ ALLOW_SLOW_READS_FLAG = "--kv-allow-slow-reads"
 
 
 def add_transfer_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("KV transfer (NIXL over UCX)")
+    group = parser.add_argument_group("KV transfer (NIXL over UCX by default)")
     for flag in TRANSFER_FLAGS:
         group.add_argument(flag.flag, type=flag.parse, default=flag.default(), choices=flag.choices, help=flag.help)
     group.add_argument(ALLOW_SLOW_READS_FLAG, dest="kv_allow_slow_reads", action="store_true",
