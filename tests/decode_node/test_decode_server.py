@@ -17,9 +17,10 @@ import zmq
 from decode_node.server import DecodeServer
 from launch.local import free_port
 from prefill_node.server import PrefillServer
+from tests.transfer.copy_transport import CopyReceiver, CopySender
 from transfer.fake import FakeKVTransferAgent
 from wire import protocol
-from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig, TransferConfig
+from wire.config import KV_TRANSPORTS, CacheConfig, EngineConfig, NodeConfig, SchedulerConfig, TransferConfig
 from wire.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0.6, seed=5, max_tokens=6, logprobs=2, ignore_eos=True)
@@ -142,6 +143,25 @@ def test_normal_path_streams_every_token_and_the_prefill_node_frees_its_copy(ben
     assert bench.prefill.transport.counters.kv_released == 1 and not bench.prefill.transport.leases
     assert bench.decode.transport.counters.reads_completed == 1
     bench.assert_idle()
+
+
+def test_a_new_transport_is_its_own_module_and_one_registry_line(tiny_model_dir, monkeypatch):
+    """tests/transfer/copy_transport.py, written against transfer/transport.py alone, registered with one line:
+    the normal path runs on it, counted as on the fake (inverse: the nodes really opened its sender and receiver)."""
+    monkeypatch.setitem(KV_TRANSPORTS, "copy", "tests.transfer.copy_transport")
+    bench = Bench(tiny_model_dir, transfer=TransferConfig(transport="copy"))
+    try:
+        assert isinstance(bench.prefill.transport, CopySender) and isinstance(bench.decode.transport, CopyReceiver)
+        result, prompt = bench.prefilled("copied")
+        bench.send_decode(result, prompt)
+        events = bench.until(finished)
+        assert sum(len(e.token_ids) for e in events) == PARAMS.max_tokens and events[-1].finish_reason == "length"
+        bench.step(3)
+        assert bench.prefill.transport.counters.kv_released == 1 and not bench.prefill.transport.leases
+        assert bench.decode.transport.counters.reads_completed == 1
+        bench.assert_idle()
+    finally:
+        bench.close()
 
 
 def test_a_step_sends_each_router_one_message_with_every_running_request(bench):
