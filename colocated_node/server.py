@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, check_samples_fit, make_scheduler
-from node_core.server import AgentFactory, NodeServer
-from transfer.agent import KVTransferAgent
+from node_core.server import NodeServer
 from wire import protocol
 from wire.config import NodeConfig
 from wire.seeding import sample_seed
@@ -46,11 +45,11 @@ class Sample:
 class ColocatedServer(NodeServer):
     role = "colocated"
 
-    def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent):
+    def __init__(self, config: NodeConfig):
         if config.engine.scheduler.mode != "corun":
             raise ValueError(f"a colocated node runs mode corun (got {config.engine.scheduler.mode}): its outputs "
                              "are the engine's and the P/D cluster's only under corun's shapes")
-        super().__init__(config, agent_factory, capture_decode_graph=True)
+        super().__init__(config, capture_decode_graph=True)  # NOTE: no KV transport: it moves no KV
         self.scheduler = make_scheduler(self.config.engine.scheduler, self.block_manager)
         self.samples: dict[int, Sample] = {}
         """id(request) -> its sample, while the scheduler holds it."""

@@ -1,9 +1,10 @@
-"""Decode server: N fixed slots, KV pulled over NIXL from prefill nodes, one fixed-shape decode step, streaming.
+"""Decode server: N fixed slots, KV pulled from prefill nodes (NIXL READs), one fixed-shape decode step, streaming.
 
-Lifecycle of a request (queues):
+Lifecycle of a request (queues; the KV moves by the transport's receiver, self.transport: transfer/transport.py):
   waiting (FIFO DecodeRequests) --a slot and KV blocks for prompt + max_tokens free--> claiming
-  claiming (handshake with the prefill node first, if new; ClaimKV) --ClaimReply ok--> transferring
-  transferring (NIXL READ of its blocks into ours, polled each turn) --DONE; NIXL notifies the prefill node,
+  claiming (handshake with the prefill node first, if new: the receiver adds the peer from its payload and times a
+      probe READ; ClaimKV) --ClaimReply ok--> transferring
+  transferring (READ of its blocks into ours, polled each turn) --DONE; the transport notifies the prefill node,
       which frees its copy; token 1 (sampled by prefill) streamed--> running
   running (the N-row decode step; one StepTokens per router per step, a TokenEvent per request in it)
       --stop / length / abort--> finished: slot + blocks free
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, allocate_all, check_fits_cache, check_request, check_samples_fit
-from node_core.server import AgentFactory, NodeServer
-from transfer.agent import KVTransferAgent
+from node_core.server import NodeServer
 from transfer.compat import IncompatiblePeer, check_compatible
-from transfer.reads import PROBE_BYTES, ReadHandle
+from transfer.reads import ReadHandle
+from transfer.transport import KVReceiver
 from wire import protocol
 from wire.config import NodeConfig
 from wire.seeding import sample_seed
@@ -84,13 +84,12 @@ class PrefillPeer:
 
 class DecodeServer(NodeServer):
     role = "decode"
+    transport: KVReceiver
 
-    def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent):
-        super().__init__(config, agent_factory)
+    def __init__(self, config: NodeConfig):
+        super().__init__(config)
         self.max_num_seqs = config.engine.scheduler.max_num_seqs
         self.peers: dict[str, PrefillPeer] = {}
-        self.read_gbps: dict[str, float] = {}
-        """Per prefill peer: GB/s of its probe READ at the handshake."""
         self.waiting: deque[DecodeJob] = deque()
         self.claiming: dict[str, DecodeJob] = {}
         self.transferring: dict[str, DecodeJob] = {}
@@ -100,7 +99,7 @@ class DecodeServer(NodeServer):
         """Running requests summed over decode steps: / num_decode_steps = how many shared a step on average."""
         self.num_finished = 0
         self.num_blocks_quarantined = 0
-        """Blocks a timed-out READ that NIXL would not release may still write: never reused."""
+        """Blocks a timed-out READ that the transport would not release may still write: never reused."""
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
     def busy(self) -> bool:
@@ -155,8 +154,8 @@ class DecodeServer(NodeServer):
         job.claimed_at = time.monotonic()
         peer = self.peers.get(job.kv.node_id)
         if peer is not None and peer.ready and job.kv.instance_id != peer.instance_id:
-            # NOTE: the KV comes from another process than the one handshaken (restarted on its address): its NIXL
-            # metadata is stale; handshake again, and the new handshake tells whether this KV still exists.
+            # NOTE: the KV comes from another process than the one handshaken (restarted on its address): what the
+            # transport knows of it is stale; handshake again, and the new handshake tells whether this KV still exists.
             self.forget_peer(job.kv.node_id)
             peer = None
         if peer is None:
@@ -173,14 +172,11 @@ class DecodeServer(NodeServer):
             return
         try:
             check_compatible(self.compat, reply.compat, reply.node_id)
-            self.agent.add_peer(reply.node_id, reply.agent_metadata, reply.kv_base_addresses, reply.num_blocks,
-                                reply.block_nbytes, reply.memory_type, reply.device_id)
-            self.check_read_speed(reply)
+            peer.num_blocks = self.transport.add_peer(reply.node_id, reply.transport, reply.transport_payload)
         except IncompatiblePeer as error:
             self.fail_peer(reply.node_id, str(error))
             return
         peer.ready, peer.instance_id, peer.lease_seconds = True, reply.instance_id, reply.lease_seconds
-        peer.num_blocks = reply.num_blocks
         for job in peer.jobs_waiting:
             if job.kv.instance_id != reply.instance_id:
                 self.claiming.pop(job.request_id, None)
@@ -188,35 +184,6 @@ class DecodeServer(NodeServer):
             else:
                 self.sockets.send_peer(address, protocol.ClaimKV(job.request_id))
         peer.jobs_waiting.clear()
-
-    def check_read_speed(self, reply: protocol.HandshakeReply) -> None:
-        """Time one READ from the new peer; refuse a VRAM path that UCX emulates through host memory."""
-        gbps = self.probe(reply)
-        self.read_gbps[reply.node_id] = gbps
-        transfer = self.config.transfer
-        path = f"{reply.memory_type} -> {self.agent.memory_type}"
-        logger.info("decode %s: KV reads from %s: %s at %.1f GB/s (probe; peer's UCX settings %s)",
-                    self.config.node_id, reply.node_id, path, gbps, reply.ucx_settings or "UCX defaults")
-        vram = reply.memory_type == self.agent.memory_type == "VRAM"
-        if vram and gbps < transfer.min_vram_read_gbps and not transfer.allow_slow_reads:
-            self.agent.remove_peer(reply.node_id)
-            raise IncompatiblePeer(
-                f"KV reads from {reply.node_id} ({path}) run at {gbps:.1f} GB/s, below {transfer.min_vram_read_gbps} "
-                f"GB/s: UCX is emulating the READ through host memory (peer's UCX settings "
-                f"{reply.ucx_settings or 'defaults'}; set --kv-cuda-ipc-get-zcopy y on both nodes, or serve anyway "
-                f"with --kv-allow-slow-reads)")
-
-    def probe(self, reply: protocol.HandshakeReply) -> float:
-        """GB/s of a READ of the peer's first blocks into free blocks of ours (~PROBE_BYTES, fewer if not free)."""
-        num_blocks = max(1, min(PROBE_BYTES // reply.block_nbytes, reply.num_blocks - 1,
-                                self.block_manager.num_free_blocks))
-        local = self.block_manager.allocate(num_blocks * self.block_manager.block_size)
-        if local is None:  # NOTE: every block taken: the probe waits for the peer's next handshake
-            return math.inf
-        try:
-            return self.agent.probe_read(reply.node_id, list(range(1, 1 + num_blocks)), local)
-        finally:
-            self.block_manager.free(local)
 
     def on_claim_reply(self, address: str, reply: protocol.ClaimReply) -> None:
         job = self.claiming.pop(reply.request_id, None)
@@ -234,8 +201,7 @@ class DecodeServer(NodeServer):
             self.fail(job, f"KV of {reply.request_id}: {problem}")
             return
         local = job.reader.block_ids[: len(reply.block_ids)]
-        job.read = self.agent.start_read(job.kv.node_id, reply.block_ids, local,
-                                         protocol.kv_done_notification(reply.request_id))
+        job.read = self.transport.start_read(job.kv.node_id, reply.request_id, reply.block_ids, local)
         self.transferring[reply.request_id] = job
 
     def claimed_kv_problem(self, job: DecodeJob, reply: protocol.ClaimReply) -> str:
@@ -255,7 +221,7 @@ class DecodeServer(NodeServer):
 
     def poll_transfers(self) -> None:
         for request_id, job in list(self.transferring.items()):
-            state = self.agent.poll(job.read)
+            state = self.transport.poll(job.read)
             if state == "PROC" and not self.read_overdue(job):
                 continue
             del self.transferring[request_id]
@@ -277,11 +243,11 @@ class DecodeServer(NodeServer):
         return time.perf_counter() - job.read.started_at > limit
 
     def give_up_read(self, job: DecodeJob) -> None:
-        released = self.agent.cancel(job.read)
+        released = self.transport.cancel(job.read)
         self.send_release(job, "the READ timed out")
         self.forget_peer(job.kv.node_id)
         if not released:
-            # NOTE: NIXL may still write into the reader's blocks: they stay out of the pool rather than be reused
+            # NOTE: the transport may still write into the reader's blocks: they stay out of the pool, not reused
             self.num_blocks_quarantined += len(job.reader.block_ids)
             job.reader.block_ids = []
         self.fail(job, f"NIXL read of {job.request_id}'s KV from {job.kv.node_id} timed out")
@@ -290,8 +256,8 @@ class DecodeServer(NodeServer):
         self.sockets.send_peer(job.kv.address, protocol.ReleaseKV(job.request_id, reason))
 
     def forget_peer(self, node_id: str) -> None:
-        """Drop a peer's NIXL metadata and handshake; jobs waiting on that handshake fail (the router retries)."""
-        self.agent.remove_peer(node_id)
+        """Drop the transport's peer and the handshake; jobs waiting on that handshake fail (the router retries)."""
+        self.transport.remove_peer(node_id)
         peer = self.peers.pop(node_id, None)
         for job in peer.jobs_waiting if peer else []:
             self.claiming.pop(job.request_id, None)
@@ -426,7 +392,7 @@ class DecodeServer(NodeServer):
                 "num_decoded_rows": self.num_decoded_rows, "num_finished": self.num_finished,
                 "num_graph_replays": 0 if graph is None else graph.num_replays,
                 "num_blocks_quarantined": self.num_blocks_quarantined,
-                "kv_probe_read_gbps_min": round(min(self.read_gbps.values(), default=0.0), 3)}
+                "kv_probe_read_gbps_min": round(min(self.transport.read_gbps.values(), default=0.0), 3)}
 
 
 def token_event(job: DecodeJob, index: int, token_ids, logprobs, finish_reason) -> protocol.TokenEvent:

@@ -1,7 +1,9 @@
 """NodeServer: the part of a prefill or decode server that does not depend on its role.
 
 A role's server subclasses it, names its lifecycle queues at the top of its own file, and adds its handlers,
-its step() (schedule -> run -> postprocess) and its share of the stats.
+its step() (schedule -> run -> postprocess) and its share of the stats. The node's side of the KV transport
+(transfer/transport.py: a prefill node's sender, a decode node's receiver, none for a colocated node) is opened
+here, of the transport its TransferConfig names.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import dataclasses
 import functools
 import time
 import uuid
-from collections.abc import Callable
 from typing import ClassVar
 
 from corun.block_manager import BlockManager
@@ -19,20 +20,15 @@ from corun.models.loader import model_digest
 from corun.request import Request
 from corun.runner_interface import NodeRunner
 from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
-from transfer.agent import KVTransferAgent
 from transfer.compat import KV_LAYOUT, compat_hash, compat_info
-from transfer.reads import KVData, KVRegion
+from transfer.counters import TransferCounters
+from transfer.transport import KVReceiver, KVSender, make_transport
 from wire import protocol
 from wire.config import EngineConfig, NodeConfig, TransferConfig
 from wire.node_auth import ClusterKey
 
 IDLE_RECEIVE_MS = 5
 """How long an idle node waits for a message per turn (a busy one only takes what has arrived)."""
-
-AgentFactory = Callable[[str, KVData, TransferConfig], KVRegion]
-"""(agent name, the KV cache's tensor or segment tensors, the transfer settings) -> a KV transfer agent:
-KVTransferAgent, or transfer.fake's in tests."""
-
 
 LOOP_PHASES = ("receive", "schedule", "run", "postprocess", "turns")
 
@@ -75,8 +71,7 @@ class NodeServer:
     peer_handlers: ClassVar[dict] = {}
     """Message type -> handler(self, peer address, message) for replies on the sockets this node opened to peers."""
 
-    def __init__(self, config: NodeConfig, agent_factory: AgentFactory = KVTransferAgent,
-                 capture_decode_graph: bool = True):
+    def __init__(self, config: NodeConfig, capture_decode_graph: bool = True):
         # NOTE: 'auto' shapes resolve here, on the node's own device, before the fingerprint hashes them
         self.config = config = dataclasses.replace(config, engine=config.engine.resolved())
         self.instance_id = uuid.uuid4().hex
@@ -89,7 +84,9 @@ class NodeServer:
         self.compat = compat_info(**compat_fields(config.engine, self.runner.arch, digest),
                                   kv_layout=kv_layout(config.engine))
         self.compat_hash = compat_hash(self.compat)
-        self.agent = agent_factory(config.node_id, self.runner.kv_cache.data, transfer_for_host(config))
+        self.transport: KVSender | KVReceiver | None = make_transport(
+            self.role, transfer_for_host(config), config.node_id, self.runner.kv_cache.data,
+            lease_seconds=config.kv_lease_seconds, blocks=self.block_manager)
         key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
         self.sockets = NodeSockets(config.bind_address, key)
         self.loop_seconds = dict.fromkeys(LOOP_PHASES, 0.0)
@@ -116,7 +113,7 @@ class NodeServer:
         loop = {f"loop_{phase}_seconds_total": round(seconds, 6) for phase, seconds in self.loop_seconds.items()}
         return {**self.role_stats(), **loop, "num_free_blocks": blocks.num_free_blocks,
                 "kv_cache_usage_perc": round(1 - blocks.num_free_blocks / blocks.num_usable_blocks, 6),
-                **self.runner.forward_counts(), **self.agent.counters.as_dict()}
+                **self.runner.forward_counts(), **self.transfer_counters.as_dict()}
 
     def role_stats(self) -> dict:
         raise NotImplementedError
@@ -128,8 +125,13 @@ class NodeServer:
     def counters(self) -> tuple[str, ...]:
         """Stats that only ever grow: the transfer counters, the forward counts and the role's (fixed names)."""
         loop = {f"loop_{phase}_seconds_total" for phase in LOOP_PHASES}
-        return tuple(sorted({*self.agent.counters.as_dict(), *self.runner.forward_counts(), *self.ROLE_COUNTERS,
+        return tuple(sorted({*self.transfer_counters.as_dict(), *self.runner.forward_counts(), *self.ROLE_COUNTERS,
                              *loop}))
+
+    @property
+    def transfer_counters(self) -> TransferCounters:
+        """The transport's counters; a colocated node's are zeros (it moves no KV), so every node has the names."""
+        return TransferCounters() if self.transport is None else self.transport.counters
 
     # --- the loop: schedule -> run -> postprocess (the role fills each in) ------------------------------------
     def step(self) -> None:
@@ -168,4 +170,5 @@ class NodeServer:
 
     def close(self) -> None:
         self.sockets.close()
-        self.agent.close()
+        if self.transport is not None:
+            self.transport.close()

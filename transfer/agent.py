@@ -12,6 +12,9 @@ NOTE: on CPU KV there is no NIXL progress thread by default (on a 2-core host it
 advances inside this object's calls, so a node must keep calling poll() / new_notifications() in its loop,
 including while it waits for something else, or a posted read stalls and a completion notification may never leave
 the process. GPU KV runs the thread (TransferConfig.progress_thread).
+
+The "nixl" KV transport (wire.config.KV_TRANSPORTS): open_sender and open_receiver put this agent behind the seam
+(transfer/transport.py) by transfer/endpoints.py.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from nixl._api import nixl_agent, nixl_agent_config, nixl_xfer_handle, nixlBind
 
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
+from transfer.endpoints import AgentReceiver, AgentSender
 from transfer.reads import (
     PROBE_TIMEOUT_S,
     KVData,
@@ -40,6 +44,7 @@ from transfer.reads import (
     count_finished,
     kv_segments,
 )
+from transfer.transport import BlockPool
 from wire.config import TransferConfig
 
 logger = logging.getLogger(__name__)
@@ -242,6 +247,14 @@ class KVTransferAgent(KVRegion):
         descs[:, :, 1] = num_blocks[None, :] * segment_block_nbytes
         descs[:, :, 2] = device_id
         return descs.reshape(-1, 3)
+
+
+def open_sender(config: TransferConfig, node_id: str, kv_data: KVData, lease_seconds: float) -> AgentSender:
+    return AgentSender(config, KVTransferAgent(node_id, kv_data, config), lease_seconds)
+
+
+def open_receiver(config: TransferConfig, node_id: str, kv_data: KVData, blocks: BlockPool) -> AgentReceiver:
+    return AgentReceiver(config, KVTransferAgent(node_id, kv_data, config), blocks)
 
 
 UCX_VARIABLES = ("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "UCX_TLS", "UCX_NET_DEVICES")

@@ -2,7 +2,9 @@
 
 Agents find each other through a module-level registry by name (the "metadata" is the name). A read stays
 "PROC" until its first poll, which copies the blocks and queues the notification at the peer, so callers are
-exercised on the asynchronous path. The cluster itself always uses NIXL (transfer.agent).
+exercised on the asynchronous path. The "fake" KV transport (wire.config.KV_TRANSPORTS): open_sender and
+open_receiver put it behind the seam (transfer/transport.py) as transfer/endpoints.py puts NIXL's agent. Only nodes
+of one process can use it; the cluster uses NIXL (transfer.agent).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
+from transfer.endpoints import AgentReceiver, AgentSender
 from transfer.reads import (
     KVData,
     KVRegion,
@@ -26,6 +29,7 @@ from transfer.reads import (
     count_finished,
     kv_segments,
 )
+from transfer.transport import BlockPool
 from wire.config import TransferConfig
 
 _AGENTS: dict[str, FakeKVTransferAgent] = {}
@@ -112,6 +116,14 @@ class FakeKVTransferAgent(KVRegion):
             _block_bytes(local)[local_block_ids] = _block_bytes(peer)[remote_block_ids].to(local.device)
         remote._inbox.append((self.name, notification))
         return "DONE"
+
+
+def open_sender(config: TransferConfig, node_id: str, kv_data: KVData, lease_seconds: float) -> AgentSender:
+    return AgentSender(config, FakeKVTransferAgent(node_id, kv_data, config), lease_seconds)
+
+
+def open_receiver(config: TransferConfig, node_id: str, kv_data: KVData, blocks: BlockPool) -> AgentReceiver:
+    return AgentReceiver(config, FakeKVTransferAgent(node_id, kv_data, config), blocks)
 
 
 def _block_bytes(segment: torch.Tensor) -> torch.Tensor:

@@ -260,12 +260,26 @@ ZcopySetting = Literal["y", "n", "auto"]
 TRANSFER_FLAG_PREFIX = "kv-"
 """What the flags of a node's TransferConfig start with: --kv-ucx-devices, --kv-allow-slow-reads, ..."""
 
+KV_TRANSPORTS: dict[str, str] = {
+    "nixl": "transfer.agent",
+    "fake": "transfer.fake",
+}
+"""The KV transports, by the name TransferConfig.transport takes -> the module of transfer/ that implements it
+(transfer/transport.py: a module with open_sender and open_receiver). A new transport is its own module and one line
+here. NOTE: named, not imported: wire imports nothing of the project, and a node imports only the transport it runs
+(the fake one loads no NIXL)."""
+KVTransportName = Literal[tuple(KV_TRANSPORTS)]
+"""A name in KV_TRANSPORTS (its flag offers those)."""
+
 
 @dataclass(frozen=True)
 class TransferConfig:
-    """How a node's KV agent moves blocks (NIXL over UCX). Applied when the agent is made; none of it changes
-    outputs, so none of it is in the fingerprint."""
+    """How a node's KV transport moves blocks: which transport, and NIXL's settings (UCX, the probe READ). Applied
+    when the transport is opened; none of it changes outputs, so none of it is in the fingerprint."""
 
+    transport: KVTransportName = "nixl"
+    """The KV transport, a name in KV_TRANSPORTS: "nixl", NIXL READs over UCX (the cluster's); "fake", in one
+    process (unit tests: its nodes find each other by name in that process)."""
     cuda_ipc_get_zcopy: ZcopySetting = "y"
     """UCX's CUDA-IPC READ path between processes of one host (UCX_CUDA_IPC_ENABLE_GET_ZCOPY). UCX's "auto"
     turns it on only where it sees NVLink; without it a VRAM READ falls back to software emulation through host
@@ -289,6 +303,9 @@ class TransferConfig:
     """Serve even with a VRAM peer whose probe READ is slower than min_vram_read_gbps."""
 
     def __post_init__(self):
+        if not isinstance(self.transport, str) or self.transport not in KV_TRANSPORTS:
+            raise ValueError(f"KV transport must be one of {', '.join(KV_TRANSPORTS)}, got "
+                             f"{str(self.transport)[:40]!r}")
         if self.cuda_ipc_get_zcopy not in get_args(ZcopySetting):
             raise ValueError(f"cuda_ipc_get_zcopy must be 'y', 'n' or 'auto', got {self.cuda_ipc_get_zcopy!r}")
         if self.progress_thread not in ("auto", "on", "off"):

@@ -26,9 +26,12 @@ Version history:
   11: GenerateRequest: a whole request to a colocated node (prefill and decode in one process), answered with
      StepTokens like a decode node's, each sample's first event carrying the prompt's logprobs; the node role
      "colocated" in Pong.
+  12: HandshakeReply.transport and transport_payload: the KV transport's name and its own handshake fields, in its
+     own encoding (they were NIXL's, as fields of the message: agent_metadata, kv_base_addresses, num_blocks,
+     block_nbytes, memory_type, device_id, ucx_settings).
 
-Besides the messages, one NIXL notification: a decode node's READ of a prefill node's KV ends with
-kv_done_notification(request_id), on which the prefill node frees its copy.
+Besides the messages, one notification that the KV transport carries: a decode node's READ of a prefill node's KV
+ends with kv_done_notification(request_id), on which the prefill node frees its copy.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from wire.outputs import TokenLogprobs
 from wire.sampling_params import SamplingParams
 from wire.seeding import SEED_BOUND
 
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 KV_DONE_PREFIX = b"done:"
 
 
@@ -240,18 +243,13 @@ class HandshakeReply:
     node_id: str
     compat: dict[str, Any]
     compat_hash: str
-    agent_metadata: bytes
-    kv_base_addresses: tuple[int, ...]
-    """One per KV segment (block-major tensor) of the prefill node, in the order the decode node's pair with them."""
-    num_blocks: int
-    block_nbytes: int
-    """Bytes of one whole block: its region in every segment."""
-    memory_type: str
-    """NIXL memory segment: "DRAM" or "VRAM"."""
-    device_id: int
-    """The KV tensor's CUDA device in the prefill process (0 for DRAM)."""
-    ucx_settings: dict[str, str]
-    """The UCX settings the prefill node's agent was made with (TransferConfig.ucx_environment()), for the log."""
+    transport: str
+    """The KV transport the prefill node's blocks are read by (wire.config.TransferConfig.transport): a decode node
+    on another one refuses the peer."""
+    transport_payload: bytes
+    """That transport's own handshake fields, in its own encoding: what its sender's handshake_payload() gives and its
+    receiver's add_peer() reads and checks (NIXL's: agent metadata, KV segment addresses, block layout, memory
+    type, device, UCX settings; transfer/endpoints.py)."""
     instance_id: str = ""
     """The prefill process: KV handles naming another instance are not its (it restarted)."""
     lease_seconds: float = 60.0
@@ -443,7 +441,6 @@ _FIELD_DECODERS: dict[type, dict[str, Any]] = {
                  "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
     StepTokens: {"events": lambda items: [_from_body(TokenEvent, item) for item in items]},
     ClaimReply: {"block_ids": tuple},
-    HandshakeReply: {"kv_base_addresses": tuple},
     Pong: {"model_facts": lambda wire: ModelFacts(**wire), "counters": tuple},
 }
 """Per message type, the fields whose wire form (msgpack maps and lists) is not their Python form."""
@@ -517,7 +514,8 @@ def _decode_step_tokens(data: bytes) -> StepTokens:
 
 
 def kv_done_notification(request_id: str) -> bytes:
-    """The NIXL notification a decode node's READ ends with: the prefill node may free its copy."""
+    """The notification a decode node's READ ends with (its KV transport delivers it): the prefill node may free
+    its copy."""
     return KV_DONE_PREFIX + request_id.encode()
 
 

@@ -1,4 +1,4 @@
-"""The decode server's state machine in-process, with the fake KV agent and a real prefill server beside it.
+"""The decode server's state machine in-process, on the fake KV transport, with a real prefill server beside it.
 
 Each test drives one path of the lifecycle in decode_node/server.py: the normal path (claim, read, stream, the
 prefill node frees its copy), a refused claim and an expired lease, a failed READ and the handshake again with
@@ -7,6 +7,7 @@ with the decode node's blocks and slots free and the router told (an ErrorReply 
 silence.
 """
 
+import dataclasses
 import time
 
 import msgpack
@@ -16,28 +17,32 @@ import zmq
 from decode_node.server import DecodeServer
 from launch.local import free_port
 from prefill_node.server import PrefillServer
+from tests.transfer.copy_transport import CopyReceiver, CopySender
 from transfer.fake import FakeKVTransferAgent
 from wire import protocol
-from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig, TransferConfig
+from wire.config import KV_TRANSPORTS, CacheConfig, EngineConfig, NodeConfig, SchedulerConfig, TransferConfig
 from wire.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0.6, seed=5, max_tokens=6, logprobs=2, ignore_eos=True)
+FAKE = TransferConfig(transport="fake")
 
 
 def node_config(model_dir: str, role: str, node_id: str, **node) -> NodeConfig:
     engine = EngineConfig(model=model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
                           scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=128, prefill_chunk_size=32))
-    return NodeConfig(role, node_id, engine, **{"port": free_port("127.0.0.1"), **node})
+    return NodeConfig(role, node_id, engine, **{"port": free_port("127.0.0.1"), "transfer": FAKE, **node})
 
 
 class Bench:
-    """A prefill and a decode server, both in this process on fake agents, and the router's two sockets."""
+    """A prefill and a decode server, both in this process on the fake transport (or the one `transfer` names),
+    and the router's two sockets."""
 
     def __init__(self, model_dir: str, prefill_id: str = "prefill-a", lease_s: float = 30.0,
-                 agent=FakeKVTransferAgent, transfer: TransferConfig = TransferConfig()):
+                 transfer: TransferConfig = FAKE):
         self.model_dir = model_dir
-        self.prefill = PrefillServer(node_config(model_dir, "prefill", prefill_id, kv_lease_seconds=lease_s), agent)
-        self.decode = DecodeServer(node_config(model_dir, "decode", "decode-a", transfer=transfer), agent)
+        self.prefill = PrefillServer(node_config(model_dir, "prefill", prefill_id, kv_lease_seconds=lease_s,
+                                                 transfer=transfer))
+        self.decode = DecodeServer(node_config(model_dir, "decode", "decode-a", transfer=transfer))
         self.to_prefill, self.to_decode = self.socket(self.prefill), self.socket(self.decode)
         self.step_messages: list[int] = []
 
@@ -106,7 +111,7 @@ class Bench:
         for _ in range(turns):
             self.prefill.step()
         prefill = self.prefill
-        assert not prefill.leases, prefill.leases
+        assert not prefill.transport.leases, prefill.transport.leases
         assert prefill.block_manager.num_free_blocks == prefill.block_manager.num_usable_blocks
 
     def close(self) -> None:
@@ -135,9 +140,28 @@ def test_normal_path_streams_every_token_and_the_prefill_node_frees_its_copy(ben
     assert all(isinstance(e, protocol.TokenEvent) for e in events)
     assert sum(len(e.token_ids) for e in events) == PARAMS.max_tokens and events[-1].finish_reason == "length"
     bench.step(3)  # NOTE: the read's notification reaches the prefill node on its next turn
-    assert bench.prefill.agent.counters.kv_released == 1 and not bench.prefill.leases
-    assert bench.decode.agent.counters.reads_completed == 1
+    assert bench.prefill.transport.counters.kv_released == 1 and not bench.prefill.transport.leases
+    assert bench.decode.transport.counters.reads_completed == 1
     bench.assert_idle()
+
+
+def test_a_new_transport_is_its_own_module_and_one_registry_line(tiny_model_dir, monkeypatch):
+    """tests/transfer/copy_transport.py, written against transfer/transport.py alone, registered with one line:
+    the normal path runs on it, counted as on the fake (inverse: the nodes really opened its sender and receiver)."""
+    monkeypatch.setitem(KV_TRANSPORTS, "copy", "tests.transfer.copy_transport")
+    bench = Bench(tiny_model_dir, transfer=TransferConfig(transport="copy"))
+    try:
+        assert isinstance(bench.prefill.transport, CopySender) and isinstance(bench.decode.transport, CopyReceiver)
+        result, prompt = bench.prefilled("copied")
+        bench.send_decode(result, prompt)
+        events = bench.until(finished)
+        assert sum(len(e.token_ids) for e in events) == PARAMS.max_tokens and events[-1].finish_reason == "length"
+        bench.step(3)
+        assert bench.prefill.transport.counters.kv_released == 1 and not bench.prefill.transport.leases
+        assert bench.decode.transport.counters.reads_completed == 1
+        bench.assert_idle()
+    finally:
+        bench.close()
 
 
 def test_a_step_sends_each_router_one_message_with_every_running_request(bench):
@@ -160,7 +184,7 @@ def test_a_step_sends_each_router_one_message_with_every_running_request(bench):
 
 def test_refused_claim_is_a_503_and_frees_the_slot(bench):
     result, prompt = bench.prefilled("unknown")
-    bench.prefill.leases.clear()  # NOTE: as if the lease were gone: the claim of it is refused
+    bench.prefill.transport.leases.clear()  # NOTE: as if the lease were gone: the claim of it is refused
     bench.send_decode(result, prompt)
     [error] = bench.until(finished)
     assert isinstance(error, protocol.ErrorReply) and error.status == 503 and "could not be claimed" in error.message
@@ -173,7 +197,7 @@ def test_expired_lease_is_a_503(tiny_model_dir):
         result, prompt = bench.prefilled("late")
         time.sleep(0.1)
         bench.prefill.step()
-        assert bench.prefill.agent.counters.lease_expiries == 1
+        assert bench.prefill.transport.counters.lease_expiries == 1
         bench.send_decode(result, prompt)
         [error] = bench.until(finished)
         assert error.status == 503 and "expired" in error.message
@@ -188,14 +212,14 @@ def test_failed_read_is_a_503_and_the_restarted_peer_is_handshaken_again(tiny_mo
         result, prompt = bench.prefilled("lost")
         bench.send_decode(result, prompt)
         bench.receive_until_transferring("lost")
-        bench.prefill.agent.close()  # NOTE: the holder's agent goes away mid-read, as a killed node's does
+        bench.prefill.transport.agent.close()  # NOTE: the holder's agent goes away mid-read, as a killed node's does
         [error] = bench.until(finished)
         assert error.status == 503 and "read" in error.message and "prefill-a" not in bench.decode.peers
         bench.assert_idle()
         bench.assert_prefill_idle()  # NOTE: the failed reader released its claim (ReleaseKV), not the deadline
-        assert bench.prefill.num_released_unread == 1 and bench.prefill.agent.counters.lease_expiries == 0
+        assert bench.prefill.transport.num_released_unread == 1 and bench.prefill.transport.counters.lease_expiries == 0
         bench.prefill.close()
-        bench.prefill = PrefillServer(node_config(tiny_model_dir, "prefill", "prefill-a"), FakeKVTransferAgent)
+        bench.prefill = PrefillServer(node_config(tiny_model_dir, "prefill", "prefill-a"))
         bench.to_prefill.close()
         bench.to_prefill = bench.socket(bench.prefill)
         result, prompt = bench.prefilled("after-restart")
@@ -250,6 +274,18 @@ def test_a_peer_that_refuses_the_handshake_fails_its_waiting_jobs(bench):
     bench.assert_idle()
 
 
+def test_a_handshake_reply_of_another_transport_is_refused(bench):
+    """The prefill node's reply names another transport than the decode node's: its payload is not the fake's to
+    read, so the peer is refused and its waiting job fails (inverse: the same reply naming "fake", every other test)."""
+    result, prompt = bench.prefilled("other-transport")
+    bench.prefill.transport.transport = "nixl"  # NOTE: what HandshakeReply.transport now says
+    bench.send_decode(result, prompt)
+    [error] = bench.until(finished)
+    assert error.status == 503 and "over transport 'nixl'" in error.message and "prefill-a" not in bench.decode.peers
+    assert not bench.decode.transport.has_peer("prefill-a")
+    bench.assert_idle()
+
+
 def test_a_kv_handle_for_another_prompt_length_is_a_400(bench):
     result, prompt = bench.prefilled("mismatch")
     bench.send_decode(result, prompt[:-1])
@@ -258,23 +294,23 @@ def test_a_kv_handle_for_another_prompt_length_is_a_400(bench):
     bench.assert_idle()
 
 
-class EmulatedVramAgent(FakeKVTransferAgent):
-    """GPU KV whose READs UCX emulates through host memory (0.8 GB/s, as measured on one H200 by default)."""
-
-    memory_type = "VRAM"
-    probe_gbps = 0.8
+def emulate_vram(monkeypatch, probe_gbps: float) -> None:
+    """The fake agents hold GPU KV whose READs UCX emulates through host memory (0.8 GB/s, as measured on one H200
+    by default)."""
+    monkeypatch.setattr(FakeKVTransferAgent, "memory_type", "VRAM")
+    monkeypatch.setattr(FakeKVTransferAgent, "probe_gbps", probe_gbps)
 
 
 @pytest.mark.parametrize("agent_gbps, transfer, refused", [
-    (0.8, TransferConfig(), True),
-    (0.8, TransferConfig(allow_slow_reads=True), False),  # NOTE: told to allow it
-    (300.0, TransferConfig(), False),  # NOTE: the direct CUDA-IPC path
-    (0.8, TransferConfig(min_vram_read_gbps=0.5), False),
+    (0.8, FAKE, True),
+    (0.8, dataclasses.replace(FAKE, allow_slow_reads=True), False),  # NOTE: told to allow it
+    (300.0, FAKE, False),  # NOTE: the direct CUDA-IPC path
+    (0.8, dataclasses.replace(FAKE, min_vram_read_gbps=0.5), False),
 ])
 def test_an_emulated_vram_path_is_refused_naming_the_setting(tiny_model_dir, monkeypatch, agent_gbps, transfer,
                                                             refused):
-    monkeypatch.setattr(EmulatedVramAgent, "probe_gbps", agent_gbps)
-    bench = Bench(tiny_model_dir, agent=EmulatedVramAgent, transfer=transfer)
+    emulate_vram(monkeypatch, agent_gbps)
+    bench = Bench(tiny_model_dir, transfer=transfer)
     try:
         result, prompt = bench.prefilled("gpu")
         bench.send_decode(result, prompt)
@@ -294,7 +330,7 @@ def test_an_emulated_vram_path_is_refused_naming_the_setting(tiny_model_dir, mon
 def test_a_read_that_hangs_is_given_up_and_its_claim_released(tiny_model_dir):
     bench = Bench(tiny_model_dir, lease_s=0.6)
     try:
-        bench.decode.agent.hold_reads = True  # NOTE: the READ never completes
+        bench.decode.transport.agent.hold_reads = True  # NOTE: the READ never completes
         result, prompt = bench.prefilled("hung")
         bench.send_decode(result, prompt)
         start = time.monotonic()
@@ -303,7 +339,7 @@ def test_a_read_that_hangs_is_given_up_and_its_claim_released(tiny_model_dir):
         assert 0.25 < time.monotonic() - start < 2.0  # NOTE: half the peer's 0.6 s lease
         bench.assert_idle()
         bench.assert_prefill_idle()
-        assert bench.prefill.agent.counters.lease_expiries == 0  # NOTE: released, not expired
+        assert bench.prefill.transport.counters.lease_expiries == 0  # NOTE: released, not expired
     finally:
         bench.close()
 
@@ -318,16 +354,16 @@ def test_kv_of_a_restarted_prefill_node_is_refused_without_reading_it(tiny_model
         stale, stale_prompt = bench.prefilled("stale")  # NOTE: then the node restarts in place: the lease is gone
         bench.prefill.close()
         bench.prefill = PrefillServer(node_config(tiny_model_dir, "prefill", "prefill-a",
-                                                  port=int(bench.prefill.config.port)), FakeKVTransferAgent)
+                                                  port=int(bench.prefill.config.port)))
         assert bench.prefill.instance_id != old_instance
         bench.to_prefill.close()
         bench.to_prefill = bench.socket(bench.prefill)
-        reads_before = bench.decode.agent.counters.reads_started
+        reads_before = bench.decode.transport.counters.reads_started
         bench.send_decode(stale, stale_prompt)
         [error] = bench.until(finished)
         assert error.status == 503 and "could not be claimed" in error.message
-        assert bench.decode.agent.counters.reads_started == reads_before  # NOTE: nothing read
-        # NOTE: KV of the new instance: the decode node must not use the old instance's NIXL metadata
+        assert bench.decode.transport.counters.reads_started == reads_before  # NOTE: nothing read
+        # NOTE: KV of the new instance: the decode node must not use what its transport knew of the old instance
         fresh, fresh_prompt = bench.prefilled("fresh")
         assert fresh.kv.instance_id == bench.prefill.instance_id
         bench.send_decode(fresh, fresh_prompt)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from launch.local import free_port
 from prefill_node.server import PrefillServer
-from transfer.agent import KVTransferAgent
 from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
 
 
@@ -37,7 +36,7 @@ def test_a_loopback_node_listens_on_loopback_only(tiny_model_dir):
     before = listening_addresses()
     engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=16),
                           scheduler=SchedulerConfig(max_num_seqs=2, max_model_len=128, prefill_chunk_size=32))
-    server = PrefillServer(NodeConfig("prefill", "prefill-lo", engine, port=free_port("127.0.0.1")), KVTransferAgent)
+    server = PrefillServer(NodeConfig("prefill", "prefill-lo", engine, port=free_port("127.0.0.1")))  # NOTE: NIXL
     try:
         opened = listening_addresses() - before
         assert opened, "the node opened no listener at all"

@@ -10,9 +10,8 @@ import zmq
 from launch.cluster import make_cluster_key
 from launch.local import free_port
 from prefill_node.server import PrefillServer
-from transfer.fake import FakeKVTransferAgent
 from wire import protocol
-from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig, TransferConfig
 from wire.node_auth import ClusterKey
 from wire.sampling_params import SamplingParams
 
@@ -22,8 +21,9 @@ def keyed_node(tiny_model_dir, tmp_path):
     key, key_file = make_cluster_key(tmp_path)
     engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=32),
                           scheduler=SchedulerConfig(max_num_seqs=2, max_model_len=128, prefill_chunk_size=32))
-    config = NodeConfig("prefill", "prefill-k", engine, port=free_port("127.0.0.1"), cluster_key_file=str(key_file))
-    server = PrefillServer(config, FakeKVTransferAgent)
+    config = NodeConfig("prefill", "prefill-k", engine, port=free_port("127.0.0.1"), cluster_key_file=str(key_file),
+                        transfer=TransferConfig(transport="fake"))
+    server = PrefillServer(config)
     yield server, key
     server.close()
 
@@ -63,7 +63,7 @@ def test_others_get_nothing_and_reach_no_handler(keyed_node, who):
     prefill = protocol.PrefillRequest("intruder", [1, 2, 3], SamplingParams(max_tokens=2), 1)
     assert ask(server, stranger, prefill) is None
     assert ask(server, stranger, protocol.Ping(2)) is None
-    assert server.num_prefills == 0 and not server.waiting and not server.leases
+    assert server.num_prefills == 0 and not server.waiting and not server.transport.leases
 
 
 def test_the_key_file_must_be_private(tmp_path):

@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 from decode_node.server import DecodeServer
 from launch.local import free_port
 from prefill_node.server import PrefillServer
-from transfer.fake import FakeKVTransferAgent
 from wire import protocol
-from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig, TransferConfig
 from wire.outputs import TokenLogprobs
 from wire.sampling_params import SamplingParams
 
@@ -69,14 +68,15 @@ def messages(draw) -> bytes:
 def node_config(model_dir: str, role: str, node_id: str) -> NodeConfig:
     engine = EngineConfig(model=model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
                           scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=128, prefill_chunk_size=32))
-    return NodeConfig(role, node_id, engine, port=free_port("127.0.0.1"), kv_lease_seconds=LEASE_S)
+    return NodeConfig(role, node_id, engine, port=free_port("127.0.0.1"), kv_lease_seconds=LEASE_S,
+                      transfer=TransferConfig(transport="fake"))
 
 
 @pytest.fixture
 def nodes(tiny_model_dir, monkeypatch):
     monkeypatch.setattr("decode_node.server.CLAIM_TIMEOUT_S", LEASE_S)
-    prefill = PrefillServer(node_config(tiny_model_dir, "prefill", "prefill-f"), FakeKVTransferAgent)
-    decode = DecodeServer(node_config(tiny_model_dir, "decode", "decode-f"), FakeKVTransferAgent)
+    prefill = PrefillServer(node_config(tiny_model_dir, "prefill", "prefill-f"))
+    decode = DecodeServer(node_config(tiny_model_dir, "decode", "decode-f"))
     sockets = []
     for server in (prefill, decode):
         socket = zmq.Context.instance().socket(zmq.DEALER)
@@ -129,7 +129,8 @@ def assert_still_serving_then_idle(nodes) -> None:
     deadline = time.monotonic() + 5 * LEASE_S + 5
     for server in (prefill, decode):
         while server.block_manager.num_free_blocks != server.block_manager.num_usable_blocks or getattr(
-                server, "leases", None) or getattr(server, "claiming", None) or getattr(server, "waiting", None):
+                server.transport, "leases", None) or getattr(server, "claiming", None) or getattr(
+                server, "waiting", None):
             server.step()
             drain(to_prefill)
             drain(to_decode)

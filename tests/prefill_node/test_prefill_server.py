@@ -56,7 +56,7 @@ def test_prefill_leases_kv_then_frees_it_when_the_lease_expires(server, router):
     assert server.block_manager.num_free_blocks == free_before - 3
     time.sleep(0.35)
     server.step()
-    assert server.agent.counters.lease_expiries == 1 and server.block_manager.num_free_blocks == free_before
+    assert server.transport.counters.lease_expiries == 1 and server.block_manager.num_free_blocks == free_before
     [claim] = exchange(server, router, protocol.ClaimKV("a"))
     assert not claim.ok and "expired" in claim.reason
 
@@ -73,10 +73,11 @@ def test_a_claimed_lease_is_not_aborted_but_expires_a_lease_after_its_claim(serv
     router.send(protocol.encode(protocol.Abort("b")))
     for _ in range(5):
         server.step()
-    assert server.agent.counters.lease_expiries == 0 and "b" in server.leases  # NOTE: it may be being read
+    # NOTE: it may be being read
+    assert server.transport.counters.lease_expiries == 0 and "b" in server.transport.leases
     time.sleep(0.2)  # NOTE: past the claimed lease's life: its claimer is dead or lost
     server.step()
-    assert server.agent.counters.lease_expiries == 1 and server.block_manager.num_free_blocks == free_before
+    assert server.transport.counters.lease_expiries == 1 and server.block_manager.num_free_blocks == free_before
 
 
 def test_a_released_claim_frees_the_lease_at_once(server, router):
@@ -86,8 +87,8 @@ def test_a_released_claim_frees_the_lease_at_once(server, router):
     assert claim.ok
     router.send(protocol.encode(protocol.ReleaseKV("r", "the READ failed")))
     server.step()
-    assert "r" not in server.leases and server.block_manager.num_free_blocks == free_before
-    assert server.stats()["num_released_unread"] == 1 and server.agent.counters.lease_expiries == 0
+    assert "r" not in server.transport.leases and server.block_manager.num_free_blocks == free_before
+    assert server.stats()["num_released_unread"] == 1 and server.transport.counters.lease_expiries == 0
 
 
 def test_an_abort_during_prefill_frees_the_blocks_when_it_ends(server, router):
@@ -98,7 +99,7 @@ def test_an_abort_during_prefill_frees_the_blocks_when_it_ends(server, router):
     router.send(protocol.encode(protocol.Abort("long")))
     for _ in range(4):
         server.step()
-    assert not server.leases and not server.prefilling and server.block_manager.num_free_blocks == free_before
+    assert not server.transport.leases and not server.prefilling and server.block_manager.num_free_blocks == free_before
     assert not router.poll(100)  # NOTE: the router gave up on it: no result is sent
 
 
@@ -106,7 +107,7 @@ def test_first_token_that_ends_the_request_returns_no_kv(server, router):
     free_before = server.block_manager.num_free_blocks
     [result] = exchange(server, router, prefill("c", 12, max_tokens=1))
     assert result.kv is None and [first.finish_reason for first in result.first_tokens] == ["length"]
-    assert server.block_manager.num_free_blocks == free_before and not server.leases
+    assert server.block_manager.num_free_blocks == free_before and not server.transport.leases
 
 
 def test_bad_requests_and_incompatible_peers_get_clear_errors(server, router):

@@ -41,8 +41,8 @@ MESSAGES = [
     protocol.ClaimKV("r1"),
     protocol.ClaimReply("r1", True, (3, 4, 9)),
     protocol.ReleaseKV("r1", "read failed"),
-    protocol.HandshakeReply("prefill-0", {"block_size": 16}, "abc123", b"nixl-metadata", (2**40, 2**63 + 5, 4096),
-                            64, 3072, "VRAM", 1, {"UCX_TLS": "cuda_ipc"}, "instance-1", 30.0),
+    protocol.HandshakeReply("prefill-0", {"block_size": 16}, "abc123", "nixl", b"\x85the transport's own fields",
+                            "instance-1", 30.0),
 ]
 
 
@@ -75,6 +75,19 @@ def test_a_long_token_id_list_with_one_bad_item_is_refused_naming_it(bad, positi
     body["prompt_token_ids"][position] = bad
     with pytest.raises(protocol.ProtocolError, match=rf"prompt_token_ids\[{position}\] must be int"):
         protocol.decode(msgpack.packb(body))
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("transport_payload", {"agent_metadata": b"m", "num_blocks": 64}, "HandshakeReply.transport_payload must be bytes"),
+    ("transport", 7, "HandshakeReply.transport must be str"),
+    ("kv_base_addresses", [2**40], "malformed HandshakeReply"),  # NOTE: a NIXL field of version 11's reply
+])
+def test_a_handshake_reply_carries_its_transport_fields_as_one_checked_payload(field, value, error):
+    reply = next(m for m in MESSAGES if isinstance(m, protocol.HandshakeReply))
+    body = msgpack.unpackb(protocol.encode(reply), raw=False)
+    body[field] = value
+    with pytest.raises(protocol.ProtocolError, match=error):
+        protocol.decode(msgpack.packb(body, use_bin_type=True))
 
 
 def test_kv_done_notification_names_its_request_and_nothing_else():
