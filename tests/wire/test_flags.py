@@ -31,7 +31,8 @@ from wire.flags import (
     flag,
 )
 
-TRANSFER = TransferConfig(transport="fake", cuda_ipc_get_zcopy="auto", ucx_transports=("cuda_ipc", "rc"), ucx_devices=("mlx5_0:1",),
+TRANSFER = TransferConfig(transport="fake", cuda_ipc_get_zcopy="auto", ucx_transports=("cuda_ipc", "rc"),
+                          ucx_devices=("mlx5_0:1",),
                           ucx_error_handling="peer", progress_thread="on", min_vram_read_gbps=5.5,
                           allow_slow_reads=True)
 PACKED = SchedulerConfig(mode="standard", max_num_seqs=9, max_model_len=99, prefill_chunk_size=33,
