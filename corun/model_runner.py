@@ -157,7 +157,7 @@ class ModelRunner:
         if not self.on_cuda:
             return 0
         if self.mode != "standard":
-            return self.config.scheduler.decode_kv_splits
+            return 1
         from corun.kernels.decode_attention import split_kv_heuristic
 
         return split_kv_heuristic(num_rows, self.model.cfg.num_kv_heads, self.num_sms)

@@ -92,12 +92,6 @@ class SchedulerConfig:
     requests then runs at the smallest kept size >= k. Which pass depends on the GPU and kernels (measured on the
     H200, Qwen3-8B shape, N = 256: 128, 160 and 224; not 192 or below 128). () = every step at N (the paper).
     auto: auto_decode_step_candidates(N) on CUDA, () on CPU (see resolve_shape_defaults)."""
-    decode_kv_splits: int | None = None
-    """corun decode attention: every request's context is cut into this many ranges of whole KV tiles (a range is
-    ceil(tiles / splits) tiles, so the cuts depend on the context length alone), each reduced by its own program,
-    then merged in range order. The count is the same in every step, so a row's bits stay a function of its
-    request, unlike standard mode's split-KV, whose count follows the batch size. None (auto): 4 on CUDA with
-    graphs, 1 elsewhere."""
     prefill_token_budget: int = 2048
     """corun: the most prompt tokens prefilled between two decode steps while requests are decoding (the
     prefill that crosses the budget still runs whole), so decode is not starved by a queue of prompts.
@@ -123,8 +117,6 @@ class SchedulerConfig:
                      "prefill_pack_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.decode_kv_splits is not None and not 1 <= self.decode_kv_splits <= 16:
-            raise ValueError(f"decode_kv_splits must be in [1, 16], got {self.decode_kv_splits}")
         for name in ("prefill_pack_tokens", "prefill_token_budget"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -151,7 +143,7 @@ class SchedulerConfig:
 
     @property
     def is_resolved(self) -> bool:
-        return AUTO not in (self.prefill_buckets, self.decode_step_sizes) and self.decode_kv_splits is not None
+        return AUTO not in (self.prefill_buckets, self.decode_step_sizes)
 
 
 def auto_decode_step_candidates(max_num_seqs: int) -> tuple[int, ...]:
@@ -188,10 +180,7 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     sizes = sched.decode_step_sizes
     if sizes == AUTO:
         sizes = auto_decode_step_candidates(sched.max_num_seqs) if fast_cuda else ()
-    splits = sched.decode_kv_splits
-    if splits is None:
-        splits = 4 if fast_cuda else 1
-    return dataclasses.replace(sched, prefill_buckets=buckets, decode_step_sizes=sizes, decode_kv_splits=splits)
+    return dataclasses.replace(sched, prefill_buckets=buckets, decode_step_sizes=sizes)
 
 
 NULL_BLOCK = 0
