@@ -29,6 +29,25 @@ fi
 # Algorithm 1); standard's mixed steps run as piecewise CUDA graphs, standard:piecewise_graphs=off is the old eager one
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_probe)  # issue 20, third round, as run in one session (each line was its own device call): which GEMM
+    # row counts give a row the same bits, the two prefill figures at the bench's chunk size (4096), packed prefill
+    # at T = 8192 next to the defaults and standard at t = 0, the GEMMs' speed by library, and a kernel profile of
+    # one 64- and one 4096-token prefill
+    timeout 150 python3 -m benchmarks.gemm_row_invariance --out "$out/h200_gemm_row_invariance.json" > "$out/gemm.log" 2>&1
+    timeout 150 python3 -m benchmarks.prefill_cost --paths corun --lengths 64,4096 --prefill-chunk-size 4096 \
+      --out "$out/h200_prefill_cost_chunk4096.json" > "$out/prefill_cost.log" 2>&1
+    timeout 540 $BENCH --workloads sharegpt,burstgpt --max-seconds 12 --goodput ttft:500 tpot:50 \
+      --modes "corun,standard,$PACKED,corun:prefill_chunk_size=4096:prefill_pack_tokens=8192:prefill_pack_seqs=64,corun:prefill_chunk_size=4096:prefill_pack_tokens=8192:prefill_pack_seqs=64:prefill_token_budget=8192" \
+      --out "$out/h200_packed_t0.json" > "$out/bench.log" 2>&1
+    timeout 200 python3 -m benchmarks.gemm_variants --out "$out/h200_gemm_variants.json" > "$out/variants.log" 2>&1
+    timeout 200 python3 -m benchmarks.prefill_profile --lengths 64,4096 --out-dir "$out" > "$out/profile.log" 2>&1 ;;
+  fixed_kv_splits)  # issue 20, third round, at commit d266957 (reverted after this run): corun decode attention at
+    # a fixed split count (decode_kv_splits; auto = 4 on CUDA): 8B determinism, then t = 0 against 1 and 8 splits
+    timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --modes corun,standard \
+      --out "$out/h200_determinism_fixed_kv_splits.json" > "$out/determinism.log" 2>&1
+    timeout 370 $BENCH --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --max-seconds 12 --goodput ttft:500 tpot:50 \
+      --modes "corun,standard,corun:decode_kv_splits=1,corun:decode_kv_splits=8" \
+      --out "$out/h200_fixed_kv_splits_t0.json" > "$out/bench.log" 2>&1 ;;
   structure_tests)  # issue 22 (the structural step: wire/, the transport seam, one scheduler, the ops-based decoder,
     # the router's rooms, generated command lines): every GPU test, 1P1D over CUDA-IPC included, and the 8B
     # determinism suite of the engine
