@@ -163,6 +163,7 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
     warm_up(engine, prompts)
     trace = Trace(arrivals.times(len(prompts)))
     counts_before, rows_before = engine.runner.forward_counts(), dict(engine.runner.decode_rows_histogram)
+    prefill_rows_before = dict(getattr(engine.runner, "prefill_rows_histogram", {}))  # NOTE: the vLLM runner: none
     retries_before = allocator_retries()
     elapsed = serve_arrivals(engine, prompts, trace, math.inf if max_seconds is None else max_seconds,
                              label or workload.name)
@@ -172,6 +173,8 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
         "forward_counts": {name: counts_after[name] - counts_before[name] for name in counts_after},
         "decode_sizes": engine.runner.decode_sizes,
         "decode_steps_by_rows": {rows: n - rows_before.get(rows, 0) for rows, n in sorted(rows_after.items())},
+        "prefill_forwards_by_rows": {rows: n - prefill_rows_before.get(rows, 0) for rows, n in sorted(
+            getattr(engine.runner, "prefill_rows_histogram", {}).items())},
         "truncated": trace.truncated, "allocator_retries": allocator_retries() - retries_before}
 
 

@@ -26,6 +26,7 @@ from corun.decode_sizes import equivalent_decode_sizes
 from corun.kv_cache import PagedKVCache
 from corun.models.config import ModelArchConfig
 from corun.models.loader import DTYPES, load_model
+from corun.pack_sizes import equivalent_pack_sizes
 from corun.piecewise_graphs import PiecewiseForward, piecewise_sizes
 from corun.request import Request
 from corun.sampler import Sampler, SamplerOutput, SamplingBatch
@@ -82,6 +83,8 @@ class ModelRunner:
         """standard modes' mixed steps that ran through the piecewise graphs (the rest ran eagerly)."""
         self.decode_rows_histogram: dict[int, int] = {}
         """corun decode steps per row count they ran at."""
+        self.prefill_rows_histogram: dict[int, int] = {}
+        """corun padded prefill forwards (bucketed or packed) per row count they ran at."""
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_cuda else 0
         self.batched_decode_rows = self.on_cuda or self.mode == "batch_invariant"
         """Decode rows through the batched paged kernel (CUDA) instead of per-request attention (CPU); tests
@@ -95,6 +98,8 @@ class ModelRunner:
         self.decode_graph = self.prefill_graph = self.mixed_graph = None
         self.decode_sizes = [self.max_num_seqs]
         """Row counts a corun decode step may run at (ascending, N last): N and the verified smaller ones."""
+        self.pack_sizes = [config.scheduler.prefill_pack_tokens] if config.scheduler.prefill_pack_tokens else []
+        """Row counts a packed prefill forward may run at (ascending, T last): T and the verified smaller ones."""
         self.set_up_fixed_shapes(capture_decode_graph, runs_mixed_steps)
 
     def load_model_and_sampler(self):
@@ -132,6 +137,10 @@ class ModelRunner:
             self.decode_sizes = equivalent_decode_sizes(self, sched.decode_step_sizes)
             if self.decode_graph is not None:  # NOTE: a size that failed must never be replayed
                 self.decode_graph.keep(self.decode_sizes)
+        if self.mode == "corun" and sched.prefill_pack_tokens and sched.prefill_pack_sizes:
+            self.pack_sizes = equivalent_pack_sizes(self, sched.prefill_pack_sizes)
+            if self.prefill_graph is not None:
+                self.prefill_graph.keep(self.pack_sizes)
 
     @property
     def prefill_path(self) -> str:
@@ -141,7 +150,8 @@ class ModelRunner:
             return "mixed-batch-piecewise-graphs" if self.mixed_graph is not None else "mixed-batch-eager"
         how = "graph" if self.prefill_graph is not None else "eager"
         if sched.prefill_pack_tokens:
-            return f"packed-T{sched.prefill_pack_tokens}-S{sched.prefill_pack_seqs}-{how}"
+            sizes = "" if len(self.pack_sizes) < 2 else f"-sizes-{'.'.join(map(str, self.pack_sizes[:-1]))}"
+            return f"packed-T{sched.prefill_pack_tokens}-S{sched.prefill_pack_seqs}{sizes}-{how}"
         if sched.prefill_buckets:
             return f"isolated-buckets-{'.'.join(map(str, sched.prefill_buckets))}-{how}"
         return "isolated-natural-eager"
@@ -167,7 +177,7 @@ class ModelRunner:
         token 1 of every prompt whose last chunk this is."""
         sched = self.config.scheduler
         self.num_prefill_forwards += 1
-        num_rows = sched.prefill_pack_tokens or sched.prefill_rows(chunks[0].num_tokens)
+        num_rows = self.pack_rows(chunks) if sched.prefill_pack_tokens else sched.prefill_rows(chunks[0].num_tokens)
         assert len(chunks) <= sched.prefill_seqs_per_forward, "isolated prefill runs one chunk per forward"
         # NOTE: bucketed graphs take a prompt's first chunk (causal attention over the forward's own K and V);
         # later chunks of long prompts, and chunks longer than every bucket, run at natural length
@@ -177,6 +187,7 @@ class ModelRunner:
             logits = self.natural_prefill_logits(chunks[0], wants_prompt_logprobs)
         else:
             self.num_padded_prefill_forwards += 1
+            self.prefill_rows_histogram[num_rows] = self.prefill_rows_histogram.get(num_rows, 0) + 1
             pack = build_prefill_pack(chunks, num_rows, sched.prefill_seqs_per_forward, self.block_size,
                                       self.table_rows, whole_prompt=bucketed)
             if wants_prompt_logprobs:
@@ -190,6 +201,11 @@ class ModelRunner:
             chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
         finishing = [chunk.request for chunk in chunks if chunk.is_last]
         return self.sample(logits, finishing) if finishing else []
+
+    def pack_rows(self, chunks: list[PrefillChunk]) -> int:
+        """The smallest verified pack size that holds the chunks (T when no smaller one was kept)."""
+        num_tokens = sum(chunk.num_tokens for chunk in chunks)
+        return next(size for size in self.pack_sizes if size >= num_tokens)
 
     def natural_prefill_logits(self, chunk: PrefillChunk, with_prompt_logprobs: bool = False) -> torch.Tensor:
         """The paper's isolated prefill: the chunk alone at its natural length, eager. -> [1, vocab]"""
@@ -245,7 +261,9 @@ class ModelRunner:
     def padded_prefill_sizes(self) -> list[int]:
         """Row counts of corun's padded prefill forwards (each one CUDA graph on CUDA)."""
         sched = self.config.scheduler
-        return [sched.prefill_pack_tokens] if sched.prefill_pack_tokens else list(sched.prefill_buckets)
+        if sched.prefill_pack_tokens:  # NOTE: every candidate, before the probe keeps those that pass
+            return [*sched.prefill_pack_sizes, sched.prefill_pack_tokens]
+        return list(sched.prefill_buckets)
 
     def capture_prefill_graphs(self) -> CapturedGraphs[PrefillPackInputs]:
         num_seqs = self.config.scheduler.prefill_seqs_per_forward

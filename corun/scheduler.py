@@ -173,7 +173,7 @@ class CoRunScheduler(Scheduler):
     def schedule(self) -> ScheduledBatch | None:
         decoding = [r for r in self.running if not r.is_prefilling]
         if not (decoding and self.prefill_budget_spent()):
-            chunks = self.prefill_chunks()
+            chunks = self.prefill_chunks(self.pack_rows_left() if decoding else None)
             if chunks:
                 self.num_prefilled_since_decode += sum(chunk.num_tokens for chunk in chunks)
                 return ScheduledBatch(prefill_chunks=chunks)
@@ -184,11 +184,17 @@ class CoRunScheduler(Scheduler):
         budget = self.cfg.prefill_token_budget
         return budget > 0 and self.num_prefilled_since_decode >= budget
 
-    def prefill_chunks(self) -> list[PrefillChunk]:
+    def pack_rows_left(self) -> int | None:
+        """While requests decode, a pack holds at most what is left of the prefill token budget (a whole chunk at
+        least), so a large T does not stall every decoding request for a T-row forward."""
+        budget = self.cfg.prefill_token_budget
+        return max(budget - self.num_prefilled_since_decode, self.cfg.prefill_chunk_size) if budget else None
+
+    def prefill_chunks(self, max_rows: int | None = None) -> list[PrefillChunk]:
         """Algorithm 1 (and packed prefill): the chunk in progress, else an admissible waiting request's."""
         prefilling = [r for r in self.running if r.is_prefilling]
         return pack_prefill_chunks(self.cfg, prefilling, lambda: self.waiting[0] if self.waiting else None,
-                                   self.admit_head)
+                                   self.admit_head, max_rows)
 
 
 class StandardScheduler(Scheduler):
@@ -213,13 +219,15 @@ def next_chunk(request: Request, max_tokens: int) -> PrefillChunk:
 
 
 def pack_prefill_chunks(cfg: SchedulerConfig, prefilling: list[Request], waiting_head: Callable[[], Request | None],
-                        admit_head: Callable[[], Request | None]) -> list[PrefillChunk]:
+                        admit_head: Callable[[], Request | None], max_rows: int | None = None) -> list[PrefillChunk]:
     """The prefill forward of a corun engine and of a prefill node: the next chunk of every prompt being
     prefilled, then of newly admitted ones (FIFO: waiting_head peeks, admit_head admits or answers None when the
     head does not fit), while they fit one forward: one chunk alone (isolated), or prefill_pack_tokens rows and
     prefill_pack_seqs prompts (packed). Chunks are cut at multiples of prefill_chunk_size whatever else is packed,
-    so a prompt's cuts depend on the prompt alone."""
+    so a prompt's cuts depend on the prompt alone. max_rows caps the pack's rows (the engine's budget while it
+    decodes); the forward then runs at the smallest verified pack size that holds them."""
     rows_left, max_prompts = cfg.prefill_pack_tokens or cfg.prefill_chunk_size, cfg.prefill_seqs_per_forward
+    rows_left = rows_left if max_rows is None else min(rows_left, max_rows)
     chunks = []
     for request in prefilling:
         chunk = next_chunk(request, cfg.prefill_chunk_size)

@@ -83,6 +83,15 @@ class SchedulerConfig:
     prefill_chunk_size <= T. 0 = isolated prefill (one prompt per forward)."""
     prefill_pack_seqs: int = 16
     """Packed prefill: the most prompts in one forward (S); token 1 of each is sampled on exactly S rows."""
+    prefill_pack_sizes: Sizes = field(default=AUTO, metadata=flag(parse=parse_sizes, format=format_sizes,
+                                                                  metavar="SIZES|none|auto"))
+    """Packed prefill: candidate row counts below T. At start-up each is run against the T-row forward on random
+    prompts and kept only if every prompt's KV and token-1 logits and samples are bitwise those of the T-row
+    forward; a pack of r rows then runs at the smallest kept size >= r, so a lone prompt does not pay T rows and
+    outputs do not change. Which pass depends on the GPU and kernels (measured on the H200, Qwen3-8B shape: every
+    projection gives a row the same bits at 192 and at every count from 320 to 8448, so all of those; not 256 and
+    below, but 192: benchmarks/results/h200_gemm_row_invariance.json). () = every pack at T. auto: the candidates
+    of auto_pack_size_candidates(T) on CUDA with graphs, () elsewhere (see resolve_shape_defaults)."""
     decode_step_sizes: Sizes = field(default=AUTO, metadata=flag(parse=parse_sizes, format=format_sizes,
                                                                  metavar="SIZES|none|auto"))
     """corun: candidate row counts below N for decode steps with few running requests. At start-up each one is
@@ -126,6 +135,12 @@ class SchedulerConfig:
         if sizes != AUTO and (any(not 1 <= size < self.max_num_seqs for size in sizes)
                               or list(sizes) != sorted(set(sizes))):
             raise ValueError(f"decode_step_sizes must be increasing sizes in [1, max_num_seqs) or 'auto', got {sizes}")
+        pack_sizes = self.prefill_pack_sizes
+        if pack_sizes not in (AUTO, ()) and (not self.prefill_pack_tokens or any(
+                not 1 <= size < self.prefill_pack_tokens for size in pack_sizes) or list(pack_sizes) != sorted(
+                set(pack_sizes))):
+            raise ValueError(f"prefill_pack_sizes must be increasing sizes in [1, prefill_pack_tokens) with packed "
+                             f"prefill on, or 'auto', got {pack_sizes}")
         if self.prefill_pack_tokens and buckets not in (AUTO, ()):
             raise ValueError("prefill_buckets (isolated prefill) and prefill_pack_tokens (packed) exclude each other")
         if self.prefill_pack_tokens and self.prefill_chunk_size > self.prefill_pack_tokens:
@@ -143,7 +158,17 @@ class SchedulerConfig:
 
     @property
     def is_resolved(self) -> bool:
-        return AUTO not in (self.prefill_buckets, self.decode_step_sizes)
+        return AUTO not in (self.prefill_buckets, self.decode_step_sizes, self.prefill_pack_sizes)
+
+
+PACK_SIZE_LADDER = (192, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+"""Row counts worth trying for packed prefill: steps of at most 1.5x, so a pack pays at most half again its rows."""
+
+
+def auto_pack_size_candidates(pack_tokens: int) -> tuple[int, ...]:
+    """The ladder below T (none without packing). Only those that reproduce the T-row forward's bits are kept
+    at start-up, so a generous list costs start-up time and graph memory, never outputs."""
+    return tuple(size for size in PACK_SIZE_LADDER if size < pack_tokens)
 
 
 def auto_decode_step_candidates(max_num_seqs: int) -> tuple[int, ...]:
@@ -180,7 +205,10 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     sizes = sched.decode_step_sizes
     if sizes == AUTO:
         sizes = auto_decode_step_candidates(sched.max_num_seqs) if fast_cuda else ()
-    return dataclasses.replace(sched, prefill_buckets=buckets, decode_step_sizes=sizes)
+    pack_sizes = sched.prefill_pack_sizes
+    if pack_sizes == AUTO:
+        pack_sizes = auto_pack_size_candidates(sched.prefill_pack_tokens) if fast_cuda else ()
+    return dataclasses.replace(sched, prefill_buckets=buckets, decode_step_sizes=sizes, prefill_pack_sizes=pack_sizes)
 
 
 NULL_BLOCK = 0

@@ -380,3 +380,15 @@ def test_corun_packed_prefill_fills_rows_with_whole_chunks_in_fifo_order():
     assert [(c.request.request_id, c.start, c.num_tokens) for c in second.prefill_chunks] == [
         ("r1", 8, 4), ("r2", 0, 6), ("r3", 0, 3)]
     assert all(b.prefill_chunks or b.decode_requests for b in run_to_completion(scheduler))
+
+
+def test_corun_pack_holds_what_is_left_of_the_budget_while_requests_decode():
+    """A large T must not stall decoding: with requests decoding, a pack holds at most the budget's remainder (a
+    whole chunk at least); with none decoding it fills T."""
+    scheduler = make(max_num_seqs=20, prefill_pack_tokens=64, prefill_pack_seqs=16, prefill_token_budget=20)
+    for i in range(20):
+        scheduler.add(make_request(f"r{i}", 6, max_tokens=8))
+    batches = [step(scheduler) for _ in range(3)]
+    assert kinds(batches) == "PDP"
+    assert sum(c.num_tokens for c in batches[0].prefill_chunks) == 60  # NOTE: nobody decodes yet: up to T
+    assert sum(c.num_tokens for c in batches[2].prefill_chunks) == 18  # NOTE: 3 prompts fit the budget's 20

@@ -10,6 +10,7 @@ from wire.config import (
     EngineConfig,
     SchedulerConfig,
     auto_decode_step_candidates,
+    auto_pack_size_candidates,
     resolve_shape_defaults,
 )
 from wire.engine_args import add_engine_args, engine_args_to_argv, engine_config_from_args
@@ -42,6 +43,15 @@ def test_cpu_no_graphs_other_modes_and_the_vllm_engine_get_the_papers_shapes():
 def test_packed_prefill_takes_no_buckets_but_keeps_decode_candidates():
     sched = resolved(max_num_seqs=64, prefill_pack_tokens=2048, prefill_chunk_size=512)
     assert sched.prefill_buckets == () and sched.decode_step_sizes == auto_decode_step_candidates(64)
+
+
+def test_pack_size_candidates_resolve_below_t_on_cuda_only():
+    sched = resolved(max_num_seqs=256, prefill_pack_tokens=8192, prefill_chunk_size=4096)
+    assert sched.prefill_pack_sizes == auto_pack_size_candidates(8192)
+    assert sched.prefill_pack_sizes[0] == 192 and max(sched.prefill_pack_sizes) < 8192
+    assert resolved(prefill_pack_tokens=2048, device="cpu").prefill_pack_sizes == ()
+    assert resolved().prefill_pack_sizes == ()  # NOTE: no packed prefill, nothing to try
+    assert resolved(prefill_pack_tokens=2048, prefill_pack_sizes=(512,)).prefill_pack_sizes == (512,)
 
 
 def test_explicit_values_are_kept():
