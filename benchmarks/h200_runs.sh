@@ -41,6 +41,20 @@ case $part in
       --out "$out/h200_packed_t0.json" > "$out/bench.log" 2>&1
     timeout 200 python3 -m benchmarks.gemm_variants --out "$out/h200_gemm_variants.json" > "$out/variants.log" 2>&1
     timeout 200 python3 -m benchmarks.prefill_profile --lengths 64,4096 --out-dir "$out" > "$out/profile.log" 2>&1 ;;
+  pack_sizes)  # issue 20, third round: packed prefill at verified pack sizes (the new CUDA default; as run, the mode
+    # spec below, whose settings the defaults now are), 8B determinism through it, t = 0 next to the previous default
+    # (buckets) and standard, Poisson 16 req/s; then (a later call, with the default flipped) Poisson 32 req/s
+    P=corun:prefill_pack_tokens=8192:prefill_pack_seqs=64
+    timeout 80 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes $P --out "$out/h200_determinism_pack_sizes.json" > "$out/det.log" 2>&1
+    timeout 320 $BENCH --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --modes "corun:prefill_pack_tokens=0,$P,standard" --out "$out/h200_pack_sizes_t0.json" > "$out/bench.log" 2>&1
+    timeout 185 $BENCH --num-requests 300 --request-rate 16 --workloads sharegpt --max-seconds 22 \
+      --goodput ttft:500 tpot:50 --modes "$P,corun:prefill_pack_tokens=0,standard" \
+      --out "$out/h200_pack_sizes_poisson_16.json" > "$out/poisson.log" 2>&1
+    timeout 230 $BENCH --num-requests 300 --request-rate 32 --workloads sharegpt --max-seconds 22 \
+      --goodput ttft:500 tpot:50 --modes "corun,standard" --out "$out/h200_pack_sizes_poisson_32.json" \
+      > "$out/poisson32.log" 2>&1 ;;
   fixed_kv_splits)  # issue 20, third round, at commit d266957 (reverted after this run): corun decode attention at
     # a fixed split count (decode_kv_splits; auto = 4 on CUDA): 8B determinism, then t = 0 against 1 and 8 splits
     timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --modes corun,standard \

@@ -66,7 +66,8 @@ class SchedulerConfig:
     prefill_chunk_size: int = 512
     """Prompts longer than this are prefilled in chunks of exactly this many tokens (the last one shorter)."""
     max_num_batched_tokens: int = 2048
-    """standard mode only: token budget of one mixed prefill+decode step."""
+    """standard mode: token budget of one mixed prefill+decode step; corun on CUDA: the packed prefill forward's
+    rows (T) when prefill_pack_tokens is auto."""
     prefill_buckets: Sizes = field(default=AUTO, metadata=flag(parse=parse_buckets, format=format_sizes,
                                                                metavar="SIZES|default|none|auto"))
     """corun mode (as are the settings below; other modes ignore them). Isolated prefill: a prompt's first
@@ -75,13 +76,15 @@ class SchedulerConfig:
     CUDA graph, which removes the per-kernel launch cost of short prefills. Longer chunks and a long prompt's
     later chunks run at their natural length. () = natural length always (the paper). auto: DEFAULT_PREFILL_BUCKETS
     (up to the chunk size) on CUDA with graphs, () elsewhere (see resolve_shape_defaults)."""
-    prefill_pack_tokens: int = 0
-    """corun packed prefill when > 0: every prefill forward has exactly this many token rows (T), filled with
-    whole prefill chunks (cut at multiples of prefill_chunk_size: positions that depend on the prompt alone) of
-    up to prefill_pack_seqs prompts, each attending only to its own sequence; the rest is padding. A prompt's
-    outputs then depend on T (part of the contract) but not on what it is packed with. Needs
-    prefill_chunk_size <= T. 0 = isolated prefill (one prompt per forward)."""
-    prefill_pack_seqs: int = 16
+    prefill_pack_tokens: int | None = None
+    """corun packed prefill when > 0: a prefill forward holds up to this many token rows (T), filled with whole
+    prefill chunks (cut at multiples of prefill_chunk_size: positions that depend on the prompt alone) of up to
+    prefill_pack_seqs prompts, each attending only to its own sequence; the rest is padding. It runs at T rows, or
+    at the smallest verified smaller size that holds it (prefill_pack_sizes), so a prompt's outputs depend on T
+    (part of the contract) but not on what it is packed with. Needs prefill_chunk_size <= T. 0 = isolated prefill
+    (one prompt per forward). None (auto): max(max_num_batched_tokens, prefill_chunk_size) on CUDA with graphs, 0
+    elsewhere and when prefill_buckets are given (see resolve_shape_defaults)."""
+    prefill_pack_seqs: int = 64
     """Packed prefill: the most prompts in one forward (S); token 1 of each is sampled on exactly S rows."""
     prefill_pack_sizes: Sizes = field(default=AUTO, metadata=flag(parse=parse_sizes, format=format_sizes,
                                                                   metavar="SIZES|none|auto"))
@@ -127,7 +130,7 @@ class SchedulerConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("prefill_pack_tokens", "prefill_token_budget"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         buckets, sizes = self.prefill_buckets, self.decode_step_sizes
         if buckets != AUTO and (any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets))):
@@ -136,8 +139,9 @@ class SchedulerConfig:
                               or list(sizes) != sorted(set(sizes))):
             raise ValueError(f"decode_step_sizes must be increasing sizes in [1, max_num_seqs) or 'auto', got {sizes}")
         pack_sizes = self.prefill_pack_sizes
-        if pack_sizes not in (AUTO, ()) and (not self.prefill_pack_tokens or any(
-                not 1 <= size < self.prefill_pack_tokens for size in pack_sizes) or list(pack_sizes) != sorted(
+        pack_tokens = self.prefill_pack_tokens
+        if pack_sizes not in (AUTO, ()) and (pack_tokens == 0 or any(
+                not 1 <= size < (pack_tokens or size + 1) for size in pack_sizes) or list(pack_sizes) != sorted(
                 set(pack_sizes))):
             raise ValueError(f"prefill_pack_sizes must be increasing sizes in [1, prefill_pack_tokens) with packed "
                              f"prefill on, or 'auto', got {pack_sizes}")
@@ -158,7 +162,8 @@ class SchedulerConfig:
 
     @property
     def is_resolved(self) -> bool:
-        return AUTO not in (self.prefill_buckets, self.decode_step_sizes, self.prefill_pack_sizes)
+        return AUTO not in (self.prefill_buckets, self.decode_step_sizes, self.prefill_pack_sizes) and \
+            self.prefill_pack_tokens is not None
 
 
 PACK_SIZE_LADDER = (192, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
@@ -183,22 +188,28 @@ def auto_decode_step_candidates(max_num_seqs: int) -> tuple[int, ...]:
 def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: bool, backend: str) -> SchedulerConfig:
     """The one place where 'auto' becomes sizes, by device (explicit values are kept as given).
 
-    Measured on the H200 (8B shape, bf16, N = 256, measured-2026-12b): bucketed isolated prefill (one CUDA graph per
-    bucket) against the natural eager one: 64 tokens 6.3 vs 19.6 ms, ShareGPT-like at t = 0 5,451 vs 2,525 tok/s;
-    verified smaller decode steps carried 743 of 962 steps at 128 rows (6.7 ms against 8.3 at 256). Packed prefill
-    stays an option, not the default: a prompt alone pays all T rows, at Poisson rates it gave fewer good requests
-    than buckets (282 vs 294 of 300 at 16 req/s), and at t = 0 it won or lost by machine (RL-rollout-like 1.08x
-    buckets in one run, 0.86x in another: benchmarks/results/README.md, issue 20). On CPU there are no graphs to
-    amortise: padding rows are pure extra work, so prefill runs at natural length; a smaller decode step saves
+    On CUDA with graphs: packed prefill at T = max_num_batched_tokens, each forward at the smallest verified size
+    that holds its pack, and the verified smaller decode steps. Measured on the H200 (8B shape, bf16, N = 256, one
+    machine, benchmarks/results/h200_pack_sizes_t0.json, issue 20): against bucketed isolated prefill (one CUDA
+    graph per bucket, the default before) it gave 1.00x, 1.09x, 1.06x and 1.23x at t = 0 (ShareGPT-, BurstGPT-,
+    RL-rollout-like, 1024x2048; 0.998-0.919x the graph-captured standard), and at Poisson 16 req/s 294 good
+    requests of 300 against 296 (standard 287); a lone short prompt pays >= 192 rows instead of its bucket, the
+    smallest size the H200 verifies (64 tokens: ~1.2x the bucket's time). Verified smaller decode steps carried
+    743 of 962 steps at 128 rows (6.7 ms against 8.3 at 256). On CPU there are no graphs to amortise: padding rows
+    are pure extra work, so prefill runs at natural length, one prompt per forward; a smaller decode step saves
     little against per-request attention and not every CPU keeps one (an AMX host kept only N), so every step runs
-    at N (measured on a 2-core host, tiny model: benchmarks/results/cpu_defaults.json). The vLLM backend runs
-    neither (its engine refuses them)."""
+    at N (measured on a 2-core host, tiny model: benchmarks/results/cpu_defaults.json). The vLLM backend runs none
+    of them (its engine refuses them)."""
     if sched.is_resolved:
         return sched
     fast_cuda = device.startswith("cuda") and use_cuda_graph and sched.mode == "corun" and backend == "corun"
+    pack_tokens = sched.prefill_pack_tokens
+    if pack_tokens is None:
+        wanted = fast_cuda and sched.prefill_buckets in (AUTO, ())
+        pack_tokens = max(sched.max_num_batched_tokens, sched.prefill_chunk_size) if wanted else 0
     buckets = sched.prefill_buckets
     if buckets == AUTO:
-        wanted = fast_cuda and not sched.prefill_pack_tokens
+        wanted = fast_cuda and not pack_tokens
         longest = min(sched.prefill_chunk_size, sched.max_model_len)
         buckets = tuple(b for i, b in enumerate(DEFAULT_PREFILL_BUCKETS)
                         if i == 0 or DEFAULT_PREFILL_BUCKETS[i - 1] < longest) if wanted else ()
@@ -207,8 +218,9 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
         sizes = auto_decode_step_candidates(sched.max_num_seqs) if fast_cuda else ()
     pack_sizes = sched.prefill_pack_sizes
     if pack_sizes == AUTO:
-        pack_sizes = auto_pack_size_candidates(sched.prefill_pack_tokens) if fast_cuda else ()
-    return dataclasses.replace(sched, prefill_buckets=buckets, decode_step_sizes=sizes, prefill_pack_sizes=pack_sizes)
+        pack_sizes = auto_pack_size_candidates(pack_tokens) if fast_cuda else ()
+    return dataclasses.replace(sched, prefill_pack_tokens=pack_tokens, prefill_buckets=buckets,
+                               decode_step_sizes=sizes, prefill_pack_sizes=pack_sizes)
 
 
 NULL_BLOCK = 0

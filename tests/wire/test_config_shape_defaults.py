@@ -23,21 +23,31 @@ def resolved(device="cuda", use_cuda_graph=True, backend="corun", **scheduler) -
 def test_defaults_are_auto_and_the_budget_bounds_prefill():
     sched = SchedulerConfig()
     assert (sched.prefill_buckets, sched.decode_step_sizes) == (AUTO, AUTO) and not sched.is_resolved
+    assert sched.prefill_pack_tokens is None and sched.prefill_pack_sizes == AUTO
     assert sched.prefill_token_budget > 0
 
 
-def test_cuda_gets_buckets_up_to_the_chunk_size_and_decode_candidates():
-    sched = resolved(max_num_seqs=256, prefill_chunk_size=512, max_model_len=4096)
-    assert sched.prefill_buckets == (16, 32, 64, 128, 256, 384, 512)
+def test_cuda_gets_packed_prefill_at_the_batch_token_budget_with_pack_and_decode_candidates():
+    sched = resolved(max_num_seqs=256, prefill_chunk_size=4096, max_num_batched_tokens=8192, max_model_len=6144)
+    assert (sched.prefill_pack_tokens, sched.prefill_buckets) == (8192, ())
+    assert sched.prefill_pack_sizes == auto_pack_size_candidates(8192)
     assert sched.decode_step_sizes == (16, 32, 64, 128, 160, 192, 224)
-    assert resolved(prefill_chunk_size=4096, max_model_len=6144).prefill_buckets == DEFAULT_PREFILL_BUCKETS
-    assert resolved(prefill_chunk_size=500, max_model_len=6144).prefill_buckets[-1] == 512  # NOTE: holds 385-500
+    assert resolved(prefill_chunk_size=4096, max_num_batched_tokens=2048).prefill_pack_tokens == 4096  # NOTE: >= chunk
+
+
+def test_cuda_gets_buckets_up_to_the_chunk_size_when_packing_is_off():
+    sched = resolved(max_num_seqs=256, prefill_chunk_size=512, max_model_len=4096, prefill_pack_tokens=0)
+    assert sched.prefill_buckets == (16, 32, 64, 128, 256, 384, 512) and sched.prefill_pack_sizes == ()
+    assert resolved(prefill_chunk_size=4096, max_model_len=6144, prefill_pack_tokens=0).prefill_buckets == \
+        DEFAULT_PREFILL_BUCKETS
+    assert resolved(prefill_chunk_size=500, max_model_len=6144, prefill_pack_tokens=0).prefill_buckets[-1] == 512
+    assert resolved(prefill_buckets=(16, 32)).prefill_pack_tokens == 0  # NOTE: buckets asked for: isolated
 
 
 def test_cpu_no_graphs_other_modes_and_the_vllm_engine_get_the_papers_shapes():
     for sched in (resolved(device="cpu"), resolved(use_cuda_graph=False), resolved(mode="standard"),
                   resolved(backend="vllm")):
-        assert (sched.prefill_buckets, sched.decode_step_sizes) == ((), ())
+        assert (sched.prefill_buckets, sched.decode_step_sizes, sched.prefill_pack_tokens) == ((), (), 0)
 
 
 def test_packed_prefill_takes_no_buckets_but_keeps_decode_candidates():
@@ -50,7 +60,7 @@ def test_pack_size_candidates_resolve_below_t_on_cuda_only():
     assert sched.prefill_pack_sizes == auto_pack_size_candidates(8192)
     assert sched.prefill_pack_sizes[0] == 192 and max(sched.prefill_pack_sizes) < 8192
     assert resolved(prefill_pack_tokens=2048, device="cpu").prefill_pack_sizes == ()
-    assert resolved().prefill_pack_sizes == ()  # NOTE: no packed prefill, nothing to try
+    assert resolved(prefill_pack_tokens=0).prefill_pack_sizes == ()  # NOTE: no packed prefill, nothing to try
     assert resolved(prefill_pack_tokens=2048, prefill_pack_sizes=(512,)).prefill_pack_sizes == (512,)
 
 
