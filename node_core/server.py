@@ -94,13 +94,16 @@ class NodeServer:
         goes beside its forwards (run: the forward and sampling, as the host waits for them)."""
         self.model_facts = protocol.ModelFacts(config.engine.scheduler.max_model_len,
                                                self.runner.arch.vocab_size, config.engine.max_logprobs)
+        self.capacity = protocol.NodeCapacity(config.engine.scheduler.max_num_seqs,
+                                              self.block_manager.num_usable_blocks, config.engine.cache.block_size)
 
     def receive(self, timeout_ms: int) -> None:
         self.sockets.dispatch(self, timeout_ms)
 
     def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
         self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, self.role, self.fingerprint,
-                                                   self.model_facts, self.stats(), self.counters, self.instance_id))
+                                                   self.model_facts, self.stats(), self.counters, self.instance_id,
+                                                   self.capacity))
 
     def free(self, request: Request) -> None:
         """Return a request's KV blocks (if it still holds any) to the pool."""

@@ -17,7 +17,7 @@ import zmq.utils.monitor
 
 from wire.config import Role
 from wire.node_auth import ClusterKey
-from wire.protocol import ErrorReply, Pong, ProtocolError, StepTokens, decode, encode
+from wire.protocol import ErrorReply, NodeCapacity, Pong, ProtocolError, StepTokens, decode, encode
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +189,11 @@ class NodeClient:
     @property
     def healthy(self) -> bool:
         return self.status().healthy
+
+    @property
+    def capacity(self) -> NodeCapacity | None:
+        """What the node can hold, from its latest Pong (None before one, or from a node that does not say)."""
+        return None if self._latest_pong is None else self._latest_pong.capacity
 
     async def _receive_loop(self) -> None:
         while True:

@@ -23,6 +23,7 @@ from wire.protocol import (
     FirstToken,
     KVHandle,
     ModelFacts,
+    NodeCapacity,
     Ping,
     Pong,
     PrefillRequest,
@@ -74,6 +75,8 @@ class FakeBehaviour:
     num_failures: int = 1
     model_facts: ModelFacts | None = None
     """What the node reports of its model; None: FakeNode's default_facts."""
+    capacity: NodeCapacity | None = None
+    """What the node reports it can hold (Pong.capacity); None: nothing (the router lets the node judge)."""
 
 
 class FakeNode:
@@ -118,7 +121,8 @@ class FakeNode:
             self.received.append(message)
             if isinstance(message, Ping):
                 await self._reply(identity, Pong(message.nonce, self.node_id, self.role, FAKE_FINGERPRINT,
-                                                 self.model_facts, self.stats(), instance_id=self.instance_id))
+                                                 self.model_facts, self.stats(), instance_id=self.instance_id,
+                                                 capacity=self.behaviour.capacity))
             elif self.behaviour.error is not None and hasattr(message, "params"):
                 await self._reply(identity, ErrorReply(message.request_id, *self.behaviour.error))
             elif not self.behaviour.silent:
