@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import time
 import uuid
 from typing import ClassVar
@@ -19,6 +20,7 @@ from corun.model_runner import ModelRunner
 from corun.models.loader import model_digest
 from corun.request import Request
 from corun.runner_interface import NodeRunner
+from node_core.liveness import PingsWhileBusy
 from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
 from transfer.compat import KV_LAYOUT, compat_hash, compat_info
 from transfer.counters import TransferCounters
@@ -96,6 +98,12 @@ class NodeServer:
                                                self.runner.arch.vocab_size, config.engine.max_logprobs)
         self.capacity = protocol.NodeCapacity(config.engine.scheduler.max_num_seqs,
                                               self.block_manager.num_usable_blocks, config.engine.cache.block_size)
+        self.lock = threading.Lock()
+        """Held by the loop for its whole turn but the forward: whoever holds it may use the node's state and server
+        socket (the liveness thread answers pings with it while a long forward runs)."""
+        self.forward_started: float | None = None
+        """time.monotonic() when the forward now running started; None between forwards."""
+        self.pings_while_busy = PingsWhileBusy(self)
 
     def receive(self, timeout_ms: int) -> None:
         self.sockets.dispatch(self, timeout_ms)
@@ -115,6 +123,7 @@ class NodeServer:
         blocks = self.block_manager
         loop = {f"loop_{phase}_seconds_total": round(seconds, 6) for phase, seconds in self.loop_seconds.items()}
         return {**self.role_stats(), **loop, "num_free_blocks": blocks.num_free_blocks,
+                "num_pongs_while_busy": self.pings_while_busy.num_answered,
                 "kv_cache_usage_perc": round(1 - blocks.num_free_blocks / blocks.num_usable_blocks, 6),
                 **self.runner.forward_counts(), **self.transfer_counters.as_dict()}
 
@@ -129,7 +138,7 @@ class NodeServer:
         """Stats that only ever grow: the transfer counters, the forward counts and the role's (fixed names)."""
         loop = {f"loop_{phase}_seconds_total" for phase in LOOP_PHASES}
         return tuple(sorted({*self.transfer_counters.as_dict(), *self.runner.forward_counts(), *self.ROLE_COUNTERS,
-                             *loop}))
+                             *loop, "num_pongs_while_busy"}))
 
     @property
     def transfer_counters(self) -> TransferCounters:
@@ -138,7 +147,12 @@ class NodeServer:
 
     # --- the loop: schedule -> run -> postprocess (the role fills each in) ------------------------------------
     def step(self) -> None:
-        """One turn: the messages that arrived (waiting a little only when idle), one forward, the timers."""
+        """One turn: the messages that arrived (waiting a little only when idle), one forward, the timers; under
+        self.lock but for the forward."""
+        with self.lock:
+            self.turn()
+
+    def turn(self) -> None:
         loop = self.loop_seconds
         started = time.perf_counter()
         self.receive(timeout_ms=0 if self.busy() else IDLE_RECEIVE_MS)
@@ -146,7 +160,7 @@ class NodeServer:
         batch = self.schedule()
         scheduled = time.perf_counter()
         if batch:
-            sampled = self.run(batch)
+            sampled = self.run_unlocked(batch)
             ran = time.perf_counter()
             self.postprocess(sampled)
             loop["run"] += ran - scheduled
@@ -155,6 +169,17 @@ class NodeServer:
         loop["receive"] += received - started
         loop["schedule"] += scheduled - received
         loop["turns"] += time.perf_counter() - started
+
+    def run_unlocked(self, batch: list) -> list:
+        """run(batch) with self.lock released: a long forward's pings are answered meanwhile (node_core/liveness.py).
+        NOTE: run() touches neither the server socket nor what stats() reads but the forward counts."""
+        self.forward_started = time.monotonic()
+        self.lock.release()
+        try:
+            return self.run(batch)
+        finally:
+            self.lock.acquire()
+            self.forward_started = None
 
     def busy(self) -> bool:
         raise NotImplementedError
@@ -172,6 +197,7 @@ class NodeServer:
         """Timers and releases that do not wait for a forward."""
 
     def close(self) -> None:
+        self.pings_while_busy.stop()
         self.sockets.close()
         if self.transport is not None:
             self.transport.close()

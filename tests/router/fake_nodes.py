@@ -91,11 +91,15 @@ class FakeNode:
         self._socket: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task] = set()
 
-    async def start(self, context: zmq.asyncio.Context) -> str:
+    async def start(self, context: zmq.asyncio.Context, address: str | None = None) -> str:
+        """Serve on a free port, or on address (a node restarted in place)."""
         self._socket = context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        port = self._socket.bind_to_random_port("tcp://127.0.0.1")
-        self.address = f"tcp://127.0.0.1:{port}"
+        if address is None:
+            address = f"tcp://127.0.0.1:{self._socket.bind_to_random_port('tcp://127.0.0.1')}"
+        else:
+            self._socket.bind(address)
+        self.address = address
         self._spawn(self._serve())
         return self.address
 
