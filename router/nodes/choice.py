@@ -125,10 +125,11 @@ def placement_limit(capacity: NodeCapacity, request: RoutedRequest, role: str) -
         return (f"n = {request.n} samples cannot be placed: the {role} nodes decode at most "
                 f"{capacity.max_num_seqs} sequences at once (max_num_seqs), so n must be <= {capacity.max_num_seqs}")
     num_tokens = len(request.prompt_token_ids) + request.max_tokens
-    num_blocks = request.n * -(-num_tokens // capacity.block_size)
+    # NOTE: a decode node reserves every sample's KV at admission; a colocated node prefills and admits each alone
+    num_blocks = (request.n if role == "decode" else 1) * -(-num_tokens // capacity.block_size)
     if num_blocks > capacity.num_kv_blocks:
         return (f"n = {request.n} samples of up to {num_tokens} tokens cannot be placed: they need {num_blocks} KV "
-                f"blocks at once, the {role} nodes hold at most {capacity.num_kv_blocks}")
+                f"blocks, the {role} nodes hold at most {capacity.num_kv_blocks}")
     return ""
 
 
