@@ -124,6 +124,7 @@ class NodeServer:
         loop = {f"loop_{phase}_seconds_total": round(seconds, 6) for phase, seconds in self.loop_seconds.items()}
         return {**self.role_stats(), **loop, "num_free_blocks": blocks.num_free_blocks,
                 "num_pongs_while_busy": self.pings_while_busy.num_answered,
+                "forward_running_seconds": round(self.forward_seconds(), 3),
                 "kv_cache_usage_perc": round(1 - blocks.num_free_blocks / blocks.num_usable_blocks, 6),
                 **self.runner.forward_counts(), **self.transfer_counters.as_dict()}
 
@@ -169,6 +170,12 @@ class NodeServer:
         loop["receive"] += received - started
         loop["schedule"] += scheduled - received
         loop["turns"] += time.perf_counter() - started
+
+    def forward_seconds(self) -> float:
+        """How long the forward now running has run (0 between forwards): a loop hung in one shows here, while its
+        pings are still answered."""
+        started = self.forward_started
+        return 0.0 if started is None else time.monotonic() - started
 
     def run_unlocked(self, batch: list) -> list:
         """run(batch) with self.lock released: a long forward's pings are answered meanwhile (node_core/liveness.py).

@@ -8,6 +8,7 @@ import pytest
 import zmq
 
 from launch.local import free_port
+from node_core.liveness import BUSY_FORWARD_S
 from prefill_node.server import PrefillServer
 from router.nodes.client import HEALTHY_WITHIN_S
 from wire import protocol
@@ -51,7 +52,7 @@ def test_a_node_in_a_forward_longer_than_the_liveness_timeout_keeps_answering_pi
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(slow_node.config.address)
     socket.send(protocol.encode(prefill("long")))
-    pong_times, results, nonce = [time.monotonic()], [], 0
+    pong_times, results, nonce, forward_seconds = [time.monotonic()], [], 0, []
     deadline = time.monotonic() + 4 * FORWARD_S + 30
     while len(results) < 2 and time.monotonic() < deadline:
         nonce += 1
@@ -62,6 +63,7 @@ def test_a_node_in_a_forward_longer_than_the_liveness_timeout_keeps_answering_pi
             reply = protocol.decode(socket.recv_multipart()[-1])
             if isinstance(reply, protocol.Pong):
                 pong_times.append(time.monotonic())
+                forward_seconds.append(reply.stats["forward_running_seconds"])
             else:
                 results.append(reply)
     socket.close()
@@ -70,3 +72,4 @@ def test_a_node_in_a_forward_longer_than_the_liveness_timeout_keeps_answering_pi
     gaps = [later - earlier for earlier, later in zip(pong_times, pong_times[1:])]
     assert max(gaps) < HEALTHY_WITHIN_S, f"a {max(gaps):.1f} s silence: the router would count the node as gone"
     assert slow_node.pings_while_busy.num_answered > 0
+    assert max(forward_seconds) > BUSY_FORWARD_S  # NOTE: what an operator sees of a loop stuck in a forward
