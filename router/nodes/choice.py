@@ -109,7 +109,7 @@ def holders(nodes: list[NodeClient], request: RoutedRequest) -> list[NodeClient]
     there are nodes and none can."""
     fitting = [node for node in nodes if can_hold(node, request)]
     if nodes and not fitting:
-        largest = max((node for node in nodes), key=lambda n: (n.capacity.max_num_seqs, n.capacity.num_kv_blocks))
+        largest = max(nodes, key=lambda n: (n.capacity.max_num_seqs, n.capacity.num_kv_blocks))
         raise NotPlaceable(placement_limit(largest.capacity, request, largest.role))
     return fitting
 
