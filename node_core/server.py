@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import time
 import uuid
 from typing import ClassVar
@@ -19,6 +20,7 @@ from corun.model_runner import ModelRunner
 from corun.models.loader import model_digest
 from corun.request import Request
 from corun.runner_interface import NodeRunner
+from node_core.liveness import PingsWhileBusy
 from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
 from transfer.compat import KV_LAYOUT, compat_hash, compat_info
 from transfer.counters import TransferCounters
@@ -94,13 +96,22 @@ class NodeServer:
         goes beside its forwards (run: the forward and sampling, as the host waits for them)."""
         self.model_facts = protocol.ModelFacts(config.engine.scheduler.max_model_len,
                                                self.runner.arch.vocab_size, config.engine.max_logprobs)
+        self.capacity = protocol.NodeCapacity(config.engine.scheduler.max_num_seqs,
+                                              self.block_manager.num_usable_blocks, config.engine.cache.block_size)
+        self.lock = threading.Lock()
+        """Held by the loop for its whole turn but the forward: whoever holds it may use the node's state and server
+        socket (the liveness thread answers pings with it while a long forward runs)."""
+        self.forward_started: float | None = None
+        """time.monotonic() when the forward now running started; None between forwards."""
+        self.pings_while_busy = PingsWhileBusy(self)
 
     def receive(self, timeout_ms: int) -> None:
         self.sockets.dispatch(self, timeout_ms)
 
     def on_ping(self, identity: bytes, message: protocol.Ping) -> None:
         self.sockets.reply(identity, protocol.Pong(message.nonce, self.config.node_id, self.role, self.fingerprint,
-                                                   self.model_facts, self.stats(), self.counters, self.instance_id))
+                                                   self.model_facts, self.stats(), self.counters, self.instance_id,
+                                                   self.capacity))
 
     def free(self, request: Request) -> None:
         """Return a request's KV blocks (if it still holds any) to the pool."""
@@ -112,6 +123,8 @@ class NodeServer:
         blocks = self.block_manager
         loop = {f"loop_{phase}_seconds_total": round(seconds, 6) for phase, seconds in self.loop_seconds.items()}
         return {**self.role_stats(), **loop, "num_free_blocks": blocks.num_free_blocks,
+                "num_pongs_while_busy": self.pings_while_busy.num_answered,
+                "forward_running_seconds": round(self.forward_seconds(), 3),
                 "kv_cache_usage_perc": round(1 - blocks.num_free_blocks / blocks.num_usable_blocks, 6),
                 **self.runner.forward_counts(), **self.transfer_counters.as_dict()}
 
@@ -126,7 +139,7 @@ class NodeServer:
         """Stats that only ever grow: the transfer counters, the forward counts and the role's (fixed names)."""
         loop = {f"loop_{phase}_seconds_total" for phase in LOOP_PHASES}
         return tuple(sorted({*self.transfer_counters.as_dict(), *self.runner.forward_counts(), *self.ROLE_COUNTERS,
-                             *loop}))
+                             *loop, "num_pongs_while_busy"}))
 
     @property
     def transfer_counters(self) -> TransferCounters:
@@ -135,7 +148,12 @@ class NodeServer:
 
     # --- the loop: schedule -> run -> postprocess (the role fills each in) ------------------------------------
     def step(self) -> None:
-        """One turn: the messages that arrived (waiting a little only when idle), one forward, the timers."""
+        """One turn: the messages that arrived (waiting a little only when idle), one forward, the timers; under
+        self.lock but for the forward."""
+        with self.lock:
+            self.turn()
+
+    def turn(self) -> None:
         loop = self.loop_seconds
         started = time.perf_counter()
         self.receive(timeout_ms=0 if self.busy() else IDLE_RECEIVE_MS)
@@ -143,7 +161,7 @@ class NodeServer:
         batch = self.schedule()
         scheduled = time.perf_counter()
         if batch:
-            sampled = self.run(batch)
+            sampled = self.run_unlocked(batch)
             ran = time.perf_counter()
             self.postprocess(sampled)
             loop["run"] += ran - scheduled
@@ -152,6 +170,23 @@ class NodeServer:
         loop["receive"] += received - started
         loop["schedule"] += scheduled - received
         loop["turns"] += time.perf_counter() - started
+
+    def forward_seconds(self) -> float:
+        """How long the forward now running has run (0 between forwards): a loop hung in one shows here, while its
+        pings are still answered."""
+        started = self.forward_started
+        return 0.0 if started is None else time.monotonic() - started
+
+    def run_unlocked(self, batch: list) -> list:
+        """run(batch) with self.lock released: a long forward's pings are answered meanwhile (node_core/liveness.py).
+        NOTE: run() touches neither the server socket nor what stats() reads but the forward counts."""
+        self.forward_started = time.monotonic()
+        self.lock.release()
+        try:
+            return self.run(batch)
+        finally:
+            self.lock.acquire()
+            self.forward_started = None
 
     def busy(self) -> bool:
         raise NotImplementedError
@@ -169,6 +204,7 @@ class NodeServer:
         """Timers and releases that do not wait for a forward."""
 
     def close(self) -> None:
+        self.pings_while_busy.stop()
         self.sockets.close()
         if self.transport is not None:
             self.transport.close()

@@ -70,6 +70,8 @@ class NodeSockets:
         self.poller = zmq.Poller()
         self.poller.register(self.server, zmq.POLLIN)
         self.peers: dict[str, zmq.Socket] = {}
+        self.held: list[tuple[bytes, object]] = []
+        """Messages the liveness thread took off the server socket (node_core/liveness.py) for the loop's next poll."""
 
     def connect_peer(self, address: str) -> zmq.Socket:
         if address not in self.peers:
@@ -83,9 +85,10 @@ class NodeSockets:
         return self.peers[address]
 
     def poll(self, timeout_ms: int) -> list[tuple[bytes | str, object]]:
-        """Messages received: (client identity, message) from the server socket, (peer address, message) else."""
-        received = []
-        for socket, _ in self.poller.poll(timeout_ms):
+        """Messages received: (client identity, message) from the server socket, (peer address, message) else;
+        those the liveness thread held first (they arrived first)."""
+        received, self.held = self.held, []
+        for socket, _ in self.poller.poll(0 if received else timeout_ms):
             while True:
                 try:
                     frames = socket.recv_multipart(zmq.NOBLOCK)
@@ -96,6 +99,22 @@ class NodeSockets:
                 if message is not None:
                     received.append((source, message))
         return received
+
+    def take_server_messages(self) -> list[tuple[bytes, object]]:
+        """Every message waiting on the server socket now (a malformed one is refused, as in poll)."""
+        taken = []
+        while True:
+            try:
+                frames = self.server.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return taken
+            message = self._decode(frames[0], frames[-1])
+            if message is not None:
+                taken.append((frames[0], message))
+
+    def hold(self, identity: bytes, message) -> None:
+        """Keep a message taken off the server socket for the loop's next poll."""
+        self.held.append((identity, message))
 
     def dispatch(self, server, timeout_ms: int) -> None:
         """Hand each received message to server.handlers[type](server, source, message).

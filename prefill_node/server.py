@@ -14,8 +14,9 @@ Lifecycle of a request (queues; the leases are the KV transport's sender, self.t
       freed (kv_released += 1)
   claimed --ReleaseKV from the claimer (its READ failed, timed out or was aborted)--> freed (num_released_unread += 1)
   leased or claimed --deadline passes--> freed (lease_expiries += 1); a later claim is refused, the router re-prefills
-  Abort from the router: waiting -> dropped; prefilling -> freed when its last chunk ran; leased -> freed; claimed ->
-      left to the claimer (it may be reading the blocks right now) and to the deadline.
+  Abort from the router (the client left, or the decode ended before its decode node read the KV: a refusal, a
+      failure, a lost node): waiting -> dropped; prefilling -> freed when its last chunk ran; leased -> freed;
+      claimed -> left to the claimer (it may be reading the blocks right now) and to the deadline.
   A request every sample of which token 1 finished (stop token or max_tokens == 1) is freed at once, kv=None.
 A decode node's handshake gets this node's compat facts and the transport's own fields (its handshake payload).
 """

@@ -29,6 +29,9 @@ Version history:
   12: HandshakeReply.transport and transport_payload: the KV transport's name and its own handshake fields, in its
      own encoding (they were NIXL's, as fields of the message: agent_metadata, kv_base_addresses, num_blocks,
      block_nbytes, memory_type, device_id, ucx_settings).
+  13: Pong.capacity (NodeCapacity: the node's decode rows and KV blocks, facts that may differ between the nodes
+     of a pool, kept apart from ModelFacts and the fingerprint, which must agree): the router refuses an n no node
+     can place before any prefill.
 
 Besides the messages, one notification that the KV transport carries: a decode node's READ of a prefill node's KV
 ends with kv_done_notification(request_id), on which the prefill node frees its copy.
@@ -52,7 +55,7 @@ from wire.outputs import TokenLogprobs
 from wire.sampling_params import SamplingParams
 from wire.seeding import SEED_BOUND
 
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 KV_DONE_PREFIX = b"done:"
 
 
@@ -217,6 +220,19 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
+class NodeCapacity:
+    """What one node can hold at once: facts of that node alone (nodes of a pool may differ), which the router
+    places requests by; never part of what the pool must agree on."""
+
+    max_num_seqs: int
+    """Decode rows: the most samples of one request it can run together."""
+    num_kv_blocks: int
+    """Usable KV blocks: the most one request's samples may reserve together."""
+    block_size: int
+    """Tokens per KV block."""
+
+
+@dataclass(frozen=True)
 class Pong:
     nonce: int
     node_id: str
@@ -229,6 +245,8 @@ class Pong:
     """Which stats only ever grow (exported as Prometheus counters; the others are gauges)."""
     instance_id: str = ""
     """This node process (random at start): a change means the node restarted and forgot what it held."""
+    capacity: NodeCapacity | None = None
+    """What this node can hold (None: not told, e.g. an older fake): the router places n samples by it."""
 
 
 # --- decode -> prefill ---------------------------------------------------------------------------------------
@@ -441,7 +459,8 @@ _FIELD_DECODERS: dict[type, dict[str, Any]] = {
                  "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
     StepTokens: {"events": lambda items: [_from_body(TokenEvent, item) for item in items]},
     ClaimReply: {"block_ids": tuple},
-    Pong: {"model_facts": lambda wire: ModelFacts(**wire), "counters": tuple},
+    Pong: {"model_facts": lambda wire: ModelFacts(**wire), "counters": tuple,
+           "capacity": lambda wire: NodeCapacity(**wire)},
 }
 """Per message type, the fields whose wire form (msgpack maps and lists) is not their Python form."""
 

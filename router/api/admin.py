@@ -14,6 +14,8 @@ every decode node has read the KV it leased.
 
 from __future__ import annotations
 
+import dataclasses
+
 from aiohttp import web
 
 from router.api.errors import RequestError, bad_request, error_body
@@ -39,7 +41,8 @@ def node_entry(node: NodeClient) -> dict:
     return {"role": node.role, "index": node.index, "address": node.address,
             "node_id": status.pong.node_id if status.pong else None, "healthy": status.healthy,
             "draining": node.draining, "drained": node.is_drained(), "outstanding_work": node.outstanding_work,
-            "open_requests": node.num_open_requests, "stats": status.pong.stats if status.pong else {}}
+            "open_requests": node.num_open_requests, "stats": status.pong.stats if status.pong else {},
+            "capacity": None if node.capacity is None else dataclasses.asdict(node.capacity)}
 
 
 async def list_nodes(request: web.Request) -> web.Response:

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from router.nodes.choice import NoNodeAvailable, Placement, RoutedRequest, UnknownNode
+from router.nodes.choice import NoNodeAvailable, NotPlaceable, Placement, RoutedRequest, UnknownNode
 from router.nodes.client import SILENT, NodeClient, ReplyQueue
 from router.nodes.pool import NodePool
 from wire.protocol import (
@@ -117,11 +117,9 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
                         is_done: Callable[[int], bool] = lambda index: False,
                         on_queue_time: Callable[[float], None] = lambda seconds: None) -> AsyncIterator[TokenEvent]:
     # NOTE: the choice is given the request (its prompt, its samples), so that a policy may route on the prompt
-    routed = RoutedRequest(request_id, prompt_token_ids, params.n, placement)
-    try:
-        colocated = pool.choose_colocated(routed)
-    except (UnknownNode, NoNodeAvailable) as error:
-        raise GenerationError(400 if isinstance(error, UnknownNode) else 503, str(error)) from None
+    routed = RoutedRequest(request_id, prompt_token_ids, params.n, placement, params.max_tokens)
+    choose(pool.check_placeable, routed)  # NOTE: an n no node can hold is refused here, before any prefill
+    colocated = choose(pool.choose_colocated, routed)
     if colocated is not None:
         # NOTE: the node prefills and decodes; its events are a decode node's, the prompt's logprobs included
         request = GenerateRequest(request_id, prompt_token_ids, params, seed)
@@ -133,34 +131,56 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
     prefill = await run_prefill(prefill_node, PrefillRequest(request_id, prompt_token_ids, params, seed),
                                 params.n, pool.request_timeout_s)
     on_queue_time(prefill.queue_seconds)
-    prompt_logprobs = prefill.prompt_logprobs
     for first in prefill.first_tokens:
         if first.finish_reason is not None:
             # NOTE: finished by its first token (stop token or max_tokens == 1): nothing to decode.
             logprobs = None if first.logprobs is None else [first.logprobs]
-            yield TokenEvent(request_id, [first.token_id], logprobs, first.finish_reason, prompt_logprobs,
+            yield TokenEvent(request_id, [first.token_id], logprobs, first.finish_reason, prefill.prompt_logprobs,
                              first.index)
+    if prefill.kv is not None:
+        async with contextlib.aclosing(decode_prefilled(pool, prefill_node, routed, prefill, params, seed,
+                                                        is_done)) as events:
+            async for event in events:
+                yield event
+
+
+async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: RoutedRequest, prefill: PrefillResult,
+                           params: SamplingParams, seed: int,
+                           is_done: Callable[[int], bool]) -> AsyncIterator[TokenEvent]:
+    """The samples the prefill left to decode, on a decode node that reads the prompt's KV from prefill_node.
+
+    NOTE: a decode node streams only once it has read the KV (the prefill node freed it then). If this ends before
+    that (the decode node refused the request, failed it, died, or the client left), the lease goes back now: an
+    Abort ends an unclaimed lease at once (a claimed one is its claimer's to give back), instead of holding the
+    prefill node's blocks for kv_lease_seconds."""
+    request_id, prompt_logprobs = routed.request_id, prefill.prompt_logprobs
     to_decode = [first for first in prefill.first_tokens if first.finish_reason is None]
-    if not to_decode:
-        return
-    decode_request = DecodeRequest(request_id, prompt_token_ids, params, seed, to_decode, prefill.kv)
-    # NOTE: chosen only now, so that the decode work of requests prefilled meanwhile counts in the choice.
-    decode_node = choose(pool.choose_decode, routed)
+    decode_request = DecodeRequest(request_id, routed.prompt_token_ids, params, seed, to_decode, prefill.kv)
     with_prompt = set() if prompt_logprobs is None else {first.index for first in to_decode}
-    decoding = run_decode(decode_node, decode_request, pool.request_timeout_s, is_done)
-    async with contextlib.aclosing(decoding) as events:
-        async for event in events:
-            # NOTE: the prompt's logprobs travel with each sample's first event
-            if event.index in with_prompt:
-                with_prompt.discard(event.index)
-                event = dataclasses.replace(event, prompt_logprobs=prompt_logprobs)
-            yield event
+    kv_read = False
+    try:
+        # NOTE: chosen only now, so that the decode work of requests prefilled meanwhile counts in the choice.
+        decode_node = choose(pool.choose_decode, routed)
+        async with contextlib.aclosing(run_decode(decode_node, decode_request, pool.request_timeout_s,
+                                                  is_done)) as events:
+            async for event in events:
+                kv_read = True
+                # NOTE: the prompt's logprobs travel with each sample's first event
+                if event.index in with_prompt:
+                    with_prompt.discard(event.index)
+                    event = dataclasses.replace(event, prompt_logprobs=prompt_logprobs)
+                yield event
+    finally:
+        if not kv_read:
+            prefill_node.post(Abort(request_id))
 
 
-def choose(choose_node: Callable[[RoutedRequest], NodeClient], request: RoutedRequest) -> NodeClient:
+def choose(choose_node: Callable[[RoutedRequest], NodeClient | None], request: RoutedRequest) -> NodeClient | None:
+    """The node choose_node picks; a 400 for a pin to no node of the pool or a request no node can hold (both
+    known before any node sees the request), a 503 when every node of the role is draining."""
     try:
         return choose_node(request)
-    except UnknownNode as error:
+    except (UnknownNode, NotPlaceable) as error:
         raise GenerationError(400, str(error)) from None
     except NoNodeAvailable as error:
         raise GenerationError(503, str(error)) from None

@@ -8,6 +8,10 @@ Today's policy, the default (LeastOutstandingWork): least outstanding work (pref
 decode and colocated: samples not yet finished), ties to the lowest index. Nodes that answered a recent ping are
 preferred over silent ones; draining nodes get no new requests. A request goes to the least loaded colocated node
 unless a decode node has less outstanding work.
+
+Placement comes first (holders): a node whose Pong says it cannot hold the request at once (n samples beyond its
+decode rows, their KV beyond its blocks) is never offered to the policy, and a request no node of a role can hold
+is NotPlaceable (a 400 naming the limit), known before any prefill (NodePool.check_placeable).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from router.nodes.client import NodeClient
+from wire.protocol import NodeCapacity
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class RoutedRequest:
     n: int = 1
     """Samples of the prompt: the decode (or colocated) node decodes them all."""
     placement: Placement = Placement()
+    max_tokens: int = 0
+    """Tokens each sample may generate: its KV reservation on the decode node, beside the prompt's."""
 
 
 class ChoicePolicy(Protocol):
@@ -95,6 +102,39 @@ def least_loaded(nodes: list[NodeClient]) -> NodeClient:
         raise NoNodeAvailable(f"every {nodes[0].role} node is draining" if nodes else "no node of that role")
     candidates = [node for node in open_nodes if node.healthy] or open_nodes
     return min(candidates, key=lambda node: (node.outstanding_work, node.index))
+
+
+def holders(nodes: list[NodeClient], request: RoutedRequest) -> list[NodeClient]:
+    """The nodes that can hold the request's samples at once; NotPlaceable, naming the largest node's limit, when
+    there are nodes and none can."""
+    fitting = [node for node in nodes if can_hold(node, request)]
+    if nodes and not fitting:
+        largest = max(nodes, key=lambda n: (n.capacity.max_num_seqs, n.capacity.num_kv_blocks))
+        raise NotPlaceable(placement_limit(largest.capacity, request, largest.role))
+    return fitting
+
+
+def can_hold(node: NodeClient, request: RoutedRequest) -> bool:
+    """From the node's latest Pong; a node that has not told its capacity may (it judges the request itself)."""
+    return node.capacity is None or not placement_limit(node.capacity, request, node.role)
+
+
+def placement_limit(capacity: NodeCapacity, request: RoutedRequest, role: str) -> str:
+    """Why a node of this capacity cannot hold the request's n samples at once ("" when it can)."""
+    if request.n > capacity.max_num_seqs:
+        return (f"n = {request.n} samples cannot be placed: the {role} nodes decode at most "
+                f"{capacity.max_num_seqs} sequences at once (max_num_seqs), so n must be <= {capacity.max_num_seqs}")
+    num_tokens = len(request.prompt_token_ids) + request.max_tokens
+    # NOTE: a decode node reserves every sample's KV at admission; a colocated node prefills and admits each alone
+    num_blocks = (request.n if role == "decode" else 1) * -(-num_tokens // capacity.block_size)
+    if num_blocks > capacity.num_kv_blocks:
+        return (f"n = {request.n} samples of up to {num_tokens} tokens cannot be placed: they need {num_blocks} KV "
+                f"blocks, the {role} nodes hold at most {capacity.num_kv_blocks}")
+    return ""
+
+
+class NotPlaceable(ValueError):
+    """No node of the pool can ever hold the request (its n samples, their KV): a 400, before any prefill."""
 
 
 class NoNodeAvailable(ValueError):

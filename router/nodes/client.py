@@ -17,7 +17,7 @@ import zmq.utils.monitor
 
 from wire.config import Role
 from wire.node_auth import ClusterKey
-from wire.protocol import ErrorReply, Pong, ProtocolError, StepTokens, decode, encode
+from wire.protocol import ErrorReply, NodeCapacity, Pong, ProtocolError, StepTokens, decode, encode
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,10 @@ class NodeClient:
         self._watch_task: asyncio.Task | None = None
         self.num_lost = 0
         """Times the node was lost (its connection closed, or a Pong came from another instance)."""
+        self._num_disconnects = 0
+        self._disconnects_at_pong = 0
+        """How many times the connection had closed when the latest Pong came: a Pong from another instance with no
+        close since the previous one means the node restarted unseen (the requests sent to it are gone)."""
 
     def start(self) -> None:
         """Connect and start receiving; call from the event loop that will use the client."""
@@ -190,6 +194,11 @@ class NodeClient:
     def healthy(self) -> bool:
         return self.status().healthy
 
+    @property
+    def capacity(self) -> NodeCapacity | None:
+        """What the node can hold, from its latest Pong (None before one, or from a node that does not say)."""
+        return None if self._latest_pong is None else self._latest_pong.capacity
+
     async def _receive_loop(self) -> None:
         while True:
             frames = await self._socket.recv_multipart()
@@ -216,6 +225,7 @@ class NodeClient:
                     self._connected = True
                 elif event["event"] == zmq.EVENT_DISCONNECTED and self._connected:
                     self._connected = False
+                    self._num_disconnects += 1
                     self.fail_open_requests("its connection closed")
         finally:
             monitor.close()
@@ -230,6 +240,19 @@ class NodeClient:
         for request_id, queue in self._request_queues.items():
             queue.put_nowait(ErrorReply(request_id, 503, f"{self.role} node {self.address} was lost: {why}"))
 
+    def _take_pong(self, pong: Pong) -> None:
+        """The node's latest Pong. One from another instance means the node restarted: the requests sent to the
+        previous instance are gone. If its connection closed since the previous Pong, they were failed over then,
+        and every request open now was sent after that close, to the new instance: nothing more fails (issue 23:
+        the new instance's first Pong failed the retries just sent to it). Else the restart went unseen, and every
+        open request fails over."""
+        previous, disconnects_then = self._latest_pong, self._disconnects_at_pong
+        self._latest_pong, self._latest_pong_time = pong, time.monotonic()
+        self._disconnects_at_pong = self._num_disconnects
+        restarted = previous is not None and previous.instance_id != pong.instance_id
+        if restarted and self._num_disconnects == disconnects_then:
+            self.fail_open_requests(f"it restarted (instance {pong.instance_id[:8]}) with its connection open")
+
     def _dispatch(self, message) -> None:
         if type(message) is StepTokens:
             queues = self._request_queues
@@ -239,10 +262,7 @@ class NodeClient:
                     queue.put_nowait(event)
             return
         if isinstance(message, Pong):
-            previous = self._latest_pong
-            self._latest_pong, self._latest_pong_time = message, time.monotonic()
-            if previous is not None and previous.instance_id != message.instance_id:
-                self.fail_open_requests(f"it restarted (instance {message.instance_id[:8]})")
+            self._take_pong(message)
             return
         queue = self._request_queues.get(getattr(message, "request_id", None))
         if queue is None:

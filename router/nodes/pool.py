@@ -15,7 +15,7 @@ import time
 
 import zmq.asyncio
 
-from router.nodes.choice import DEFAULT_POLICY, ChoicePolicy, RoutedRequest, UnknownNode, pick
+from router.nodes.choice import DEFAULT_POLICY, ChoicePolicy, RoutedRequest, UnknownNode, can_hold, holders, pick
 from router.nodes.client import NodeClient, NodeStatus
 from wire.config import Role, RouterConfig
 from wire.node_auth import ClusterKey
@@ -99,10 +99,18 @@ class NodePool:
         pinned = request.placement.prefill
         return self.pinned_prefill(pinned) if pinned else self.policy.choose_prefill(self.prefill_nodes, request)
 
-    def choose_decode(self, request: RoutedRequest) -> NodeClient:
-        """A decode node, or (pinned only) a colocated one."""
+    def check_placeable(self, request: RoutedRequest) -> None:
+        """NotPlaceable (naming the limit) when no decode or colocated node can hold the request's samples at once:
+        known from the nodes' Pongs, before any prefill."""
         pinned = request.placement.decode
-        return self.pinned_decode(pinned) if pinned else self.policy.choose_decode(self.decode_nodes, request)
+        holders([self.pinned_decode(pinned)] if pinned else [*self.decode_nodes, *self.colocated_nodes], request)
+
+    def choose_decode(self, request: RoutedRequest) -> NodeClient:
+        """A decode node that can hold the request, or (pinned only) a colocated one; NotPlaceable if none can."""
+        pinned = request.placement.decode
+        if pinned:
+            return holders([self.pinned_decode(pinned)], request)[0]
+        return self.policy.choose_decode(holders(self.decode_nodes, request), request)
 
     def choose_colocated(self, request: RoutedRequest) -> NodeClient | None:
         """The colocated node a request goes to, or None for the prefill -> decode path: the policy's choice,
@@ -111,7 +119,9 @@ class NodePool:
         if placement.prefill or placement.decode:
             pinned = self.pinned_decode(placement.decode) if placement.decode else None
             return pinned if pinned is not None and pinned.role == "colocated" else None
-        return self.policy.choose_colocated(self.prefill_nodes, self.decode_nodes, self.colocated_nodes, request)
+        decode, colocated = ([node for node in nodes if can_hold(node, request)]
+                             for nodes in (self.decode_nodes, self.colocated_nodes))
+        return self.policy.choose_colocated(self.prefill_nodes, decode, colocated, request)
 
     def pinned_prefill(self, node_id: str) -> NodeClient:
         """The prefill node whose id (from its Pong) or address is node_id; UnknownNode if none."""

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.conftest import varied_prompts
 from tests.launch.cluster_client import client, node_stats, start_cluster, wait_for_stats
 
 PARAMS = {"temperature": 0.8, "seed": 11, "max_tokens": 400, "logprobs": 2}
@@ -125,3 +126,36 @@ def test_a_frozen_node_is_given_up_within_a_second_by_its_heartbeats(cluster_1p2
             process.send_signal(signal.SIGCONT)
     assert token_ids == reference
     assert longest < 2.0, f"the stream stalled {longest:.2f} s behind a frozen node"
+
+
+LONG_PROMPTS = varied_prompts(16, seed=61, min_words=250, max_words=300)
+"""About 400 tokens each: seven prefill chunks, so a prefill node holds several of them queued."""
+
+
+@pytest.fixture(scope="module")
+def cluster_2p1d(tiny_model_dir):
+    cluster = start_cluster(tiny_model_dir, num_prefill=2, num_decode=1)
+    yield cluster
+    cluster.stop()
+
+
+def long_completion(api, prompt: str) -> list[int]:
+    return api.completions.create(model="corun-tiny", prompt=prompt, max_tokens=40, temperature=0.8, seed=5,
+                                  extra_body={"ignore_eos": True}).choices[0].model_extra["token_ids"]
+
+
+def test_a_busy_prefill_node_killed_under_long_prompts_loses_none_of_them(cluster_2p1d):
+    """Issue 23 (finding 6's run): a prefill SIGKILL under 16 long prompts failed 8 of them. Killed while it holds
+    queued prompts and restarted in place at once: every request completes, bitwise as undisturbed."""
+    api = client(cluster_2p1d)
+    references = [long_completion(api, prompt) for prompt in LONG_PROMPTS]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        outputs = [pool.submit(long_completion, api, prompt) for prompt in LONG_PROMPTS]
+        stats = wait_for_stats(cluster_2p1d, lambda stats: stats["prefill-0"]["num_waiting"] > 0)
+        assert stats["prefill-0"]["num_waiting"] > 0, "prefill-0 never held a queued prompt"
+        process = dict(cluster_2p1d.processes)["prefill-0"]
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        restart_now(cluster_2p1d)
+        results = [output.result(timeout=180) for output in outputs]
+    assert results == references

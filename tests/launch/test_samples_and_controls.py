@@ -12,7 +12,7 @@ import pytest
 
 from corun import LLM, SamplingParams
 from tests.conftest import varied_prompts
-from tests.launch.cluster_client import CHUNK, MAX_MODEL_LEN, N, client, start_cluster
+from tests.launch.cluster_client import CHUNK, MAX_MODEL_LEN, N, client, node_stats, start_cluster, wait_for_stats
 from wire.seeding import sample_seed
 
 PROMPTS = varied_prompts(4, seed=23, max_words=60)
@@ -166,10 +166,16 @@ def test_a_stop_string_ends_one_sample_and_not_the_others(cluster, llm):
             assert choice.finish_reason == "length" and choice.text == texts[choice.index]
 
 
-def test_n_beyond_a_decode_node_s_slots_is_a_400(cluster):
+def test_n_beyond_a_decode_node_s_slots_is_a_400_before_any_prefill(cluster):
+    """Issue 23: the decode node refused it after the prefill, and the prefill node's KV lease held its blocks until
+    it expired (kv_lease_seconds). The router knows each decode node's slots now (its Pong) and refuses first."""
     import openai
-    with pytest.raises(openai.BadRequestError, match="max_num_seqs"):
+    idle = wait_for_stats(cluster, lambda stats: stats["prefill-0"]["num_leased"] == 0)["prefill-0"]
+    with pytest.raises(openai.BadRequestError, match=f"max_num_seqs.*n must be <= {N}"):
         create(cluster, PROMPTS[0], n=N + 1)
+    after = node_stats(cluster)["prefill-0"]
+    assert after["num_prefills"] == idle["num_prefills"]
+    assert after["num_leased"] == 0 and after["num_free_blocks"] == idle["num_free_blocks"]
 
 
 def test_best_of_other_than_n_is_a_400(cluster):

@@ -23,6 +23,7 @@ from wire.protocol import (
     FirstToken,
     KVHandle,
     ModelFacts,
+    NodeCapacity,
     Ping,
     Pong,
     PrefillRequest,
@@ -74,6 +75,8 @@ class FakeBehaviour:
     num_failures: int = 1
     model_facts: ModelFacts | None = None
     """What the node reports of its model; None: FakeNode's default_facts."""
+    capacity: NodeCapacity | None = None
+    """What the node reports it can hold (Pong.capacity); None: nothing (the router lets the node judge)."""
 
 
 class FakeNode:
@@ -88,11 +91,15 @@ class FakeNode:
         self._socket: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task] = set()
 
-    async def start(self, context: zmq.asyncio.Context) -> str:
+    async def start(self, context: zmq.asyncio.Context, address: str | None = None) -> str:
+        """Serve on a free port, or on address (a node restarted in place)."""
         self._socket = context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        port = self._socket.bind_to_random_port("tcp://127.0.0.1")
-        self.address = f"tcp://127.0.0.1:{port}"
+        if address is None:
+            address = f"tcp://127.0.0.1:{self._socket.bind_to_random_port('tcp://127.0.0.1')}"
+        else:
+            self._socket.bind(address)
+        self.address = address
         self._spawn(self._serve())
         return self.address
 
@@ -118,7 +125,8 @@ class FakeNode:
             self.received.append(message)
             if isinstance(message, Ping):
                 await self._reply(identity, Pong(message.nonce, self.node_id, self.role, FAKE_FINGERPRINT,
-                                                 self.model_facts, self.stats(), instance_id=self.instance_id))
+                                                 self.model_facts, self.stats(), instance_id=self.instance_id,
+                                                 capacity=self.behaviour.capacity))
             elif self.behaviour.error is not None and hasattr(message, "params"):
                 await self._reply(identity, ErrorReply(message.request_id, *self.behaviour.error))
             elif not self.behaviour.silent:

@@ -5,9 +5,10 @@ import time
 
 import pytest
 
-from tests.router.fake_nodes import FakeBehaviour
+from tests.router.fake_nodes import FakeBehaviour, FakeDecode, expected_token_ids
 from tests.router.harness import RouterHarness, post, wait_for
 from wire.protocol import DecodeRequest
+from wire.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)  # NOTE: a hang guard with room for a loaded host
 BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2}
@@ -30,6 +31,33 @@ def test_a_pong_from_another_instance_fails_the_open_requests_over(tiny_model_di
         # NOTE: a ping or two (~1 s); the bound only has to tell that from the 20 s request timeout, on any load
         assert time.monotonic() - start < 10
         assert router.state.pool.decode_nodes[0].num_lost == 1
+
+
+def test_a_restarted_node_fails_over_only_the_requests_sent_to_its_previous_instance(tiny_model_dir, word_token_ids,
+                                                                                   tokenizer):
+    """Issue 23: the new instance's first Pong failed every open request, the retries just sent to it included. The
+    connection's close failed the old instance's requests over; what was sent since went to the new one."""
+    with RouterHarness(tiny_model_dir, word_token_ids, num_decode=1, decode=FakeBehaviour(silent=True),
+                       request_timeout_s=60) as router:
+        router.wait_until_healthy()
+        [old] = router.decode_nodes
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        body = {**BODY, "max_tokens": 12}
+        pending = pool.submit(post, router.base_url + "/v1/completions", body, headers={"X-Request-Id": "r"})
+        wait_for(lambda: old.request_ids(DecodeRequest), timeout_s=5)
+        # NOTE: the restart: the old process is gone (its connection closes), a new one serves on its address,
+        # slowly enough that the router's next ping reaches it while the retry streams
+        new = FakeDecode("decode", old.node_id, word_token_ids, FakeBehaviour(event_delay_s=0.3), old.model_facts)
+        new.instance_id = "instance-2"
+        router.call(old.close)
+        router.decode_nodes[0] = new
+        router.call(lambda: new.start(router._context, old.address))
+        reply = pending.result()
+        prompt = tokenizer.encode(body["prompt"])
+        expected = expected_token_ids(word_token_ids, prompt, body["seed"], SamplingParams(max_tokens=12))
+        assert reply.status == 200 and reply.body["choices"][0]["token_ids"] == expected
+        assert old.request_ids(DecodeRequest) == ["r-0"] and new.request_ids(DecodeRequest) == ["r-0:retry1"]
+        assert router.state.pool.decode_nodes[0].num_lost == 1  # NOTE: its connection's close, and only that
 
 
 def test_without_an_instance_change_the_silent_request_waits(tiny_model_dir, word_token_ids):

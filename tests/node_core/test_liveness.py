@@ -1,0 +1,75 @@
+"""Issue 23, finding 6: a node whose forward lasts longer than the router's liveness timeout is busy, not dead: its
+pings are answered meanwhile (node_core/liveness.py), and what else arrives meanwhile is served after the forward."""
+
+import threading
+import time
+
+import pytest
+import zmq
+
+from launch.local import free_port
+from node_core.liveness import BUSY_FORWARD_S
+from prefill_node.server import PrefillServer
+from router.nodes.client import HEALTHY_WITHIN_S
+from wire import protocol
+from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.timeout(120)
+FORWARD_S = HEALTHY_WITHIN_S + 2
+"""The slow forward: longer than a Pong may be old before the router counts the node as gone."""
+
+
+@pytest.fixture
+def slow_node(tiny_model_dir):
+    """A prefill node whose forwards each take FORWARD_S (a long prompt on a loaded host), its loop in a thread."""
+    engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
+                          scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=256, prefill_chunk_size=64))
+    node = PrefillServer(NodeConfig("prefill", "prefill-busy", engine, port=free_port("127.0.0.1")))
+    forward = node.runner.run_prefill
+
+    def slow_forward(chunks):
+        time.sleep(FORWARD_S)  # NOTE: releases the GIL, as torch's forwards do
+        return forward(chunks)
+
+    node.runner.run_prefill = slow_forward
+    stopping = threading.Event()
+    loop = threading.Thread(target=lambda: [node.step() for _ in iter(stopping.is_set, True)], daemon=True)
+    loop.start()
+    yield node
+    stopping.set()
+    loop.join(30)
+    node.close()
+
+
+def prefill(request_id: str) -> protocol.PrefillRequest:
+    params = SamplingParams(temperature=0.6, seed=3, max_tokens=8, ignore_eos=True)
+    return protocol.PrefillRequest(request_id, list(range(10, 50)), params, 3)
+
+
+def test_a_node_in_a_forward_longer_than_the_liveness_timeout_keeps_answering_pings(slow_node):
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(slow_node.config.address)
+    socket.send(protocol.encode(prefill("long")))
+    pong_times, results, nonce, forward_seconds = [time.monotonic()], [], 0, []
+    deadline = time.monotonic() + 4 * FORWARD_S + 30
+    while len(results) < 2 and time.monotonic() < deadline:
+        nonce += 1
+        socket.send(protocol.encode(protocol.Ping(nonce)))
+        if nonce == 3:  # NOTE: arrives mid-forward: the loop serves it once the forward ends
+            socket.send(protocol.encode(prefill("second")))
+        while socket.poll(200):
+            reply = protocol.decode(socket.recv_multipart()[-1])
+            if isinstance(reply, protocol.Pong):
+                pong_times.append(time.monotonic())
+                forward_seconds.append(reply.stats["forward_running_seconds"])
+            else:
+                results.append(reply)
+    socket.close()
+    assert [type(r).__name__ for r in results] == ["PrefillResult", "PrefillResult"]
+    assert [r.request_id for r in results] == ["long", "second"]
+    gaps = [later - earlier for earlier, later in zip(pong_times, pong_times[1:])]
+    assert max(gaps) < HEALTHY_WITHIN_S, f"a {max(gaps):.1f} s silence: the router would count the node as gone"
+    assert slow_node.pings_while_busy.num_answered > 0
+    assert max(forward_seconds) > BUSY_FORWARD_S  # NOTE: what an operator sees of a loop stuck in a forward
