@@ -84,7 +84,8 @@ def build_state(config: RouterConfig) -> RouterState:
     admission = Admission(config.max_pending_requests)
     tokenizer = load_tokenizer(config.model)
     metrics = RouterMetrics(pool.statuses, lambda: admission.in_flight, config.metrics_dir)
-    return RouterState(config, tokenizer, pool, admission, metrics, Offload(config.model, tokenizer))
+    offload = Offload(config.model, tokenizer, config.parse_timeout_s)
+    return RouterState(config, tokenizer, pool, admission, metrics, offload)
 
 
 async def start_site(app: web.Application, host: str, port: int, reuse_port: bool = False) -> web.AppRunner:

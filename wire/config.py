@@ -428,6 +428,10 @@ class RouterSettings:
     body_timeout_s: float = 60.0
     """A request body must have arrived this long after its headers, else 408 and the connection closes
     (a trickled body). 60 s: max_request_bytes at ~0.5 MB/s."""
+    parse_timeout_s: float = 30.0
+    """A request body parsed in one of the router's parser processes (JSON, chat template, tokenizing) that takes
+    longer gets a 413, and its process is stopped. A prompt is refused unencoded once it has more characters than
+    the context's tokens can hold, so this is a backstop: 30 s is ~30 MB of ordinary text on a slow core."""
 
     def __post_init__(self):
         if self.max_pending_requests < 1:
@@ -435,7 +439,7 @@ class RouterSettings:
         check_api_key(self.api_key)
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
-        for name in ("header_timeout_s", "body_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "parse_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 

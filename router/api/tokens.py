@@ -11,6 +11,7 @@ from router.api.chat import render_chat
 from router.api.errors import RequestError, bad_request
 from router.api.fields import TEXT, bool_field, decode_json, is_int_list, is_text, read_field
 from router.api.handlers import STATE_KEY, read_body
+from router.api.openai_api import encode_text
 from wire.tokenizer import Tokenizer
 
 
@@ -41,6 +42,7 @@ async def detokenize(request: web.Request) -> web.Response:
 def tokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, max_model_len: int) -> bytes:
     """The answer's JSON, made off the event loop (router/api/offload.py): a long prompt's token list is large."""
     fields = model_fields(body, served_model_name)
+    param = "messages" if "messages" in fields else "prompt"
     if "messages" in fields:
         text = render_chat(fields["messages"], tokenizer)
     else:
@@ -48,7 +50,7 @@ def tokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, max
         if text is None:
             raise bad_request("give 'prompt' (a string) or 'messages'", param="prompt")
     read_field(fields, "add_special_tokens", True, lambda v: isinstance(v, bool), "a boolean")
-    tokens = tokenizer.encode(text)
+    tokens = list(encode_text(text, tokenizer, max_model_len, param))
     return json.dumps({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens}).encode()
 
 

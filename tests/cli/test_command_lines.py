@@ -28,7 +28,7 @@ CUDA = dataclasses.replace(ENGINES[0], device="cuda", backend="corun")
 """NOTE: colocated servers and Ray nodes need the corun engine, GPU lists device cuda (on Ray 'cuda' itself)."""
 ROUTER_SETTINGS = dict(served_model_name="served", host="0.0.0.0", port=9000, max_pending_requests=5,
                        request_timeout_s=1.5, strict_fields=True, api_key="secret-key", enable_node_pinning=True,
-                       max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5)
+                       max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5, parse_timeout_s=4.5)
 CLUSTERS = [
     ClusterConfig(CUDA, num_prefill=2, num_decode=3, num_colocated=1, num_routers=2, prefill_gpus=("0", "1"),
                   decode_gpus=("2",), colocated_gpus=("3",), prefill_kv_cache_mib=100, decode_kv_cache_mib=200,
@@ -114,7 +114,7 @@ def test_corun_serve_s_router_and_node_settings_are_the_router_s_and_the_node_s(
     node_options = {each.option for each in config_flags(NodeConfig) if each.spec.is_flag}
     shared_router = {"--served-model-name", "--host", "--port", "--max-pending-requests", "--request-timeout-s",
                      "--strict-fields", "--api-key", "--enable-node-pinning", "--max-request-bytes",
-                     "--header-timeout-s", "--body-timeout-s"}
+                     "--header-timeout-s", "--body-timeout-s", "--parse-timeout-s"}
     assert shared_router <= serve_options & router_options
     assert {"--kv-lease-seconds", "--kv-ucx-devices", "--model", "--max-num-seqs"} <= serve_options & node_options
 
