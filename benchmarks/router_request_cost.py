@@ -6,8 +6,9 @@ Starts `corun serve` (1 prefill, 1 decode node) on the model, then:
   a second client sends normal requests (a short prompt, and a 40 KiB one that goes to a parser process), and
   samples the resident memory of the router and its parser processes every 20 ms. Reports the big request's
   status and time, the peak memory over the idle router's, and the normal requests' latencies.
-- fairness (--api-key-file with two keys): the second key's requests alone, then while the first key holds as
-  many never-read streams as its limits let it; reports the second client's latency p50/p99 both ways.
+- fairness (--fairness, --client-keys A B, limits in --serve-args): the second client's requests alone, then
+  while the first holds 3 x max_num_seqs never-read streams of 900 tokens (those its limits let in); reports the
+  second client's latency p50/p99 both ways.
 
 Prints one JSON object.
 """
@@ -30,6 +31,7 @@ from benchmarks.cpu_usage import descendants, memory_mib
 from wire.config import RouterSettings
 
 SAMPLE_S = 0.02
+OPERATOR_KEY = "sk-benchmark-operator"
 NORMAL = {"model": "corun-tiny", "prompt": "The river reads the morning light", "max_tokens": 4, "seed": 1}
 
 
@@ -38,8 +40,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", required=True)
     parser.add_argument("--body-bytes", type=int, default=RouterSettings.max_request_bytes)
     parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--fairness", action="store_true", help="the fairness run instead of the body one")
     parser.add_argument("--client-keys", nargs=2, metavar="KEY", default=None,
-                        help="fairness run: two client keys (the router gets them in --client-api-keys-file)")
+                        help="fairness run: the two clients' keys (the router gets them in --client-api-keys-file); "
+                        "without: both clients send no key")
     parser.add_argument("--serve-args", default="", help="more `corun serve` flags, space-separated")
     parser.add_argument("--num-normal", type=int, default=40)
     parser.add_argument("--num-big", type=int, default=2, help="such bodies at once (2: the parser processes of a "
@@ -151,27 +155,32 @@ def measure_body(base_url: str, router: int, args: argparse.Namespace) -> dict:
             "normal_during_s": {k: quantiles(v) for k, v in during.items() if v}}
 
 
-def hold_streams(url: str, key: str, num: int) -> tuple[list[socket.socket], list[int]]:
-    """num streamed requests of many tokens whose responses are never read; -> (sockets, statuses seen)."""
+def hold_streams(url: str, key: str | None, num: int) -> tuple[list[socket.socket], list[int]]:
+    """num streamed requests of many tokens whose responses are never read; -> (sockets, statuses seen, 0 for
+    those not answered yet)."""
     host, port = url.split("//")[1].split("/")[0].split(":")
     body = json.dumps({**NORMAL, "max_tokens": 900, "stream": True, "ignore_eos": True}).encode()
     sockets, statuses = [], []
     for _ in range(num):
         connection = socket.create_connection((host, int(port)))
         connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+                           + (f"Authorization: Bearer {key}\r\n" if key else "").encode()
+                           + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         sockets.append(connection)
     time.sleep(2.0)
     for connection in sockets:
-        connection.settimeout(5)
-        head = connection.recv(64)
+        connection.settimeout(0.5)
+        try:
+            head = connection.recv(64)
+        except TimeoutError:  # NOTE: no answer yet: waiting (in the router or at the decode node)
+            head = b""
         statuses.append(int(head.split()[1]) if head.startswith(b"HTTP/") else 0)
     return sockets, statuses
 
 
 def measure_fairness(base_url: str, args: argparse.Namespace) -> dict:
     url = base_url + "/v1/completions"
-    first, second = args.client_keys
+    first, second = args.client_keys or (None, None)
     small = json.dumps(NORMAL).encode()
     post(url, small, second)
     alone = [post(url, small, second)[1] for _ in range(args.num_normal)]
@@ -197,12 +206,14 @@ def main(argv: list[str] | None = None) -> int:
         with open(keys_file, "w") as f:
             f.write("\n".join(args.client_keys) + "\n")
         command += ["--client-api-keys-file", keys_file]
-    serve = start_child(command, os.path.join(log_dir, "serve.log"))
+    # NOTE: client keys need the operator's key, handed over as the launchers do: in the environment
+    env = {**os.environ, "VLLM_API_KEY": OPERATOR_KEY} if args.client_keys else None
+    serve = start_child(command, os.path.join(log_dir, "serve.log"), env=env)
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base_url)
         result = {"command": " ".join(command[1:])}
-        if args.client_keys:
+        if args.fairness:
             result["fairness"] = measure_fairness(base_url, args)
         else:
             result["body"] = measure_body(base_url, router_pid(serve.pid), args)

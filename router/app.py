@@ -10,7 +10,8 @@ import time
 from aiohttp import web
 
 from router.api.admin import add_admin_routes
-from router.api.auth import api_key_middleware
+from router.api.auth import api_key_middleware, load_api_keys
+from router.api.clients import ClientLimits
 from router.api.errors import RequestError, error_body
 from router.api.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
 from router.api.offload import Offload
@@ -60,7 +61,8 @@ def create_app(config: RouterConfig) -> web.Application:
 def new_application(config: RouterConfig) -> web.Application:
     """An application with the router's middlewares and body limit, no routes yet."""
     # NOTE: the key check runs inside the error middleware, so that a 401 is an OpenAI error and is counted.
-    middlewares = [error_and_metrics_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
+    keys = load_api_keys(config)
+    middlewares = [error_and_metrics_middleware] + ([api_key_middleware(keys)] if keys else [])
     # NOTE: aiohttp refuses a body of exactly client_max_size bytes; max_request_bytes is the largest accepted.
     return web.Application(middlewares=middlewares, client_max_size=config.max_request_bytes + 1)
 
@@ -85,7 +87,7 @@ def build_state(config: RouterConfig) -> RouterState:
     tokenizer = load_tokenizer(config.model)
     metrics = RouterMetrics(pool.statuses, lambda: admission.in_flight, config.metrics_dir)
     offload = Offload(config.model, tokenizer, config.parse_timeout_s)
-    return RouterState(config, tokenizer, pool, admission, metrics, offload)
+    return RouterState(config, tokenizer, pool, admission, metrics, offload, ClientLimits(config))
 
 
 async def start_site(app: web.Application, host: str, port: int, reuse_port: bool = False) -> web.AppRunner:

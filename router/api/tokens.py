@@ -7,7 +7,9 @@ import json
 
 from aiohttp import web
 
+from router.api.auth import CLIENT_KEY
 from router.api.chat import render_chat
+from router.api.clients import DEFAULT_CLIENT
 from router.api.errors import RequestError, bad_request
 from router.api.fields import TEXT, bool_field, decode_json, is_int_list, is_text, read_field
 from router.api.handlers import STATE_KEY, read_body
@@ -24,19 +26,21 @@ def add_token_routes(app: web.Application) -> None:
 async def tokenize(request: web.Request) -> web.Response:
     """{"prompt": TEXT} or {"messages": [...]} -> {"count", "max_model_len", "tokens"} (as vLLM answers)."""
     state = request.app[STATE_KEY]
-    body = await read_body(request)
-    info = await state.model_info()
-    return json_bytes_response(await state.offload.run(tokenize_body, body, info.served_model_name,
-                                                       info.max_model_len))
+    with state.clients.request(request.get(CLIENT_KEY, DEFAULT_CLIENT)):
+        body = await read_body(request)
+        info = await state.model_info()
+        return json_bytes_response(await state.offload.run(tokenize_body, body, info.served_model_name,
+                                                           info.max_model_len))
 
 
 async def detokenize(request: web.Request) -> web.Response:
     """{"tokens": [ids]} -> {"prompt": TEXT}."""
     state = request.app[STATE_KEY]
-    body = await read_body(request)
-    info = await state.model_info()
-    return json_bytes_response(await state.offload.run(detokenize_body, body, info.served_model_name,
-                                                       info.vocab_size))
+    with state.clients.request(request.get(CLIENT_KEY, DEFAULT_CLIENT)):
+        body = await read_body(request)
+        info = await state.model_info()
+        return json_bytes_response(await state.offload.run(detokenize_body, body, info.served_model_name,
+                                                           info.vocab_size))
 
 
 def tokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, max_model_len: int) -> bytes:
