@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "without: both clients send no key")
     parser.add_argument("--serve-args", default="", help="more `corun serve` flags, space-separated")
     parser.add_argument("--num-normal", type=int, default=40)
+    parser.add_argument("--first-streams", type=int, default=None,
+                        help="fairness run: the first client's never-read streams (default: 3 x --max-num-seqs)")
     parser.add_argument("--num-big", type=int, default=2, help="such bodies at once (2: the parser processes of a "
                         "2-core host)")
     return parser.parse_args(argv)
@@ -184,7 +186,7 @@ def measure_fairness(base_url: str, args: argparse.Namespace) -> dict:
     small = json.dumps(NORMAL).encode()
     post(url, small, second)
     alone = [post(url, small, second)[1] for _ in range(args.num_normal)]
-    sockets, statuses = hold_streams(url, first, 3 * args.max_num_seqs)
+    sockets, statuses = hold_streams(url, first, args.first_streams or 3 * args.max_num_seqs)
     try:
         loaded = [post(url, small, second) for _ in range(args.num_normal)]
     finally:

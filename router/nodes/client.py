@@ -112,6 +112,13 @@ class NodeClient:
         self.num_lost = 0
         """Times the node was lost (its connection closed, or a Pong came from another instance)."""
 
+    @property
+    def name(self) -> str:
+        """What client-facing messages call this node: its role and id (as /health shows them), never its address
+        (logs have that)."""
+        node_id = self._latest_pong.node_id if self._latest_pong is not None else f"#{self.index}"
+        return f"{self.role} node {node_id}"
+
     def start(self) -> None:
         """Connect and start receiving; call from the event loop that will use the client."""
         self._socket = self._context.socket(zmq.DEALER)
@@ -228,7 +235,7 @@ class NodeClient:
             logger.warning("%s node %s lost (%s): failing its %d open request(s) over", self.role, self.address, why,
                            len(self._request_queues))
         for request_id, queue in self._request_queues.items():
-            queue.put_nowait(ErrorReply(request_id, 503, f"{self.role} node {self.address} was lost: {why}"))
+            queue.put_nowait(ErrorReply(request_id, 503, f"{self.name} was lost: {why}"))
 
     def _dispatch(self, message) -> None:
         if type(message) is StepTokens:
