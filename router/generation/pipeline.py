@@ -265,7 +265,7 @@ async def next_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
     if reply is SILENT:
         raise silence_error(node, timeout_s)
     if isinstance(reply, ErrorReply):
-        raise node_failure(node, reply.status, f"answered: {reply.message}")
+        raise node_failure(node, reply.status, f": {reply.message}")
     return reply
 
 
@@ -277,13 +277,15 @@ def silence_error(node: NodeClient, timeout_s: float) -> GenerationError:
 
 
 def node_failure(node: NodeClient, status: int, what: str) -> GenerationError:
-    """A node's failure as the client sees it: the node by its name, and no address, even one a node's own message
-    holds (the log line has them)."""
-    logger.warning("%s (%s) %s", node.name, node.address, what)
-    return GenerationError(status, f"{node.name} {without_addresses(what)}")
+    """A node's failure as the client sees it ("<node> <what>", or "<node>: <message>" for what = ": <message>"):
+    the node by its name, and no address, even one a node's own message holds (the log line has them)."""
+    text = f"{node.name}{'' if what.startswith(':') else ' '}{what}"
+    logger.warning("%s (at %s)", text, node.address)
+    return GenerationError(status, without_addresses(text))
 
 
-ADDRESS = re.compile(r"\b[a-z]+://\S+|\[[0-9a-fA-F:.]+\](:\d+)?|\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b|\b[\w.-]+:\d{2,5}\b")
+ADDRESS = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s,;)\]'\"]+|\[[0-9a-fA-F:.]+\](:\d+)?|\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b"
+                     r"|\b[\w.-]+:\d{2,5}\b")
 """An endpoint (tcp://..., ipc://..., ucx://...), an IP address with or without a port, or host:port."""
 
 
