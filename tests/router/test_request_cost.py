@@ -13,9 +13,9 @@ from router.api.errors import RequestError
 from router.api.offload import LARGE_BODY_BYTES, Offload
 from router.api.openai_api import ModelInfo, parse_body
 from router.api.tokens import tokenize_body
-from tests.router.harness import post
+from tests.router.harness import post, wait_for
 from tests.router.test_errors import VALID, assert_error
-from tests.router.test_security import is_running
+from tests.router.test_security import is_running, raw_connection, unique_text
 
 pytestmark = pytest.mark.timeout(60)
 MAX_MODEL_LEN = 1024
@@ -159,3 +159,21 @@ def test_a_parse_whose_client_goes_stops_its_worker(tiny_model_dir, tokenizer, t
             offload.close()
 
     asyncio.run(scenario())
+
+
+def parsing_pids(offload: Offload) -> list[int]:
+    """The parser processes busy now."""
+    return [worker.process.pid for worker in offload._workers if worker not in offload._idle]
+
+
+def test_a_client_that_hangs_up_mid_parse_stops_its_parser_process(long_context):
+    """Through HTTP: aiohttp cancels the handler of a client that goes, and that stops the parse's process. The
+    nodes report a 2**19-token context, so a 3 MB prompt is encoded (for seconds) before it is refused."""
+    raw = body(prompt=unique_text(3 * 2**20))
+    with raw_connection(long_context) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+        wait_for(lambda: parsing_pids(long_context.state.offload))
+        pids = parsing_pids(long_context.state.offload)
+    wait_for(lambda: not any(is_running(pid) for pid in pids))
+    assert post(long_context.base_url + "/v1/completions", VALID).status == 200

@@ -2,7 +2,6 @@
 (a huge prompt, a huge or trickled body, trickled headers, invalid text) stalls, crashes or holds the router."""
 
 import asyncio
-import dataclasses
 import json
 import os
 import signal
@@ -19,8 +18,7 @@ from router.__main__ import parse_config
 from router.api.errors import RequestError
 from router.api.offload import Offload
 from router.app import LINGER_S
-from tests.router.fake_nodes import FakeBehaviour
-from tests.router.harness import RouterHarness, get, http_request, model_facts, post
+from tests.router.harness import RouterHarness, get, http_request, post
 from tests.router.test_errors import VALID, assert_error
 from wire.protocol import DecodeRequest, PrefillRequest
 
@@ -228,16 +226,6 @@ def unique_text(num_bytes: int) -> str:
     """Text the tokenizer's cache cannot shortcut: every word different."""
     words = "the river reads morning light because seven people ran quickly under green houses".split()
     return " ".join(f"{words[i % len(words)]}{i}" for i in range(num_bytes // 8))[:num_bytes]
-
-
-@pytest.fixture(scope="module")
-def long_context(tiny_model_dir, word_token_ids):
-    """Nodes that report a context of 2**19 tokens: a prompt of megabytes is encoded before it is refused."""
-    facts = dataclasses.replace(model_facts(tiny_model_dir), max_model_len=2**19)
-    nodes = FakeBehaviour(model_facts=facts)
-    with RouterHarness(tiny_model_dir, word_token_ids, prefill=nodes, decode=nodes) as harness:
-        harness.wait_until_healthy()
-        yield harness
 
 
 def test_health_answers_at_once_while_a_long_prompt_is_tokenized(long_context):
