@@ -201,6 +201,8 @@ def read_prompts(body: dict, tokenizer: Tokenizer, model: ModelInfo, max_tokens:
     texts = [prompt] if isinstance(prompt, str) else prompt if is_str_list(prompt) else []
     if texts:
         check_num_prompts(len(texts), model)
+        for text in texts:  # NOTE: before is_text, which copies each text (encodes it as UTF-8)
+            check_text_length(text, tokenizer, model.max_model_len, "prompt")
         if not all(map(is_text, texts)):
             raise bad_request(f"'prompt' must be {TEXT}", param="prompt")
         return tuple(checked_prompt(encode_text(text, tokenizer, model.max_model_len, "prompt"), max_tokens, model)
@@ -223,15 +225,20 @@ def check_num_prompts(num_prompts: int, model: ModelInfo) -> None:
 
 
 def encode_text(text: str, tokenizer: Tokenizer, max_model_len: int, param: str) -> tuple[int, ...]:
-    """text's token ids; a 400 without encoding it when it has more characters than max_model_len tokens can hold
-    (Tokenizer.max_text_chars). NOTE: encoding costs the parser ~200 bytes of memory and ~1 us per character of a
-    long "word" (issue 23): this bounds that cost by the context length, not by the body size limit."""
+    """text's token ids; a 400 without encoding it when it is too long (check_text_length)."""
+    check_text_length(text, tokenizer, max_model_len, param)
+    return tuple(tokenizer.encode(text))
+
+
+def check_text_length(text: str, tokenizer: Tokenizer, max_model_len: int, param: str) -> None:
+    """A 400 when text has more characters than max_model_len tokens can hold (Tokenizer.max_text_chars).
+    NOTE: encoding costs the parser ~200 bytes of memory and ~1 us per character of a long "word" (issue 23): this
+    bounds that cost by the context length, not by the body size limit."""
     max_chars = tokenizer.max_text_chars(max_model_len)
     if max_chars is not None and len(text) > max_chars:
         raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, the {param} "
                           f"has {len(text)} characters, more than {max_model_len} tokens of this tokenizer can hold "
                           f"(at most {max_chars} characters).", param=param)
-    return tuple(tokenizer.encode(text))
 
 
 def checked_prompt(prompt, max_tokens: int, model: ModelInfo) -> tuple[int, ...]:
