@@ -10,13 +10,15 @@ import time
 from aiohttp import web
 
 from router.api.admin import add_admin_routes
-from router.api.auth import api_key_middleware
+from router.api.auth import api_key_middleware, load_api_keys
+from router.api.clients import ClientLimits
 from router.api.errors import RequestError, error_body
 from router.api.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
 from router.api.offload import Offload
 from router.api.state import Admission, RouterState
 from router.api.tokens import add_token_routes
 from router.generation.pipeline import GenerationError
+from router.loop_errors import HTTP_LOGGER, install_loop_error_log
 from router.metrics import REFRESH_S as METRICS_REFRESH_S
 from router.metrics import RouterMetrics
 from router.nodes.client import NodeStatus
@@ -34,6 +36,8 @@ LINGER_S = 2.0
 """After an early answer (413, 408), what still arrives of the body is read and dropped this long, so that the
 client sees the answer rather than a reset; then the connection closes (aiohttp's lingering_time; its default,
 10 s, would keep a trickling client that much longer)."""
+CLIENT_GONE_STATUS = 499
+"""What /metrics counts a request whose client hung up before its answer as (nginx's code; never sent)."""
 SHUTDOWN_GRACE_S = 5.0
 """On shutdown, requests in flight get this long to finish before they are cancelled (and their decodes aborted)."""
 
@@ -60,7 +64,8 @@ def create_app(config: RouterConfig) -> web.Application:
 def new_application(config: RouterConfig) -> web.Application:
     """An application with the router's middlewares and body limit, no routes yet."""
     # NOTE: the key check runs inside the error middleware, so that a 401 is an OpenAI error and is counted.
-    middlewares = [error_and_metrics_middleware] + ([api_key_middleware(config.api_key)] if config.api_key else [])
+    keys = load_api_keys(config)
+    middlewares = [error_and_metrics_middleware] + ([api_key_middleware(keys)] if keys else [])
     # NOTE: aiohttp refuses a body of exactly client_max_size bytes; max_request_bytes is the largest accepted.
     return web.Application(middlewares=middlewares, client_max_size=config.max_request_bytes + 1)
 
@@ -84,7 +89,8 @@ def build_state(config: RouterConfig) -> RouterState:
     admission = Admission(config.max_pending_requests)
     tokenizer = load_tokenizer(config.model)
     metrics = RouterMetrics(pool.statuses, lambda: admission.in_flight, config.metrics_dir)
-    return RouterState(config, tokenizer, pool, admission, metrics, Offload(config.model, tokenizer))
+    offload = Offload(config.model, tokenizer, config.parse_timeout_s)
+    return RouterState(config, tokenizer, pool, admission, metrics, offload, ClientLimits(config))
 
 
 async def start_site(app: web.Application, host: str, port: int, reuse_port: bool = False) -> web.AppRunner:
@@ -93,10 +99,12 @@ async def start_site(app: web.Application, host: str, port: int, reuse_port: boo
     # NOTE: handler_cancellation: a client that hangs up cancels its handler, which aborts its decode.
     # keepalive_timeout: aiohttp closes a connection whose request headers are not complete when it fires (it
     # runs from the connection's start and from each response), which bounds a slowloris' header read.
+    # logger: aiohttp's, but a malformed request is one line, not a traceback (router/loop_errors.py)
+    install_loop_error_log(asyncio.get_running_loop())
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S,
                            keepalive_timeout=app[STATE_KEY].config.header_timeout_s,
                            max_line_size=MAX_HEADER_LINE_BYTES, max_field_size=MAX_HEADER_LINE_BYTES,
-                           max_headers=MAX_HEADERS, lingering_time=LINGER_S)
+                           max_headers=MAX_HEADERS, lingering_time=LINGER_S, logger=HTTP_LOGGER)
     await runner.setup()
     await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
     return runner
@@ -138,6 +146,10 @@ async def error_and_metrics_middleware(request: web.Request, handler) -> web.Str
         response = error_response(error.status, error.reason)
     except asyncio.CancelledError:
         raise
+    except ConnectionResetError:
+        # NOTE: the client hung up (mid-body, mid-parse): nothing to answer, and not the router's fault
+        logger.info("%s %s: the client went away", request.method, request.path)
+        response = error_response(CLIENT_GONE_STATUS, "the client closed the connection")
     except Exception:
         logger.exception("internal error on %s %s", request.method, request.path)
         response = error_response(500, "internal server error")

@@ -36,11 +36,20 @@ def is_authorized(authorization: str | None, api_key: str) -> bool:
 
     NOTE: compares SHA-256 digests with hmac.compare_digest, as vLLM does: constant time, and of equal length
     whatever the client sent, so neither the key's content nor its length leaks through timing."""
+    presented = bearer_digest(authorization)
+    return presented is not None and hmac.compare_digest(presented, key_digest(api_key))
+
+
+def bearer_digest(authorization: str | None) -> bytes | None:
+    """The SHA-256 digest of the token in an Authorization header value `Bearer <token>`; None for another scheme."""
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer":
-        return False
-    presented = hashlib.sha256(token.strip().encode("utf-8", "surrogateescape")).digest()
-    return hmac.compare_digest(presented, hashlib.sha256(api_key.encode()).digest())
+        return None
+    return hashlib.sha256(token.strip().encode("utf-8", "surrogateescape")).digest()
+
+
+def key_digest(api_key: str) -> bytes:
+    return hashlib.sha256(api_key.encode()).digest()
 
 
 def bearer_headers(api_key: str | None) -> dict[str, str]:

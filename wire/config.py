@@ -468,14 +468,41 @@ class RouterSettings:
     body_timeout_s: float = 60.0
     """A request body must have arrived this long after its headers, else 408 and the connection closes
     (a trickled body). 60 s: max_request_bytes at ~0.5 MB/s."""
+    client_api_keys_file: str | None = None
+    """A file of client API keys, one a line (blank lines and lines starting with # are skipped): each is accepted
+    as --api-key is, except by the admin API, and each is a client of its own for the per-client limits. Needs
+    --api-key, the operator's key: the admin API's and the launcher's (its requests are one more client). None:
+    only --api-key, if any."""
+    max_client_requests: int | None = None
+    """Requests of one client (an API key; all requests are one client when the router has no key) in the router at
+    once, parsing, waiting or generating: one more gets 429 with Retry-After before its body is read. None: no
+    per-client limit (max_pending_requests still holds)."""
+    max_client_decode_slots: int | None = None
+    """Samples (each prompt's n) of one client generating at once: a request that would go over waits, in that
+    client's own queue, for its earlier requests to end; one that needs more on its own gets 400. Set it below the
+    decode slots of the pool (decode nodes x max_num_seqs), so that no client can hold them all. None: no limit."""
+    max_client_queued_requests: int | None = None
+    """Requests of one client waiting for its decode slots: one more gets 429 with Retry-After. None: as many as
+    max_client_requests lets in."""
+    parse_timeout_s: float = 30.0
+    """A request body parsed in one of the router's parser processes (JSON, chat template, tokenizing) that takes
+    longer gets a 413, and its process is stopped. A prompt is refused unencoded once it has more characters than
+    the context's tokens can hold, so this is a backstop: 30 s is ~30 MB of ordinary text on a slow core."""
 
     def __post_init__(self):
         if self.max_pending_requests < 1:
             raise ValueError("max_pending_requests must be >= 1")
         check_api_key(self.api_key)
+        if self.client_api_keys_file is not None and self.api_key is None:
+            raise ValueError("client API keys (client_api_keys_file) need the operator's key too (api_key, or "
+                             f"{API_KEY_ENV}): the admin API and the launcher use it")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
-        for name in ("header_timeout_s", "body_timeout_s"):
+        for name, lowest in (("max_client_requests", 1), ("max_client_decode_slots", 1),
+                             ("max_client_queued_requests", 0)):
+            if getattr(self, name) is not None and getattr(self, name) < lowest:
+                raise ValueError(f"{name} must be >= {lowest} (or unset), got {getattr(self, name)}")
+        for name in ("header_timeout_s", "body_timeout_s", "parse_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 

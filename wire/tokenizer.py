@@ -6,6 +6,7 @@ Deliberately not transformers' AutoTokenizer: that imports torch, and the router
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +18,13 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 # Stop tokens of ChatML models (Qwen): ending a turn and ending a document both end generation.
 CHATML_STOP_TOKENS = ("<|endoftext|>", "<|im_end|>")
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
+COMPOSITION_SHRINK = 4
+"""Unicode composition (NFC, NFKC) joins at most 4 code points into one (U+1F8F is 4 in NFD): it shrinks a text at
+most 4-fold. tests/wire/test_tokenizer_bound.py checks it against unicodedata."""
+NORMALIZER_SHRINK = {"NFC": COMPOSITION_SHRINK, "NFKC": COMPOSITION_SHRINK, "NFD": 1, "NFKD": 1, "Lowercase": 1,
+                     "Prepend": 1}
+"""How many times shorter each normalizer can make a text; one not named here (Strip, Replace, StripAccents) may
+delete any amount of it, so a tokenizer that has one gets no length bound."""
 
 
 class Tokenizer:
@@ -28,10 +36,16 @@ class Tokenizer:
         self._special_tokens = {key: token_text(tokenizer_config.get(key)) for key in SPECIAL_TOKEN_KEYS}
         self._chat_template = compile_chat_template(chat_template) if chat_template else None
         self._generation_eos_ids = generation_eos_ids
+        self._max_chars_per_token = max_chars_per_token(backend)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text, without BOS/EOS; special-token text such as <|im_start|> maps to its id."""
         return self._backend.encode(text, add_special_tokens=False).ids
+
+    def max_text_chars(self, num_tokens: int) -> int | None:
+        """The most characters a text of at most num_tokens tokens can have (a longer text is certainly longer
+        in tokens: it need not be encoded to know); None when this tokenizer admits no such bound."""
+        return None if self._max_chars_per_token is None else num_tokens * self._max_chars_per_token
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -84,6 +98,31 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
         chat_template=find_chat_template(model_dir, tokenizer_config),
         generation_eos_ids=as_id_list(read_json(model_dir / "generation_config.json").get("eos_token_id")),
     )
+
+
+def max_chars_per_token(backend: tokenizers.Tokenizer) -> int | None:
+    """The most characters of input text one token can stand for: its vocabulary string's length (byte-level BPE
+    spells a byte as one character, and a character is at least one byte), times how much the normalizer can shrink
+    the text. None where one token may stand for any length (an unknown-token model that fuses unknown runs, a
+    WordPiece or WordLevel one whose unknown token covers a whole word, a normalizer that deletes text)."""
+    spec = json.loads(backend.to_str())
+    model = spec["model"]
+    if model["type"] != "BPE" or (model.get("unk_token") is not None and model.get("fuse_unk")):
+        return None
+    shrink = normalizer_shrink(spec.get("normalizer"))
+    if shrink is None:
+        return None
+    longest = max(len(text) for text in backend.get_vocab(with_added_tokens=True))
+    return longest * shrink
+
+
+def normalizer_shrink(normalizer: dict | None) -> int | None:
+    if normalizer is None:
+        return 1
+    if normalizer["type"] == "Sequence":
+        factors = [normalizer_shrink(step) for step in normalizer["normalizers"]]
+        return None if None in factors else math.prod(factors)
+    return NORMALIZER_SHRINK.get(normalizer["type"])
 
 
 def find_chat_template(model_dir: Path, tokenizer_config: dict) -> str | None:

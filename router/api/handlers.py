@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Callable
 import msgspec
 from aiohttp import web
 
+from router.api.auth import CLIENT_KEY
+from router.api.clients import DEFAULT_CLIENT
 from router.api.errors import RequestError, bad_request, error_body
 from router.api.openai_api import GenerationRequest, Kind, bind_seed, parse_body
 from router.api.responses import (
@@ -51,13 +53,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def serve_generation(request: web.Request, kind: Kind) -> web.StreamResponse:
+    """Within its client's limits (router/api/clients.py): the request is counted before its body is read, and its
+    samples wait for the client's decode slots once it is parsed."""
     state = request.app[STATE_KEY]
     request_id = read_request_id(request)
     request[RESPONSE_HEADERS_KEY] = {"X-Request-Id": request_id}
-    body = await read_body(request)
-    model = await state.model_info()
-    placement = read_placement(request, state)
-    generation = await state.offload.run(parse_body, body, kind, model)
+    with state.clients.request(request.get(CLIENT_KEY, DEFAULT_CLIENT)) as client:
+        body = await read_body(request)
+        model = await state.model_info()
+        placement = read_placement(request, state)
+        generation = await state.offload.run(parse_body, body, kind, model)
+        num_samples = len(generation.prompts) * generation.params.n
+        async with state.clients.decode_slots(client, num_samples):
+            with state.admission.admit(request_id, num_samples):
+                return await generate_response(request, state, request_id, generation, placement)
+
+
+async def generate_response(request: web.Request, state: RouterState, request_id: str,
+                            generation: GenerationRequest, placement: Placement) -> web.StreamResponse:
     if generation.ignored_fields:
         names = field_names_header(generation.ignored_fields)
         logger.warning("request %s: ignored unknown field(s) %s", request_id, names)
@@ -72,18 +85,17 @@ async def serve_generation(request: web.Request, kind: Kind) -> web.StreamRespon
     ctx = ResponseContext(generation.kind, request_id, int(time.time()), state.config.served_model_name,
                           state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer,
                           generation.output, tuple(p for p in generation.prompts for _ in range(n)), n)
-    with state.admission.admit(request_id, len(generation.prompts) * n):
-        deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i * n,
-                                      node_request_id(state.config, request_id, i),
-                                      list(prompt), bind_seed(generation, seed), generation.stop_strings,
-                                      placement, generation.output)
-                        for i, prompt in enumerate(generation.prompts)])
-        try:
-            if generation.stream:
-                return await stream_response(request, ctx, generation, deltas)
-            return await full_response(request, ctx, generation, deltas)
-        finally:
-            await deltas.aclose()
+    deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i * n,
+                                  node_request_id(state.config, request_id, i),
+                                  list(prompt), bind_seed(generation, seed), generation.stop_strings,
+                                  placement, generation.output)
+                    for i, prompt in enumerate(generation.prompts)])
+    try:
+        if generation.stream:
+            return await stream_response(request, ctx, generation, deltas)
+        return await full_response(request, ctx, generation, deltas)
+    finally:
+        await deltas.aclose()
 
 
 def node_request_id(config, request_id: str, prompt_index: int) -> str:

@@ -7,24 +7,30 @@ on the loop, and as long (21 s) in asyncio.to_thread. So bodies of LARGE_BODY_BY
 processes, which share no GIL with the loop (/health then answered within 13 ms throughout); smaller ones in a
 thread, which copies nothing between processes and holds the GIL for tens of milliseconds at most.
 
+A parse in a worker has a deadline (RouterConfig.parse_timeout_s) and ends when its client goes: either way its
+worker is killed, which is the only way to stop an encode, and frees what it held at once; the next large body
+gets a fresh worker. (A thread's parse cannot be stopped, but its body is under LARGE_BODY_BYTES.)
+
 Both run the same function with the same tokenizer files: where a body is parsed never changes its result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection
 from typing import TypeVar
 
 from router.api.errors import RequestError
 from wire.tokenizer import Tokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 LARGE_BODY_BYTES = 32 * 2**10
@@ -32,10 +38,9 @@ LARGE_BODY_BYTES = 32 * 2**10
 (measured on the tiny model's BPE), and the copies to a worker (~1 ms) would cost more than they save."""
 NUM_WORKER_PROCESSES = min(4, os.cpu_count() or 1)
 """Large bodies parsed at once; more wait their turn (queued, not refused: admission comes after parsing)."""
-
 ORPHAN_CHECK_S = 0.5
-_worker_tokenizer: Tokenizer | None = None
-"""In a worker process: its own copy of the router's tokenizer (that one does not pickle: a compiled template)."""
+READY = "ready"
+"""What a worker sends once its tokenizer is loaded."""
 
 
 class Offload:
@@ -44,54 +49,117 @@ class Offload:
     work and args travel to the worker by pickle: module-level functions and plain data (no tokenizer, no state);
     a RequestError that work raises comes back as itself."""
 
-    def __init__(self, model_dir: str, tokenizer: Tokenizer):
-        self._model_dir, self._tokenizer = model_dir, tokenizer
-        self._processes: ProcessPoolExecutor | None = None
+    def __init__(self, model_dir: str, tokenizer: Tokenizer, parse_timeout_s: float):
+        self._model_dir, self._tokenizer, self._parse_timeout_s = model_dir, tokenizer, parse_timeout_s
+        self._idle: list[ParserProcess] = []
+        self._workers: set[ParserProcess] = set()
+        self._turns: asyncio.Semaphore | None = None
 
     async def run(self, work: Callable[..., T], body: bytes, *args) -> T:
         if len(body) < LARGE_BODY_BYTES:
             return await asyncio.to_thread(work, self._tokenizer, body, *args)
-        processes = self._worker_processes()
-        try:
-            return await asyncio.get_running_loop().run_in_executor(processes, run_in_worker, work, body, *args)
-        except BrokenProcessPool:
-            # NOTE: a worker died (killed, out of memory): that pool takes nothing more; the next one is fresh.
-            self._discard(processes)
-            raise RequestError(503, "the router's parser process died while parsing this request; retry") from None
+        if self._turns is None:
+            self._turns = asyncio.Semaphore(NUM_WORKER_PROCESSES)
+        async with self._turns:
+            worker = await self._take_worker()
+            try:
+                succeeded, value = await asyncio.wait_for(asyncio.to_thread(worker.call, work, body, args),
+                                                          self._parse_timeout_s)
+            except BaseException as error:
+                # NOTE: timed out, cancelled (the client left), or the worker died: it is stopped, never reused
+                self._kill(worker)
+                raise parse_failure(error, self._parse_timeout_s) from None
+            self._idle.append(worker)
+            if not succeeded:
+                raise value
+            return value
 
     def close(self) -> None:
-        if self._processes is not None:
-            self._discard(self._processes)
+        for worker in list(self._workers):
+            self._kill(worker)
 
-    def _worker_processes(self) -> ProcessPoolExecutor:
-        if self._processes is None:
-            # NOTE: spawn, not fork: fork would copy the router's other threads (zmq's, asyncio's) mid-operation.
-            # The workers start on first use: a router that never sees a large body never starts one.
-            self._processes = ProcessPoolExecutor(NUM_WORKER_PROCESSES, multiprocessing.get_context("spawn"),
-                                                  initializer=start_worker, initargs=(self._model_dir, os.getpid()))
-        return self._processes
+    async def _take_worker(self) -> ParserProcess:
+        if self._idle:
+            return self._idle.pop()
+        # NOTE: spawn, not fork: fork would copy the router's other threads (zmq's, asyncio's) mid-operation.
+        # The workers start on first use: a router that never sees a large body never starts one.
+        starting = asyncio.ensure_future(asyncio.to_thread(ParserProcess, self._model_dir, os.getpid()))
+        try:
+            worker = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(lambda done: done.exception() is None and done.result().kill())
+            raise
+        self._workers.add(worker)
+        return worker
 
-    def _discard(self, processes: ProcessPoolExecutor) -> None:
-        if self._processes is processes:
-            self._processes = None
-        processes.shutdown(wait=False, cancel_futures=True)
+    def _kill(self, worker: ParserProcess) -> None:
+        self._workers.discard(worker)
+        worker.kill()
 
 
-def start_worker(model_dir: str, router_pid: int) -> None:
-    global _worker_tokenizer
+def parse_failure(error: BaseException, parse_timeout_s: float) -> BaseException:
+    """What a parse whose worker had to be stopped raises: a 413 past the deadline, a 503 when the worker died, the
+    cancellation itself."""
+    if isinstance(error, TimeoutError):
+        return RequestError(413, f"parsing this request took longer than {parse_timeout_s:g} s (the router's "
+                                 "--parse-timeout-s): send shorter prompts")
+    if isinstance(error, EOFError | OSError):
+        return RequestError(503, "the router's parser process died while parsing this request; retry")
+    return error
+
+
+class ParserProcess:
+    """One worker process and the pipe to it; made (in a thread: it waits) once the worker is ready."""
+
+    def __init__(self, model_dir: str, router_pid: int):
+        context = multiprocessing.get_context("spawn")
+        self._connection, child_end = context.Pipe()
+        self.process = context.Process(target=serve_parses, args=(child_end, model_dir, router_pid), daemon=True,
+                                       name="corun-router-parser")
+        self.process.start()
+        child_end.close()
+        if self._connection.recv() != READY:
+            raise RuntimeError("a parser process did not start")
+
+    def call(self, work: Callable[..., T], body: bytes, args: tuple) -> tuple[bool, T | Exception]:
+        """Blocks until the worker answers: (True, the result) or (False, the exception work raised); EOFError or
+        OSError if the worker dies (or is killed) meanwhile."""
+        self._connection.send((work, args))
+        self._connection.send_bytes(body)  # NOTE: as it is: a pickle would copy it on both sides
+        return self._connection.recv()
+
+    def kill(self) -> None:
+        """NOTE: the pipe is left to be closed when the last reference goes: a thread may still be reading it (it
+        sees the end of file now), and closing it under that thread could hand its descriptor to another file."""
+        self.process.kill()
+        self.process.join()
+
+
+def serve_parses(connection: Connection, model_dir: str, router_pid: int) -> None:
+    """A worker's life: load the tokenizer, then answer each (work, args) and body with (True, result) or (False,
+    the exception), until the router closes the pipe."""
     # NOTE: Ctrl-C reaches the whole process group: the router decides when its workers stop (close()).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=exit_with_router, args=(router_pid,), name="exit with the router", daemon=True).start()
-    _worker_tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    connection.send(READY)
+    while True:
+        try:
+            work, args = connection.recv()
+            body = connection.recv_bytes()
+        except EOFError:
+            return
+        try:
+            answer = (True, work(tokenizer, body, *args))
+        except Exception as error:  # NOTE: the router's error middleware answers it (a 500 unless a RequestError)
+            answer = (False, error)
+        del body
+        connection.send(answer)
 
 
 def exit_with_router(router_pid: int) -> None:
-    """A router that dies without close() (SIGKILL, out of memory) leaves its workers waiting on a queue whose
-    write end they hold themselves: they would never see it close. So each leaves once it is orphaned."""
+    """A router that dies without close() (SIGKILL, out of memory) leaves its workers waiting on a pipe whose
+    write end they may share with siblings: they would never see it close. So each leaves once it is orphaned."""
     while os.getppid() == router_pid:
         time.sleep(ORPHAN_CHECK_S)
     os._exit(0)
-
-
-def run_in_worker(work: Callable[..., T], body: bytes, *args) -> T:
-    return work(_worker_tokenizer, body, *args)

@@ -53,6 +53,8 @@ class ModelInfo:
     vocab_size: int
     """The model's embedding rows: token ids must be below it."""
     max_logprobs: int
+    max_num_prompts: int
+    """Prompts one request may carry (RouterConfig.max_pending_requests): more are refused before any is encoded."""
     strict_fields: bool = False
     """Unknown fields are a 400 (RouterConfig.strict_fields), not ignored with a warning."""
 
@@ -85,12 +87,12 @@ def parse_completion_request(body, model: ModelInfo, tokenizer: Tokenizer) -> Ge
     body, ignored = checked_body(body, COMPLETION_FIELDS, model)
     echo = bool_field(body, "echo", False)
     only_value_field(body, "suffix", "null", lambda v: False)
-    prompts = read_prompts(body, tokenizer)
-    logprobs = int_field(body, "logprobs", None, 0, model.max_logprobs)
-    prompt_logprobs = int_field(body, "prompt_logprobs", None, 0, model.max_logprobs)
     # NOTE: as vLLM: max_completion_tokens (OpenAI's newer name) wins over max_tokens; 0 only to echo the prompt
     lowest = 0 if echo else 1
     max_tokens = int_field(body, "max_completion_tokens", int_field(body, "max_tokens", 16, lowest), lowest)
+    prompts = read_prompts(body, tokenizer, model, max(1, max_tokens))
+    logprobs = int_field(body, "logprobs", None, 0, model.max_logprobs)
+    prompt_logprobs = int_field(body, "prompt_logprobs", None, 0, model.max_logprobs)
     echoed = logprobs if echo else None
     wanted = max((k for k in (echoed, prompt_logprobs) if k is not None), default=None)
     prompt_options = {"echo": echo, "prompt_logprobs": prompt_logprobs, "drop_generated": max_tokens == 0}
@@ -102,7 +104,7 @@ def parse_completion_request(body, model: ModelInfo, tokenizer: Tokenizer) -> Ge
 def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> GenerationRequest:
     body, ignored = checked_body(body, SAMPLING_FIELDS | CHAT_FIELDS, model)
     check_chat_options(body)
-    prompt = tuple(tokenizer.encode(render_chat(body.get("messages"), tokenizer)))
+    prompt = encode_text(render_chat(body.get("messages"), tokenizer), tokenizer, model.max_model_len, "messages")
     wants_logprobs = bool_field(body, "logprobs", False)
     top_logprobs = int_field(body, "top_logprobs", 0, 0, model.max_logprobs)
     if top_logprobs and not wants_logprobs:
@@ -192,36 +194,70 @@ def read_logit_bias(body: dict, vocab_size: int) -> dict[int, float]:
     return {int(key): float(bias) for key, bias in read_field(body, "logit_bias", {}, is_valid, expected).items()}
 
 
-def read_prompts(body: dict, tokenizer: Tokenizer) -> tuple[tuple[int, ...], ...]:
+def read_prompts(body: dict, tokenizer: Tokenizer, model: ModelInfo, max_tokens: int) -> tuple[tuple[int, ...], ...]:
+    """Each prompt's token ids. NOTE: every check that can refuse a prompt runs before the next one is encoded, so
+    that a refused request costs at most one prompt's encoding."""
     prompt = body.get("prompt")
     texts = [prompt] if isinstance(prompt, str) else prompt if is_str_list(prompt) else []
     if texts:
+        check_num_prompts(len(texts), model)
+        for text in texts:  # NOTE: before is_text, which copies each text (encodes it as UTF-8)
+            check_text_length(text, tokenizer, model.max_model_len, "prompt")
         if not all(map(is_text, texts)):
             raise bad_request(f"'prompt' must be {TEXT}", param="prompt")
-        return tuple(tuple(tokenizer.encode(text)) for text in texts)
+        return tuple(checked_prompt(encode_text(text, tokenizer, model.max_model_len, "prompt"), max_tokens, model)
+                     for text in texts)
     if isinstance(prompt, list) and prompt:
         if is_int_list(prompt):
-            return (tuple(prompt),)
+            return (checked_prompt(prompt, max_tokens, model),)
         if all(is_int_list(item) for item in prompt):
-            return tuple(tuple(item) for item in prompt)
+            check_num_prompts(len(prompt), model)
+            return tuple(checked_prompt(item, max_tokens, model) for item in prompt)
     if prompt is None or prompt == []:
         raise bad_request("'prompt' must not be empty", param="prompt")
     raise bad_request("'prompt' must be a string, a list of strings, a list of token ids or a list of lists of "
                       "token ids", param="prompt")
 
 
+def check_num_prompts(num_prompts: int, model: ModelInfo) -> None:
+    if num_prompts > model.max_num_prompts:
+        raise bad_request(f"at most {model.max_num_prompts} prompts per request", param="prompt")
+
+
+def encode_text(text: str, tokenizer: Tokenizer, max_model_len: int, param: str) -> tuple[int, ...]:
+    """text's token ids; a 400 without encoding it when it is too long (check_text_length)."""
+    check_text_length(text, tokenizer, max_model_len, param)
+    return tuple(tokenizer.encode(text))
+
+
+def check_text_length(text: str, tokenizer: Tokenizer, max_model_len: int, param: str) -> None:
+    """A 400 when text has more characters than max_model_len tokens can hold (Tokenizer.max_text_chars).
+    NOTE: encoding costs the parser ~200 bytes of memory and ~1 us per character of a long "word" (issue 23): this
+    bounds that cost by the context length, not by the body size limit."""
+    max_chars = tokenizer.max_text_chars(max_model_len)
+    if max_chars is not None and len(text) > max_chars:
+        raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, the {param} "
+                          f"has {len(text)} characters, more than {max_model_len} tokens of this tokenizer can hold "
+                          f"(at most {max_chars} characters).", param=param)
+
+
+def checked_prompt(prompt, max_tokens: int, model: ModelInfo) -> tuple[int, ...]:
+    check_prompt(prompt, max_tokens, model)
+    return tuple(prompt)
+
+
 def check_prompt(prompt: tuple[int, ...], max_tokens: int, model: ModelInfo) -> None:
     if not prompt:
         raise bad_request("the prompt must not be empty", param="prompt")
-    out_of_vocab = [t for t in prompt if not 0 <= t < model.vocab_size]
-    if out_of_vocab:
-        raise bad_request(f"token id {out_of_vocab[0]} in the prompt is outside the vocabulary "
-                          f"[0, {model.vocab_size})", param="prompt")
     if len(prompt) + max_tokens > model.max_model_len:
         raise bad_request(
             f"This model's maximum context length is {model.max_model_len} tokens. However, you requested "
             f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, {max_tokens} for the completion).",
             param="max_tokens" if len(prompt) < model.max_model_len else "prompt")
+    out_of_vocab = [t for t in prompt if not 0 <= t < model.vocab_size]
+    if out_of_vocab:
+        raise bad_request(f"token id {out_of_vocab[0]} in the prompt is outside the vocabulary "
+                          f"[0, {model.vocab_size})", param="prompt")
 
 
 def read_token_ids(body: dict, name: str, vocab_size: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""What every handler shares: config, model facts, node pool, metrics, the in-flight limit and the parsers."""
+"""What every handler shares: config, model facts, node pool, metrics, the in-flight limits and the parsers."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from router.api.clients import ClientLimits
 from router.api.errors import RequestError
 from router.api.offload import Offload
 from router.api.openai_api import ModelInfo
@@ -57,6 +58,8 @@ class RouterState:
     metrics: RouterMetrics
     offload: Offload
     """Where request bodies are parsed: off the event loop."""
+    clients: ClientLimits
+    """Each client's requests and decode slots."""
 
     async def model_info(self) -> ModelInfo:
         """The served model as the nodes report it; a 503 before any answered or while they disagree."""
@@ -68,7 +71,7 @@ class RouterState:
             raise RequestError(503, "no node has answered the router yet; retry later",
                                headers={"Retry-After": str(RETRY_AFTER_S)})
         return ModelInfo(self.config.served_model_name, facts.max_model_len, facts.vocab_size, facts.max_logprobs,
-                         self.config.strict_fields)
+                         self.config.max_pending_requests, self.config.strict_fields)
 
     def system_fingerprint(self) -> str:
         """Changes whenever anything that determines outputs changes: a node's fingerprint, the model, the length."""

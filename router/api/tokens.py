@@ -7,10 +7,13 @@ import json
 
 from aiohttp import web
 
+from router.api.auth import CLIENT_KEY
 from router.api.chat import render_chat
+from router.api.clients import DEFAULT_CLIENT
 from router.api.errors import RequestError, bad_request
 from router.api.fields import TEXT, bool_field, decode_json, is_int_list, is_text, read_field
 from router.api.handlers import STATE_KEY, read_body
+from router.api.openai_api import encode_text
 from wire.tokenizer import Tokenizer
 
 
@@ -23,24 +26,27 @@ def add_token_routes(app: web.Application) -> None:
 async def tokenize(request: web.Request) -> web.Response:
     """{"prompt": TEXT} or {"messages": [...]} -> {"count", "max_model_len", "tokens"} (as vLLM answers)."""
     state = request.app[STATE_KEY]
-    body = await read_body(request)
-    info = await state.model_info()
-    return json_bytes_response(await state.offload.run(tokenize_body, body, info.served_model_name,
-                                                       info.max_model_len))
+    with state.clients.request(request.get(CLIENT_KEY, DEFAULT_CLIENT)):
+        body = await read_body(request)
+        info = await state.model_info()
+        return json_bytes_response(await state.offload.run(tokenize_body, body, info.served_model_name,
+                                                           info.max_model_len))
 
 
 async def detokenize(request: web.Request) -> web.Response:
     """{"tokens": [ids]} -> {"prompt": TEXT}."""
     state = request.app[STATE_KEY]
-    body = await read_body(request)
-    info = await state.model_info()
-    return json_bytes_response(await state.offload.run(detokenize_body, body, info.served_model_name,
-                                                       info.vocab_size))
+    with state.clients.request(request.get(CLIENT_KEY, DEFAULT_CLIENT)):
+        body = await read_body(request)
+        info = await state.model_info()
+        return json_bytes_response(await state.offload.run(detokenize_body, body, info.served_model_name,
+                                                           info.vocab_size))
 
 
 def tokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, max_model_len: int) -> bytes:
     """The answer's JSON, made off the event loop (router/api/offload.py): a long prompt's token list is large."""
     fields = model_fields(body, served_model_name)
+    param = "messages" if "messages" in fields else "prompt"
     if "messages" in fields:
         text = render_chat(fields["messages"], tokenizer)
     else:
@@ -48,7 +54,7 @@ def tokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, max
         if text is None:
             raise bad_request("give 'prompt' (a string) or 'messages'", param="prompt")
     read_field(fields, "add_special_tokens", True, lambda v: isinstance(v, bool), "a boolean")
-    tokens = tokenizer.encode(text)
+    tokens = list(encode_text(text, tokenizer, max_model_len, param))
     return json.dumps({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens}).encode()
 
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 
 from router.nodes.choice import NoNodeAvailable, NotPlaceable, Placement, RoutedRequest, UnknownNode
@@ -199,10 +200,9 @@ async def run_prefill(node: NodeClient, request: PrefillRequest, num_samples: in
             raise
     if not isinstance(reply, PrefillResult) or [first.index for first in reply.first_tokens] != list(
             range(num_samples)):
-        raise GenerationError(502, f"prefill node {node.address} answered {type(reply).__name__} without "
-                                   f"{num_samples} first token(s)")
+        raise node_failure(node, 502, f"answered {type(reply).__name__} without {num_samples} first token(s)")
     if reply.kv is None and any(first.finish_reason is None for first in reply.first_tokens):
-        raise GenerationError(502, f"prefill node {node.address} answered without KV")
+        raise node_failure(node, 502, "answered without KV")
     return reply
 
 
@@ -226,8 +226,7 @@ async def run_decode(node: NodeClient, request: DecodeRequest | GenerateRequest,
                 if isinstance(event, TokenEvent) and event.index in aborted:
                     continue  # NOTE: decoded before the node saw the sample's Abort
                 if not isinstance(event, TokenEvent) or event.index not in running:
-                    raise GenerationError(502, f"{node.role} node {node.address} answered {type(event).__name__} "
-                                               "for no running sample")
+                    raise node_failure(node, 502, f"answered {type(event).__name__} for no running sample")
                 if event.finish_reason is not None:
                     running.discard(event.index)
                 elif is_done(event.index):
@@ -270,7 +269,7 @@ async def send_within(node: NodeClient, message, timeout_s: float) -> None:
             now = loop.time()
             unhealthy_since = None if node.healthy else (unhealthy_since or now)
             if now >= deadline or (unhealthy_since is not None and now - unhealthy_since >= UNREACHABLE_AFTER_S):
-                raise GenerationError(503, f"{node.role} node {node.address} is unreachable")
+                raise node_failure(node, 503, "is unreachable")
     finally:
         sending.cancel()
     sending.result()
@@ -286,12 +285,29 @@ async def next_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
     if reply is SILENT:
         raise silence_error(node, timeout_s)
     if isinstance(reply, ErrorReply):
-        raise GenerationError(reply.status, f"{node.role} node {node.address}: {reply.message}")
+        raise node_failure(node, reply.status, f": {reply.message}")
     return reply
 
 
 def silence_error(node: NodeClient, timeout_s: float) -> GenerationError:
     # NOTE: a node that still answers pings is alive but slow (504); one that does not is gone (503).
     if node.healthy:
-        return GenerationError(504, f"{node.role} node {node.address} sent nothing for {timeout_s:g} s")
-    return GenerationError(503, f"{node.role} node {node.address} stopped answering")
+        return node_failure(node, 504, f"sent nothing for {timeout_s:g} s")
+    return node_failure(node, 503, "stopped answering")
+
+
+def node_failure(node: NodeClient, status: int, what: str) -> GenerationError:
+    """A node's failure as the client sees it ("<node> <what>", or "<node>: <message>" for what = ": <message>"):
+    the node by its name, and no address, even one a node's own message holds (the log line has them)."""
+    text = f"{node.name}{'' if what.startswith(':') else ' '}{what}"
+    logger.warning("%s (at %s)", text, node.address)
+    return GenerationError(status, without_addresses(text))
+
+
+ADDRESS = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s,;)\]'\"]+|\[[0-9a-fA-F:.]+\](:\d+)?|\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b"
+                     r"|\b[\w.-]+:\d{2,5}\b")
+"""An endpoint (tcp://..., ipc://..., ucx://...), an IP address with or without a port, or host:port."""
+
+
+def without_addresses(text: str) -> str:
+    return ADDRESS.sub("<address>", text)

@@ -116,6 +116,13 @@ class NodeClient:
         """How many times the connection had closed when the latest Pong came: a Pong from another instance with no
         close since the previous one means the node restarted unseen (the requests sent to it are gone)."""
 
+    @property
+    def name(self) -> str:
+        """What client-facing messages call this node: its role and id (as /health shows them), never its address
+        (logs have that)."""
+        node_id = self._latest_pong.node_id if self._latest_pong is not None else f"#{self.index}"
+        return f"{self.role} node {node_id}"
+
     def start(self) -> None:
         """Connect and start receiving; call from the event loop that will use the client."""
         self._socket = self._context.socket(zmq.DEALER)
@@ -238,7 +245,7 @@ class NodeClient:
             logger.warning("%s node %s lost (%s): failing its %d open request(s) over", self.role, self.address, why,
                            len(self._request_queues))
         for request_id, queue in self._request_queues.items():
-            queue.put_nowait(ErrorReply(request_id, 503, f"{self.role} node {self.address} was lost: {why}"))
+            queue.put_nowait(ErrorReply(request_id, 503, f"{self.name} was lost: {why}"))
 
     def _take_pong(self, pong: Pong) -> None:
         """The node's latest Pong. One from another instance means the node restarted: the requests sent to the

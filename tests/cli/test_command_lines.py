@@ -28,7 +28,9 @@ CUDA = dataclasses.replace(ENGINES[0], device="cuda", backend="corun")
 """NOTE: colocated servers and Ray nodes need the corun engine, GPU lists device cuda (on Ray 'cuda' itself)."""
 ROUTER_SETTINGS = dict(served_model_name="served", host="0.0.0.0", port=9000, max_pending_requests=5,
                        request_timeout_s=1.5, strict_fields=True, api_key="secret-key", enable_node_pinning=True,
-                       max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5)
+                       max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5, parse_timeout_s=4.5,
+                       client_api_keys_file="/keys/clients", max_client_requests=6, max_client_decode_slots=7,
+                       max_client_queued_requests=8)
 CLUSTERS = [
     ClusterConfig(CUDA, num_prefill=2, num_decode=3, num_colocated=1, num_routers=2, prefill_gpus=("0", "1"),
                   decode_gpus=("2",), colocated_gpus=("3",), prefill_kv_cache_mib=100, decode_kv_cache_mib=200,
@@ -61,7 +63,8 @@ def test_the_launcher_s_router_command_rebuilds_the_router_config():
     assert environment == {"PATH": "/bin", "VLLM_API_KEY": "secret-key", "PROMETHEUS_MULTIPROC_DIR": "/tmp/metrics"}
     assert parse_config(argv[3:], environment) == router
     assert router.port == CLUSTERS[0].port and router.api_key == CLUSTERS[0].api_key
-    alone = launch.router_config(dataclasses.replace(CLUSTERS[0], api_key=None), ["tcp://p:1"], ["tcp://d:1"])
+    alone = launch.router_config(dataclasses.replace(CLUSTERS[0], api_key=None, client_api_keys_file=None), ["tcp://p:1"],
+                                 ["tcp://d:1"])
     assert "VLLM_API_KEY" not in launch.router_environment(alone, {"VLLM_API_KEY": "stale"})
 
 
@@ -114,7 +117,7 @@ def test_corun_serve_s_router_and_node_settings_are_the_router_s_and_the_node_s(
     node_options = {each.option for each in config_flags(NodeConfig) if each.spec.is_flag}
     shared_router = {"--served-model-name", "--host", "--port", "--max-pending-requests", "--request-timeout-s",
                      "--strict-fields", "--api-key", "--enable-node-pinning", "--max-request-bytes",
-                     "--header-timeout-s", "--body-timeout-s"}
+                     "--header-timeout-s", "--body-timeout-s", "--parse-timeout-s"}
     assert shared_router <= serve_options & router_options
     assert {"--kv-lease-seconds", "--kv-ucx-devices", "--model", "--max-num-seqs"} <= serve_options & node_options
 

@@ -1,8 +1,10 @@
+import dataclasses
 import re
 
 import pytest
 
-from tests.router.harness import RouterHarness
+from tests.router.fake_nodes import FakeBehaviour
+from tests.router.harness import RouterHarness, model_facts
 from wire.tokenizer import load_tokenizer
 
 WORD_TOKEN = re.compile(r"^ ?[a-z]{2,}$")
@@ -25,5 +27,15 @@ def word_token_ids(tokenizer) -> list[int]:
 def router(tiny_model_dir, word_token_ids):
     """Two fake prefill and two fake decode nodes behind a router with the default config."""
     with RouterHarness(tiny_model_dir, word_token_ids) as harness:
+        harness.wait_until_healthy()
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def long_context(tiny_model_dir, word_token_ids):
+    """Nodes that report a context of 2**19 tokens: a prompt of megabytes is encoded before it is refused."""
+    facts = dataclasses.replace(model_facts(tiny_model_dir), max_model_len=2**19)
+    nodes = FakeBehaviour(model_facts=facts)
+    with RouterHarness(tiny_model_dir, word_token_ids, prefill=nodes, decode=nodes) as harness:
         harness.wait_until_healthy()
         yield harness

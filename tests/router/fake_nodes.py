@@ -8,6 +8,7 @@ tokens at random, which must not change anything the router returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
 from dataclasses import dataclass
@@ -73,6 +74,8 @@ class FakeBehaviour:
     """decode: after streaming this many tokens, fail the request with ErrorReply(503) (a lost KV read, a
     crashed peer), `num_failures` times in all; later requests run normally."""
     num_failures: int = 1
+    num_slots: int | None = None
+    """decode: samples decoded at once (a real node's max_num_seqs); the others wait for a free slot. None: any."""
     model_facts: ModelFacts | None = None
     """What the node reports of its model; None: FakeNode's default_facts."""
     capacity: NodeCapacity | None = None
@@ -172,6 +175,12 @@ class FakeDecode(FakeNode):
         super().__init__(*args, **kwargs)
         self._streams: dict[str, asyncio.Task] = {}
         self._num_failures_left = self.behaviour.num_failures if self.behaviour.fail_after_tokens is not None else 0
+        num_slots = self.behaviour.num_slots
+        self._slots = contextlib.nullcontext() if num_slots is None else asyncio.Semaphore(num_slots)
+        self.num_running = 0
+        """Samples holding a slot now."""
+        self.finished_request_ids: list[str] = []
+        """Of each sample that sent its last token, in order."""
 
     async def handle(self, identity: bytes, message) -> None:
         if isinstance(message, DecodeRequest):
@@ -185,6 +194,15 @@ class FakeDecode(FakeNode):
 
     async def _stream(self, identity: bytes, request: DecodeRequest, first: FirstToken,
                       fail_after: int | None) -> None:
+        async with self._slots:
+            self.num_running += 1
+            try:
+                await self._send_output(identity, request, first, fail_after)
+            finally:
+                self.num_running -= 1
+
+    async def _send_output(self, identity: bytes, request: DecodeRequest, first: FirstToken,
+                           fail_after: int | None) -> None:
         remaining, num_sent = self.output(request, first), 0
         # NOTE: unseeded on purpose: event grouping differs from run to run and must not matter.
         grouping = random.Random()
@@ -197,6 +215,8 @@ class FakeDecode(FakeNode):
             await asyncio.sleep(self.behaviour.event_delay_s)
             await self._reply(identity, token_event(request, first.index, group, is_last=not remaining))
             num_sent += size
+        if not remaining:
+            self.finished_request_ids.append(request.request_id)
         self._streams.pop((request.request_id, first.index), None)
 
     def _take_failure(self) -> int | None:

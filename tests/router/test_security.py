@@ -228,10 +228,11 @@ def unique_text(num_bytes: int) -> str:
     return " ".join(f"{words[i % len(words)]}{i}" for i in range(num_bytes // 8))[:num_bytes]
 
 
-def test_health_answers_at_once_while_a_long_prompt_is_tokenized(router):
+def test_health_answers_at_once_while_a_long_prompt_is_tokenized(long_context):
     """Issue 12: a 20 MB prompt blocked the event loop (and /health) ~8 s. Here a 3 MB one: its tokenization
     alone holds the GIL for seconds, so on the loop or in a thread of the router's process /health waits as long;
     in a worker process it answers at once."""
+    router = long_context
     results = {}
 
     def send_long_prompt():
@@ -279,7 +280,7 @@ def worker_pid(tokenizer, body: bytes) -> int:
 
 def test_a_dead_parser_process_is_a_503_and_the_next_large_body_gets_a_fresh_one(tiny_model_dir, tokenizer):
     async def scenario():
-        offload = Offload(tiny_model_dir, tokenizer)
+        offload = Offload(tiny_model_dir, tokenizer, parse_timeout_s=60.0)
         try:
             large = b" " * (64 * 2**10)
             with pytest.raises(RequestError) as died:
@@ -299,7 +300,7 @@ from router.api.offload import Offload
 from tests.router.test_security import worker_pid
 
 async def main():
-    offload = Offload(sys.argv[1], load_tokenizer(sys.argv[1]))
+    offload = Offload(sys.argv[1], load_tokenizer(sys.argv[1]), 60.0)
     print(await offload.run(worker_pid, b" " * 2**16), flush=True)
     await asyncio.sleep(60)
 
