@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -36,8 +35,12 @@ from wire.config import (
 )
 from wire.flags import config_argv, config_environment, environment_variables, flag
 from wire.node_auth import ClusterKey
+from wire.supervision import make_owned_dir
 
 logger = logging.getLogger(__name__)
+
+KEY_DIR_PREFIX = "corun-cluster-key-"
+"""The cluster key's private directory: KEY_DIR_PREFIX{launcher pid}-XXXX in the temporary directory."""
 
 
 class StartupError(RuntimeError):
@@ -180,17 +183,19 @@ def free_port(host: str) -> int:
 def node_argv(config: ClusterConfig, engine: EngineConfig, role: Role, index: int, host: str, port: int,
               advertise_host: str | None = None, key_file: Path | None = None) -> list[str]:
     """`python -m {role}_node ...` with this process' interpreter (on a Ray actor: the one on the node's host): the
-    flags of the node's NodeConfig, the cluster's NodeSettings included."""
+    flags of the node's NodeConfig, the cluster's NodeSettings included. Supervised by this process, which starts
+    it: the node ends when this process does (wire/supervision.py)."""
     node = NodeConfig(role=role, node_id=node_id(role, index), engine=engine, host=host, port=port,
                       advertise_host=advertise_host, cluster_key_file=None if key_file is None else str(key_file),
-                      **settings_of(config, NodeSettings))
+                      supervisor_pid=os.getpid(), **settings_of(config, NodeSettings))
     return [sys.executable, "-m", f"{role}_node", *config_argv(node)]
 
 
 def make_cluster_key(directory: Path | None = None) -> tuple[ClusterKey, Path]:
     """A fresh CURVE key pair for one cluster, in a file only this user can read (in a new private directory
-    unless given one): the nodes and the router get its path, nobody else the key."""
-    directory = Path(tempfile.mkdtemp(prefix="corun-cluster-key-")) if directory is None else directory
+    unless given one, named for this process: one that a killed launcher left is removed here, at the next
+    start): the nodes and the router get its path, nobody else the key."""
+    directory = make_owned_dir(KEY_DIR_PREFIX) if directory is None else directory
     key = ClusterKey.generate()
     return key, key.save(directory / "cluster.key")
 
@@ -199,11 +204,12 @@ def router_config(config: ClusterConfig, prefill_addresses: Iterable[str], decod
                   key_file: Path | None = None, colocated_addresses: Iterable[str] = (),
                   **one_router: Any) -> RouterConfig:
     """A router of this cluster, serving this pool: the cluster's RouterSettings, its engine's model and base
-    seed; one_router: more RouterConfig fields (one of several routers: launch.routers.one_of_several)."""
+    seed, supervised by this process (which starts it); one_router: more RouterConfig fields (one of several
+    routers: launch.routers.one_of_several)."""
     return RouterConfig(model=config.engine.model, prefill_addresses=tuple(prefill_addresses),
                         decode_addresses=tuple(decode_addresses), colocated_addresses=tuple(colocated_addresses),
                         base_seed=config.engine.seed, cluster_key_file=None if key_file is None else str(key_file),
-                        **settings_of(config, RouterSettings), **one_router)
+                        supervisor_pid=os.getpid(), **settings_of(config, RouterSettings), **one_router)
 
 
 def router_argv(router: RouterConfig) -> list[str]:
@@ -218,6 +224,14 @@ def router_environment(router: RouterConfig, environ: Mapping[str, str] = os.env
     PROMETHEUS_MULTIPROC_DIR. NOTE: not --api-key: a command line is visible to every user of the host in `ps`."""
     own = environment_variables(RouterConfig)
     return {name: value for name, value in environ.items() if name not in own} | config_environment(router)
+
+
+def node_environment(gpu: str | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """A node process' environment: environ (this process') without the router's variables (the API key: a node
+    never needs it, and any code the node runs could read it), with CUDA_VISIBLE_DEVICES when given its GPU."""
+    own = environment_variables(RouterConfig)
+    return {name: value for name, value in environ.items() if name not in own} | (
+        {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu})
 
 
 class PoolRefused(ValueError):

@@ -11,7 +11,6 @@ finishes) and then stops it.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -36,7 +35,7 @@ class LocalCluster:
         self.config = config
         self.processes: list[tuple[str, subprocess.Popen]] = []
         self.argvs: dict[str, list[str]] = {}
-        self.envs: dict[str, dict[str, str] | None] = {}
+        self.envs: dict[str, dict[str, str]] = {}
         self.num_restarts = 0
         self.restarts = RestartPolicy()
         self.prefill_addresses: list[str] = []
@@ -84,7 +83,7 @@ class LocalCluster:
         # NOTE: several busy processes share the host's cores: one thread each unless the engine names a count
         engine = launch.node_engine(self.config, role, 1)
         gpu = launch.node_gpu(self.config, role, index)
-        env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+        env = launch.node_environment(gpu)
         argv = launch.node_argv(self.config, engine, role, index, host, port, key_file=self.key_file)
         self.spawn(launch.node_id(role, index), argv, env, "" if gpu is None else f" on GPU {gpu}")
         address = f"tcp://{host}:{port}"
@@ -116,7 +115,7 @@ class LocalCluster:
         self.routers = RouterGroup(self.config, self.key_file, self.restarts)
         self.routers.start(self.pool_addresses)
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, where: str = "") -> None:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str], where: str = "") -> None:
         logger.info("starting %s%s", name, where)
         self.argvs[name], self.envs[name] = argv, env
         self.processes.append((name, subprocess.Popen(argv, env=env)))

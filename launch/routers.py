@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,16 @@ from launch import cluster as launch
 from launch import scaling
 from launch.cluster import ClusterConfig, free_port
 from launch.restarts import RestartPolicy
+from wire.supervision import make_owned_dir
 
 logger = logging.getLogger(__name__)
 
 CONTROL_HOST = "127.0.0.1"
 """Where each router's control port listens: only the launcher, on the same host, calls it."""
 
+METRICS_DIR_PREFIX = "corun-router-metrics-"
+"""K > 1: the routers' Prometheus directory, METRICS_DIR_PREFIX{launcher pid}-XXXX in the temporary directory (one
+that a killed launcher left is removed at the next start)."""
 Addresses = Callable[[], tuple[list[str], list[str], list[str]]]
 """-> (prefill, decode, colocated) addresses of the nodes in the pool now."""
 
@@ -67,7 +70,7 @@ class RouterGroup:
 
     def start(self, addresses: Addresses) -> None:
         if self.control_ports:
-            self.metrics_dir = Path(tempfile.mkdtemp(prefix="corun-router-metrics-"))
+            self.metrics_dir = make_owned_dir(METRICS_DIR_PREFIX)
         for index in range(len(self.names)):
             self._spawn(index, addresses)
 
