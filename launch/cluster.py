@@ -82,9 +82,15 @@ class ClusterConfig(RouterSettings, NodeSettings):
     startup_timeout_s: float = 180.0
     """How long every node may take to answer the router's pings (model load) before start() gives up."""
     drain_timeout_s: float = 600.0
-    """How long a node being removed may take to finish what it holds."""
+    """How long a node being removed may take to finish what it holds; one that still holds work then is
+    returned to service (nothing lost) and its removal says so (launch/removals.py)."""
     admin_port: int | None = None
     """`corun serve`'s control port (`corun scale`: add or remove nodes at run time); None: none."""
+    admin_max_connections: int = 16
+    """Connections the control port holds open at once; one more is answered 503 and closed."""
+    admin_timeout_s: float = 10.0
+    """A control-port connection is closed unless its whole request arrived within this of its opening (idle and
+    trickling clients are reaped; each connection carries one request)."""
 
     def __post_init__(self):
         for name in ("num_prefill", "num_decode", "num_colocated"):
@@ -102,8 +108,11 @@ class ClusterConfig(RouterSettings, NodeSettings):
         # NOTE: each base's own checks, called by name: with two bases no one super() chain reaches both
         RouterSettings.__post_init__(self)
         NodeSettings.__post_init__(self)
-        if self.startup_timeout_s <= 0:
-            raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+        for name in ("startup_timeout_s", "drain_timeout_s", "admin_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.admin_max_connections < 1:
+            raise ValueError(f"admin_max_connections must be >= 1, got {self.admin_max_connections}")
         for role, gpus, count in (("prefill", self.prefill_gpus, self.num_prefill),
                                   ("decode", self.decode_gpus, self.num_decode),
                                   ("colocated", self.colocated_gpus, self.num_colocated)):

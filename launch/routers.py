@@ -118,9 +118,6 @@ class RouterGroup:
         for url in self.admin_urls:
             scaling.router_admin(url, "POST", {"role": role, "address": address}, self.config.api_key)
 
-    def drain_and_remove(self, address: str) -> None:
-        scaling.drain_and_remove(self.admin_urls, address, self.config.drain_timeout_s, self.config.api_key)
-
     def stop(self, grace_s: float) -> None:
         launch.stop_processes(list(self.processes.items()), grace_s)
         self.processes.clear()

@@ -4,6 +4,7 @@
                                                           its latest stats
     POST   /admin/nodes        {"role": ROLE, "address": ADDR}    a new node (it takes requests once it answers)
     POST   /admin/nodes/drain  {"address": ADDR}          no new requests; what it holds finishes
+                               {"address": ADDR, "draining": false}  back in service (a drain that timed out)
     DELETE /admin/nodes        {"address": ADDR}          forget a drained node (409 while it still holds work)
 
 With an API key set (RouterConfig.api_key), every call needs it (router/api/auth.py).
@@ -66,10 +67,13 @@ async def drain_node(request: web.Request) -> web.Response:
         node = pool.find(body["address"])
     except UnknownNode as error:
         return refusal(404, str(error))
+    draining = body.get("draining", True)
+    if not isinstance(draining, bool):
+        return refusal(400, f"draining must be true or false, got {draining!r}")
     siblings = pool.by_role[node.role]
-    if all(other.draining or other is node for other in siblings):
+    if draining and all(other.draining or other is node for other in siblings):
         return refusal(409, f"{node.address} is the last {node.role} node that takes requests")
-    node.draining = True
+    node.draining = draining
     return web.json_response(node_entry(node))
 
 
