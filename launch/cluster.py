@@ -249,11 +249,12 @@ class PoolRefused(ValueError):
 
 
 def router_healthy(url: str) -> bool:
-    """The router's /health: 200 once every node answered a ping in the last few seconds; PoolRefused when it
-    reports that the nodes disagree (waiting would not help)."""
+    """Whether the router's /health says "ok": every node answered a ping in the last few seconds ("degraded", also
+    a 200, is not enough: some node does not answer); PoolRefused when it reports that the nodes disagree (waiting
+    would not help)."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
+            return response.status == 200 and json.loads(response.read()).get("status") == "ok"
     except urllib.error.HTTPError as error:
         refusal = None
         with contextlib.suppress(ValueError, AttributeError):  # NOTE: a body that is not the router's JSON

@@ -151,7 +151,10 @@ class LocalCluster:
         for i, (name, process) in enumerate(self.processes):
             if process.poll() is None:
                 continue
-            if self.restarts.decide(name, f"exit code {process.returncode}") != "restart":
+            decision = self.restarts.decide(name, f"exit code {process.returncode}")
+            if decision == "give_up":
+                self.routers.give_up(self.node_addresses[name])
+            if decision != "restart":
                 continue
             logger.warning("%s exited with code %s; starting it again", name, process.returncode)
             self.processes[i] = (name, subprocess.Popen(self.argvs[name], env=self.envs[name]))

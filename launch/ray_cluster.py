@@ -271,7 +271,10 @@ class RayCluster:
         self.end_removals()
         self.routers.restart_dead(self.pool_addresses)
         for node, state in zip(self.nodes, self._node_states(), strict=True):
-            if state is None or self.restarts.decide(node.name, str(state)) != "restart":
+            decision = None if state is None else self.restarts.decide(node.name, str(state))
+            if decision == "give_up":
+                self.routers.give_up(node.address)
+            if decision != "restart":
                 continue
             logger.warning("%s at %s exited (%s); starting it again", node.name, node.address, state)
             if state == ACTOR_LOST:

@@ -55,6 +55,10 @@ class RouterGroup:
         """K > 1: the routers' Prometheus directory (made at start, removed at stop)."""
         self.processes: dict[str, subprocess.Popen] = {}
         self.num_restarts = 0
+        self.given_up: set[str] = set()
+        """Addresses of the nodes the launcher gave up restarting."""
+        self.untold: dict[str, set[str]] = {}
+        """Admin URL -> the given-up nodes that router was not told of yet (it was down, or is new)."""
 
     @property
     def url(self) -> str:
@@ -101,6 +105,27 @@ class RouterGroup:
             logger.warning("%s exited with code %s; starting it again", name, process.returncode)
             self._spawn(index, addresses)
             self.num_restarts += 1
+            self.untold[self.admin_urls[index]] = set(self.given_up)
+        self.tell_given_up()
+
+    def give_up(self, address: str) -> None:
+        """The launcher gave up restarting the node at address: every router lists it as given up (its /health
+        then says "degraded" while the others can serve, router/app.py)."""
+        if address in self.given_up:
+            return
+        self.given_up.add(address)
+        for url in self.admin_urls:
+            self.untold.setdefault(url, set()).add(address)
+        self.tell_given_up()
+
+    def tell_given_up(self) -> None:
+        for url, addresses in self.untold.items():
+            for address in list(addresses):
+                try:
+                    scaling.router_admin(url, "GIVE_UP", {"address": address}, self.config.api_key)
+                    addresses.discard(address)
+                except (ValueError, OSError) as error:  # NOTE: a router (re)starting: told on a later round
+                    logger.debug("telling %s that %s is given up: %s", url, address, error)
 
     def check_alive(self) -> None:
         for name, process in self.processes.items():

@@ -21,14 +21,18 @@ from wire.auth import bearer_headers
 
 logger = logging.getLogger(__name__)
 
+ADMIN_PATHS = {"DRAIN": "/admin/nodes/drain", "GIVE_UP": "/admin/nodes/given_up"}
+"""router_admin's own methods: POSTs to these paths."""
+
 
 def router_admin(url: str, method: str, body: dict | None = None, api_key: str | None = None) -> dict:
-    """One call of the router's /admin/nodes API (router/api/admin.py); ValueError with its message if refused."""
-    path = "/admin/nodes/drain" if method == "DRAIN" else "/admin/nodes"
+    """One call of the router's /admin/nodes API (router/api/admin.py): GET, POST, DELETE, or DRAIN and GIVE_UP
+    (POSTs to /admin/nodes/drain and /admin/nodes/given_up); ValueError with its message if refused."""
+    path = ADMIN_PATHS.get(method, "/admin/nodes")
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(f"{url}{path}", data, {"Content-Type": "application/json",
                                                             **bearer_headers(api_key)},
-                                     method="POST" if method == "DRAIN" else method)
+                                     method="POST" if method in ADMIN_PATHS else method)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
