@@ -17,8 +17,7 @@ import pytest
 
 from launch import scaling
 from launch.local import LocalCluster, LocalClusterConfig, free_port
-from tests.launch.cluster_client import complete, engine_config, wait_for_line
-from tests.launch.test_supervision import alive, descendants
+from tests.launch.cluster_client import alive, complete, descendants, engine_config, wait_for_line
 
 LONG_TOKENS = 1900
 """A stream that outlasts a node's restart on any host: seconds of decoding at N = 32."""

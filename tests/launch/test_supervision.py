@@ -4,8 +4,6 @@ The nodes get a cleaned environment (no API key: they never need it)."""
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,51 +11,11 @@ import pytest
 
 from launch.cluster import check_port_free
 from launch.local import LocalCluster, LocalClusterConfig, free_port
-from tests.launch.cluster_client import engine_config, wait_for_line
+from tests.launch.cluster_client import alive, descendants, engine_config, start_serve
 
 API_KEY = "sk-supervision-test"
 ORPHAN_DEADLINE_S = 60.0
 """Generous (a loaded 2-core host); the figure that matters is printed: processes alive 10 s after the kill."""
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under pid (children, their children: the router's parser workers), from /proc."""
-    children_of: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children_of.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children_of.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def alive(pids: list[int]) -> list[int]:
-    """The pids still running (a zombie has ended: its parent is gone, init reaps it)."""
-    running = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            running.append(pid)
-    return running
-
-
-def start_serve(model_dir: str, port: int, temp_dir: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "cli.main", "serve", "--model", model_dir, "--max-num-seqs", "8",
-            "--max-model-len", "256", "--kv-cache-mib", "32", "--port", str(port)]
-    env = {**os.environ, "TMPDIR": str(temp_dir)}
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    wait_for_line(process, "CoRun cluster ready", timeout_s=180)
-    return process
 
 
 def key_dirs(temp_dir: Path) -> list[str]:
