@@ -76,6 +76,9 @@ class ControlServer:
             await self._answer(writer, status, body)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             writer.close()  # NOTE: idle, too slow or gone: closed without an answer
+        except Exception as error:  # NOTE: a bug in a command: said, and the port serves on
+            logger.exception("control port: a request failed")
+            await self._answer(writer, 500, {"error": f"{type(error).__name__}: {error}"})
         finally:
             self.num_open -= 1
 

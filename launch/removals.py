@@ -71,8 +71,13 @@ class Removals:
         latest = self.by_node_id.get(node_id)
         if latest is not None and latest.state not in FINAL_STATES:
             raise ValueError(f"{node_id} is being removed already ({latest.state})")
-        for url in router_urls:
-            router_admin(url, "DRAIN", {"address": address}, self.api_key)
+        for i, url in enumerate(router_urls):
+            try:
+                router_admin(url, "DRAIN", {"address": address}, self.api_key)
+            except (ValueError, OSError):
+                for done in router_urls[:i]:  # NOTE: all routers or none: the others take it back
+                    router_admin(done, "DRAIN", {"address": address, "draining": False}, self.api_key)
+                raise
         removal = self.by_node_id[node_id] = Removal(node_id, address)
         threading.Thread(target=self._drain, args=(removal, router_urls), name=f"drain {node_id}",
                          daemon=True).start()

@@ -98,7 +98,7 @@ def run_command(cluster, command: str, argument: str) -> Answer:
             return 202, cluster.begin_removal(argument).answer()
         removal = cluster.removals.by_node_id.get(argument)
         return (200, removal.answer()) if removal else (404, {"error": f"no removal of {argument!r} was begun"})
-    except (ValueError, StartupError) as error:
+    except (ValueError, StartupError, OSError) as error:  # NOTE: OSError: a router or a process did not answer
         logger.warning("scale: %s %s failed: %s", command, argument, error)
         return 409, {"error": str(error)}
 

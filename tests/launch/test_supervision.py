@@ -4,6 +4,9 @@ The nodes get a cleaned environment (no API key: they never need it)."""
 
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +57,38 @@ def test_sigkill_of_corun_serve_ends_every_process_it_started(tiny_model_dir, tm
                 process.wait(timeout=60)
         for pid in alive(started):  # NOTE: whatever this test left running, it ends
             os.kill(pid, signal.SIGKILL)
+
+
+SUPERVISED_CHILD = """
+import os, sys, time
+from wire.supervision import end_with_supervisor
+end_with_supervisor(int(sys.argv[1]))
+print("supervised", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_supervised_process_outlives_the_thread_that_started_it():
+    """The kernel sends the parent-death signal when the forking *thread* ends (a test's helper thread restarting
+    a node): the process must check that its supervisor really died, and serve on."""
+    started = []
+
+    def spawn():
+        child = subprocess.Popen([sys.executable, "-c", SUPERVISED_CHILD, str(os.getpid())], stdout=subprocess.PIPE,
+                                 text=True)
+        assert child.stdout.readline().strip() == "supervised"
+        started.append(child)
+
+    thread = threading.Thread(target=spawn)
+    thread.start()
+    thread.join()  # NOTE: the thread that forked the child has ended: the kernel signalled the child
+    [child] = started
+    try:
+        time.sleep(2)
+        assert child.poll() is None, f"the supervised process exited ({child.returncode}) with its supervisor alive"
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_nodes_do_not_inherit_the_api_key(tiny_model_dir, monkeypatch):
