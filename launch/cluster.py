@@ -39,6 +39,8 @@ from wire.supervision import make_owned_dir
 
 logger = logging.getLogger(__name__)
 
+STOP_GRACE_S = 10.0
+"""How long a launcher waits for a process it stops (SIGTERM) before it kills it (SIGKILL)."""
 KEY_DIR_PREFIX = "corun-cluster-key-"
 """The cluster key's private directory: KEY_DIR_PREFIX{launcher pid}-XXXX in the temporary directory."""
 

@@ -174,7 +174,7 @@ class LocalCluster:
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited with code {process.returncode}")
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = launch.STOP_GRACE_S) -> None:
         self.removals.stop()
         if self.routers is not None:
             self.routers.stop(grace_s)
@@ -193,7 +193,7 @@ class LocalCluster:
         self.stop()
 
 
-def stop_removed(removal: Removal, process: subprocess.Popen, grace_s: float = 10.0) -> None:
+def stop_removed(removal: Removal, process: subprocess.Popen, grace_s: float = launch.STOP_GRACE_S) -> None:
     launch.stop_processes([(removal.node_id, process)], grace_s)
     removal.finish("removed", "drained and stopped")
 

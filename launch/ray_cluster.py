@@ -235,7 +235,7 @@ class RayCluster:
             stopping.start()
             self.stopping.append(stopping)
 
-    def _stop_removed(self, removal: Removal, node: RayNode, grace_s: float = 10.0) -> None:
+    def _stop_removed(self, removal: Removal, node: RayNode, grace_s: float = launch.STOP_GRACE_S) -> None:
         self._release(node, node.actor.stop.remote(grace_s), grace_s)
         removal.finish("removed", "drained and stopped")
 
@@ -306,7 +306,7 @@ class RayCluster:
             # NOTE: the bundle moved to another host (its host died); the router knows nodes by address.
             raise RuntimeError(f"{node.name} came back at {address}, not {node.address}; restart the cluster")
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = launch.STOP_GRACE_S) -> None:
         self.removals.stop()
         for removed in self.stopping:
             removed.join()

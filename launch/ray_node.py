@@ -57,7 +57,7 @@ class NodeActor:
         self.stop()
         self.process = self._spawn()
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = launch.STOP_GRACE_S) -> None:
         launch.stop_processes([(self.name, self.process)], grace_s)
 
     def _spawn(self) -> subprocess.Popen:
