@@ -2,8 +2,8 @@
 `corun serve`'s loop, which keeps restarting dead nodes and answers SIGTERM at once.
 
 A removal's states, one way:
-    draining            every router sends the node nothing new (it is asked again each poll: a router restarted
-                        meanwhile learns it too); what the node holds finishes
+    draining            every router sends the node nothing new (a router restarted meanwhile is asked again);
+                        what the node holds finishes
     -> drained          it held nothing in any router, and every router forgot it: the launcher stops it next
     -> stopping         the launcher took it (take_drained) and stops it off its loop's thread
     -> removed          its process (or actor) stopped
@@ -96,27 +96,41 @@ class Removals:
     def _drain(self, removal: Removal, router_urls: list[str]) -> None:
         deadline = time.monotonic() + self.timeout_s
         while not self._stopping.is_set():
-            if self._drained_everywhere(removal, router_urls):
-                self._forget(removal, router_urls)
+            listing = self._drained_in(removal, router_urls)
+            if listing is not None and self._forget(removal, listing):
                 return
             if time.monotonic() > deadline:
                 self._return(removal, router_urls)
                 return
             self._stopping.wait(POLL_S)
 
-    def _drained_everywhere(self, removal: Removal, router_urls: list[str]) -> bool:
+    def _drained_in(self, removal: Removal, router_urls: list[str]) -> list[str] | None:
+        """The routers that still list the node, once it holds nothing in any of them; None until then. A router
+        that lists it not draining (it restarted meanwhile) is asked again; one that does not list it forgot it."""
+        listing = []
         try:
             for url in router_urls:
-                router_admin(url, "DRAIN", {"address": removal.address}, self.api_key)
-            return all(node_entry(url, removal.address, self.api_key)["drained"] for url in router_urls)
+                entry = node_entry(url, removal.address, self.api_key)
+                if entry is not None and not entry["draining"]:
+                    router_admin(url, "DRAIN", {"address": removal.address}, self.api_key)
+                    return None
+                if entry is not None and not entry["drained"]:
+                    return None
+                listing += [] if entry is None else [url]
         except (ValueError, OSError) as error:  # NOTE: a router restarting: ask again next time
             logger.debug("scale: draining %s: %s", removal.node_id, error)
-            return False
+            return None
+        return listing
 
-    def _forget(self, removal: Removal, router_urls: list[str]) -> None:
-        for url in router_urls:
-            router_admin(url, "DELETE", {"address": removal.address}, self.api_key)
+    def _forget(self, removal: Removal, router_urls: list[str]) -> bool:
+        try:
+            for url in router_urls:
+                router_admin(url, "DELETE", {"address": removal.address}, self.api_key)
+        except (ValueError, OSError) as error:  # NOTE: e.g. it took work again in between: next time
+            logger.warning("scale: forgetting %s: %s", removal.node_id, error)
+            return False
         removal.finish("drained", "drained: every router forgot it; stopping it")
+        return True
 
     def _return(self, removal: Removal, router_urls: list[str]) -> None:
         for url in router_urls:
@@ -128,9 +142,7 @@ class Removals:
                                    "returned to service, nothing lost; remove it again later")
 
 
-def node_entry(url: str, address: str, api_key: str | None) -> dict:
-    """The router's /admin/nodes entry of the node at address."""
-    for entry in router_admin(url, "GET", api_key=api_key)["nodes"]:
-        if entry["address"] == address:
-            return entry
-    raise ValueError(f"the router at {url} has no node at {address}")
+def node_entry(url: str, address: str, api_key: str | None) -> dict | None:
+    """The router's /admin/nodes entry of the node at address; None if it has none."""
+    return next((entry for entry in router_admin(url, "GET", api_key=api_key)["nodes"]
+                 if entry["address"] == address), None)
