@@ -176,6 +176,11 @@ class LocalCluster:
 
     def stop(self, grace_s: float = launch.STOP_GRACE_S) -> None:
         self.removals.stop()
+        # NOTE: the nodes first, as the Ray launcher does: a router's open streams then end at once (an error
+        # event: their nodes are gone), where they would hold its graceful stop for the whole grace period
+        for _, process in self.processes:
+            if process.poll() is None:
+                process.terminate()
         if self.routers is not None:
             self.routers.stop(grace_s)
         launch.stop_processes(self.processes, grace_s)

@@ -91,14 +91,21 @@ def test_a_drain_blocks_neither_restarts_nor_sigterm(tiny_model_dir):
         wait_until(lambda: draining(url, "decode-0"), "decode-0 draining")
         [victim] = node_pids(serve.pid, "prefill-1")
         os.kill(victim, signal.SIGKILL)  # NOTE: while decode-0 drains: corun serve must restart it meanwhile
+        killed_at = time.monotonic()
         wait_until(lambda: [pid for pid in node_pids(serve.pid, "prefill-1") if pid != victim], "prefill-1 restarted")
+        restarted_s = time.monotonic() - killed_at
         assert not stream.ended.is_set(), "prefill-1 came back only after the drain ended"
         assert draining(url, "decode-0")
         serve.send_signal(signal.SIGTERM)
+        terminated_at = time.monotonic()
         assert serve.wait(timeout=DEADLINE_S) == 0
+        stopped_s = time.monotonic() - terminated_at
         stream.ended.wait(DEADLINE_S)
-        print(f"the drained node's stream had {stream.num_tokens} of {LONG_TOKENS} tokens when corun serve stopped")
+        print(f"during a drain: prefill-1 restarted {restarted_s:.1f} s after its SIGKILL; corun serve stopped "
+              f"{stopped_s:.1f} s after SIGTERM, the drained node's stream at {stream.num_tokens} of {LONG_TOKENS} "
+              "tokens")
         assert stream.num_tokens < LONG_TOKENS, "SIGTERM waited for the drain to end"
+        assert stream.error is not None  # NOTE: cut visibly (an error event or a closed connection), never silently
     finally:
         for process in (serve, remover):
             if process is not None and process.poll() is None:
