@@ -81,7 +81,8 @@ class ScaleControl:
     def run_pending(self, cluster) -> None:
         while not self.commands.empty():
             command, argument, done = self.commands.get()
-            logger.info("scale: %s %s", command, argument)
+            if command != "removal":  # NOTE: a removal's state is polled (corun scale remove): not logged
+                logger.info("scale: %s %s", command, argument)
             done.set_result(run_command(cluster, command, argument))
 
     def close(self) -> None:
