@@ -107,6 +107,7 @@ def test_a_drain_blocks_neither_restarts_nor_sigterm(tiny_model_dir):
         assert stream.num_tokens < LONG_TOKENS, "SIGTERM waited for the drain to end"
         assert stream.error is not None  # NOTE: cut visibly (an error event or a closed connection), never silently
     finally:
+        started += descendants(serve.pid)  # NOTE: restarted nodes too
         for process in (serve, remover):
             if process is not None and process.poll() is None:
                 process.kill()
