@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 
+from launch.removals import FINAL_STATES, POLL_S
 from wire.auth import API_KEY_ENV, bearer_headers, check_api_key, resolve_api_key
+
+CALL_TIMEOUT_S = 120.0
+"""One call of the control port (adding a node starts its process: seconds)."""
 
 
 def add_scale(commands) -> None:
@@ -29,15 +34,27 @@ def run_scale(args) -> int:
     check_api_key(api_key)
     headers = bearer_headers(api_key)
     if args.action == "add":
-        request = urllib.request.Request(f"{url}/nodes", json.dumps({"role": args.role}).encode(),
-                                         {"Content-Type": "application/json", **headers}, method="POST")
-    else:
-        request = urllib.request.Request(f"{url}/nodes/{args.node_id}", headers=headers, method="DELETE")
+        added = call(url, urllib.request.Request(f"{url}/nodes", json.dumps({"role": args.role}).encode(),
+                                                 {"Content-Type": "application/json", **headers}, method="POST"))
+        print(added["node_id"], "added")
+        return 0
+    removal = call(url, urllib.request.Request(f"{url}/nodes/{args.node_id}", headers=headers, method="DELETE"))
+    # NOTE: the drain runs in corun serve (its drain_timeout_s ends it); this only watches it
+    while removal["state"] not in FINAL_STATES:
+        time.sleep(POLL_S)
+        removal = call(url, urllib.request.Request(f"{url}/nodes/{args.node_id}", headers=headers))
+    if removal["state"] != "removed":
+        raise ValueError(f"{args.node_id} not removed: {removal['message']}")
+    print(args.node_id, "removed")
+    return 0
+
+
+def call(url: str, request: urllib.request.Request) -> dict:
     try:
-        with urllib.request.urlopen(request, timeout=3600) as response:
-            print(json.loads(response.read())["node_id"], "added" if args.action == "add" else "removed")
-            return 0
+        with urllib.request.urlopen(request, timeout=CALL_TIMEOUT_S) as response:
+            return json.loads(response.read())
     except urllib.error.HTTPError as error:
         raise ValueError(json.loads(error.read()).get("error", f"HTTP {error.code}")) from None
-    except urllib.error.URLError as error:
-        raise ValueError(f"cannot reach corun serve's control port at {url}: {error.reason}") from None
+    except (urllib.error.URLError, TimeoutError) as error:
+        raise ValueError(f"cannot reach corun serve's control port at {url}: "
+                         f"{getattr(error, 'reason', error)}") from None

@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -36,8 +35,14 @@ from wire.config import (
 )
 from wire.flags import config_argv, config_environment, environment_variables, flag
 from wire.node_auth import ClusterKey
+from wire.supervision import make_owned_dir
 
 logger = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+"""How long a launcher waits for a process it stops (SIGTERM) before it kills it (SIGKILL)."""
+KEY_DIR_PREFIX = "corun-cluster-key-"
+"""The cluster key's private directory: KEY_DIR_PREFIX{launcher pid}-XXXX in the temporary directory."""
 
 
 class StartupError(RuntimeError):
@@ -79,9 +84,15 @@ class ClusterConfig(RouterSettings, NodeSettings):
     startup_timeout_s: float = 180.0
     """How long every node may take to answer the router's pings (model load) before start() gives up."""
     drain_timeout_s: float = 600.0
-    """How long a node being removed may take to finish what it holds."""
+    """How long a node being removed may take to finish what it holds; one that still holds work then is
+    returned to service (nothing lost) and its removal says so (launch/removals.py)."""
     admin_port: int | None = None
     """`corun serve`'s control port (`corun scale`: add or remove nodes at run time); None: none."""
+    admin_max_connections: int = 16
+    """Connections the control port holds open at once; one more is answered 503 and closed."""
+    admin_timeout_s: float = 10.0
+    """A control-port connection is closed unless its whole request arrived within this of its opening (idle and
+    trickling clients are reaped; each connection carries one request)."""
 
     def __post_init__(self):
         for name in ("num_prefill", "num_decode", "num_colocated"):
@@ -99,8 +110,11 @@ class ClusterConfig(RouterSettings, NodeSettings):
         # NOTE: each base's own checks, called by name: with two bases no one super() chain reaches both
         RouterSettings.__post_init__(self)
         NodeSettings.__post_init__(self)
-        if self.startup_timeout_s <= 0:
-            raise ValueError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+        for name in ("startup_timeout_s", "drain_timeout_s", "admin_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.admin_max_connections < 1:
+            raise ValueError(f"admin_max_connections must be >= 1, got {self.admin_max_connections}")
         for role, gpus, count in (("prefill", self.prefill_gpus, self.num_prefill),
                                   ("decode", self.decode_gpus, self.num_decode),
                                   ("colocated", self.colocated_gpus, self.num_colocated)):
@@ -180,17 +194,19 @@ def free_port(host: str) -> int:
 def node_argv(config: ClusterConfig, engine: EngineConfig, role: Role, index: int, host: str, port: int,
               advertise_host: str | None = None, key_file: Path | None = None) -> list[str]:
     """`python -m {role}_node ...` with this process' interpreter (on a Ray actor: the one on the node's host): the
-    flags of the node's NodeConfig, the cluster's NodeSettings included."""
+    flags of the node's NodeConfig, the cluster's NodeSettings included. Supervised by this process, which starts
+    it: the node ends when this process does (wire/supervision.py)."""
     node = NodeConfig(role=role, node_id=node_id(role, index), engine=engine, host=host, port=port,
                       advertise_host=advertise_host, cluster_key_file=None if key_file is None else str(key_file),
-                      **settings_of(config, NodeSettings))
+                      supervisor_pid=os.getpid(), **settings_of(config, NodeSettings))
     return [sys.executable, "-m", f"{role}_node", *config_argv(node)]
 
 
 def make_cluster_key(directory: Path | None = None) -> tuple[ClusterKey, Path]:
     """A fresh CURVE key pair for one cluster, in a file only this user can read (in a new private directory
-    unless given one): the nodes and the router get its path, nobody else the key."""
-    directory = Path(tempfile.mkdtemp(prefix="corun-cluster-key-")) if directory is None else directory
+    unless given one, named for this process: one that a killed launcher left is removed here, at the next
+    start): the nodes and the router get its path, nobody else the key."""
+    directory = make_owned_dir(KEY_DIR_PREFIX) if directory is None else directory
     key = ClusterKey.generate()
     return key, key.save(directory / "cluster.key")
 
@@ -199,11 +215,12 @@ def router_config(config: ClusterConfig, prefill_addresses: Iterable[str], decod
                   key_file: Path | None = None, colocated_addresses: Iterable[str] = (),
                   **one_router: Any) -> RouterConfig:
     """A router of this cluster, serving this pool: the cluster's RouterSettings, its engine's model and base
-    seed; one_router: more RouterConfig fields (one of several routers: launch.routers.one_of_several)."""
+    seed, supervised by this process (which starts it); one_router: more RouterConfig fields (one of several
+    routers: launch.routers.one_of_several)."""
     return RouterConfig(model=config.engine.model, prefill_addresses=tuple(prefill_addresses),
                         decode_addresses=tuple(decode_addresses), colocated_addresses=tuple(colocated_addresses),
                         base_seed=config.engine.seed, cluster_key_file=None if key_file is None else str(key_file),
-                        **settings_of(config, RouterSettings), **one_router)
+                        supervisor_pid=os.getpid(), **settings_of(config, RouterSettings), **one_router)
 
 
 def router_argv(router: RouterConfig) -> list[str]:
@@ -220,17 +237,26 @@ def router_environment(router: RouterConfig, environ: Mapping[str, str] = os.env
     return {name: value for name, value in environ.items() if name not in own} | config_environment(router)
 
 
+def node_environment(gpu: str | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """A node process' environment: environ (this process') without the router's variables (the API key: a node
+    never needs it, and any code the node runs could read it), with CUDA_VISIBLE_DEVICES when given its GPU."""
+    own = environment_variables(RouterConfig)
+    return {name: value for name, value in environ.items() if name not in own} | (
+        {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu})
+
+
 class PoolRefused(ValueError):
     """The router refuses the pool: its nodes disagree on the model or their fingerprint (a configuration
     error: `corun serve` prints it as one line)."""
 
 
 def router_healthy(url: str) -> bool:
-    """The router's /health: 200 once every node answered a ping in the last few seconds; PoolRefused when it
-    reports that the nodes disagree (waiting would not help)."""
+    """Whether the router's /health says "ok": every node answered a ping in the last few seconds ("degraded", also
+    a 200, is not enough: some node does not answer); PoolRefused when it reports that the nodes disagree (waiting
+    would not help)."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
+            return response.status == 200 and json.loads(response.read()).get("status") == "ok"
     except urllib.error.HTTPError as error:
         refusal = None
         with contextlib.suppress(ValueError, AttributeError):  # NOTE: a body that is not the router's JSON

@@ -4,21 +4,22 @@ Starts them, waits until the router's /health says every node answers, then wait
 stops them all (SIGTERM, then SIGKILL after a grace period). A node that dies is started again on its port (the
 router retries its requests elsewhere meanwhile), and so is a router (launch/routers.py: with --routers K the others
 serve meanwhile); one that keeps dying at start stops everything. At run time add_node()
-starts one more node and adds it to the router's pool; remove_node() drains one (no new requests, what it holds
-finishes) and then stops it.
+starts one more node and adds it to the router's pool; begin_removal() drains one (no new requests, what it holds
+finishes) beside the serve loop, which then stops it (launch/removals.py); remove_node() waits for that.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 from launch import cluster as launch
 from launch import serve_loop
 from launch.cluster import ClusterConfig, free_port
+from launch.removals import Removal, Removals
 from launch.restarts import RestartPolicy
 from launch.routers import RouterGroup
 from wire.node_auth import ClusterKey
@@ -36,7 +37,7 @@ class LocalCluster:
         self.config = config
         self.processes: list[tuple[str, subprocess.Popen]] = []
         self.argvs: dict[str, list[str]] = {}
-        self.envs: dict[str, dict[str, str] | None] = {}
+        self.envs: dict[str, dict[str, str]] = {}
         self.num_restarts = 0
         self.restarts = RestartPolicy()
         self.prefill_addresses: list[str] = []
@@ -50,6 +51,9 @@ class LocalCluster:
         self.num_started = {"prefill": 0, "decode": 0, "colocated": 0}
         """Nodes ever started per role: the next one's index (ids are never reused)."""
         self.routers: RouterGroup | None = None
+        self.removals = Removals(config.drain_timeout_s, config.api_key)
+        self.stopping: list[threading.Thread] = []
+        """Threads stopping removed nodes (stop() waits for them)."""
 
     @property
     def url(self) -> str:
@@ -84,7 +88,7 @@ class LocalCluster:
         # NOTE: several busy processes share the host's cores: one thread each unless the engine names a count
         engine = launch.node_engine(self.config, role, 1)
         gpu = launch.node_gpu(self.config, role, index)
-        env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+        env = launch.node_environment(gpu)
         argv = launch.node_argv(self.config, engine, role, index, host, port, key_file=self.key_file)
         self.spawn(launch.node_id(role, index), argv, env, "" if gpu is None else f" on GPU {gpu}")
         address = f"tcp://{host}:{port}"
@@ -99,37 +103,58 @@ class LocalCluster:
         self.routers.add_node(role, address)
         return launch.node_id(role, index)
 
-    def remove_node(self, node_id: str) -> None:
-        """Drain the node (the router sends it nothing new; what it holds finishes), then stop it."""
+    def begin_removal(self, node_id: str) -> Removal:
+        """Drain the node in every router (the routers send it nothing new; what it holds finishes), in a thread:
+        restart_dead_nodes() stops it once drained (launch/removals.py)."""
         if node_id not in self.node_addresses:
             raise ValueError(f"no running node {node_id!r} (have {', '.join(self.node_addresses)})")
-        self.routers.drain_and_remove(self.node_addresses[node_id])
-        [process] = [process for name, process in self.processes if name == node_id]
-        launch.stop_processes([(node_id, process)], grace_s=10.0)
-        self.processes = [(name, p) for name, p in self.processes if name != node_id]
-        address = self.node_addresses.pop(node_id)
-        for addresses in (self.prefill_addresses, self.decode_addresses, self.colocated_addresses):
-            if address in addresses:
-                addresses.remove(address)
+        return self.removals.begin(node_id, self.node_addresses[node_id], self.routers.admin_urls)
+
+    def remove_node(self, node_id: str) -> None:
+        """begin_removal(), then wait until the node is stopped; ValueError if its drain timed out (the node is
+        back in service)."""
+        removal = self.begin_removal(node_id)
+        while not removal.ended.wait(0.1):
+            self.end_removals()
+        if removal.state != "removed":
+            raise ValueError(f"{node_id}: {removal.message}")
+
+    def end_removals(self) -> None:
+        """Forget each node whose drain ended (every router forgot it) and stop it off this thread."""
+        for removal in self.removals.take_drained():
+            [process] = [process for name, process in self.processes if name == removal.node_id]
+            self.processes = [(name, p) for name, p in self.processes if name != removal.node_id]
+            address = self.node_addresses.pop(removal.node_id)
+            for addresses in (self.prefill_addresses, self.decode_addresses, self.colocated_addresses):
+                if address in addresses:
+                    addresses.remove(address)
+            stopping = threading.Thread(target=stop_removed, args=(removal, process), name=f"stop {removal.node_id}",
+                                        daemon=True)
+            stopping.start()
+            self.stopping.append(stopping)
 
     def start_router(self) -> None:
         self.routers = RouterGroup(self.config, self.key_file, self.restarts)
         self.routers.start(self.pool_addresses)
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None, where: str = "") -> None:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str], where: str = "") -> None:
         logger.info("starting %s%s", name, where)
         self.argvs[name], self.envs[name] = argv, env
         self.processes.append((name, subprocess.Popen(argv, env=env)))
         self.restarts.started(name)
 
     def restart_dead_nodes(self) -> None:
-        """Start again every process that exited (RestartPolicy: backoff, then giving up); raise if a router is
-        given up on."""
+        """Stop the nodes whose removal drained, then start again every process that exited (RestartPolicy:
+        backoff, then giving up); raise if a router is given up on."""
+        self.end_removals()
         self.routers.restart_dead(self.pool_addresses)
         for i, (name, process) in enumerate(self.processes):
             if process.poll() is None:
                 continue
-            if self.restarts.decide(name, f"exit code {process.returncode}") != "restart":
+            decision = self.restarts.decide(name, f"exit code {process.returncode}")
+            if decision == "give_up":
+                self.routers.give_up(self.node_addresses[name])
+            if decision != "restart":
                 continue
             logger.warning("%s exited with code %s; starting it again", name, process.returncode)
             self.processes[i] = (name, subprocess.Popen(self.argvs[name], env=self.envs[name]))
@@ -149,11 +174,19 @@ class LocalCluster:
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited with code {process.returncode}")
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = launch.STOP_GRACE_S) -> None:
+        self.removals.stop()
+        # NOTE: the nodes first, as the Ray launcher does: a router's open streams then end at once (an error
+        # event: their nodes are gone), where they would hold its graceful stop for the whole grace period
+        for _, process in self.processes:
+            if process.poll() is None:
+                process.terminate()
         if self.routers is not None:
             self.routers.stop(grace_s)
         launch.stop_processes(self.processes, grace_s)
         self.processes.clear()
+        for stopping in self.stopping:
+            stopping.join()
         if self.key_file is not None:
             shutil.rmtree(self.key_file.parent, ignore_errors=True)
             self.key_file = None
@@ -163,6 +196,11 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def stop_removed(removal: Removal, process: subprocess.Popen, grace_s: float = launch.STOP_GRACE_S) -> None:
+    launch.stop_processes([(removal.node_id, process)], grace_s)
+    removal.finish("removed", "drained and stopped")
 
 
 def serve_forever(config: ClusterConfig) -> int:

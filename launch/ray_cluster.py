@@ -36,6 +36,7 @@ from launch import serve_loop
 from launch.cluster import Role
 from launch.ray_config import LABEL_AMOUNT, PlacementStrategy, RayClusterConfig  # noqa: F401 (NOTE: re-exported)
 from launch.ray_node import NodeActor
+from launch.removals import Removal, Removals
 from launch.restarts import RestartPolicy
 from launch.routers import RouterGroup
 from wire.node_auth import ClusterKey
@@ -107,6 +108,9 @@ class RayCluster:
                             "colocated": config.cluster.num_colocated}
         """Nodes ever started per role: the next added node's index (ids are never reused)."""
         self._initialized_ray = False
+        self.removals = Removals(config.cluster.drain_timeout_s, config.cluster.api_key)
+        self.stopping: list[threading.Thread] = []
+        """Threads stopping the actors of removed nodes (stop() waits for them)."""
         self.cluster_key: ClusterKey | None = None
         self.key_file: Path | None = None
         """The cluster's CURVE key pair: the router's copy here; each actor writes its node's on its own host."""
@@ -204,14 +208,36 @@ class RayCluster:
         self.routers.add_node(role, node.address)
         return node.name
 
-    def remove_node(self, node_id: str) -> None:
-        """Drain the node (the router sends it nothing new; what it holds finishes), then stop its actor."""
+    def begin_removal(self, node_id: str) -> Removal:
+        """Drain the node in every router (nothing new; what it holds finishes), in a thread: restart_dead_nodes()
+        stops its actor once drained (launch/removals.py)."""
         node = next((n for n in self.nodes if n.name == node_id), None)
         if node is None:
             raise ValueError(f"no running node {node_id!r} (have {', '.join(n.name for n in self.nodes)})")
-        self.routers.drain_and_remove(node.address)
-        self.nodes.remove(node)
-        self._release(node, node.actor.stop.remote(10.0), grace_s=10.0)
+        return self.removals.begin(node_id, node.address, self.routers.admin_urls)
+
+    def remove_node(self, node_id: str) -> None:
+        """begin_removal(), then wait until the node is stopped; ValueError if its drain timed out (the node is
+        back in service)."""
+        removal = self.begin_removal(node_id)
+        while not removal.ended.wait(0.1):
+            self.end_removals()
+        if removal.state != "removed":
+            raise ValueError(f"{node_id}: {removal.message}")
+
+    def end_removals(self) -> None:
+        """Forget each node whose drain ended and stop its actor off this thread."""
+        for removal in self.removals.take_drained():
+            node = next(n for n in self.nodes if n.name == removal.node_id)
+            self.nodes.remove(node)
+            stopping = threading.Thread(target=self._stop_removed, args=(removal, node), daemon=True,
+                                        name=f"stop {removal.node_id}")
+            stopping.start()
+            self.stopping.append(stopping)
+
+    def _stop_removed(self, removal: Removal, node: RayNode, grace_s: float = launch.STOP_GRACE_S) -> None:
+        self._release(node, node.actor.stop.remote(grace_s), grace_s)
+        removal.finish("removed", "drained and stopped")
 
     def _new_actor(self, role: Role, index: int, bundle_index: int, port: int | None = None,
                    group: PlacementGroup | None = None):
@@ -242,9 +268,13 @@ class RayCluster:
         """Start again every node whose process exited (on its actor) or whose actor died (a new actor in the
         same bundle, on the same port), and every router that exited (launch/routers.py); raise if a router is
         given up on."""
+        self.end_removals()
         self.routers.restart_dead(self.pool_addresses)
         for node, state in zip(self.nodes, self._node_states(), strict=True):
-            if state is None or self.restarts.decide(node.name, str(state)) != "restart":
+            decision = None if state is None else self.restarts.decide(node.name, str(state))
+            if decision == "give_up":
+                self.routers.give_up(node.address)
+            if decision != "restart":
                 continue
             logger.warning("%s at %s exited (%s); starting it again", node.name, node.address, state)
             if state == ACTOR_LOST:
@@ -276,7 +306,10 @@ class RayCluster:
             # NOTE: the bundle moved to another host (its host died); the router knows nodes by address.
             raise RuntimeError(f"{node.name} came back at {address}, not {node.address}; restart the cluster")
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = launch.STOP_GRACE_S) -> None:
+        self.removals.stop()
+        for removed in self.stopping:
+            removed.join()
         stopping = [node.actor.stop.remote(grace_s) for node in self.nodes]
         if self.routers is not None:
             self.routers.stop(grace_s)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import tempfile
-from pathlib import Path
 
 import ray
 
@@ -19,8 +17,13 @@ from launch import cluster as launch
 from launch.cluster import ClusterConfig, Role
 from wire.config import EngineConfig
 from wire.node_auth import ClusterKey
+from wire.supervision import make_owned_dir
 
 logger = logging.getLogger(__name__)
+
+KEY_DIR_PREFIX = "corun-node-key-"
+"""A node's copy of the cluster key, in KEY_DIR_PREFIX{actor pid}-XXXX on its host (removed at stop, or by the next
+actor once this one died)."""
 
 
 class NodeActor:
@@ -33,7 +36,7 @@ class NodeActor:
         self.name = launch.node_id(role, index)
         self.ip = ray.util.get_node_ip_address()
         self.port = port or launch.free_port(node_host)
-        self.key_dir = Path(tempfile.mkdtemp(prefix="corun-node-key-"))
+        self.key_dir = make_owned_dir(KEY_DIR_PREFIX)
         key_file = None if key is None else key.save(self.key_dir / "cluster.key")
         self.argv = launch.node_argv(config, engine, role, index, node_host, self.port, advertise_host=self.ip,
                                      key_file=key_file)
@@ -54,11 +57,11 @@ class NodeActor:
         self.stop()
         self.process = self._spawn()
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = launch.STOP_GRACE_S) -> None:
         launch.stop_processes([(self.name, self.process)], grace_s)
 
     def _spawn(self) -> subprocess.Popen:
         logger.info("starting %s on %s", self.name, self.address())
         # NOTE: the node stays in the actor worker's process group, and Ray ends it with the worker (ray.kill or a
         # SIGKILL, measured on Ray 2.60), so no orphan keeps the port a replacement actor binds again (tested).
-        return subprocess.Popen(self.argv)
+        return subprocess.Popen(self.argv, env=launch.node_environment())

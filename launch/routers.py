@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,16 @@ from launch import cluster as launch
 from launch import scaling
 from launch.cluster import ClusterConfig, free_port
 from launch.restarts import RestartPolicy
+from wire.supervision import make_owned_dir
 
 logger = logging.getLogger(__name__)
 
 CONTROL_HOST = "127.0.0.1"
 """Where each router's control port listens: only the launcher, on the same host, calls it."""
 
+METRICS_DIR_PREFIX = "corun-router-metrics-"
+"""K > 1: the routers' Prometheus directory, METRICS_DIR_PREFIX{launcher pid}-XXXX in the temporary directory (one
+that a killed launcher left is removed at the next start)."""
 Addresses = Callable[[], tuple[list[str], list[str], list[str]]]
 """-> (prefill, decode, colocated) addresses of the nodes in the pool now."""
 
@@ -52,6 +55,10 @@ class RouterGroup:
         """K > 1: the routers' Prometheus directory (made at start, removed at stop)."""
         self.processes: dict[str, subprocess.Popen] = {}
         self.num_restarts = 0
+        self.given_up: set[str] = set()
+        """Addresses of the nodes the launcher gave up restarting."""
+        self.untold: dict[str, set[str]] = {}
+        """Admin URL -> the given-up nodes that router was not told of yet (it was down, or is new)."""
 
     @property
     def url(self) -> str:
@@ -67,7 +74,7 @@ class RouterGroup:
 
     def start(self, addresses: Addresses) -> None:
         if self.control_ports:
-            self.metrics_dir = Path(tempfile.mkdtemp(prefix="corun-router-metrics-"))
+            self.metrics_dir = make_owned_dir(METRICS_DIR_PREFIX)
         for index in range(len(self.names)):
             self._spawn(index, addresses)
 
@@ -98,6 +105,27 @@ class RouterGroup:
             logger.warning("%s exited with code %s; starting it again", name, process.returncode)
             self._spawn(index, addresses)
             self.num_restarts += 1
+            self.untold[self.admin_urls[index]] = set(self.given_up)
+        self.tell_given_up()
+
+    def give_up(self, address: str) -> None:
+        """The launcher gave up restarting the node at address: every router lists it as given up (its /health
+        then says "degraded" while the others can serve, router/app.py)."""
+        if address in self.given_up:
+            return
+        self.given_up.add(address)
+        for url in self.admin_urls:
+            self.untold.setdefault(url, set()).add(address)
+        self.tell_given_up()
+
+    def tell_given_up(self) -> None:
+        for url, addresses in self.untold.items():
+            for address in list(addresses):
+                try:
+                    scaling.router_admin(url, "GIVE_UP", {"address": address}, self.config.api_key)
+                    addresses.discard(address)
+                except (ValueError, OSError) as error:  # NOTE: a router (re)starting: told on a later round
+                    logger.debug("telling %s that %s is given up: %s", url, address, error)
 
     def check_alive(self) -> None:
         for name, process in self.processes.items():
@@ -114,9 +142,6 @@ class RouterGroup:
     def add_node(self, role: str, address: str) -> None:
         for url in self.admin_urls:
             scaling.router_admin(url, "POST", {"role": role, "address": address}, self.config.api_key)
-
-    def drain_and_remove(self, address: str) -> None:
-        scaling.drain_and_remove(self.admin_urls, address, self.config.drain_timeout_s, self.config.api_key)
 
     def stop(self, grace_s: float) -> None:
         launch.stop_processes(list(self.processes.items()), grace_s)

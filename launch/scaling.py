@@ -6,29 +6,33 @@ Imports neither torch nor ray.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
-import http.server
 import json
 import logging
 import queue
-import threading
-import time
 import urllib.error
 import urllib.request
 
-from launch.cluster import StartupError
-from wire.auth import API_KEY_ENV, bearer_headers, is_authorized
+from launch.cluster import ClusterConfig, StartupError
+from launch.control_port import Answer, ControlServer
+from wire.auth import bearer_headers
 
 logger = logging.getLogger(__name__)
 
+ADMIN_PATHS = {"DRAIN": "/admin/nodes/drain", "GIVE_UP": "/admin/nodes/given_up"}
+"""router_admin's own methods: POSTs to these paths."""
+
 
 def router_admin(url: str, method: str, body: dict | None = None, api_key: str | None = None) -> dict:
-    """One call of the router's /admin/nodes API (router/api/admin.py); ValueError with its message if refused."""
-    path = "/admin/nodes/drain" if method == "DRAIN" else "/admin/nodes"
+    """One call of the router's /admin/nodes API (router/api/admin.py): GET, POST, DELETE, or DRAIN and GIVE_UP
+    (POSTs to /admin/nodes/drain and /admin/nodes/given_up); ValueError with its message if refused."""
+    path = ADMIN_PATHS.get(method, "/admin/nodes")
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(f"{url}{path}", data, {"Content-Type": "application/json",
                                                             **bearer_headers(api_key)},
-                                     method="POST" if method == "DRAIN" else method)
+                                     method="POST" if method in ADMIN_PATHS else method)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
@@ -39,92 +43,69 @@ def router_admin(url: str, method: str, body: dict | None = None, api_key: str |
         raise ValueError(message) from None
 
 
-def drain_and_remove(urls: list[str], address: str, timeout_s: float, api_key: str | None = None) -> None:
-    """Stop sending the node new requests, wait until it holds nothing, then drop it from the pool: in every
-    router (urls: each router's own address), since each one sends the node requests."""
-    for url in urls:
-        router_admin(url, "DRAIN", {"address": address}, api_key)
-    deadline = time.monotonic() + timeout_s
-    for url in urls:
-        while True:
-            entry = next(n for n in router_admin(url, "GET", api_key=api_key)["nodes"] if n["address"] == address)
-            if entry["drained"]:
-                break
-            if time.monotonic() > deadline:
-                raise StartupError(f"{address} still holds work after {timeout_s} s of draining")
-            time.sleep(0.2)
-    for url in urls:
-        router_admin(url, "DELETE", {"address": address}, api_key)
-
-
 class ScaleControl:
-    """`corun serve`'s control port (`corun scale`): POST /nodes {"role": ROLE} adds a node, DELETE /nodes/ID
-    drains and removes one; with an API key, only for `Authorization: Bearer KEY` (else 401). Commands run on the
-    serve loop's thread, between its restarts of dead nodes, so the launcher's state has one writer."""
+    """`corun serve`'s control port (`corun scale`), with an API key only for `Authorization: Bearer KEY` (else
+    401):
 
-    def __init__(self, host: str, port: int, api_key: str | None = None):
+        POST   /nodes     {"role": ROLE}   add a node; 200 {"node_id"} once it is started and in every router
+        DELETE /nodes/ID                   begin its removal; 202 {"node_id", "state": "draining"} (409: refused)
+        GET    /nodes/ID                   its latest removal: {"node_id", "state", "message"}, the state one of
+                                           launch/removals.py's (removed, or returned to service: final)
+
+    Commands run on the serve loop's thread, between its restarts of dead nodes, so the launcher's state has one
+    writer; a drain then waits in a thread of its own (launch/removals.py), never on that loop. The port itself
+    is launch/control_port.py: bounded connections, timeouts, the key checked before anything else."""
+
+    def __init__(self, config: ClusterConfig):
         self.commands: queue.Queue = queue.Queue()
-        control = self
+        self.server = ControlServer(config.host, config.admin_port, config.api_key, self.handle,
+                                    config.admin_max_connections, config.admin_timeout_s)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's name)
-                if not self.authorized():
-                    return
-                length = int(self.headers.get("Content-Length") or 0)
-                try:
-                    role = json.loads(self.rfile.read(length) or b"{}").get("role")
-                except (ValueError, AttributeError):
-                    role = None
-                if self.path != "/nodes" or role not in ("prefill", "decode", "colocated"):
-                    return self.answer(400, {"error": 'POST /nodes with {"role": "prefill" | "decode" | "colocated"}'})
-                self.answer(*control.submit("add_node", role))
+    async def handle(self, method: str, path: str, body: bytes) -> Answer:
+        node_id = path.removeprefix("/nodes/") if path.startswith("/nodes/") else None
+        if method == "POST" and path == "/nodes":
+            role = json_field(body, "role")
+            if role not in ("prefill", "decode", "colocated"):
+                return 400, {"error": 'POST /nodes with {"role": "prefill" | "decode" | "colocated"}'}
+            return await self.submit("add_node", role)
+        if method in ("DELETE", "GET") and node_id:
+            return await self.submit("begin_removal" if method == "DELETE" else "removal", node_id)
+        return 404, {"error": "POST /nodes, DELETE /nodes/NODE_ID or GET /nodes/NODE_ID"}
 
-            def do_DELETE(self):  # noqa: N802
-                if not self.authorized():
-                    return
-                if not self.path.startswith("/nodes/"):
-                    return self.answer(400, {"error": "DELETE /nodes/NODE_ID"})
-                self.answer(*control.submit("remove_node", self.path.removeprefix("/nodes/")))
-
-            def authorized(self) -> bool:
-                if api_key is None or is_authorized(self.headers.get("Authorization"), api_key):
-                    return True
-                self.answer(401, {"error": "a valid API key is required: send `Authorization: Bearer <key>` "
-                                           f"(corun scale: --api-key or ${API_KEY_ENV})"})
-                return False
-
-            def answer(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:  # NOTE: the serve log says what each command did
-                pass
-
-        self.server = http.server.ThreadingHTTPServer((host, port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, name="scale control", daemon=True)
-        self.thread.start()
-
-    def submit(self, command: str, argument: str) -> tuple[int, dict]:
-        """From a request thread: run on the serve loop, wait for its answer."""
-        done: queue.Queue = queue.Queue(maxsize=1)
+    async def submit(self, command: str, argument: str) -> Answer:
+        """From the control port's loop: run on the serve loop, wait for its answer."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
         self.commands.put((command, argument, done))
-        return done.get()
+        return await asyncio.wrap_future(done)
 
     def run_pending(self, cluster) -> None:
         while not self.commands.empty():
             command, argument, done = self.commands.get()
-            logger.info("scale: %s %s", command, argument)
-            try:
-                result = getattr(cluster, command)(argument)
-                done.put((200, {"node_id": result if command == "add_node" else argument, "done": command}))
-            except (ValueError, StartupError) as error:
-                logger.warning("scale: %s %s failed: %s", command, argument, error)
-                done.put((409, {"error": str(error)}))
+            if command != "removal":  # NOTE: a removal's state is polled (corun scale remove): not logged
+                logger.info("scale: %s %s", command, argument)
+            done.set_result(run_command(cluster, command, argument))
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
+        while not self.commands.empty():  # NOTE: the serve loop is stopping: nobody will run them
+            self.commands.get()[2].set_result((503, {"error": "corun serve is stopping"}))
+
+
+def run_command(cluster, command: str, argument: str) -> Answer:
+    try:
+        if command == "add_node":
+            return 200, {"node_id": cluster.add_node(argument), "done": command}
+        if command == "begin_removal":
+            return 202, cluster.begin_removal(argument).answer()
+        removal = cluster.removals.by_node_id.get(argument)
+        return (200, removal.answer()) if removal else (404, {"error": f"no removal of {argument!r} was begun"})
+    except (ValueError, StartupError, OSError) as error:  # NOTE: OSError: a router or a process did not answer
+        logger.warning("scale: %s %s failed: %s", command, argument, error)
+        return 409, {"error": str(error)}
+
+
+def json_field(body: bytes, name: str):
+    try:
+        return json.loads(body or b"{}").get(name)
+    except (ValueError, AttributeError):
+        return None

@@ -1,5 +1,6 @@
 """The loop of `corun serve`, whatever the launcher: start, keep dead nodes and routers restarted and scaling
-commands served, stop everything on SIGINT/SIGTERM or when a router keeps dying."""
+commands served, stop everything on SIGINT/SIGTERM or when a router keeps dying. Nothing on it waits for long:
+drains run beside it (launch/removals.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from typing import Protocol
 
 from launch.cluster import ClusterConfig, Role
+from launch.removals import Removal, Removals
 from launch.scaling import ScaleControl
 
 logger = logging.getLogger(__name__)
@@ -20,8 +22,11 @@ class Cluster(Protocol):
 
     def start(self) -> Cluster: ...
     def restart_dead_nodes(self) -> None: ...
+    @property
+    def removals(self) -> Removals: ...
+
     def add_node(self, role: Role) -> str: ...
-    def remove_node(self, node_id: str) -> None: ...
+    def begin_removal(self, node_id: str) -> Removal: ...
     def stop(self) -> None: ...
 
 
@@ -32,7 +37,7 @@ def serve_forever(cluster: Cluster, config: ClusterConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: stopping.append(signum))
     cluster.start()
-    control = None if config.admin_port is None else ScaleControl(config.host, config.admin_port, config.api_key)
+    control = None if config.admin_port is None else ScaleControl(config)
     routers = f", {config.num_routers} routers" if config.num_routers > 1 else ""
     pools = f"{config.num_prefill}P{config.num_decode}D" if config.num_prefill else ""
     pools += ("+" if pools else "") + (f"{config.num_colocated}C" if config.num_colocated else "")

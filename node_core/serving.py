@@ -17,6 +17,7 @@ from wire import protocol
 from wire.config import EngineConfig, NodeConfig
 from wire.flags import add_flags, config_from_args
 from wire.node_auth import ClusterKey, admit_only_members
+from wire.supervision import end_with_supervisor
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +186,10 @@ def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     """Parse flags, build the server, loop step() until SIGTERM/SIGINT."""
     args = node_arg_parser(role).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.node_id} %(levelname)s %(message)s")
-    return serve(role, server_factory, config_from_args(NodeConfig, args, role=role))
+    config = config_from_args(NodeConfig, args, role=role)
+    if config.supervisor_pid is not None:
+        end_with_supervisor(config.supervisor_pid)
+    return serve(role, server_factory, config)
 
 
 def serve(role: str, server_factory, config: NodeConfig) -> int:

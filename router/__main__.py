@@ -17,6 +17,7 @@ from aiohttp import web
 from router.app import create_app, create_control_app, start_site
 from wire.config import RouterConfig
 from wire.flags import add_flags, config_from_args
+from wire.supervision import end_with_supervisor
 
 logger = logging.getLogger("router")
 
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = parse_config(argv)
+        if config.supervisor_pid is not None:
+            end_with_supervisor(config.supervisor_pid)
         app = create_app(config)
     except (ValueError, FileNotFoundError) as error:
         print(f"python -m router: error: {error}", file=sys.stderr)

@@ -182,21 +182,30 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 when every node answered a ping in the last few seconds and they agree on the model, else 503 (with
-    the field they disagree on); lists the nodes either way.
+    """Whether the cluster can serve, for a load balancer's probe: 200 "ok" when every node answered a ping in
+    the last few seconds; 200 "degraded" when some did not (dead, restarting, or given up by the launcher: GET
+    /admin/nodes says which) but the healthy ones still take every request (a prefill and a decode node, or a
+    colocated one, not draining); 503 "unavailable" when they cannot, or when the nodes disagree on the model
+    (with the field they disagree on). Lists the nodes either way.
 
     NOTE: open to anyone (as vLLM's), so it tells health only: no addresses, no stats (GET /admin/nodes, which
     needs the API key, has those)."""
     pool = request.app[STATE_KEY].pool
     statuses = pool.statuses()
-    body = {"status": "ok", "nodes": [node_health(s) for s in statuses]}
+    body = {"status": health_status(statuses), "nodes": [node_health(s) for s in statuses]}
     try:
         pool.model_facts()
     except PoolMismatch as error:
-        body["error"] = str(error)
-    if body.get("error") or not all(s.healthy for s in statuses):
-        body["status"] = "unavailable"
-    return web.json_response(body, status=200 if body["status"] == "ok" else 503)
+        body["error"], body["status"] = str(error), "unavailable"
+    return web.json_response(body, status=503 if body["status"] == "unavailable" else 200)
+
+
+def health_status(statuses: list[NodeStatus]) -> str:
+    """ok, degraded or unavailable (see health)."""
+    if statuses and all(s.healthy for s in statuses):
+        return "ok"
+    serving = {s.role for s in statuses if s.healthy and not s.draining}
+    return "degraded" if {"prefill", "decode"} <= serving or "colocated" in serving else "unavailable"
 
 
 def node_health(status: NodeStatus) -> dict:

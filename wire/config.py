@@ -386,8 +386,18 @@ class NodeSettings:
             raise ValueError("kv_lease_seconds must be > 0")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Supervised:
+    """A process a launcher starts (a node, a router), which must not outlive it (wire/supervision.py)."""
+
+    supervisor_pid: int | None = None
+    """The launcher's pid, the process' parent: the process stops when that one dies (parent-death signal and a
+    watch of its parent), so a killed `corun serve` leaves no cluster serving unsupervised. None: it runs on its
+    own (started by hand)."""
+
+
 @dataclass(frozen=True)
-class NodeConfig(NodeSettings):
+class NodeConfig(NodeSettings, Supervised):
     """A prefill or decode server process."""
 
     role: Role = field(metadata=NOT_A_FLAG)
@@ -508,7 +518,7 @@ class RouterSettings:
 
 
 @dataclass(frozen=True)
-class RouterConfig(RouterSettings):
+class RouterConfig(RouterSettings, Supervised):
     """The HTTP front door: one router process."""
 
     model: str

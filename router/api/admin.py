@@ -4,7 +4,10 @@
                                                           its latest stats
     POST   /admin/nodes        {"role": ROLE, "address": ADDR}    a new node (it takes requests once it answers)
     POST   /admin/nodes/drain  {"address": ADDR}          no new requests; what it holds finishes
+                               {"address": ADDR, "draining": false}  back in service (a drain that timed out)
     DELETE /admin/nodes        {"address": ADDR}          forget a drained node (409 while it still holds work)
+    POST   /admin/nodes/given_up {"address": ADDR}        the launcher gave up restarting it (it keeps dying at
+                                                          start): listed as given_up, /health says "degraded"
 
 With an API key set (RouterConfig.api_key), every call needs it (router/api/auth.py).
 
@@ -33,6 +36,7 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_get("/admin/nodes", list_nodes)
     app.router.add_post("/admin/nodes", add_node)
     app.router.add_post("/admin/nodes/drain", drain_node)
+    app.router.add_post("/admin/nodes/given_up", give_up_node)
     app.router.add_delete("/admin/nodes", remove_node)
 
 
@@ -40,7 +44,8 @@ def node_entry(node: NodeClient) -> dict:
     status = node.status()
     return {"role": node.role, "index": node.index, "address": node.address,
             "node_id": status.pong.node_id if status.pong else None, "healthy": status.healthy,
-            "draining": node.draining, "drained": node.is_drained(), "outstanding_work": node.outstanding_work,
+            "draining": node.draining, "drained": node.is_drained(), "given_up": node.given_up,
+            "outstanding_work": node.outstanding_work,
             "open_requests": node.num_open_requests, "stats": status.pong.stats if status.pong else {},
             "capacity": None if node.capacity is None else dataclasses.asdict(node.capacity)}
 
@@ -69,10 +74,23 @@ async def drain_node(request: web.Request) -> web.Response:
         node = pool.find(body["address"])
     except UnknownNode as error:
         return refusal(404, str(error))
+    draining = body.get("draining", True)
+    if not isinstance(draining, bool):
+        return refusal(400, f"draining must be true or false, got {draining!r}")
     siblings = pool.by_role[node.role]
-    if all(other.draining or other is node for other in siblings):
+    if draining and all(other.draining or other is node for other in siblings):
         return refusal(409, f"{node.address} is the last {node.role} node that takes requests")
-    node.draining = True
+    node.draining = draining
+    return web.json_response(node_entry(node))
+
+
+async def give_up_node(request: web.Request) -> web.Response:
+    body = await json_body(request, ("address",))
+    try:
+        node = request.app[STATE_KEY].pool.find(body["address"])
+    except UnknownNode as error:
+        return refusal(404, str(error))
+    node.given_up = True
     return web.json_response(node_entry(node))
 
 

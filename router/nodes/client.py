@@ -100,6 +100,8 @@ class NodeClient:
         self.outstanding_work = 0
         self.draining = False
         """No new requests: it is being removed (router/admin.py)."""
+        self.given_up = False
+        """The launcher gave up restarting this node (router/api/admin.py): it stays listed, unhealthy."""
         self._context = context
         self._socket: zmq.asyncio.Socket | None = None
         self._request_queues: dict[str, ReplyQueue] = {}

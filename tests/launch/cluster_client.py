@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import zmq
@@ -107,6 +110,46 @@ def wait_for_line(process: subprocess.Popen, needle: str, timeout_s: float) -> s
         if not line and process.poll() is not None:
             raise RuntimeError(f"corun serve exited with {process.returncode}")
     raise TimeoutError(f"no {needle!r} from corun serve in {timeout_s} s")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under pid (children, their children: the router's parser workers), from /proc."""
+    children_of: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children_of.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children_of.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The pids still running (a zombie has ended: its parent is gone, init reaps it)."""
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.append(pid)
+    return running
+
+
+def start_serve(model_dir: str, port: int, temp_dir: Path) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "cli.main", "serve", "--model", model_dir, "--max-num-seqs", "8",
+            "--max-model-len", "256", "--kv-cache-mib", "32", "--port", str(port)]
+    env = {**os.environ, "TMPDIR": str(temp_dir)}
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    wait_for_line(process, "CoRun cluster ready", timeout_s=180)
+    return process
 
 
 def colocated_records(model_dir: str, prompts: list[str], params: dict) -> list:

@@ -1,8 +1,11 @@
-"""Chaos: random SIGKILLs of prefill and decode nodes (restarted as `corun serve` does) during 200 streaming
-requests. Every stream that completes equals its undisturbed run, none is lost (a request the cluster gives up on
-ends with an error event, never silence), and the idle cluster returns to its idle counts afterwards."""
+"""Chaos: random SIGKILLs of prefill and decode nodes (restarted as `corun serve` does), and nodes added and drained
+away (killed while they drain too), during 200 streaming requests; and `corun serve` itself SIGKILLed under
+streams. Every stream that completes equals its undisturbed run, none is lost (a request the cluster gives up on
+ends with an error event or a closed connection, never silence), the idle cluster returns to its idle counts
+afterwards, and a killed `corun serve` leaves no process behind."""
 
 import concurrent.futures
+import os
 import random
 import signal
 import threading
@@ -11,8 +14,10 @@ import time
 import openai
 import pytest
 
+from launch import scaling
+from launch.cluster import check_port_free
 from launch.local import LocalCluster, LocalClusterConfig, free_port
-from tests.launch.cluster_client import client, engine_config, node_stats
+from tests.launch.cluster_client import alive, client, descendants, engine_config, node_stats, start_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -22,6 +27,11 @@ LEASE_S = 4.0
 """Short leases, so that what a fault left behind is freed within the test (the bound is the lease)."""
 SERVING_AFTER_S = 5.0
 KILL_AT = (0.05, 0.25, 0.45, 0.65, 0.85)
+KILL_GAP_S = 1.0
+DRAIN_AT = (0.0, 0.5)
+"""Progress fractions at which a node is added and a serving one of its role drained away and killed as it drains
+(decode, then prefill). The first at once, while every node serves: so a kill during a drain lands however fast the
+run is; the second only if the first has ended and a prefill node may be killed by then."""
 PROMPTS = ["the river reads the morning light", "seven numbers and a name", "a cat sat under the green house",
            "people ran quickly on the blue mat"]
 
@@ -57,12 +67,14 @@ def run_stream(api: openai.OpenAI, i: int) -> tuple[str, list[int], list[float]]
 
 class Chaos:
     """Kills a random serving node each time the streams' progress passes the next of KILL_AT (a fraction of the
-    requests finished; so the kills land mid-run whatever the host's speed), restarts the dead ones every 0.2 s,
-    until stopped."""
+    requests finished; so the kills land mid-run whatever the host's speed), adds a node and drains a serving one of
+    its role away at each of DRAIN_AT, restarts the dead ones every 0.1 s (and stops the drained ones), until
+    stopped."""
 
     def __init__(self, cluster: LocalCluster, progress, seed: int):
         self.cluster, self.progress, self.random = cluster, progress, random.Random(seed)
         self.kills: list[str] = []
+        self.removals: list = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -76,26 +88,59 @@ class Chaos:
 
     def _run(self) -> None:
         thresholds = [int(fraction * NUM_REQUESTS) for fraction in KILL_AT]
+        drains = [(int(fraction * NUM_REQUESTS), role) for fraction, role in zip(DRAIN_AT, ("decode", "prefill"))]
+        last_kill = float("-inf")
         while not self._stop.is_set():
-            if thresholds and self.progress() >= thresholds[0] and self._kill_one():
-                thresholds.pop(0)
+            # NOTE: one kill at a time, a second apart: the router must have seen the last one (its connection
+            # closed) before the next one's victim is chosen by the router's view of who serves
+            if time.monotonic() - last_kill > KILL_GAP_S:
+                if thresholds and self.progress() >= thresholds[0] and self._kill_one():
+                    thresholds.pop(0)
+                    last_kill = time.monotonic()
+                elif drains and self.progress() >= drains[0][0] and self._replace_one(drains[0][1]):
+                    drains.pop(0)
+                    last_kill = time.monotonic()
             self.cluster.restart_dead_nodes()
             time.sleep(0.1)
 
+    def _replace_one(self, role: str) -> bool:
+        """Add a node of role, drain a serving one of it away (once no other drain runs), and SIGKILL that one as
+        it drains: what it held fails over, it is restarted (holding nothing), and its drain still ends."""
+        if any(removal.state not in ("removed", "returned") for removal in self.removals):
+            return False
+        victims = [(name, process) for name, process in self._killable() if name.startswith(role)]
+        if not victims:
+            return False
+        name, process = victims[0]
+        self.cluster.add_node(role)
+        removal = self.cluster.begin_removal(name)
+        self.removals.append(removal)
+        if removal.state == "draining":
+            process.send_signal(signal.SIGKILL)
+            self.kills.append(f"{name} (draining)")
+        return True
+
     def _kill_one(self) -> bool:
-        """A serving node (up SERVING_AFTER_S) whose role keeps another serving one: a kill of a node still
-        loading, or of a role's last node, tests the restart policy or the error path, not failover."""
-        now = time.monotonic()
-        serving = [(name, p) for name, p in self.cluster.processes if name != "router" and p.poll() is None
-                   and now - self.cluster.restarts.nodes[name].started_at > SERVING_AFTER_S]
-        candidates = [(name, p) for name, p in serving
-                      if sum(other.split("-")[0] == name.split("-")[0] for other, _ in serving) > 1]
+        candidates = self._killable()
         if not candidates:
             return False
         name, process = self.random.choice(candidates)
         process.send_signal(signal.SIGKILL)
         self.kills.append(name)
         return True
+
+    def _killable(self) -> list:
+        """Serving nodes (up SERVING_AFTER_S, healthy in the router and not draining) whose role keeps another such
+        node: a kill of a node still loading, or of a role's last serving node, tests the restart policy or the
+        error path, not failover; a draining one is killed once, by _replace_one."""
+        now = time.monotonic()
+        serving = [(name, p) for name, p in self.cluster.processes if name != "router" and p.poll() is None
+                   and now - self.cluster.restarts.nodes[name].started_at > SERVING_AFTER_S]
+        taking = {n["node_id"] for n in scaling.router_admin(self.cluster.url, "GET")["nodes"]
+                  if n["healthy"] and not n["draining"]}
+        return [(name, p) for name, p in serving if name in taking
+                and any(other.split("-")[0] == name.split("-")[0] and other != name and other in taking
+                        for other, _ in serving)]
 
 
 def test_random_kills_during_200_streams(cluster):
@@ -115,7 +160,9 @@ def test_random_kills_during_200_streams(cluster):
         with Chaos(cluster, progress=lambda: len(finished), seed=7) as chaos:
             results = list(pool.map(counted, range(NUM_REQUESTS)))
     # NOTE: a kill waits for a node of a role that keeps another serving one: on a slow host not all five land
-    assert len(chaos.kills) >= 3, chaos.kills
+    assert len([kill for kill in chaos.kills if "draining" not in kill]) >= 3, chaos.kills
+    # NOTE: a drain waits for the one before it, and a run that is quick leaves none of them waiting
+    assert chaos.removals and any("draining" in kill for kill in chaos.kills), chaos.kills
     done = [i for i, (state, *_) in enumerate(results) if state == "done"]
     for i in done:
         assert tuple(results[i][1:]) == tuple(references[i]), f"request {i} differs from its undisturbed run"
@@ -123,15 +170,21 @@ def test_random_kills_during_200_streams(cluster):
     # NOTE: every request ended (done or an error event): none timed out in silence (that raises above)
     assert len(done) + len(errors) == NUM_REQUESTS
     assert len(done) >= NUM_REQUESTS * 0.9, f"{len(errors)} gave up: {errors}"
-    print(f"chaos: {len(chaos.kills)} kills ({', '.join(chaos.kills)}), {len(done)} done, {len(errors)} errors")
-    assert_idle_counts_return(cluster, timeout_s=LEASE_S * 2 + 30)
+    print(f"chaos: {len(chaos.kills)} kills ({', '.join(chaos.kills)}), removed "
+          f"{', '.join(removal.node_id for removal in chaos.removals)}, {len(done)} done, {len(errors)} errors")
+    assert_idle_counts_return(cluster, timeout_s=LEASE_S * 2 + 30, removals=chaos.removals)
 
 
-def assert_idle_counts_return(cluster: LocalCluster, timeout_s: float) -> None:
-    """Every node alive again, with every KV block free and no lease left, within timeout_s."""
+def assert_idle_counts_return(cluster: LocalCluster, timeout_s: float, removals=()) -> None:
+    """Every removal done (drained, then stopped), every node alive again, with every KV block free and no lease
+    left, within timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
         cluster.restart_dead_nodes()
+        if any(removal.state != "removed" for removal in removals):
+            assert time.monotonic() < deadline, f"removals not done: {[r.answer() for r in removals]}"
+            time.sleep(0.5)
+            continue
         try:
             stats = node_stats(cluster)
         except TimeoutError:
@@ -142,3 +195,59 @@ def assert_idle_counts_return(cluster: LocalCluster, timeout_s: float) -> None:
             return
         assert time.monotonic() < deadline, f"not idle after {timeout_s} s: {held or stats}"
         time.sleep(0.5)
+
+
+SUPERVISOR_REQUESTS = 48
+SUPERVISOR_KILL_AT = 0.25
+ORPHAN_DEADLINE_S = 60.0
+"""Generous (a loaded 2-core host): every process `corun serve` started ends within it."""
+
+
+def run_stream_visibly(api: openai.OpenAI, i: int) -> tuple[str, list[int], list[float]]:
+    """run_stream, where a closed connection (the router went away) is a visible end too; silence still raises."""
+    try:
+        return run_stream(api, i)
+    except openai.APITimeoutError:
+        raise
+    except openai.APIConnectionError:
+        return "connection closed", [], []
+
+
+def test_sigkill_of_corun_serve_under_streams_loses_nothing_silently_and_leaves_nothing(tiny_model_dir, tmp_path):
+    port = free_port("127.0.0.1")
+    serve = start_serve(tiny_model_dir, port, tmp_path)
+    started = descendants(serve.pid)
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=60, max_retries=0)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(CONCURRENCY) as pool:
+            references = list(pool.map(lambda i: run_stream(api, i), range(SUPERVISOR_REQUESTS)))
+            assert all(state == "done" for state, *_ in references)
+            finished = []
+
+            def counted(i: int):
+                result = run_stream_visibly(api, i)
+                finished.append(i)
+                return result
+
+            futures = [pool.submit(counted, i) for i in range(SUPERVISOR_REQUESTS)]
+            deadline = time.monotonic() + ORPHAN_DEADLINE_S
+            while len(finished) < SUPERVISOR_REQUESTS * SUPERVISOR_KILL_AT and time.monotonic() < deadline:
+                time.sleep(0.05)
+            serve.send_signal(signal.SIGKILL)
+            results = [future.result() for future in futures]  # NOTE: silence raises (the client times out)
+        states = [state for state, *_ in results]
+        for i, (state, *output) in enumerate(results):
+            assert state != "done" or output == list(references[i][1:]), f"request {i} differs from its run"
+        print(f"corun serve SIGKILLed: {states.count('done')} done, {states.count('error event')} error events, "
+              f"{states.count('connection closed')} connections closed")
+        assert states.count("done") < SUPERVISOR_REQUESTS  # NOTE: the kill landed mid-run
+        deadline = time.monotonic() + ORPHAN_DEADLINE_S
+        while alive(started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert alive(started) == [], f"orphans of corun serve still running: {alive(started)}"
+        check_port_free("127.0.0.1", port)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        for pid in alive(started):  # NOTE: whatever this test left running, it ends
+            os.kill(pid, signal.SIGKILL)

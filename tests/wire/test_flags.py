@@ -47,7 +47,7 @@ ENGINES = [EngineConfig(model="m", dtype="bfloat16", device="cuda:1", seed=7, ma
            for scheduler in (PACKED, BUCKETED)]
 NODES = [NodeConfig(role="decode", node_id="decode-3", engine=engine, host="0.0.0.0", port=7001,
                     advertise_host="10.0.0.2", cluster_key_file="/keys/cluster.key", kv_lease_seconds=2.5,
-                    transfer=TRANSFER) for engine in ENGINES]
+                    transfer=TRANSFER, supervisor_pid=4321) for engine in ENGINES]
 ROUTERS = [RouterConfig(model="m", prefill_addresses=("tcp://p:1", "tcp://p:2"), decode_addresses=("tcp://d:1",),
                         colocated_addresses=("tcp://c:1",), base_seed=7, cluster_key_file="/keys/cluster.key",
                         reuse_port=True, control_port=9001, metrics_dir="/tmp/metrics", instance_name="r1",
@@ -55,7 +55,7 @@ ROUTERS = [RouterConfig(model="m", prefill_addresses=("tcp://p:1", "tcp://p:2"),
                         request_timeout_s=1.5, strict_fields=True, api_key="secret-key", enable_node_pinning=True,
                         max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5, parse_timeout_s=4.5,
                         client_api_keys_file="/keys/clients", max_client_requests=6, max_client_decode_slots=7,
-                        max_client_queued_requests=8)]
+                        max_client_queued_requests=8, supervisor_pid=1234)]
 
 
 def assert_every_field_set(config_class: type, configs: list, unset: tuple[str, ...] = ()) -> None:
@@ -114,7 +114,7 @@ def test_router_flags_keep_their_spellings():
             "--cluster-key-file", "--max-request-bytes", "--header-timeout-s", "--body-timeout-s", "--reuse-port",
             "--control-port", "--instance-name", "--base-seed", "--request-timeout-s", "--parse-timeout-s",
             "--client-api-keys-file", "--max-client-requests", "--max-client-decode-slots",
-            "--max-client-queued-requests"} == options
+            "--max-client-queued-requests", "--supervisor-pid"} == options
     argv = config_argv(ROUTERS[0])
     assert "secret-key" not in argv and "/tmp/metrics" not in argv  # NOTE: they travel in the environment
     assert config_environment(ROUTERS[0]) == {"VLLM_API_KEY": "secret-key", "PROMETHEUS_MULTIPROC_DIR": "/tmp/metrics"}
