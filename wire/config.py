@@ -75,7 +75,8 @@ class SchedulerConfig:
     never sampled), so its shape is still a function of the prompt alone; on CUDA each bucket is one captured
     CUDA graph, which removes the per-kernel launch cost of short prefills. Longer chunks and a long prompt's
     later chunks run at their natural length. () = natural length always (the paper). auto: DEFAULT_PREFILL_BUCKETS
-    (up to the chunk size) on CUDA with graphs, () elsewhere (see resolve_shape_defaults)."""
+    (up to the chunk size) on CUDA with graphs when packed prefill is off (prefill_pack_tokens 0), () elsewhere
+    (see resolve_shape_defaults)."""
     prefill_pack_tokens: int | None = None
     """corun packed prefill when > 0: a prefill forward holds up to this many token rows (T), filled with whole
     prefill chunks (cut at multiples of prefill_chunk_size: positions that depend on the prompt alone) of up to
