@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import signal
 import sys
 
@@ -34,6 +35,7 @@ def engine_fingerprint(config: EngineConfig, model_digest: str) -> str:
     # NOTE: the CPU thread count changes GEMM reductions (measured: logprobs of 7 of 32 prompts moved between 1
     # and 2 threads), so the effective count is part of what determines outputs.
     engine["num_threads"] = torch.get_num_threads()
+    engine["mkl_cbwr"] = os.environ.get("MKL_CBWR")  # NOTE: MKL's reproducibility mode picks its CPU kernels too
     facts = {"model_digest": model_digest, "engine": engine, "torch": torch.__version__,
              "protocol": protocol.PROTOCOL_VERSION, "gpu": None}
     if config.backend == "vllm":  # NOTE: vLLM's version and every setting made for it (its kernels, its shapes)

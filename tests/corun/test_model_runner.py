@@ -114,6 +114,7 @@ def test_decode_row_is_bitwise_position_invariant(runner, blocks, path):
             f"max |diff| {(logits - reference).abs().max().item()}"
 
 
+@pytest.mark.mkl_default_mode
 @pytest.mark.parametrize("path", PATHS)
 def test_inverse_a_step_of_k_rows_differs_from_the_n_row_step(runner, blocks, path):
     """Why the step is padded to N: the same request in a step of only its own row (k = 1) gets other bits on

@@ -88,4 +88,4 @@ def test_pack_sizes_are_in_the_fingerprint_and_checked(tiny_model_dir):
         with pytest.raises(ValueError, match="prefill_pack_sizes"):
             SchedulerConfig(prefill_pack_tokens=96, prefill_chunk_size=32, prefill_pack_sizes=bad)
     with pytest.raises(ValueError, match="prefill_pack_sizes"):
-        SchedulerConfig(prefill_pack_sizes=(64,))  # NOTE: sizes without packed prefill
+        SchedulerConfig(prefill_pack_tokens=0, prefill_pack_sizes=(64,))  # NOTE: sizes without packed prefill

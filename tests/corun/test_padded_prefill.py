@@ -88,7 +88,8 @@ def pack_logits(runner: ModelRunner, prompts: list[list[int]], num_rows: int | N
 PROMPTS = [[5], [9, 2, 33], list(range(40, 60)), [8, 8]]
 
 
-@pytest.mark.parametrize("num_rows", [96, None], ids=["fixed-T", "inverse-natural-count"])
+@pytest.mark.parametrize("num_rows", [96, pytest.param(None, marks=pytest.mark.mkl_default_mode)],
+                         ids=["fixed-T", "inverse-natural-count"])
 def test_a_prompts_logits_do_not_depend_on_its_pack_at_fixed_rows(pack_runner, num_rows):
     alone = [pack_logits(pack_runner, [p], num_rows)[0] for p in PROMPTS]
     packed = pack_logits(pack_runner, PROMPTS, num_rows)
