@@ -14,8 +14,7 @@ every decode node has read the KV it leased.
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 from aiohttp import web
 
 from router.api.errors import RequestError, bad_request, error_body
@@ -42,7 +41,7 @@ def node_entry(node: NodeClient) -> dict:
             "node_id": status.pong.node_id if status.pong else None, "healthy": status.healthy,
             "draining": node.draining, "drained": node.is_drained(), "outstanding_work": node.outstanding_work,
             "open_requests": node.num_open_requests, "stats": status.pong.stats if status.pong else {},
-            "capacity": None if node.capacity is None else dataclasses.asdict(node.capacity)}
+            "capacity": None if node.capacity is None else msgspec.structs.asdict(node.capacity)}
 
 
 async def list_nodes(request: web.Request) -> web.Response:
