@@ -3,7 +3,9 @@
 Torch-free: the router imports this. A message is a frozen msgspec Struct, one of the tagged union MESSAGE_TYPES;
 on the wire it is the msgpack map {"type": class name, **fields, "v": PROTOCOL_VERSION}. msgspec checks every field
 (nested parts, ids, ranges) as it decodes, and unknown fields are refused; __post_init__ holds the rules between
-fields. A message of another version is refused as such, whatever else is wrong with it; anything malformed is a
+fields. NOTE: SamplingParams and TokenLogprobs stay dataclasses (their users' types): msgspec checks their fields
+and runs their __post_init__, but skips a key they do not have (it has no forbid_unknown_fields for dataclasses).
+A message of another version is refused as such, whatever else is wrong with it; anything malformed is a
 ProtocolError, never another exception.
 
 Version history:
