@@ -337,7 +337,8 @@ def decode(data: bytes) -> Message:
     except Exception as error:  # NOTE: any byte may be anything: a refused message, never a crash
         raise _refusal(data, error) from error
     # NOTE: v has a default (messages are built without it), so a map that lacks it decodes too: encode() writes it
-    # last, which the tail shows at no cost; a map in another key order is read again for it
+    # last, which the tail shows at no cost; a map in another key order is read again for it. (A crafted map whose
+    # last string ends in those bytes passes without v: v tells versions apart, it guards nothing.)
     version = message.v if data.endswith(_VERSION_ENTRY) else _ENVELOPE_DECODER.decode(data).v
     if version != PROTOCOL_VERSION:
         raise _version_refusal(version)
