@@ -33,8 +33,6 @@ import zmq
 
 from benchmarks.fake_output import TOKEN_PERIOD, output_token_id
 from wire.protocol import (
-    PROTOCOL_VERSION,
-    STEP_TOKENS_HEAD,
     Abort,
     DecodeRequest,
     ErrorReply,
@@ -208,33 +206,26 @@ class RunningSample:
 
 
 def token_event_parts(request_id: str, index: int) -> tuple[bytes, bytes, bytes]:
-    """(head, tail, last tail) such that head + packb(token id) + tail is wire.protocol.encode of
-    TokenEvent(request_id, [token id], None, None, index=index) (last tail: finish_reason "length")."""
+    """(head, tail, last tail) such that head + packb(token id) + tail is the wire.protocol encoding of
+    TokenEvent(request_id, [token id], None, None, index=index) inside a StepTokens (last tail: finish_reason
+    "length")."""
     pack = msgpack.packb
-    head = (b"\x88" + pack("v") + pack(PROTOCOL_VERSION) + pack("type") + pack("TokenEvent")
-            + pack("request_id") + pack(request_id) + pack("token_ids") + b"\x91")
+    head = b"\x86" + pack("request_id") + pack(request_id) + pack("token_ids") + b"\x91"
     before_finish = pack("logprobs") + pack(None) + pack("finish_reason")
     after_finish = pack("prompt_logprobs") + pack(None) + pack("index") + pack(index)
     return head, before_finish + pack(None) + after_finish, before_finish + pack("length") + after_finish
 
 
+STEP_TOKENS_HEAD, STEP_TOKENS_TAIL = encode(StepTokens([])).split(b"\x90")
+"""The bytes of a StepTokens message before and after its events' array (its type, then its version)."""
+
+
 def step_tokens_bytes(events: list[bytes]) -> bytes:
-    """wire.protocol.encode of StepTokens from the events' own bytes (token_event_parts, with the TokenEvent's
-    envelope swapped for an event map's header)."""
+    """wire.protocol.encode of StepTokens from the events' own bytes (token_event_parts)."""
     n = len(events)
     header = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16
                                                 else b"\xdd" + n.to_bytes(4, "big"))
-    return STEP_TOKENS_HEAD + header + b"".join(events)
-
-
-EVENT_ENVELOPE = msgpack.packb({"v": PROTOCOL_VERSION, "type": "TokenEvent"})[1:]
-"""A TokenEvent message's v and type entries: what an event inside StepTokens lacks."""
-
-
-def as_step_event(head: bytes) -> bytes:
-    """A TokenEvent message's head -> the same event's head inside StepTokens (a 6-entry map, no v or type)."""
-    assert head[0] == 0x88 and head[1:].startswith(EVENT_ENVELOPE)
-    return b"\x86" + head[1 + len(EVENT_ENVELOPE):]
+    return STEP_TOKENS_HEAD + header + b"".join(events) + STEP_TOKENS_TAIL
 
 
 def check_token_event_parts() -> None:
@@ -242,13 +233,10 @@ def check_token_event_parts() -> None:
     here, instead of feeding the router messages it refuses."""
     head, tail, last_tail = token_event_parts("request-x", 3)
     for finish_reason, ending in ((None, tail), ("length", last_tail)):
-        expected = encode(TokenEvent("request-x", [output_token_id(5)], None, finish_reason, index=3))
-        if head + PACKED_TOKENS[5] + ending != expected:
-            raise RuntimeError("wire.protocol's TokenEvent changed: update token_event_parts in "
-                               "benchmarks/fake_nodes.py")
-    events = [TokenEvent("request-x", [output_token_id(5)], None, None, index=3)] * 20
-    if step_tokens_bytes([as_step_event(head) + PACKED_TOKENS[5] + tail] * 20) != encode(StepTokens(events)):
-        raise RuntimeError("wire.protocol's StepTokens changed: update step_tokens_bytes in benchmarks/fake_nodes.py")
+        events = [TokenEvent("request-x", [output_token_id(5)], None, finish_reason, index=3)] * 20
+        if step_tokens_bytes([head + PACKED_TOKENS[5] + ending] * 20) != encode(StepTokens(events)):
+            raise RuntimeError("wire.protocol's StepTokens changed: update token_event_parts and step_tokens_bytes "
+                               "in benchmarks/fake_nodes.py")
 
 
 class FakeDecode(FakeNode):
@@ -270,10 +258,10 @@ class FakeDecode(FakeNode):
             self.window.requests += 1
             for first in message.first_tokens:
                 head, tail, last_tail = token_event_parts(message.request_id, first.index)
-                sample = RunningSample(identity, as_step_event(head), tail, last_tail, 0, message.params.max_tokens)
+                sample = RunningSample(identity, head, tail, last_tail, 0, message.params.max_tokens)
                 # NOTE: as the real node once its KV read is done: the prefill's token goes out at once, then one
                 # token per step.
-                self.send(identity, head + msgpack.packb(first.token_id) + self.ending(sample))  # NOTE: a TokenEvent
+                self.send(identity, step_tokens_bytes([head + msgpack.packb(first.token_id) + self.ending(sample)]))
                 sample.position = 1
                 if sample.position < sample.max_tokens:
                     self.running[(message.request_id, first.index)] = sample

@@ -358,7 +358,8 @@ class DecodeServer(NodeServer):
 
     # --- endings ------------------------------------------------------------------------------------------------
     def send_tokens(self, job: DecodeJob, index: int, token_ids, logprobs, finish_reason) -> None:
-        self.sockets.reply(job.router, token_event(job, index, token_ids, logprobs, finish_reason))
+        event = token_event(job, index, token_ids, logprobs, finish_reason)
+        self.sockets.reply(job.router, protocol.StepTokens([event]))
 
     def finish(self, sample: RunningSample) -> None:
         self.running.remove(sample)

@@ -10,7 +10,7 @@ Lifecycle of a request (queues; the leases are the KV transport's sender, self.t
       (blocks kept until a deadline)
   leased --ClaimKV from a decode node--> claimed (a new deadline, kv_lease_seconds on: decode nodes end their READ
       within half of it, so a lease that outlives it has a dead or lost claimer)
-  claimed --the transport's done notification (protocol.kv_done_notification(id)) from the reading decode node-->
+  claimed --the transport's done notification (protocol.KVReadDone) from the reading decode node-->
       freed (kv_released += 1)
   claimed --ReleaseKV from the claimer (its READ failed, timed out or was aborted)--> freed (num_released_unread += 1)
   leased or claimed --deadline passes--> freed (lease_expiries += 1); a later claim is refused, the router re-prefills

@@ -5,8 +5,9 @@ each: a block-major tensor, or one per layer).
 Once per peer (after the zmq handshake): load the peer's agent metadata; probe_read() times one READ, so a path
 UCX emulates (VRAM through host memory) is seen before any request depends on it.
 Per request: one READ whose descriptors are runs of adjacent blocks (a run is adjacent on both sides: one
-descriptor per segment however many blocks it holds), posted with a notification; the caller polls it between
-model steps, and the peer gets the notification (keyed by this agent's name) once the bytes are read.
+descriptor per segment however many blocks it holds), posted with a notification (opaque bytes here: the senders
+post wire.protocol.KVReadDone); the caller polls it between model steps, and the peer gets the notification (keyed
+by this agent's name) once the bytes are read.
 
 NOTE: on CPU KV there is no NIXL progress thread by default (on a 2-core host it cost ~3x bandwidth): work only
 advances inside this object's calls, so a node must keep calling poll() / new_notifications() in its loop,

@@ -2,22 +2,20 @@
 
 The handshake payload is the agent's: its metadata (NIXL's agent metadata; the fake's name), its KV segments'
 addresses and block layout, memory type and device, and the UCX settings it was made with (for the decode node's
-log), as one msgpack map, every field type-checked on arrival. A READ is posted with
-wire.protocol.kv_done_notification(request id), which the agent delivers to the holder's agent once the bytes are
-read; the holder's sender ends the lease on it. At the handshake the receiver times one probe READ and refuses a
-VRAM peer whose path UCX emulates through host memory.
+log), as one msgpack map (a msgspec Struct: every field checked as it is decoded). A READ is posted with
+wire.protocol.kv_done_notification(request id) (a KVReadDone message), which the agent delivers to the holder's
+agent once the bytes are read; the holder's sender ends the lease on it. At the handshake the receiver times one
+probe READ and refuses a VRAM peer whose path UCX emulates through host memory.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
-import msgpack
+import msgspec
 
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
@@ -25,7 +23,7 @@ from transfer.leases import LeasingSender
 from transfer.reads import PROBE_BYTES, MemoryType, ReadHandle, XferState
 from transfer.transport import BlockPool, check_transport
 from wire.config import TransferConfig
-from wire.protocol import check_fields, kv_done_notification, kv_done_request_id
+from wire.protocol import kv_done_notification
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +62,7 @@ class Agent(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class AgentPayload:
+class AgentPayload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """An agent transport's HandshakeReply.transport_payload."""
 
     agent_metadata: bytes
@@ -82,14 +79,12 @@ class AgentPayload:
     """The UCX settings the prefill node's agent was made with (TransferConfig.ucx_environment()), for the log."""
 
     def encode(self) -> bytes:
-        return msgpack.packb(dataclasses.asdict(self), use_bin_type=True)
+        return msgspec.msgpack.encode(self)
 
     @classmethod
     def decode(cls, node_id: str, data: bytes) -> AgentPayload:
         try:
-            body = msgpack.unpackb(data, raw=False)
-            payload = cls(**{**body, "kv_base_addresses": tuple(body["kv_base_addresses"])})
-            check_fields(payload, "HandshakeReply.transport_payload")
+            payload = msgspec.msgpack.decode(data, type=cls)
         except Exception as error:  # NOTE: any field may be anything: a refused peer, never a crash
             raise IncompatiblePeer(f"peer {node_id} sent a malformed handshake payload: {type(error).__name__}: "
                                    f"{error}") from error
@@ -111,8 +106,7 @@ class AgentSender(LeasingSender):
                             agent.memory_type, agent.device_id, self.ucx_settings).encode()
 
     def done_request_ids(self) -> list[str]:
-        return [request_id for _peer, notification in self.agent.new_notifications()
-                if (request_id := kv_done_request_id(notification)) is not None]
+        return self.read_notifications(notification for _peer, notification in self.agent.new_notifications())
 
     def close(self) -> None:
         self.agent.close()

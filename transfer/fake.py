@@ -1,10 +1,11 @@
 """FakeKVTransferAgent: KVTransferAgent's interface and behaviour in one process, for unit tests only.
 
 Agents find each other through a module-level registry by name (the "metadata" is the name). A read stays
-"PROC" until its first poll, which copies the blocks and queues the notification at the peer, so callers are
-exercised on the asynchronous path. The "fake" KV transport (wire.config.KV_TRANSPORTS): open_sender and
-open_receiver put it behind the seam (transfer/transport.py) as transfer/endpoints.py puts NIXL's agent. Only nodes
-of one process can use it; the cluster uses NIXL (transfer.agent).
+"PROC" until its first poll, which copies the blocks and queues the notification (opaque bytes, as NIXL's: the
+senders post wire.protocol.KVReadDone) at the peer, so callers are exercised on the asynchronous path. The "fake"
+KV transport (wire.config.KV_TRANSPORTS): open_sender and open_receiver put it behind the seam
+(transfer/transport.py) as transfer/endpoints.py puts NIXL's agent. Only nodes of one process can use it; the
+cluster uses NIXL (transfer.agent).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A lease keeps a prefilled request's blocks for a decode node: lease_seconds to be claimed, then lease_seconds
 again from the claim (decode nodes end their READ within half of it, so a lease that outlives it has a dead or lost
 claimer). It ends once, in one of four ways:
-  read: the reader's done notification arrives (counters.kv_released += 1)
+  read: the reader's done notification (wire.protocol.KVReadDone) arrives (counters.kv_released += 1)
   released unread: its claimer's ReleaseKV, the READ failed, timed out or was aborted (num_released_unread += 1)
   expired: its deadline passed, claimed or not (counters.lease_expiries += 1); a later claim is refused
   aborted: the router gave the request up before any claim (not counted)
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from transfer.counters import TransferCounters
+from wire.protocol import ProtocolError, kv_done_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -97,3 +98,14 @@ class LeasingSender:
     def done_request_ids(self) -> list[str]:
         """The requests whose reader finished since the last call (the transport's done notifications)."""
         raise NotImplementedError
+
+    def read_notifications(self, notifications: Iterable[bytes]) -> list[str]:
+        """The requests the KV-done notifications (wire.protocol.KVReadDone) name; any other one (another protocol
+        version, junk) is logged and dropped: its lease ends by expiry."""
+        request_ids = []
+        for notification in notifications:
+            try:
+                request_ids.append(kv_done_request_id(notification))
+            except ProtocolError as error:
+                logger.warning("prefill %s: dropping a KV transport notification: %s", self.name, error)
+        return request_ids

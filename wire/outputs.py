@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
+
+Logprob = Annotated[float, msgspec.Meta(le=sys.float_info.max)]
+"""A float that is not NaN (nor +inf) when msgspec decodes it: NaN fails every bound; -inf passes."""
 
 
 @dataclass(frozen=True)
 class TokenLogprobs:
     token_id: int
-    logprob: float
+    logprob: Logprob
     """Log-probability of the sampled token under the model's raw distribution."""
-    top: tuple[tuple[int, float], ...] = ()
+    top: tuple[tuple[int, Logprob], ...] = ()
     """The most likely (token id, logprob) pairs, most likely first."""
 
 

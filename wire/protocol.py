@@ -1,7 +1,12 @@
 """Every message between router, prefill, decode and colocated nodes, defined once (msgpack on zmq), versioned.
 
-Torch-free: the router imports this. A message is a frozen dataclass; on the wire it is the msgpack map
-{"v": PROTOCOL_VERSION, "type": class name, **fields}. A peer speaking another version is refused.
+Torch-free: the router imports this. A message is a frozen msgspec Struct, one of the tagged union MESSAGE_TYPES;
+on the wire it is the msgpack map {"type": class name, **fields, "v": PROTOCOL_VERSION}. msgspec checks every field
+(nested parts, ids, ranges) as it decodes, and unknown fields are refused; __post_init__ holds the rules between
+fields. NOTE: SamplingParams and TokenLogprobs stay dataclasses (their users' types): msgspec checks their fields
+and runs their __post_init__, but skips a key they do not have (it has no forbid_unknown_fields for dataclasses).
+A message of another version is refused as such, whatever else is wrong with it; anything malformed is a
+ProtocolError, never another exception.
 
 Version history:
   1: first version (prefill/decode/handshake/claim/token events/ping; PrefillResult.finish_reason with kv=None
@@ -32,31 +37,29 @@ Version history:
   13: Pong.capacity (NodeCapacity: the node's decode rows and KV blocks, facts that may differ between the nodes
      of a pool, kept apart from ModelFacts and the fingerprint, which must agree): the router refuses an n no node
      can place before any prefill.
+  14: msgspec Structs, decoded and checked in C (the hand-written checker is gone); "v" is the map's last entry;
+     the request's seed travels once, as params.seed (PrefillRequest, DecodeRequest and GenerateRequest had a seed
+     field beside it, always equal); KVReadDone, the KV-done notification the transport carries (was the bytes
+     b"done:" + request id); TokenEvent is a part of StepTokens only (a decode node's first event of a
+     sample, sent alone, is a StepTokens of one); TokenLogprobs is a map {token_id, logprob, top} (was the list
+     [token_id, logprob, top]).
 
-Besides the messages, one notification that the KV transport carries: a decode node's READ of a prefill node's KV
-ends with kv_done_notification(request_id), on which the prefill node frees its copy.
+Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
+with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
 import re
-import types
-import typing
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Union
 
-import msgpack
 import msgspec
 
 from wire.outputs import TokenLogprobs
 from wire.sampling_params import SamplingParams
 from wire.seeding import SEED_BOUND
 
-PROTOCOL_VERSION = 13
-KV_DONE_PREFIX = b"done:"
+PROTOCOL_VERSION = 14
 
 
 class ProtocolError(ValueError):
@@ -72,32 +75,46 @@ def check_seed(seed) -> None:
 ZMQ_ADDRESS = re.compile(r"tcp://[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}")
 """How nodes reach each other: tcp://host:port (a host name or IPv4 address)."""
 MAX_ID_CHARS = 256
+Id = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
+"""A request, node or instance id."""
+Seconds = Annotated[float, msgspec.Meta(ge=0.0)]
+# NOTE: msgpack carries integers of int64 and uint64 only, and msgspec refuses a bool for an int; NaN fails every
+# bound (wire.outputs.Logprob), so a float with a Meta bound is never NaN.
 
 
-@dataclass(frozen=True)
-class KVHandle:
+class Part(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A nested part of messages (no tag or version of its own)."""
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag=True):
+    """One of MESSAGE_TYPES: tagged with its class name, carrying the protocol version."""
+
+    v: int = PROTOCOL_VERSION
+    """The sender's protocol version (keyword-only, so every message keeps its fields' positional order)."""
+
+
+class KVHandle(Part):
     """Where a prefilled request's KV lives: enough for a decode node to claim and pull it."""
 
-    node_id: str
+    node_id: Id
     """The prefill node's id, also its NIXL agent name."""
     address: str
     """The prefill node's zmq control address (handshake and claims)."""
     block_ids: tuple[int, ...]
     num_tokens: int
     compat_hash: str
-    instance_id: str = ""
+    instance_id: Id = ""
     """The prefill process that holds it: a node restarted on the same address is another instance, and
     whatever a decode node knew of the old one (its NIXL metadata) must not be used for it."""
 
     def __post_init__(self):
-        if not ZMQ_ADDRESS.fullmatch(str(self.address)):
-            raise ValueError(f"KV handle address {str(self.address)[:80]!r} is not tcp://host:port")
+        if not ZMQ_ADDRESS.fullmatch(self.address):
+            raise ValueError(f"KV handle address {self.address[:80]!r} is not tcp://host:port")
         if self.num_tokens < 1 or not self.block_ids or any(b < 0 for b in self.block_ids):
             raise ValueError("KV handle needs num_tokens >= 1 and block ids >= 0")
 
 
-@dataclass(frozen=True)
-class FirstToken:
+class FirstToken(Part):
     """Token 1 of one sample of a prompt, sampled by the prefill node with seed sample_seed(seed, index)."""
 
     index: int
@@ -108,69 +125,57 @@ class FirstToken:
     """Set when this token already ends the sample (a stop token, or max_tokens == 1)."""
 
 
-# --- router -> prefill -> router -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PrefillRequest:
-    request_id: str
+class SeededRequest(Message):
+    """A prompt and its sampling parameters, whose seed the router has fixed (the request's seed travels once, as
+    params.seed): sample i samples with wire.seeding.sample_seed(params.seed, i)."""
+
+    request_id: Id
     prompt_token_ids: list[int]
     params: SamplingParams
-    seed: int
-    """The request's seed; sample i samples with wire.seeding.sample_seed(seed, i)."""
 
     def __post_init__(self):
-        check_seed(self.seed)
+        check_seed(self.params.seed)
+
+    @property
+    def seed(self) -> int:
+        return self.params.seed
 
 
-@dataclass(frozen=True)
-class PrefillResult:
-    request_id: str
+# --- router -> prefill -> router -----------------------------------------------------------------------------
+class PrefillRequest(SeededRequest):
+    pass
+
+
+class PrefillResult(Message):
+    request_id: Id
     first_tokens: list[FirstToken]
     """One per sample, in index order."""
     kv: KVHandle | None
     """None when every sample already finished with its first token (then no decode is needed)."""
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     """params.prompt_logprobs set: one per prompt token (the first None), from this node's isolated prefill."""
-    queue_seconds: float = 0.0
+    queue_seconds: Seconds = 0.0
     """How long the request waited in this node's queue before its first chunk ran (vLLM's queue time)."""
 
 
 # --- router -> decode -> router ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DecodeRequest:
+class DecodeRequest(SeededRequest):
     """The prompt's KV is read once; every sample listed decodes from its own copy of it."""
 
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seed: int
     first_tokens: list[FirstToken]
     """The samples to decode (those their first token did not finish), with their first tokens."""
     kv: KVHandle
 
-    def __post_init__(self):
-        check_seed(self.seed)
-
 
 # --- router -> colocated -> router ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GenerateRequest:
+class GenerateRequest(SeededRequest):
     """A whole request to a colocated node: it prefills the prompt and decodes every sample itself."""
 
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seed: int
-    """The request's seed; sample i samples with wire.seeding.sample_seed(seed, i)."""
 
-    def __post_init__(self):
-        check_seed(self.seed)
-
-
-@dataclass(frozen=True)
-class TokenEvent:
+class TokenEvent(Part):
     """New tokens of one request from one decode step (the first event also carries the prefill's token)."""
 
-    request_id: str
+    request_id: Id
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None
     finish_reason: str | None = None
@@ -181,36 +186,31 @@ class TokenEvent:
     """The sample (of params.n) these tokens belong to."""
 
 
-@dataclass(frozen=True)
-class StepTokens:
+class StepTokens(Message):
     """decode -> router: the TokenEvents of one decode step for the requests one router sent, in one message, so
     the router decodes, and its receive loop wakes, once per step rather than once per request."""
 
     events: list[TokenEvent]
 
 
-@dataclass(frozen=True)
-class ErrorReply:
-    request_id: str
+class ErrorReply(Message):
+    request_id: Id
     status: int
     """HTTP-like: 400 bad request, 503 no capacity or peer unusable, 500 internal."""
     message: str
 
 
-@dataclass(frozen=True)
-class Abort:
-    request_id: str
+class Abort(Message):
+    request_id: Id
     index: int | None = None
     """One sample (a stop string ended it); None: every sample of the request."""
 
 
-@dataclass(frozen=True)
-class Ping:
+class Ping(Message):
     nonce: int
 
 
-@dataclass(frozen=True)
-class ModelFacts:
+class ModelFacts(Part):
     """What the router validates requests against, learnt from the nodes (every node of a pool must agree)."""
 
     max_model_len: int
@@ -219,8 +219,7 @@ class ModelFacts:
     max_logprobs: int
 
 
-@dataclass(frozen=True)
-class NodeCapacity:
+class NodeCapacity(Part):
     """What one node can hold at once: facts of that node alone (nodes of a pool may differ), which the router
     places requests by; never part of what the pool must agree on."""
 
@@ -232,33 +231,30 @@ class NodeCapacity:
     """Tokens per KV block."""
 
 
-@dataclass(frozen=True)
-class Pong:
+class Pong(Message):
     nonce: int
-    node_id: str
+    node_id: Id
     role: str
     fingerprint: str
     """Hash of everything on this node that determines outputs (model digest, engine config, versions)."""
     model_facts: ModelFacts
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = msgspec.field(default_factory=dict)
     counters: tuple[str, ...] = ()
     """Which stats only ever grow (exported as Prometheus counters; the others are gauges)."""
-    instance_id: str = ""
+    instance_id: Id = ""
     """This node process (random at start): a change means the node restarted and forgot what it held."""
     capacity: NodeCapacity | None = None
     """What this node can hold (None: not told, e.g. an older fake): the router places n samples by it."""
 
 
 # --- decode -> prefill ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class HandshakeRequest:
-    node_id: str
+class HandshakeRequest(Message):
+    node_id: Id
     compat: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class HandshakeReply:
-    node_id: str
+class HandshakeReply(Message):
+    node_id: Id
     compat: dict[str, Any]
     compat_hash: str
     transport: str
@@ -268,278 +264,124 @@ class HandshakeReply:
     """That transport's own handshake fields, in its own encoding: what its sender's handshake_payload() gives and its
     receiver's add_peer() reads and checks (NIXL's: agent metadata, KV segment addresses, block layout, memory
     type, device, UCX settings; transfer/endpoints.py)."""
-    instance_id: str = ""
+    instance_id: Id = ""
     """The prefill process: KV handles naming another instance are not its (it restarted)."""
-    lease_seconds: float = 60.0
+    lease_seconds: Annotated[float, msgspec.Meta(gt=0.0)] = 60.0
     """How long the prefill node keeps a lease, claimed or not: a READ must end well within it."""
 
 
-@dataclass(frozen=True)
-class HandshakeRefused:
+class HandshakeRefused(Message):
     """prefill -> decode: the handshake is refused (the KV compatibility facts disagree)."""
 
-    node_id: str
+    node_id: Id
     """The refusing prefill node."""
     reason: str
 
 
-@dataclass(frozen=True)
-class ClaimKV:
+class ClaimKV(Message):
     """Decode asks to pull a request's KV; the prefill node pins the lease so it cannot expire mid-transfer."""
 
-    request_id: str
+    request_id: Id
 
 
-@dataclass(frozen=True)
-class ReleaseKV:
+class ReleaseKV(Message):
     """decode -> prefill: this node will not read (or finish reading) the lease: free it now."""
 
-    request_id: str
+    request_id: Id
     reason: str = ""
 
 
-@dataclass(frozen=True)
-class ClaimReply:
-    request_id: str
+class ClaimReply(Message):
+    request_id: Id
     ok: bool
     block_ids: tuple[int, ...] = ()
     reason: str = ""
 
 
-MESSAGE_TYPES = {cls.__name__: cls for cls in (
-    PrefillRequest, PrefillResult, DecodeRequest, GenerateRequest, TokenEvent, StepTokens, ErrorReply, Abort, Ping,
-    Pong, HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply, ReleaseKV)}
+# --- decode -> prefill, by the KV transport ------------------------------------------------------------------
+class KVReadDone(Message):
+    """The notification a decode node's READ of a request's KV ends with, delivered by the KV transport (not zmq)
+    once the bytes are read: the prefill node may free its copy."""
+
+    request_id: Id
 
 
-def encode(message) -> bytes:
-    if type(message) is StepTokens:
-        return _STEP_TOKENS_ENCODER.encode(_step_tokens_wire(message))
-    body = {f.name: _to_wire(getattr(message, f.name)) for f in dataclasses.fields(message)}
-    return msgpack.packb({"v": PROTOCOL_VERSION, "type": type(message).__name__, **body}, use_bin_type=True)
+MESSAGE_TYPES: dict[str, type[Message]] = {cls.__name__: cls for cls in (
+    PrefillRequest, PrefillResult, DecodeRequest, GenerateRequest, StepTokens, ErrorReply, Abort, Ping, Pong,
+    HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply, ReleaseKV, KVReadDone)}
 
 
-def decode(data: bytes):
-    if data.startswith(STEP_TOKENS_HEAD):
-        return _decode_step_tokens(data)
+class _Envelope(msgspec.Struct):
+    """What any map claiming to be a message names (every other entry skipped): for the reason it is refused."""
+
+    v: Any = None
+    type: Any = None
+    request_id: Any = None
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Union[tuple(MESSAGE_TYPES.values())])  # noqa: UP007 (a Union of a tuple)
+_ENVELOPE_DECODER = msgspec.msgpack.Decoder(_Envelope)
+_VERSION_ENTRY = _ENCODER.encode({"v": PROTOCOL_VERSION})[1:]
+"""The last entry of every map encode() writes."""
+
+
+def encode(message: Message) -> bytes:
+    return _ENCODER.encode(message)
+
+
+def decode(data: bytes) -> Message:
+    """The message data holds, every field checked; ProtocolError for anything else."""
     try:
-        body = msgpack.unpackb(data, raw=False)
-        version, type_name = body.pop("v"), body.pop("type")
-    except Exception as error:
-        raise ProtocolError(f"undecodable message: {error}") from error
-    if type(version) is not int or version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {str(version)[:20]} received, this node speaks {PROTOCOL_VERSION}")
-    if not isinstance(type_name, str) or type_name not in MESSAGE_TYPES:
-        raise ProtocolError(f"unknown message type {str(type_name)[:40]!r}")
-    try:
-        message_type = MESSAGE_TYPES[type_name]
-        message = _from_body(message_type, body)
-    except Exception as error:  # NOTE: any field may be anything: a bad one is a refused message, never a crash
-        raise ProtocolError(f"malformed {type_name}: {type(error).__name__}: {error}") from error
-    check_fields(message, type_name)
+        message = _DECODER.decode(data)
+    except Exception as error:  # NOTE: any byte may be anything: a refused message, never a crash
+        raise _refusal(data, error) from error
+    # NOTE: v has a default (messages are built without it), so a map that lacks it decodes too: encode() writes it
+    # last, which the tail shows at no cost; a map in another key order is read again for it. (A crafted map whose
+    # last string ends in those bytes passes without v: v tells versions apart, it guards nothing.)
+    version = message.v if data.endswith(_VERSION_ENTRY) else _ENVELOPE_DECODER.decode(data).v
+    if version != PROTOCOL_VERSION:
+        raise _version_refusal(version)
     return message
+
+
+def _refusal(data: bytes, error: Exception) -> ProtocolError:
+    """Why data is not a message of ours, in this order: not a map, another version, an unknown type, a bad field."""
+    try:
+        envelope = _ENVELOPE_DECODER.decode(data)
+    except Exception as envelope_error:
+        return ProtocolError(f"undecodable message: {envelope_error}")
+    if type(envelope.v) is not int or envelope.v != PROTOCOL_VERSION:
+        return _version_refusal(envelope.v)
+    type_name = envelope.type
+    if not isinstance(type_name, str) or type_name not in MESSAGE_TYPES:
+        return ProtocolError(f"unknown message type {str(type_name)[:40]!r}")
+    # NOTE: msgspec names the field as `$.path`: `<type>.path` reads as the message's own
+    return ProtocolError(f"malformed {type_name}: {str(error).replace('`$', f'`{type_name}')}")
+
+
+def _version_refusal(version) -> ProtocolError:
+    return ProtocolError(f"protocol version {str(version)[:20]} received, this node speaks {PROTOCOL_VERSION}")
 
 
 def request_id_of(data: bytes) -> str:
     """The request id a (possibly malformed) message names, if any: what an error reply to it can name."""
     try:
-        request_id = msgpack.unpackb(data, raw=False).get("request_id", "")
+        request_id = _ENVELOPE_DECODER.decode(data).request_id
     except Exception:
         return ""
     return request_id if isinstance(request_id, str) and len(request_id) <= MAX_ID_CHARS else ""
 
 
-INT_MIN, INT_END = -(2**63), 2**64
-"""What msgpack carries as an integer (int64 and uint64)."""
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def check_fields(value, path: str) -> None:
-    """Every field of a decoded dataclass (nested ones too) has its annotated type; else ProtocolError."""
-    for name, hint in _hints(type(value)).items():
-        _check_type(getattr(value, name), hint, f"{path}.{name}")
-
-
-def _check_type(value, hint, path: str) -> None:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return
-    if origin in (typing.Union, types.UnionType):
-        errors = []
-        for option in args:
-            try:
-                return _check_type(value, option, path)
-            except ProtocolError as error:
-                errors.append(str(error))
-        raise ProtocolError(errors[0])
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ProtocolError(f"{path} must be a list, got {type(value).__name__}")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(value) != len(args):
-                raise ProtocolError(f"{path} must have {len(args)} items")
-            for i, (item, item_hint) in enumerate(zip(value, args, strict=True)):
-                _check_type(item, item_hint, f"{path}[{i}]")
-            return
-        if args[0] is int and all(type(item) is int and INT_MIN <= item < INT_END for item in value):
-            return  # NOTE: token ids: thousands per request, checked in one pass; the loop below names a bad one
-        for i, item in enumerate(value):
-            _check_type(item, args[0], f"{path}[{i}]")
-        return
-    if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ProtocolError(f"{path} must be a map with string keys")
-        return
-    _check_plain(value, hint, path)
-
-
-def _check_plain(value, hint, path: str) -> None:
-    if hint is type(None):
-        ok = value is None
-    elif hint is bool:
-        ok = isinstance(value, bool)
-    elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value < INT_END
-    elif hint is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
-    elif hint is str:
-        ok = isinstance(value, str) and (len(value) <= MAX_ID_CHARS or not path.endswith(("_id", ".address")))
-    elif dataclasses.is_dataclass(hint):
-        ok = isinstance(value, hint)
-        if ok:
-            check_fields(value, path)
-    else:
-        ok = isinstance(value, hint)
-    if not ok:
-        raise ProtocolError(f"{path} must be {getattr(hint, '__name__', hint)}, got {str(value)[:40]!r}")
-
-
-def _to_wire(value):
-    if isinstance(value, TokenLogprobs):
-        return [value.token_id, value.logprob, [list(t) for t in value.top]]
-    if dataclasses.is_dataclass(value):
-        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, list | tuple):
-        if all(type(v) is int for v in value):  # NOTE: token ids and block ids: thousands per message, as they are
-            return list(value)
-        return [_to_wire(v) for v in value]
-    return value
-
-
-def _token_logprobs(wire) -> TokenLogprobs | None:
-    if wire is None:
-        return None
-    token_id, logprob, top = wire
-    return TokenLogprobs(token_id, logprob, tuple((int(t), float(lp)) for t, lp in top))
-
-
-def _kv_handle(wire) -> KVHandle:
-    return KVHandle(**{**wire, "block_ids": tuple(wire["block_ids"])})
-
-
-def _params(wire) -> SamplingParams:
-    return SamplingParams(**wire)
-
-
-def _first_tokens(items) -> list[FirstToken]:
-    return [FirstToken(item["index"], item["token_id"], _token_logprobs(item["logprobs"]), item["finish_reason"])
-            for item in items]
-
-
-_FIELD_DECODERS: dict[type, dict[str, Any]] = {
-    PrefillRequest: {"params": _params},
-    PrefillResult: {"first_tokens": _first_tokens, "kv": _kv_handle,
-                    "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
-    DecodeRequest: {"params": _params, "first_tokens": _first_tokens, "kv": _kv_handle},
-    GenerateRequest: {"params": _params},
-    TokenEvent: {"logprobs": lambda items: [_token_logprobs(i) for i in items],
-                 "prompt_logprobs": lambda items: [_token_logprobs(i) for i in items]},
-    StepTokens: {"events": lambda items: [_from_body(TokenEvent, item) for item in items]},
-    ClaimReply: {"block_ids": tuple},
-    Pong: {"model_facts": lambda wire: ModelFacts(**wire), "counters": tuple,
-           "capacity": lambda wire: NodeCapacity(**wire)},
-}
-"""Per message type, the fields whose wire form (msgpack maps and lists) is not their Python form."""
-
-
-def _from_wire(message_type: type, name: str, value):
-    decoder = _FIELD_DECODERS.get(message_type, {}).get(name)
-    return value if decoder is None or value is None else decoder(value)
-
-
-def _from_body(message_type: type, body):
-    if not isinstance(body, dict):
-        raise TypeError(f"{message_type.__name__} must be a map")
-    return message_type(**{name: _from_wire(message_type, name, value) for name, value in body.items()})
-
-
-# --- StepTokens in C: the one message sent every decode step (hundreds of events each) -------------------------
-# NOTE: the same wire form as encode()'s generic one (a map {"v", "type", "events": [TokenEvent maps]}, keys in
-# that order), so either side may use either path; msgspec checks every field's type as it decodes, as
-# check_fields does for the other messages (tests/corun/test_protocol.py holds the two paths to one answer).
-_WireLogprobs = tuple[int, float, list[tuple[int, float]]]
-
-
-class _TokenEventWire(msgspec.Struct, forbid_unknown_fields=True):
-    request_id: typing.Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
-    token_ids: list[int]
-    logprobs: list[_WireLogprobs] | None
-    finish_reason: str | None = None
-    prompt_logprobs: list[_WireLogprobs | None] | None = None
-    index: int = 0
-
-
-class _StepTokensWire(msgspec.Struct, forbid_unknown_fields=True):
-    v: int
-    type: str
-    events: list[_TokenEventWire]
-
-
-_STEP_TOKENS_ENCODER = msgspec.msgpack.Encoder()
-_STEP_TOKENS_DECODER = msgspec.msgpack.Decoder(_StepTokensWire)
-STEP_TOKENS_HEAD = msgpack.packb({"v": PROTOCOL_VERSION, "type": "StepTokens", "events": []})[:-1]
-"""The bytes a StepTokens message of this version starts with (the map header, v, type and the events key)."""
-
-
-def _step_tokens_wire(message: StepTokens) -> _StepTokensWire:
-    def wire(logprobs):
-        return None if logprobs is None else [_to_wire(lp) for lp in logprobs]
-
-    return _StepTokensWire(PROTOCOL_VERSION, "StepTokens", [
-        _TokenEventWire(e.request_id, e.token_ids, wire(e.logprobs), e.finish_reason, wire(e.prompt_logprobs), e.index)
-        for e in message.events])
-
-
-def _logprobs_list(items) -> list[TokenLogprobs | None] | None:
-    return None if items is None else [_token_logprobs(item) for item in items]
-
-
-def _decode_step_tokens(data: bytes) -> StepTokens:
-    try:
-        wire = _STEP_TOKENS_DECODER.decode(data)
-    except msgspec.MsgspecError as error:
-        raise ProtocolError(f"malformed StepTokens: {error}") from error
-    events = []
-    for e in wire.events:
-        event = TokenEvent(e.request_id, e.token_ids, _logprobs_list(e.logprobs), e.finish_reason,
-                           _logprobs_list(e.prompt_logprobs), e.index)
-        if e.logprobs is not None or e.prompt_logprobs is not None:  # NOTE: rare; msgspec lets NaN floats through
-            check_fields(event, "StepTokens.events")
-        events.append(event)
-    return StepTokens(events)
-
-
 def kv_done_notification(request_id: str) -> bytes:
     """The notification a decode node's READ ends with (its KV transport delivers it): the prefill node may free
     its copy."""
-    return KV_DONE_PREFIX + request_id.encode()
+    return encode(KVReadDone(request_id))
 
 
-def kv_done_request_id(notification: bytes) -> str | None:
-    """The request a KV-done notification names; None for any other notification."""
-    if not notification.startswith(KV_DONE_PREFIX):
-        return None
-    return notification[len(KV_DONE_PREFIX):].decode(errors="replace")
+def kv_done_request_id(notification: bytes) -> str:
+    """The request a KV-done notification names; ProtocolError for anything else (another version included)."""
+    message = decode(notification)
+    if type(message) is not KVReadDone:
+        raise ProtocolError(f"{type(message).__name__} is not a KV-done notification")
+    return message.request_id

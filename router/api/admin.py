@@ -17,8 +17,7 @@ every decode node has read the KV it leased.
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 from aiohttp import web
 
 from router.api.errors import RequestError, bad_request, error_body
@@ -47,7 +46,7 @@ def node_entry(node: NodeClient) -> dict:
             "draining": node.draining, "drained": node.is_drained(), "given_up": node.given_up,
             "outstanding_work": node.outstanding_work,
             "open_requests": node.num_open_requests, "stats": status.pong.stats if status.pong else {},
-            "capacity": None if node.capacity is None else dataclasses.asdict(node.capacity)}
+            "capacity": None if node.capacity is None else msgspec.structs.asdict(node.capacity)}
 
 
 async def list_nodes(request: web.Request) -> web.Response:

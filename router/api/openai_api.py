@@ -292,5 +292,5 @@ def read_stream_options(body: dict, stream: bool, strict: bool) -> tuple[bool, b
 
 
 def bind_seed(request: GenerationRequest, seed: int) -> SamplingParams:
-    """The request's sampling parameters carrying its bound seed (the nodes get it in both places)."""
+    """The request's sampling parameters carrying its bound seed (the nodes get it there, and only there)."""
     return dataclasses.replace(request.params, seed=seed)

@@ -19,6 +19,8 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable
 
+from msgspec.structs import replace
+
 from router.nodes.choice import NoNodeAvailable, NotPlaceable, Placement, RoutedRequest, UnknownNode
 from router.nodes.client import SILENT, NodeClient, ReplyQueue
 from router.nodes.pool import NodePool
@@ -61,12 +63,14 @@ async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int],
     Closing the iterator early (or cancelling its consumer) aborts the work on the nodes. Raises GenerationError.
     """
     stopped = set() if stopped is None else stopped
+    if params.seed != seed:  # NOTE: the request's seed travels once, as params.seed
+        params = dataclasses.replace(params, seed=seed)
     progress = SampleProgress()
     for attempt in range(1, MAX_ATTEMPTS + 1):
         # NOTE: a fresh id per attempt: a late reply to a failed attempt can never mix into the next one.
         attempt_id = request_id if attempt == 1 else f"{request_id}:retry{attempt - 1}"
         try:
-            attempt_events = generate_once(pool, attempt_id, prompt_token_ids, params, seed, placement,
+            attempt_events = generate_once(pool, attempt_id, prompt_token_ids, params, placement,
                                            lambda index: index in stopped or index in progress.finished,
                                            on_queue_time)
             async with contextlib.aclosing(attempt_events) as events:
@@ -74,7 +78,7 @@ async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int],
                 async for event in events:
                     event = progress.new_part(event)
                     if event is not None:
-                        yield event if attempt == 1 else dataclasses.replace(event, request_id=request_id)
+                        yield event if attempt == 1 else replace(event, request_id=request_id)
             return
         except GenerationError as error:
             if error.status not in RETRYABLE_STATUSES or attempt == MAX_ATTEMPTS:
@@ -106,7 +110,7 @@ class SampleProgress:
             return None
         if skip:
             logprobs = None if event.logprobs is None else event.logprobs[skip:]
-            event = dataclasses.replace(event, token_ids=event.token_ids[skip:], logprobs=logprobs)
+            event = replace(event, token_ids=event.token_ids[skip:], logprobs=logprobs)
         self.delivered[index] = self.delivered.get(index, 0) + len(event.token_ids)
         if event.finish_reason is not None:
             self.finished.add(index)
@@ -114,7 +118,7 @@ class SampleProgress:
 
 
 async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                        seed: int, placement: Placement,
+                        placement: Placement,
                         is_done: Callable[[int], bool] = lambda index: False,
                         on_queue_time: Callable[[float], None] = lambda seconds: None) -> AsyncIterator[TokenEvent]:
     # NOTE: the choice is given the request (its prompt, its samples), so that a policy may route on the prompt
@@ -123,13 +127,13 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
     colocated = choose(pool.choose_colocated, routed)
     if colocated is not None:
         # NOTE: the node prefills and decodes; its events are a decode node's, the prompt's logprobs included
-        request = GenerateRequest(request_id, prompt_token_ids, params, seed)
+        request = GenerateRequest(request_id, prompt_token_ids, params)
         async with contextlib.aclosing(run_decode(colocated, request, pool.request_timeout_s, is_done)) as events:
             async for event in events:
                 yield event
         return
     prefill_node = choose(pool.choose_prefill, routed)
-    prefill = await run_prefill(prefill_node, PrefillRequest(request_id, prompt_token_ids, params, seed),
+    prefill = await run_prefill(prefill_node, PrefillRequest(request_id, prompt_token_ids, params),
                                 params.n, pool.request_timeout_s)
     on_queue_time(prefill.queue_seconds)
     for first in prefill.first_tokens:
@@ -139,14 +143,14 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
             yield TokenEvent(request_id, [first.token_id], logprobs, first.finish_reason, prefill.prompt_logprobs,
                              first.index)
     if prefill.kv is not None:
-        async with contextlib.aclosing(decode_prefilled(pool, prefill_node, routed, prefill, params, seed,
-                                                        is_done)) as events:
+        decoding = decode_prefilled(pool, prefill_node, routed, prefill, params, is_done)
+        async with contextlib.aclosing(decoding) as events:
             async for event in events:
                 yield event
 
 
 async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: RoutedRequest, prefill: PrefillResult,
-                           params: SamplingParams, seed: int,
+                           params: SamplingParams,
                            is_done: Callable[[int], bool]) -> AsyncIterator[TokenEvent]:
     """The samples the prefill left to decode, on a decode node that reads the prompt's KV from prefill_node.
 
@@ -156,7 +160,7 @@ async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: Rou
     prefill node's blocks for kv_lease_seconds."""
     request_id, prompt_logprobs = routed.request_id, prefill.prompt_logprobs
     to_decode = [first for first in prefill.first_tokens if first.finish_reason is None]
-    decode_request = DecodeRequest(request_id, routed.prompt_token_ids, params, seed, to_decode, prefill.kv)
+    decode_request = DecodeRequest(request_id, routed.prompt_token_ids, params, to_decode, prefill.kv)
     with_prompt = set() if prompt_logprobs is None else {first.index for first in to_decode}
     kv_read = False
     try:
@@ -169,7 +173,7 @@ async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: Rou
                 # NOTE: the prompt's logprobs travel with each sample's first event
                 if event.index in with_prompt:
                     with_prompt.discard(event.index)
-                    event = dataclasses.replace(event, prompt_logprobs=prompt_logprobs)
+                    event = replace(event, prompt_logprobs=prompt_logprobs)
                 yield event
     finally:
         if not kv_read:
@@ -252,8 +256,8 @@ def take_queued_tokens(event: TokenEvent, replies: ReplyQueue) -> TokenEvent:
             break
         replies.get_nowait()
         logprobs = None if event.logprobs is None else event.logprobs + queued.logprobs
-        event = dataclasses.replace(event, token_ids=event.token_ids + queued.token_ids, logprobs=logprobs,
-                                    finish_reason=queued.finish_reason)
+        event = replace(event, token_ids=event.token_ids + queued.token_ids, logprobs=logprobs,
+                        finish_reason=queued.finish_reason)
     return event
 
 

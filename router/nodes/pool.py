@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import time
 
@@ -180,7 +179,7 @@ def agreed_model_facts(pongs: list[Pong]) -> ModelFacts:
     """The facts (and fingerprint) every node reports; PoolMismatch names the first field two disagree on."""
     first = pongs[0]
     for pong in pongs[1:]:
-        for name in (f.name for f in dataclasses.fields(ModelFacts)):
+        for name in ModelFacts.__struct_fields__:
             ours, theirs = getattr(first.model_facts, name), getattr(pong.model_facts, name)
             if ours != theirs:
                 raise PoolMismatch(f"the nodes disagree on {name}: {first.node_id} has {ours}, "

@@ -71,7 +71,7 @@ class Bench:
 
     def prefilled(self, request_id: str, num_tokens: int = 20) -> tuple[protocol.PrefillResult, list[int]]:
         prompt = list(range(30, 30 + num_tokens))
-        self.to_prefill.send(protocol.encode(protocol.PrefillRequest(request_id, prompt, PARAMS, 5)))
+        self.to_prefill.send(protocol.encode(protocol.PrefillRequest(request_id, prompt, PARAMS)))
         deadline = time.monotonic() + 10
         while not self.to_prefill.poll(1):
             self.prefill.step()
@@ -80,7 +80,7 @@ class Bench:
 
     def send_decode(self, result: protocol.PrefillResult, prompt: list[int], kv=None) -> None:
         self.to_decode.send(protocol.encode(protocol.DecodeRequest(
-            result.request_id, prompt, PARAMS, 5, result.first_tokens, kv or result.kv)))
+            result.request_id, prompt, PARAMS, result.first_tokens, kv or result.kv)))
 
     def until(self, done, max_turns: int = 200) -> list:
         replies = []
@@ -410,8 +410,8 @@ MALFORMED = {
 @pytest.mark.parametrize("name", MALFORMED)
 def test_a_malformed_decode_request_is_refused_and_the_node_lives_on(bench, name):
     result, prompt = bench.prefilled(f"bad-{len(name)}")
-    wire = protocol._to_wire(protocol.DecodeRequest(result.request_id, prompt, PARAMS, 5, result.first_tokens,
-                                                    result.kv))
+    wire = msgpack.unpackb(protocol.encode(protocol.DecodeRequest(result.request_id, prompt, PARAMS,
+                                                                  result.first_tokens, result.kv)))
     field, value = MALFORMED[name]
     if field == "samples":  # NOTE: 5 samples for a node of 4 slots, or sample 1 of a request with n = 1
         n = max(value, 1)
@@ -424,7 +424,7 @@ def test_a_malformed_decode_request_is_refused_and_the_node_lives_on(bench, name
         wire["kv"] = {**wire["kv"], "address": value}
     else:
         wire[field] = value
-    bench.to_decode.send(msgpack.packb({"v": protocol.PROTOCOL_VERSION, "type": "DecodeRequest", **wire}))
+    bench.to_decode.send(msgpack.packb(wire))
     [error] = bench.until(finished)
     assert isinstance(error, protocol.ErrorReply) and error.status == 400 and error.request_id == result.request_id
     bench.send_decode(result, prompt)  # NOTE: the node still serves, this very request included

@@ -44,7 +44,7 @@ def slow_node(tiny_model_dir):
 
 def prefill(request_id: str) -> protocol.PrefillRequest:
     params = SamplingParams(temperature=0.6, seed=3, max_tokens=8, ignore_eos=True)
-    return protocol.PrefillRequest(request_id, list(range(10, 50)), params, 3)
+    return protocol.PrefillRequest(request_id, list(range(10, 50)), params)
 
 
 def test_a_node_in_a_forward_longer_than_the_liveness_timeout_keeps_answering_pings(slow_node):

@@ -60,7 +60,7 @@ def test_others_get_nothing_and_reach_no_handler(keyed_node, who):
     server, _ = keyed_node
     stranger = None if who == "plain zmq" else ClusterKey.generate()
     server.waiting.clear()
-    prefill = protocol.PrefillRequest("intruder", [1, 2, 3], SamplingParams(max_tokens=2), 1)
+    prefill = protocol.PrefillRequest("intruder", [1, 2, 3], SamplingParams(max_tokens=2, seed=1))
     assert ask(server, stranger, prefill) is None
     assert ask(server, stranger, protocol.Ping(2)) is None
     assert server.num_prefills == 0 and not server.waiting and not server.transport.leases

@@ -3,6 +3,7 @@
 import dataclasses
 import time
 
+import msgspec
 import pytest
 import zmq
 
@@ -45,7 +46,7 @@ def exchange(server, socket, message, num_replies: int = 1, timeout_s: float = 1
 
 def prefill(request_id: str, num_tokens: int, max_tokens: int = 8) -> protocol.PrefillRequest:
     params = SamplingParams(temperature=0.6, seed=3, max_tokens=max_tokens, ignore_eos=True)
-    return protocol.PrefillRequest(request_id, list(range(10, 10 + num_tokens)), params, 3)
+    return protocol.PrefillRequest(request_id, list(range(10, 10 + num_tokens)), params)
 
 
 def test_prefill_leases_kv_then_frees_it_when_the_lease_expires(server, router):
@@ -136,11 +137,11 @@ def test_packed_prefill_shares_forwards_and_keeps_every_prompts_bits(tiny_model_
     socket.connect(packed.config.address)
     try:
         requests = [prefill(name, size) for name, size in (("p1", 5), ("p2", 30), ("p3", 2), ("p4", 16))]
-        requests = [dataclasses.replace(r, params=dataclasses.replace(r.params, logprobs=3)) for r in requests]
+        requests = [msgspec.structs.replace(r, params=dataclasses.replace(r.params, logprobs=3)) for r in requests]
         alone = {r.request_id: exchange(packed, socket, r)[0] for r in requests}
         forwards_alone = packed.runner.num_prefill_forwards
         for r in requests:
-            socket.send(protocol.encode(dataclasses.replace(r, request_id=r.request_id + "-again")))
+            socket.send(protocol.encode(msgspec.structs.replace(r, request_id=r.request_id + "-again")))
         together = {m.request_id.removesuffix("-again"): m for m in exchange(packed, socket, protocol.Ping(1), 5)
                     if isinstance(m, protocol.PrefillResult)}
         assert packed.runner.num_prefill_forwards - forwards_alone < forwards_alone  # NOTE: forwards were shared

@@ -1,6 +1,6 @@
-import dataclasses
 import re
 
+import msgspec
 import pytest
 
 from tests.router.fake_nodes import FakeBehaviour
@@ -34,7 +34,7 @@ def router(tiny_model_dir, word_token_ids):
 @pytest.fixture(scope="module")
 def long_context(tiny_model_dir, word_token_ids):
     """Nodes that report a context of 2**19 tokens: a prompt of megabytes is encoded before it is refused."""
-    facts = dataclasses.replace(model_facts(tiny_model_dir), max_model_len=2**19)
+    facts = msgspec.structs.replace(model_facts(tiny_model_dir), max_model_len=2**19)
     nodes = FakeBehaviour(model_facts=facts)
     with RouterHarness(tiny_model_dir, word_token_ids, prefill=nodes, decode=nodes) as harness:
         harness.wait_until_healthy()

@@ -29,6 +29,7 @@ from wire.protocol import (
     Pong,
     PrefillRequest,
     PrefillResult,
+    StepTokens,
     TokenEvent,
     decode,
     encode,
@@ -213,7 +214,7 @@ class FakeDecode(FakeNode):
             size = 1 if fail_after is not None else grouping.randint(1, 3)
             group, remaining = remaining[:size], remaining[size:]
             await asyncio.sleep(self.behaviour.event_delay_s)
-            await self._reply(identity, token_event(request, first.index, group, is_last=not remaining))
+            await self._reply(identity, StepTokens([token_event(request, first.index, group, is_last=not remaining)]))
             num_sent += size
         if not remaining:
             self.finished_request_ids.append(request.request_id)

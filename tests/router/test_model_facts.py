@@ -1,8 +1,7 @@
 """The router validates requests against what the nodes report of their model (Pong.model_facts), not against
 copies in its own flags, and refuses a pool whose nodes disagree, naming the field."""
 
-import dataclasses
-
+import msgspec
 import pytest
 
 from tests.router.fake_nodes import FakeBehaviour
@@ -16,7 +15,7 @@ def completions(router, **body):
 
 
 def test_limits_come_from_the_nodes(tiny_model_dir, word_token_ids):
-    facts = dataclasses.replace(model_facts(tiny_model_dir), max_model_len=40, max_logprobs=3)
+    facts = msgspec.structs.replace(model_facts(tiny_model_dir), max_model_len=40, max_logprobs=3)
     behaviour = FakeBehaviour(model_facts=facts)
     with RouterHarness(tiny_model_dir, word_token_ids, prefill=behaviour, decode=behaviour) as router:
         router.wait_until_healthy()
@@ -30,7 +29,7 @@ def test_limits_come_from_the_nodes(tiny_model_dir, word_token_ids):
 
 
 def test_a_pool_whose_nodes_disagree_is_refused_naming_the_field(tiny_model_dir, word_token_ids):
-    other = dataclasses.replace(model_facts(tiny_model_dir), max_model_len=512)
+    other = msgspec.structs.replace(model_facts(tiny_model_dir), max_model_len=512)
     with RouterHarness(tiny_model_dir, word_token_ids, decode=FakeBehaviour(model_facts=other)) as router:
         router.wait_until_healthy()
         refused = completions(router, max_tokens=2)

@@ -18,6 +18,7 @@ from transfer.leases import LeasingSender
 from transfer.reads import KVData, ReadHandle, XferState, block_nbytes_of, count_finished, kv_segments
 from transfer.transport import BlockPool, check_transport
 from wire.config import TransferConfig
+from wire.protocol import kv_done_notification
 
 _SENDERS: dict[str, CopySender] = {}
 
@@ -27,15 +28,16 @@ class CopySender(LeasingSender):
         super().__init__(node_id, lease_seconds)
         self.transport = config.transport
         self.segments = kv_segments(kv_data)
-        self.done: list[str] = []
+        self.notifications: list[bytes] = []
+        """KV-done notifications (wire.protocol.KVReadDone) of the reads finished since done_request_ids()."""
         _SENDERS[node_id] = self
 
     def handshake_payload(self) -> bytes:
         return msgpack.packb({"node_id": self.name, "num_blocks": self.segments[0].shape[0]})
 
     def done_request_ids(self) -> list[str]:
-        done, self.done = self.done, []
-        return done
+        notifications, self.notifications = self.notifications, []
+        return self.read_notifications(notifications)
 
     def close(self) -> None:
         if _SENDERS.get(self.name) is self:
@@ -83,7 +85,7 @@ class CopyReceiver:
             else:
                 for mine, theirs in zip(self.segments, sender.segments, strict=True):
                     mine[local] = theirs[remote].to(mine.device)
-                sender.done.append(request_id)
+                sender.notifications.append(kv_done_notification(request_id))
                 handle.state = "DONE"
             handle.backend_handle = None
             count_finished(self.counters, handle)
