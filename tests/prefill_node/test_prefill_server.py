@@ -127,6 +127,7 @@ def packed_server(model_dir: str) -> PrefillServer:
     return PrefillServer(NodeConfig("prefill", "prefill-p", engine, port=free_port("127.0.0.1")))
 
 
+@pytest.mark.mkl_default_mode  # NOTE: its inverse needs a row count that changes bits (tests/conftest.py)
 def test_packed_prefill_shares_forwards_and_keeps_every_prompts_bits(tiny_model_dir, server, router):
     """With prefill_pack_tokens the node prefills several prompts per forward; each prompt's token 1 and logprob
     are bitwise what it gets prefilled alone on the same node. Inverse: the 2-token prompt at its natural 2 rows
