@@ -193,7 +193,7 @@ class ModelRunner:
             if wants_prompt_logprobs:
                 # NOTE: eager, for the hidden states of every row; the same kernels as the shape's graph
                 hidden = self.prefill_pack_hidden(pack.to(self.device))
-                logits = self.model.compute_logits(hidden[pack.sample_rows.to(self.device)])
+                logits = self.sample_row_logits(hidden, pack.sample_rows.to(self.device))
                 self.add_prompt_logprobs(hidden, chunks)
             else:
                 logits = self.padded_prefill_logits(pack)
@@ -256,7 +256,15 @@ class ModelRunner:
     def prefill_pack_logits(self, inputs: PrefillPackInputs) -> torch.Tensor:
         meta = inputs.metadata(use_kernel=self.packed_prefill_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, meta)
-        return self.model.compute_logits(hidden[inputs.sample_rows])  # [num_seqs, vocab]
+        return self.sample_row_logits(hidden, inputs.sample_rows)
+
+    def sample_row_logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """-> [num_seqs, vocab]: the logits of a pack's sampled rows, whichever position a prompt's row has.
+        NOTE: on CPU one row at a time: MKL's SSE4.2 sgemm gives row 1 of a 3-7 row GEMM other bits than row 0
+        (strict mode too), so S rows at once would make a prompt's token 1 depend on its place in the pack."""
+        if self.on_cuda:
+            return self.model.compute_logits(hidden[rows])
+        return torch.cat([self.model.compute_logits(hidden[row:row + 1]) for row in rows.tolist()])
 
     def padded_prefill_sizes(self) -> list[int]:
         """Row counts of corun's padded prefill forwards (each one CUDA graph on CUDA)."""
