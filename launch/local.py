@@ -19,7 +19,7 @@ from pathlib import Path
 from launch import cluster as launch
 from launch import serve_loop
 from launch.cluster import ClusterConfig, free_port
-from launch.removals import Removal, Removals
+from launch.removals import Removal, Removals, wait_until_removed
 from launch.restarts import RestartPolicy
 from launch.routers import RouterGroup
 from wire.node_auth import ClusterKey
@@ -113,11 +113,7 @@ class LocalCluster:
     def remove_node(self, node_id: str) -> None:
         """begin_removal(), then wait until the node is stopped; ValueError if its drain timed out (the node is
         back in service)."""
-        removal = self.begin_removal(node_id)
-        while not removal.ended.wait(0.1):
-            self.end_removals()
-        if removal.state != "removed":
-            raise ValueError(f"{node_id}: {removal.message}")
+        wait_until_removed(self.begin_removal(node_id), self.end_removals)
 
     def end_removals(self) -> None:
         """Forget each node whose drain ended (every router forgot it) and stop it off this thread."""

@@ -36,7 +36,7 @@ from launch import serve_loop
 from launch.cluster import Role
 from launch.ray_config import LABEL_AMOUNT, PlacementStrategy, RayClusterConfig  # noqa: F401 (NOTE: re-exported)
 from launch.ray_node import NodeActor
-from launch.removals import Removal, Removals
+from launch.removals import Removal, Removals, wait_until_removed
 from launch.restarts import RestartPolicy
 from launch.routers import RouterGroup
 from wire.node_auth import ClusterKey
@@ -219,11 +219,7 @@ class RayCluster:
     def remove_node(self, node_id: str) -> None:
         """begin_removal(), then wait until the node is stopped; ValueError if its drain timed out (the node is
         back in service)."""
-        removal = self.begin_removal(node_id)
-        while not removal.ended.wait(0.1):
-            self.end_removals()
-        if removal.state != "removed":
-            raise ValueError(f"{node_id}: {removal.message}")
+        wait_until_removed(self.begin_removal(node_id), self.end_removals)
 
     def end_removals(self) -> None:
         """Forget each node whose drain ended and stop its actor off this thread."""

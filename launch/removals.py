@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -140,6 +141,15 @@ class Removals:
                 logger.warning("scale: returning %s to service at %s: %s", removal.node_id, url, error)
         removal.finish("returned", f"still held work after {self.timeout_s:g} s of draining (drain_timeout_s): "
                                    "returned to service, nothing lost; remove it again later")
+
+
+def wait_until_removed(removal: Removal, end_removals: Callable[[], None]) -> None:
+    """Wait for a launcher's removal to end, ending drained ones meanwhile (what a launcher's remove_node does);
+    ValueError if its drain timed out (the node is back in service)."""
+    while not removal.ended.wait(0.1):
+        end_removals()
+    if removal.state != "removed":
+        raise ValueError(f"{removal.node_id}: {removal.message}")
 
 
 def node_entry(url: str, address: str, api_key: str | None) -> dict | None:
