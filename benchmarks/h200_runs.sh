@@ -72,6 +72,14 @@ case $part in
       tests/launch/test_gpu_cluster.py > "$out/gpu_tests.log" 2>&1
     timeout 180 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --modes corun,standard \
       --out "$out/h200_determinism_structure.json" > "$out/determinism.log" 2>&1 ;;
+  attention_probe)  # issue 20, fourth round: one layer's prompt attention at the 8B shape through FlashAttention-2,
+    # cuDNN (SDPA) and the packed Triton kernel, for one prompt and for packs
+    timeout 200 python3 -m benchmarks.attention_kernels --out "$out/h200_attention_kernels.json" \
+      > "$out/attention.log" 2>&1 ;;
+  kernel_sweep)  # issue 20, fourth round: launch variants of the packed prefill attention kernel (query tile, KV
+    # tile, warps, stages, unmasked tiles below the diagonal, exp2), each checked for the packing/chunking property
+    timeout 300 python3 -m benchmarks.prefill_kernel_sweep --out "$out/h200_prefill_kernel_sweep.json" \
+      > "$out/sweep.log" 2>&1 ;;
   front_door)  # issue 21: the engine, colocated nodes through HTTP, 1P1D on one GPU through HTTP (and its KV hand-off
     # per request under ShareGPT-like load), ShareGPT-/BurstGPT-like and 1024x2048 at t = 0, each cut at 15 s
     timeout 590 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \

@@ -63,9 +63,10 @@ def probe_chunks(runner: PackProbedRunner, num_rows: int, max_prompts: int, rng:
     """Whole prompts (each at most one prefill chunk) filling up to num_rows rows, on distinct blocks from 1."""
     sched, vocab = runner.config.scheduler, runner.arch.vocab_size
     free_blocks = runner.kv_cache.num_blocks - 1
+    longest = min(sched.prefill_chunk_size, sched.max_model_len)  # NOTE: positions past max_model_len have no RoPE
     chunks, rows_left, next_block = [], num_rows, 1
     while rows_left > 0 and len(chunks) < max_prompts:
-        length = min(rows_left, rng.randint(1, sched.prefill_chunk_size))
+        length = min(rows_left, rng.randint(1, longest))
         num_blocks = -(-length // runner.block_size)
         if next_block - 1 + num_blocks > free_blocks:
             break

@@ -89,3 +89,14 @@ def test_pack_sizes_are_in_the_fingerprint_and_checked(tiny_model_dir):
             SchedulerConfig(prefill_pack_tokens=96, prefill_chunk_size=32, prefill_pack_sizes=bad)
     with pytest.raises(ValueError, match="prefill_pack_sizes"):
         SchedulerConfig(prefill_pack_tokens=0, prefill_pack_sizes=(64,))  # NOTE: sizes without packed prefill
+
+
+def test_the_probe_keeps_its_prompts_within_max_model_len(tiny_model_dir):
+    """The CUDA defaults give T = max_num_batched_tokens with a chunk longer than a short max_model_len: the probe's
+    prompts must stay inside the context (a position past it has no RoPE row: an index error on start-up)."""
+    from corun.model_runner import ModelRunner
+
+    runner = ModelRunner(EngineConfig(model=tiny_model_dir, num_threads=1, scheduler=SchedulerConfig(
+        max_num_seqs=4, max_model_len=64, prefill_chunk_size=512, prefill_pack_tokens=512, prefill_pack_sizes=(192,)),
+        cache=CacheConfig(num_blocks=40)))
+    assert runner.pack_sizes[-1] == 512
