@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-PREFILL_QUERY_TILE = 16
+PREFILL_QUERY_TILE = 64
 """Query positions per program of the packed prefill kernel, tiles aligned at each sequence's position 0."""
 
 

@@ -78,7 +78,7 @@ def test_batch_invariant_linear_matches_and_is_invariant_where_cublas_is_not():
 
 
 def prefill_case(num_tokens: int, dtype, seed: int):
-    q, k_cache, v_cache, tables, _ = paged_case(1, dtype, seed=seed, window_blocks=8)
+    q, k_cache, v_cache, tables, _ = paged_case(1, dtype, seed=seed, window_blocks=-(-num_tokens // 16))
     gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
     prompt = torch.randn(num_tokens, 32, q.shape[-1], generator=gen, device=DEVICE).to(dtype)
     return prompt, k_cache, v_cache, tables[0]
@@ -121,6 +121,26 @@ def test_chunk_invariant_prefill_is_chunking_invariant():
 
     whole = chunked([])
     for cuts in ([60], [1, 2, 3], [17, 64, 65], [33, 98]):  # NOTE: across query and KV tile boundaries
+        assert torch.equal(chunked(cuts), whole), cuts
+
+
+def test_chunk_invariant_prefill_is_chunking_invariant_far_from_position_0():
+    """Several KV tiles below a query tile (unmasked) and one on its diagonal (masked), cut anywhere."""
+    from corun.kernels.prefill_attention import paged_prefill_attention
+
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    prompt, k_cache, v_cache, table = prefill_case(700, dtype, seed=6)
+
+    def chunked(cuts: list[int]) -> torch.Tensor:
+        bounds = [0, *cuts, 700]
+        return torch.cat([paged_prefill_attention(prompt[a:b], k_cache, v_cache, table, a, 0.088)
+                          for a, b in zip(bounds, bounds[1:])])
+
+    whole = chunked([])
+    expected = prefill_reference(prompt, k_cache, v_cache, table, 0, 0.088)
+    tolerance = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(whole.float(), expected, atol=tolerance, rtol=tolerance)
+    for cuts in ([300], [127, 128, 129], [200, 450, 699]):
         assert torch.equal(chunked(cuts), whole), cuts
 
 
