@@ -80,6 +80,11 @@ case $part in
     # tile, warps, stages, unmasked tiles below the diagonal, exp2), each checked for the packing/chunking property
     timeout 300 python3 -m benchmarks.prefill_kernel_sweep --out "$out/h200_prefill_kernel_sweep.json" \
       > "$out/sweep.log" 2>&1 ;;
+  kernel_tests)  # issue 20, fourth round, after the faster packed prefill kernel: every GPU test, the 8B determinism
+    # suite, then the two prefill figures (64 and 4096 tokens) on the defaults (packed) and on buckets
+    bash benchmarks/h200_runs.sh structure_tests "$out"
+    timeout 200 python3 -m benchmarks.prefill_cost --paths "corun,$BUCKETS" --lengths 64,4096 \
+      --prefill-chunk-size 4096 --out "$out/h200_prefill_cost_kernel.json" > "$out/prefill_cost.log" 2>&1 ;;
   front_door)  # issue 21: the engine, colocated nodes through HTTP, 1P1D on one GPU through HTTP (and its KV hand-off
     # per request under ShareGPT-like load), ShareGPT-/BurstGPT-like and 1024x2048 at t = 0, each cut at 15 s
     timeout 590 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
