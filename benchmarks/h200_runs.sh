@@ -85,6 +85,18 @@ case $part in
     bash benchmarks/h200_runs.sh structure_tests "$out"
     timeout 200 python3 -m benchmarks.prefill_cost --paths "corun,$BUCKETS" --lengths 64,4096 \
       --prefill-chunk-size 4096 --out "$out/h200_prefill_cost_kernel.json" > "$out/prefill_cost.log" 2>&1 ;;
+  defaults_t0)  # issue 20, fourth round: the t = 0 table of benchmarks/results/h200_defaults.json: the defaults as a
+    # user gets them (`corun`: packed at verified sizes, prefill token budget), the corun variants (budget 0, i.e.
+    # Algorithm 1; buckets, the previous default) and graph-captured standard, every run cut at 10 s
+    timeout 570 $BENCH --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --modes "corun,corun:prefill_token_budget=0,$BUCKETS,standard" --out "$out/h200_defaults.json" \
+      > "$out/bench.log" 2>&1 ;;
+  defaults_poisson)  # issue 20, fourth round: Poisson ShareGPT-like at 16 and 32 req/s, defaults against standard
+    for rate in 16 32; do
+      timeout 280 $BENCH --num-requests 300 --request-rate $rate --workloads sharegpt --max-seconds 22 \
+        --goodput ttft:500 tpot:50 --modes "corun,standard" --out "$out/h200_defaults_poisson_$rate.json" \
+        > "$out/poisson_$rate.log" 2>&1
+    done ;;
   front_door)  # issue 21: the engine, colocated nodes through HTTP, 1P1D on one GPU through HTTP (and its KV hand-off
     # per request under ShareGPT-like load), ShareGPT-/BurstGPT-like and 1024x2048 at t = 0, each cut at 15 s
     timeout 590 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
