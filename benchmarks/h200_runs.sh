@@ -97,6 +97,17 @@ case $part in
         --goodput ttft:500 tpot:50 --modes "corun,standard" --out "$out/h200_defaults_poisson_$rate.json" \
         > "$out/poisson_$rate.log" 2>&1
     done ;;
+  budget_probe)  # issue 20, fourth round, after defaults_t0 (budget 2048 gave 0.90x of budget 0 on 1024x2048): the
+    # prefill token budget at one full pack (8192 = max_num_batched_tokens) beside 2048, 0 and standard, at t = 0 and
+    # at Poisson 16 and 32 req/s
+    timeout 250 $BENCH --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --modes "corun,corun:prefill_token_budget=8192,corun:prefill_token_budget=0,standard" \
+      --out "$out/h200_budget_t0.json" > "$out/bench.log" 2>&1
+    for rate in 16 32; do
+      timeout 150 $BENCH --num-requests 300 --request-rate $rate --workloads sharegpt --max-seconds 22 \
+        --goodput ttft:500 tpot:50 --modes "corun,corun:prefill_token_budget=8192,standard" \
+        --out "$out/h200_budget_poisson_$rate.json" > "$out/poisson_$rate.log" 2>&1
+    done ;;
   front_door)  # issue 21: the engine, colocated nodes through HTTP, 1P1D on one GPU through HTTP (and its KV hand-off
     # per request under ShareGPT-like load), ShareGPT-/BurstGPT-like and 1024x2048 at t = 0, each cut at 15 s
     timeout 590 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
