@@ -86,10 +86,13 @@ case $part in
     timeout 200 python3 -m benchmarks.prefill_cost --paths "corun,$BUCKETS" --lengths 64,4096 \
       --prefill-chunk-size 4096 --out "$out/h200_prefill_cost_kernel.json" > "$out/prefill_cost.log" 2>&1 ;;
   defaults_t0)  # issue 20, fourth round: the t = 0 table of benchmarks/results/h200_defaults.json: the defaults as a
-    # user gets them (`corun`: packed at verified sizes, prefill token budget), the corun variants (budget 0, i.e.
-    # Algorithm 1; buckets, the previous default) and graph-captured standard, every run cut at 10 s
+    # user gets them (`corun`: packed at verified sizes, prefill token budget = max_num_batched_tokens), the corun
+    # variants (budget 0, i.e. Algorithm 1; budget 2048, the default before; buckets, the default before packing)
+    # and graph-captured standard, every run cut at 10 s (first run, before the budget default changed, with four
+    # modes: benchmarks/results/h200_defaults_budget2048.json)
     timeout 570 $BENCH --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
-      --modes "corun,corun:prefill_token_budget=0,$BUCKETS,standard" --out "$out/h200_defaults.json" \
+      --modes "corun,corun:prefill_token_budget=0,corun:prefill_token_budget=2048,$BUCKETS,standard" \
+      --out "$out/h200_defaults.json" \
       > "$out/bench.log" 2>&1 ;;
   defaults_poisson)  # issue 20, fourth round: Poisson ShareGPT-like at 16 and 32 req/s, defaults against standard
     for rate in 16 32; do

@@ -181,13 +181,13 @@ class CoRunScheduler(Scheduler):
         return ScheduledBatch(decode_requests=decoding) if decoding else None
 
     def prefill_budget_spent(self) -> bool:
-        budget = self.cfg.prefill_token_budget
+        budget = self.cfg.decode_wait_tokens
         return budget > 0 and self.num_prefilled_since_decode >= budget
 
     def pack_rows_left(self) -> int | None:
         """While requests decode, a pack holds at most what is left of the prefill token budget (a whole chunk at
         least), so a large T does not stall every decoding request for a T-row forward."""
-        budget = self.cfg.prefill_token_budget
+        budget = self.cfg.decode_wait_tokens
         return max(budget - self.num_prefilled_since_decode, self.cfg.prefill_chunk_size) if budget else None
 
     def prefill_chunks(self, max_rows: int | None = None) -> list[PrefillChunk]:

@@ -105,14 +105,17 @@ class SchedulerConfig:
     requests then runs at the smallest kept size >= k. Which pass depends on the GPU and kernels (measured on the
     H200, Qwen3-8B shape, N = 256: 128, 160 and 224; not 192 or below 128). () = every step at N (the paper).
     auto: auto_decode_step_candidates(N) on CUDA, () on CPU (see resolve_shape_defaults)."""
-    prefill_token_budget: int = 2048
+    prefill_token_budget: int | None = None
     """corun: the most prompt tokens prefilled between two decode steps while requests are decoding (the
     prefill that crosses the budget still runs whole), so decode is not starved by a queue of prompts.
     0 = Algorithm 1 (prefill everything admissible before the next decode step). Changes latency, not outputs.
+    None (auto): max_num_batched_tokens, the token budget of one of standard's mixed steps, so a running request
+    waits at most about what it waits there between two of its tokens.
     NOTE: 0 starves decoding whenever prompts arrive faster than they are prefilled (measured on the H200: 0 of 300
-    requests finished at 16 req/s with the eager prefill); 2048 is vLLM's per-step token budget, so a running
-    request waits at most about one 2048-token prefill between two of its tokens, and at t = 0 the extra decode
-    steps produce tokens rather than waste them."""
+    requests finished at 16 req/s with the eager prefill). Measured on the H200 (8B shape, N = 256, T = 8192, one
+    machine, benchmarks/results/h200_budget_*.json): at t = 0 a budget of one full pack (8192) gave 1.00-1.06x of
+    a 2048 budget (1024x2048 4,820 against 4,560 tok/s: a small budget adds decode steps at small batches while the
+    batch fills), and at Poisson 16 and 32 req/s the same good requests (294 and 300 of 300)."""
     piecewise_graphs: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
                                                                metavar="on|off"))
     """standard and batch_invariant modes on CUDA: mixed prefill+decode steps (and prefill-only steps) of up to 2048
@@ -164,7 +167,13 @@ class SchedulerConfig:
     @property
     def is_resolved(self) -> bool:
         return AUTO not in (self.prefill_buckets, self.decode_step_sizes, self.prefill_pack_sizes) and \
-            self.prefill_pack_tokens is not None
+            self.prefill_pack_tokens is not None and self.prefill_token_budget is not None
+
+    @property
+    def decode_wait_tokens(self) -> int:
+        """The prefill token budget in force (auto: max_num_batched_tokens); 0: none."""
+        budget = self.prefill_token_budget
+        return self.max_num_batched_tokens if budget is None else budget
 
 
 PACK_SIZE_LADDER = (192, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
@@ -221,7 +230,8 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     if pack_sizes == AUTO:
         pack_sizes = auto_pack_size_candidates(pack_tokens) if fast_cuda else ()
     return dataclasses.replace(sched, prefill_pack_tokens=pack_tokens, prefill_buckets=buckets,
-                               decode_step_sizes=sizes, prefill_pack_sizes=pack_sizes)
+                               decode_step_sizes=sizes, prefill_pack_sizes=pack_sizes,
+                               prefill_token_budget=sched.decode_wait_tokens)
 
 
 NULL_BLOCK = 0
