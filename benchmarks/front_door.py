@@ -103,7 +103,7 @@ def main() -> None:
     base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                            prefill_chunk_size=args.prefill_chunk_size)
     engine = EngineConfig(model=model_dir, dtype=args.dtype, device=args.device, num_threads=1,
-                          scheduler=scheduler_for(base, "corun"),
+                          scheduler=scheduler_for(base, "fixed_shape"),
                           cache=CacheConfig(memory_budget_bytes=args.kv_cache_mib * 2**20))
     prompts = token_prompts(args.num_prompts, vocab - 1, 1, args.prompt_len)  # NOTE: never the EOS id (the last)
     workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
@@ -119,7 +119,8 @@ def main() -> None:
     reference = colocated_outputs(llm, prompts, one_by_one=False)
     del llm
     empty_cache()
-    report["modes"]["engine"] = run_bench(engine, ["corun"], workloads, max_seconds=args.max_seconds)["modes"]["corun"]
+    report["modes"]["engine"] = run_bench(engine, ["fixed_shape"], workloads,
+                                          max_seconds=args.max_seconds)["modes"]["fixed_shape"]
     save()
     empty_cache()
     served = {"slo": SLOTargets(), "arrivals": DEFAULT_ARRIVALS, "max_seconds": args.max_seconds}

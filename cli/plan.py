@@ -58,7 +58,7 @@ def add_profiling_flags(cmd) -> None:
 
 
 def add_profile(commands) -> None:
-    cmd = commands.add_parser("profile", help="measure a corun engine's prefill and decode-step costs for `plan`")
+    cmd = commands.add_parser("profile", help="measure a fixed_shape engine's prefill and decode-step costs for `plan`")
     cmd.add_argument("--model", required=True, help="checkpoint to profile (or a random: preset)")
     cmd.add_argument("--out", dest="profile_out", required=True, help="where to write the profile JSON")
     add_profiling_flags(cmd)
@@ -123,7 +123,7 @@ def measure_profile(args) -> PerformanceProfile:
                  "prefill_chunk_size": args.prefill_chunk_size}
     config = EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, num_threads=args.num_threads,
-        scheduler=SchedulerConfig(mode="corun", **{k: v for k, v in scheduler.items() if v is not None}),
+        scheduler=SchedulerConfig(mode="fixed_shape", **{k: v for k, v in scheduler.items() if v is not None}),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks))
     profile = profile_engine(config, int_list(args.profile_lengths), int_list(args.profile_contexts),
                              int_list(args.profile_rows),

@@ -103,8 +103,8 @@ class ClusterConfig(RouterSettings, NodeSettings):
                              f"{self.num_decode} decode (give both, or neither and colocated servers)")
         if self.num_prefill == 0 and self.num_colocated == 0:
             raise ValueError("a cluster needs a prefill and a decode server, or a colocated one")
-        if self.num_colocated and self.engine.backend != "corun":
-            raise ValueError("colocated servers run the corun engine (--engine corun)")
+        if self.num_colocated and self.engine.backend != "native":
+            raise ValueError("colocated servers run the native engine (--engine native)")
         if self.num_routers < 1:
             raise ValueError(f"num_routers must be >= 1, got {self.num_routers}")
         # NOTE: each base's own checks, called by name: with two bases no one super() chain reaches both
