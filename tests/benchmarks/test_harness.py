@@ -33,6 +33,16 @@ def test_bench_reports_every_mode_and_workload(tiny_model_dir, tmp_path):
         assert result["num_decode_steps"] > 0 and result["ttft_s"]["p50"] <= result["seconds"]
 
 
+def test_old_mode_names_run_and_are_reported_by_their_new_names(tiny_model_dir):
+    """`corun bench --modes corun:...,standard` (the names before issue 22) runs those modes; the report names
+    them as today (wire.config.OLD_NAMES)."""
+    report = run_bench(config(tiny_model_dir), ["corun:prefill_token_budget=0", "standard"],
+                       [small_workload(num_requests=2)])
+    assert report["modes"].keys() == report["prefill_paths"].keys() == {"fixed_shape:prefill_token_budget=0",
+                                                                         "mixed"}
+    assert report["prefill_paths"]["mixed"].startswith("mixed-batch")
+
+
 def test_time_cap_truncates_and_aborts_the_rest(tiny_model_dir):
     workload = Workload("long", ((40, 100),) * 3)
     report = run_bench(config(tiny_model_dir, max_num_seqs=2), ["fixed_shape"], [workload], max_seconds=0.3)
