@@ -3,7 +3,7 @@
     python -m benchmarks.front_door --preset qwen3-8b --out benchmarks/results/h200_front_door.json
 
 In one run, one after the other on GPU 0, the same workloads (each cut at --max-seconds):
-1. `engine`: the colocated corun engine (`corun bench`'s run_bench), the defaults a user gets;
+1. `engine`: the colocated engine in fixed_shape mode (`corun bench`'s run_bench), the defaults a user gets;
 2. `colocated_nodes_http`: `corun serve --prefill 0 --decode 0 --colocated 1` through HTTP (`corun bench --url`);
 3. `1p1d_http`: `corun serve --prefill 1 --decode 1` on the same GPU through HTTP, and the KV hand-off per request
    under the ShareGPT-like load (the decode node's read-time buckets: kv_handoff_ms_p50 is the smallest bucket

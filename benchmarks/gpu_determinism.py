@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_determinism --out benchmarks/results/h200_determinism.json
 
-corun must be bitwise identical; standard (cuBLAS + split-KV decode attention) should differ; batch_invariant
+fixed_shape must be bitwise identical; mixed (cuBLAS + split-KV decode attention) should differ; batch_invariant
 should be identical too (at its throughput cost).
 """
 

@@ -19,7 +19,8 @@ def add_plan(commands) -> None:
     source = cmd.add_mutually_exclusive_group(required=True)
     source.add_argument("--profile", help="performance profile JSON (from --profile-out, or "
                         "benchmarks/derive_h200_profile.py)")
-    source.add_argument("--model", help="checkpoint to profile now, on a corun engine built from the flags below")
+    source.add_argument("--model", help="checkpoint to profile now, on the native engine (fixed_shape mode) built "
+                        "from the flags below")
     workload = cmd.add_mutually_exclusive_group(required=True)
     workload.add_argument("--workload", help="named workload of `corun bench` (1024x128, ..., burstgpt)")
     workload.add_argument("--lengths", help="(input, output) samples: JSON [[in, out], ...] or lines 'in,out'")

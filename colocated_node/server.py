@@ -1,4 +1,4 @@
-"""Colocated server: prefill and decode in one process, the engine's co-run schedule, behind the router.
+"""Colocated server: prefill and decode in one process, the engine's fixed_shape schedule, behind the router.
 
 The colocated engine (corun/engine.py) as a node: its scheduler and model runner run the request, so its outputs
 are the engine's, and so the P/D cluster's. This is how one GPU is served without a second CUDA context or a KV

@@ -85,7 +85,7 @@ class AttentionMetadata:
     varlen_prompts: VarlenPrompts | None = None
     """Prompt rows through one varlen FlashAttention launch instead of per-segment calls (mixed mode, CUDA)."""
     whole_prompt: bool = False
-    """Every row belongs to one prompt's first chunk, from position 0, with padding rows after it (corun's
+    """Every row belongs to one prompt's first chunk, from position 0, with padding rows after it (fixed_shape's
     bucketed prefill): causal SDPA over this step's K and V, as an unpadded first chunk gets. The padding comes
     last, so causality keeps every real row from attending to it; fixed shapes, so a CUDA graph captures it."""
 
@@ -170,7 +170,7 @@ def varlen_prompt_attention(q, k_cache, v_cache, prompts: VarlenPrompts, scale: 
     and for float32, one causal_attention per segment over the same gathered keys: the CPU tests' reference)."""
     # NOTE: indexed by (block, offset), never through k_cache.flatten(0, 1): a layer's cache is a strided view of
     # the block-major KV (corun/kv_cache.py), which flatten would copy whole, every layer (measured on the H200:
-    # standard's 1024x2048 run fell from 6,182 to 1,476 tok/s that way)
+    # mixed mode's 1024x2048 run fell from 6,182 to 1,476 tok/s that way)
     keys = k_cache[prompts.key_blocks, prompts.key_offsets]  # [total keys, kv_heads, head_dim]
     values = v_cache[prompts.key_blocks, prompts.key_offsets]
     if q.is_cuda and q.dtype in FLASH_DTYPES:

@@ -64,7 +64,7 @@ class ClusterConfig(RouterSettings, NodeSettings):
     num_decode: int = field(default=1, metadata=flag("--decode"))
     """Decode servers."""
     num_colocated: int = field(default=0, metadata=flag("--colocated"))
-    """Nodes that prefill and decode in one process (colocated_node/, the engine's co-run schedule): beside the P/D
+    """Nodes that prefill and decode in one process (colocated_node/, the engine's fixed_shape schedule): beside the P/D
     pools, or alone (P = D = 0: one GPU served by one process, no KV hand-off)."""
     num_routers: int = field(default=1, metadata=flag("--routers"))
     """Router processes on the launching host, all serving `port` (launch/routers.py: SO_REUSEPORT, the kernel

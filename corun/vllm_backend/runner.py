@@ -79,7 +79,7 @@ def unsupported_settings(config: EngineConfig) -> list[str]:
     if sched.mode != "fixed_shape":
         problems.append(f"mode {sched.mode} (nodes on vLLM run fixed_shape's schedule)")
     if sched.prefill_pack_tokens or sched.prefill_buckets or sched.decode_step_sizes:
-        problems.append("packed or bucketed prefill and decode_step_sizes (corun engine features)")
+        problems.append("packed or bucketed prefill and decode_step_sizes (native engine features)")
     return problems
 
 

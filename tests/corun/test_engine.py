@@ -215,7 +215,7 @@ def test_seed_does_not_matter_at_temperature_zero(llm):
 
 def test_batch_invariant_mode_runs_prompts_through_the_packed_kernel(tiny_model_dir):
     """batch_invariant mode on CPU (its Triton kernels in the interpreter): mixed steps with several prompt chunks
-    go through one packed prefill launch and give the tokens corun mode gives (float32: same argmax here)."""
+    go through one packed prefill launch and give the tokens fixed_shape mode gives (float32: same argmax here)."""
     from corun import LLM, SamplingParams
 
     prompts = [[5, 6, 7, 8, 9], list(range(20, 61)), [3]]
