@@ -17,7 +17,7 @@ from benchmarks.harness import measure_hardware, step_floor
 from benchmarks.report import emit
 from corun.engine import LLMEngine
 from corun.step_inputs import build_window_decode
-from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig, canonical_mode
 from wire.sampling_params import SamplingParams
 
 
@@ -43,14 +43,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=1024)
-    parser.add_argument("--modes", default="corun")
+    parser.add_argument("--modes", default="fixed_shape")
     parser.add_argument("--kernel-profile", action="store_true",
                         help="also run one eager step under torch.profiler and total the GPU time per kernel")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {}
-    for mode in args.modes.split(","):
+    for mode in map(canonical_mode, args.modes.split(",")):
         config = EngineConfig(model=args.model, dtype=args.dtype, device=device, scheduler=SchedulerConfig(
             mode=mode, max_num_seqs=args.max_num_seqs, max_model_len=args.prompt_len + 256,
             prefill_chunk_size=args.prompt_len, max_num_batched_tokens=args.prompt_len * 4),

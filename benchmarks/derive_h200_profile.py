@@ -2,14 +2,14 @@
 
     python -m benchmarks.derive_h200_profile --out benchmarks/results/h200_planner_profile.json
 
-Decode points: each corun run's median full decode step (engine step: inputs, graph replay, sampling, host work)
+Decode points: each fixed_shape run's median full decode step (engine step: inputs, graph replay, sampling, host work)
 with its total context, recovered from the floor the bench printed beside it. That floor is
 max(bytes / copy bandwidth, FLOPs / GEMM rate) with bytes = weight bytes + KV bytes per token * total context;
 the byte term is checked to be the larger one, and inverted with the run's measured bandwidth and the preset's
 shape (1024x128 comes out at 256 rows * 1088 tokens, its mean context, exactly). The decode-step profile adds its
 engine step at 256 rows of ~1035 tokens. Left out: 4096x128 (its steps mix 188 and 68 active rows, so the median
 step and median floor belong to different steps).
-Prefill points: every request arrives at t = 0 and corun admits and prefills while a slot and KV are free, so the
+Prefill points: every request arrives at t = 0 and fixed_shape admits and prefills while a slot and KV are free, so the
 k-th first token comes after k isolated prefills: TTFT p50 and p99, divided by their rank among the admitted
 requests, are one prefill each. Only runs with the fused SDPA prompt attention count (h200_bench_rerun.json):
 1024x128 (all 256 admitted) and 4096x2048 (129 admitted: the KV limit); 4096x128 ran first, so its first
@@ -28,6 +28,7 @@ from corun.kv_cache import bytes_per_block
 from corun.models.decoder import DecoderLM
 from corun.models.presets import preset_config
 from planner.perf_profile import DecodePoint, PerformanceProfile, PrefillPoint
+from wire.config import canonical_mode_spec
 
 RESULTS = Path(__file__).parent / "results"
 DECODE_RUNS = (("h200_bench_rerun.json", "1024x128"), ("h200_bench_rerun.json", "4096x2048"),
@@ -72,15 +73,21 @@ def load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 
 
+def modes_of(report: dict) -> dict:
+    """A report's runs by mode spec, each spec under its mode's name now: the results were written when fixed_shape
+    was called corun (wire.config.OLD_NAMES)."""
+    return {canonical_mode_spec(spec): runs for spec, runs in report["modes"].items()}
+
+
 def decode_points() -> list[DecodePoint]:
     points = []
     for name, workload in DECODE_RUNS:
         report = load(name)
-        step = report["modes"]["corun"][workload]["decode_step"]
+        step = modes_of(report)["fixed_shape"][workload]["decode_step"]
         rows = step["median_active_rows"]
         context = BenchShape(report["engine"]).context_from_floor(step["floor_ms"] / 1e3, rows, report["hardware"])
         points.append(DecodePoint(round(rows), context, step["median_ms"] / 1e3))
-    profile = load("h200_decode_step_profile.json")["corun"]
+    profile = modes_of({"modes": load("h200_decode_step_profile.json")})["fixed_shape"]
     points.append(DecodePoint(PROFILE_ROWS, PROFILE_ROWS * PROFILE_CONTEXT, profile["engine_step_ms"] / 1e3))
     return points
 
@@ -91,7 +98,7 @@ def prefill_points() -> list[PrefillPoint]:
         report = load(name)
         num_in, num_out = (int(x) for x in workload.split("x"))
         sched = report["engine"]["scheduler"]
-        run = report["modes"]["corun"][workload]
+        run = modes_of(report)["fixed_shape"][workload]
         admitted = BenchShape(report["engine"]).num_admitted(run["num_requests"], sched["max_num_seqs"],
                                                             num_in + num_out)
         for quantile, key in ((0.5, "p50"), (0.99, "p99")):

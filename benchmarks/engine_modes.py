@@ -1,4 +1,4 @@
-"""corun vs standard on one engine: output tokens/s, plus bs1-vs-bsN determinism and CUDA-graph facts.
+"""fixed_shape vs mixed mode on one engine: output tokens/s, plus bs1-vs-bsN determinism and CUDA-graph facts.
 
     python -m benchmarks.engine_modes --device cpu --out benchmarks/results/cpu_engine_modes.json
 """
@@ -70,10 +70,10 @@ def main() -> None:
         model_dir = str(make_tiny_model(tmp))
         report = {"args": vars(args), "torch": torch.__version__, "host": platform.processor() or platform.machine(),
                   "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                  "modes": {mode: run_mode(model_dir, mode, args) for mode in ("corun", "standard")}}
+                  "modes": {mode: run_mode(model_dir, mode, args) for mode in ("fixed_shape", "mixed")}}
     modes = report["modes"]
-    report["corun_over_standard_throughput"] = round(
-        modes["corun"]["throughput"]["output_tok_per_s"] / modes["standard"]["throughput"]["output_tok_per_s"], 3)
+    report["fixed_shape_over_mixed_throughput"] = round(
+        modes["fixed_shape"]["throughput"]["output_tok_per_s"] / modes["mixed"]["throughput"]["output_tok_per_s"], 3)
     emit(report, args.out)
 
 

@@ -3,7 +3,7 @@
     python -m benchmarks.front_door --preset qwen3-8b --out benchmarks/results/h200_front_door.json
 
 In one run, one after the other on GPU 0, the same workloads (each cut at --max-seconds):
-1. `engine`: the colocated corun engine (`corun bench`'s run_bench), the defaults a user gets;
+1. `engine`: the colocated engine in fixed_shape mode (`corun bench`'s run_bench), the defaults a user gets;
 2. `colocated_nodes_http`: `corun serve --prefill 0 --decode 0 --colocated 1` through HTTP (`corun bench --url`);
 3. `1p1d_http`: `corun serve --prefill 1 --decode 1` on the same GPU through HTTP, and the KV hand-off per request
    under the ShareGPT-like load (the decode node's read-time buckets: kv_handoff_ms_p50 is the smallest bucket
@@ -103,7 +103,7 @@ def main() -> None:
     base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                            prefill_chunk_size=args.prefill_chunk_size)
     engine = EngineConfig(model=model_dir, dtype=args.dtype, device=args.device, num_threads=1,
-                          scheduler=scheduler_for(base, "corun"),
+                          scheduler=scheduler_for(base, "fixed_shape"),
                           cache=CacheConfig(memory_budget_bytes=args.kv_cache_mib * 2**20))
     prompts = token_prompts(args.num_prompts, vocab - 1, 1, args.prompt_len)  # NOTE: never the EOS id (the last)
     workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
@@ -119,7 +119,8 @@ def main() -> None:
     reference = colocated_outputs(llm, prompts, one_by_one=False)
     del llm
     empty_cache()
-    report["modes"]["engine"] = run_bench(engine, ["corun"], workloads, max_seconds=args.max_seconds)["modes"]["corun"]
+    report["modes"]["engine"] = run_bench(engine, ["fixed_shape"], workloads,
+                                          max_seconds=args.max_seconds)["modes"]["fixed_shape"]
     save()
     empty_cache()
     served = {"slo": SLOTargets(), "arrivals": DEFAULT_ARRIVALS, "max_seconds": args.max_seconds}

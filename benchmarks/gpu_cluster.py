@@ -5,9 +5,9 @@
 1. 1P1D on one GPU (two processes, both on GPU 0, the KV over NIXL's CUDA-IPC path), a random-weight model
    directory of the preset's shape (`corun make-random-model`), bf16.
 2. Determinism through HTTP: each prompt alone, then all of them concurrently (bs1 vs bsN), and a needle (one
-   prompt among others at several batch sizes); then the same prompts on the colocated corun engine on the same
-   GPU: the cluster must equal it bitwise. Inverse: the colocated standard engine, alone vs batched, differs.
-3. `corun bench --url` on the workloads, then the colocated corun and standard engines on the same workloads,
+   prompt among others at several batch sizes); then the same prompts on the colocated fixed_shape engine on the
+   same GPU: the cluster must equal it bitwise. Inverse: the colocated mixed engine, alone vs batched, differs.
+3. `corun bench --url` on the workloads, then the colocated fixed_shape and mixed engines on the same workloads,
    each run cut at --max-seconds; per request, the KV read time next to the prefill time (node counters).
 """
 
@@ -106,8 +106,9 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=6144)
     parser.add_argument("--prefill-chunk-size", type=int, default=4096)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    parser.add_argument("--corun-spec", default="corun", help="the cluster's and the colocated corun engine's mode "
-                        "spec (benchmarks.harness.scheduler_for; default: the defaults a user gets)")
+    parser.add_argument("--fixed-shape-spec", "--corun-spec", default="fixed_shape",
+                        help="the cluster's and the colocated fixed_shape engine's mode spec "
+                        "(benchmarks.harness.scheduler_for; default: the defaults a user gets)")
     parser.add_argument("--prefill-kv-cache-mib", type=int, default=16000)
     parser.add_argument("--decode-kv-cache-mib", type=int, default=60000)
     parser.add_argument("--colocated-kv-cache-mib", type=int, default=60000)
@@ -126,7 +127,7 @@ def main() -> None:
                            prefill_chunk_size=args.prefill_chunk_size,
                            max_num_batched_tokens=args.max_num_batched_tokens)
     engine = EngineConfig(model=model_dir, dtype=args.dtype, device=args.device, num_threads=1,
-                          scheduler=scheduler_for(base, args.corun_spec))
+                          scheduler=scheduler_for(base, args.fixed_shape_spec))
     prompts = token_prompts(args.num_prompts, vocab - 1, 1, args.prompt_len)  # NOTE: never the EOS id (the last)
     workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
     report = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "command": vars(args),
@@ -164,15 +165,16 @@ def main() -> None:
     reference = colocated_outputs(llm, prompts, one_by_one=False)
     report["determinism"]["cluster_vs_colocated_differing"] = differing(alone, reference)
     del llm
-    standard = LLM.from_config(dataclasses.replace(colocated_engine, scheduler=scheduler_for(base, "standard")))
-    report["determinism"]["inverse_standard_bs1_vs_bsn_differing"] = differing(
-        colocated_outputs(standard, prompts, one_by_one=True), colocated_outputs(standard, prompts, one_by_one=False))
-    del standard
+    mixed = LLM.from_config(dataclasses.replace(colocated_engine, scheduler=scheduler_for(base, "mixed")))
+    report["determinism"]["inverse_mixed_bs1_vs_bsn_differing"] = differing(
+        colocated_outputs(mixed, prompts, one_by_one=True), colocated_outputs(mixed, prompts, one_by_one=False))
+    del mixed
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     save()
     if not args.skip_colocated_bench and "modes" in report:
-        colocated = run_bench(colocated_engine, [args.corun_spec, "standard"], workloads, max_seconds=args.max_seconds)
+        colocated = run_bench(colocated_engine, [args.fixed_shape_spec, "mixed"], workloads,
+                              max_seconds=args.max_seconds)
         report["modes"].update({f"colocated_{mode}": runs for mode, runs in colocated["modes"].items()})
     save()
     print(json.dumps({"determinism": report["determinism"], "costs": report["costs_after_bench"],

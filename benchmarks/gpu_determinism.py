@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_determinism --out benchmarks/results/h200_determinism.json
 
-corun must be bitwise identical; standard (cuBLAS + split-KV decode attention) should differ; batch_invariant
+fixed_shape must be bitwise identical; mixed (cuBLAS + split-KV decode attention) should differ; batch_invariant
 should be identical too (at its throughput cost).
 """
 
@@ -16,7 +16,7 @@ import torch
 
 from benchmarks.harness import scheduler_for
 from corun import LLM, SamplingParams
-from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig, canonical_mode_spec
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -53,7 +53,7 @@ def needle(llm: LLM, vocab: int, params, num_trials: int = 4, max_batch: int = 6
 
 
 def run(model: str, dtype: str, mode: str, max_num_seqs: int, num_prompts: int) -> dict:
-    """mode: a bench mode spec (benchmarks.harness.scheduler_for), e.g. corun:prefill_buckets=default."""
+    """mode: a bench mode spec (benchmarks.harness.scheduler_for), e.g. fixed_shape:prefill_buckets=default."""
     scheduler = scheduler_for(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=1024, prefill_chunk_size=256,
                                               max_num_batched_tokens=2048), mode)
     llm = LLM.from_config(EngineConfig(model=model, dtype=dtype, device=DEVICE, scheduler=scheduler,
@@ -74,7 +74,7 @@ def run(model: str, dtype: str, mode: str, max_num_seqs: int, num_prompts: int) 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="random:qwen3-tiny:float32:32,random:qwen3-8b:bfloat16:256")
-    parser.add_argument("--modes", default="corun,standard,batch_invariant",
+    parser.add_argument("--modes", default="fixed_shape,mixed,batch_invariant",
                         help="comma-separated mode specs (benchmarks.harness.scheduler_for)")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--out", default=None)
@@ -83,7 +83,7 @@ def main() -> None:
     report = {"gpu": gpu, "torch": torch.__version__, "results": {}}
     for spec in args.models.split(","):
         model, dtype, n = spec.rsplit(":", 2)
-        for mode in args.modes.split(","):
+        for mode in map(canonical_mode_spec, args.modes.split(",")):
             key = f"{model}/{dtype}/N={n}/{mode}"
             report["results"][key] = run(model, dtype, mode, int(n), args.num_prompts)
             print(key, json.dumps(report["results"][key]), flush=True)

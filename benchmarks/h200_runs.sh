@@ -6,6 +6,9 @@
 #   --max-seconds (the JSON marks a cut run truncated); "bench_rerun": the 4096-token workloads and 1024x128 again
 #   after prompt attention moved off torch's math SDPA kernel. Issue 8 (prefill at the hardware's speed), in the order
 #   run: "prefill", "burst", "ladder", "poisson" (BURST_RATE=3 SHAREGPT_RATE=8), "rollout", "final", "final_bench".
+# NOTE: the mode specs below are the ones run, in the names of the time: corun is today's fixed_shape mode and
+#   standard today's mixed (issue 22). Both spellings run (wire/config.py OLD_NAMES); the JSON a run writes now names
+#   the modes by the new names, the committed results (benchmarks/results) by the old ones.
 set -u
 part=$1; out=$2
 export PYTHONPATH=. PYTHONUNBUFFERED=1

@@ -24,7 +24,7 @@ import torch
 from corun.engine import LLMEngine
 from corun.request import Request
 from planner.workloads import Arrivals, Workload, check_fits, make_prompts
-from wire.config import EngineConfig, SchedulerConfig
+from wire.config import EngineConfig, SchedulerConfig, canonical_mode_spec
 from wire.engine_args import parse_buckets, parse_switch
 
 DEFAULT_ARRIVALS = Arrivals()
@@ -267,7 +267,7 @@ def decode_step_summary(engine: LLMEngine, decode_steps: list[tuple[float, list[
     n = engine.config.scheduler.max_num_seqs
     full = [(t, ctx) for t, ctx in decode_steps if len(ctx) >= 0.9 * n] or decode_steps
     step_s = statistics.median(t for t, _ in full)
-    rows = n if engine.config.scheduler.mode == "corun" else statistics.median(len(c) for _, c in full)
+    rows = n if engine.config.scheduler.mode == "fixed_shape" else statistics.median(len(c) for _, c in full)
     floor_s = statistics.median(step_floor(engine, ctx, int(rows), hardware) for _, ctx in full)
     return {"median_ms": round(1e3 * step_s, 3), "floor_ms": round(1e3 * floor_s, 3),
             "over_floor": round(step_s / floor_s, 2), "median_active_rows": statistics.median(len(c) for _, c in full),
@@ -291,8 +291,8 @@ def progress_line(mode: str, workload: str, result: dict) -> str:
 
 def scheduler_for(base: SchedulerConfig, spec: str) -> SchedulerConfig:
     """A mode spec: 'mode' or 'mode:field=value:...' with SchedulerConfig fields, so that variants of one mode
-    run side by side in one bench, e.g. corun:prefill_buckets=none:decode_step_sizes=none (the paper's shapes) or
-    standard:piecewise_graphs=off (eager mixed steps)."""
+    run side by side in one bench, e.g. fixed_shape:prefill_buckets=none:decode_step_sizes=none (the paper's shapes)
+    or mixed:piecewise_graphs=off (eager mixed steps). A mode's old name (wire.config.OLD_NAMES) is taken too."""
     mode, *settings = spec.split(":")
     overrides: dict = {"mode": mode}
     for setting in settings:
@@ -313,6 +313,7 @@ def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], o
               slo: SLOTargets = SLOTargets()) -> dict:
     for workload in workloads:  # NOTE: before any model loads: a too-long workload would fail mid-run
         check_fits(workload, base.scheduler.max_model_len)
+    modes = [canonical_mode_spec(spec) for spec in modes]  # NOTE: the report names every mode by its name now
     hardware = measure_hardware(base.device)
     report = {"engine": dataclasses.asdict(base), "hardware": hardware, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,

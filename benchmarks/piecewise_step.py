@@ -1,4 +1,4 @@
-"""One standard-mode mixed step, eager against the piecewise CUDA graphs (corun/piecewise_graphs.py), by phase.
+"""One mixed-mode step, eager against the piecewise CUDA graphs (corun/piecewise_graphs.py), by phase.
 
     python -m benchmarks.piecewise_step --model random:qwen3-8b --dtype bfloat16 --kv-cache-mib 112000 --out FILE
 
@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     config = EngineConfig(model=args.model, dtype=args.dtype, device="cuda", scheduler=SchedulerConfig(
-        mode="standard", max_num_seqs=256, max_model_len=6144, prefill_chunk_size=4096,
+        mode="mixed", max_num_seqs=256, max_model_len=6144, prefill_chunk_size=4096,
         max_num_batched_tokens=args.max_num_batched_tokens, piecewise_graphs=True),
         cache=CacheConfig(memory_budget_bytes=args.kv_cache_mib * 2**20))
     start = time.perf_counter()

@@ -20,10 +20,10 @@ import torch
 
 from benchmarks.harness import measure_hardware, scheduler_for
 from corun.engine import LLMEngine
-from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig, canonical_mode_spec
 from wire.sampling_params import SamplingParams
 
-PATHS = "corun:prefill_buckets=none,corun,corun:prefill_pack_tokens=2048:prefill_pack_seqs=16"
+PATHS = "fixed_shape:prefill_buckets=none,fixed_shape,fixed_shape:prefill_pack_tokens=2048:prefill_pack_seqs=16"
 """Natural eager, the defaults (bucketed graphs on CUDA), packed."""
 NOMINAL_FLOPS = 780e12
 
@@ -88,7 +88,7 @@ def main() -> None:
                            prefill_chunk_size=args.prefill_chunk_size)
     report = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "hardware": hardware,
               "command": vars(args), "paths": {}}
-    for spec in args.paths.split(","):
+    for spec in map(canonical_mode_spec, args.paths.split(",")):
         config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                               scheduler=scheduler_for(base, spec),
                               cache=CacheConfig(memory_budget_bytes=args.kv_cache_mib * 2**20))

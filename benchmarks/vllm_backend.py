@@ -1,5 +1,5 @@
-"""The vLLM engine backend on this CPU host: CoRun's rules (corun) next to vLLM's own scheduling (standard), side by
-side in one run, on the same requests (run in .venv-vllm).
+"""The vLLM engine backend on this CPU host: CoRun's rules (mode fixed_shape) next to vLLM's own scheduling (mode
+mixed), side by side in one run, on the same requests (run in .venv-vllm).
 
     .venv-vllm/bin/python -m benchmarks.vllm_backend --out benchmarks/results/cpu_vllm_backend.json
 
@@ -58,7 +58,7 @@ def main() -> None:
                  SamplingParams(temperature=0.7, seed=n, max_tokens=o, logprobs=1, ignore_eos=True))
                 for n, (i, o) in enumerate(lengths)]
     report = {"command": vars(args), "lengths": lengths, "modes": {}}
-    for mode in ("corun", "standard"):
+    for mode in ("fixed_shape", "mixed"):
         config = EngineConfig(model=args.model, backend="vllm", num_threads=args.num_threads,
                               scheduler=SchedulerConfig(mode=mode, max_num_seqs=args.max_num_seqs,
                                                         max_model_len=args.max_model_len,
@@ -74,12 +74,12 @@ def main() -> None:
         together["checked_alone"] = len(alone)
         report["modes"][mode] = together
         del engine
-    corun, standard = report["modes"]["corun"], report["modes"]["standard"]
-    report["corun_over_standard_tok_per_s"] = round(corun["output_tok_per_s"] / standard["output_tok_per_s"], 3)
+    fixed_shape, mixed = report["modes"]["fixed_shape"], report["modes"]["mixed"]
+    report["fixed_shape_over_mixed_tok_per_s"] = round(fixed_shape["output_tok_per_s"] / mixed["output_tok_per_s"], 3)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps({mode: {k: v for k, v in r.items()} for mode, r in report["modes"].items()}, indent=2))
-    print("corun / standard output tok/s:", report["corun_over_standard_tok_per_s"])
+    print("fixed_shape / mixed output tok/s:", report["fixed_shape_over_mixed_tok_per_s"])
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ from planner.workloads import PAPER_WORKLOADS, Arrivals, Workload, default_workl
 from wire.auth import API_KEY_ENV, resolve_api_key
 from wire.engine_args import add_engine_args, engine_config_from_args
 
-CUDA_MODES = ("corun", "standard", "batch_invariant")
-CPU_MODES = ("corun", "standard")
+CUDA_MODES = ("fixed_shape", "mixed", "batch_invariant")
+CPU_MODES = ("fixed_shape", "mixed")
 """NOTE: batch_invariant's Triton kernels run in Triton's interpreter on CPU: minutes per step of a real run."""
 
 
@@ -43,8 +43,9 @@ def add_bench(commands) -> None:
     add_engine_args(cmd)
     cmd.add_argument("--modes", default=None,
                      help="comma-separated mode specs: a mode, or mode:field=value:... with SchedulerConfig fields "
-                          "(e.g. corun:prefill_token_budget=0) to run variants side by side (default: "
-                          f"{','.join(CUDA_MODES)} on CUDA, {','.join(CPU_MODES)} on CPU)")
+                          "(e.g. fixed_shape:prefill_token_budget=0) to run variants side by side (default: "
+                          f"{','.join(CUDA_MODES)} on CUDA, {','.join(CPU_MODES)} on CPU; the old names corun and "
+                          "standard are taken too)")
     cmd.add_argument("--workloads", default=None,
                      help="comma-separated: INxOUT (e.g. 1024x128), burstgpt, sharegpt, rl_rollout (default: those of "
                           f"{','.join(PAPER_WORKLOADS)} that fit --max-model-len, else one INxOUT sized to it)")
@@ -77,7 +78,7 @@ def run_bench_command(args) -> int:
     if args.url:
         report = run_url_bench(args, base, workloads, arrivals, slo)
     elif base.backend == "vllm":
-        # NOTE: the colocated bench reads corun's engine internals (its runner's shapes, its scheduler's queues)
+        # NOTE: the colocated bench reads the native engine's internals (its runner's shapes, its scheduler's queues)
         raise ValueError("corun bench runs the project's engine colocated; for --engine vllm bench a cluster with "
                          "--url (corun serve --engine vllm), or run benchmarks/vllm_backend.py in .venv-vllm")
     else:

@@ -19,7 +19,8 @@ def add_plan(commands) -> None:
     source = cmd.add_mutually_exclusive_group(required=True)
     source.add_argument("--profile", help="performance profile JSON (from --profile-out, or "
                         "benchmarks/derive_h200_profile.py)")
-    source.add_argument("--model", help="checkpoint to profile now, on a corun engine built from the flags below")
+    source.add_argument("--model", help="checkpoint to profile now, on the native engine (fixed_shape mode) built "
+                        "from the flags below")
     workload = cmd.add_mutually_exclusive_group(required=True)
     workload.add_argument("--workload", help="named workload of `corun bench` (1024x128, ..., burstgpt)")
     workload.add_argument("--lengths", help="(input, output) samples: JSON [[in, out], ...] or lines 'in,out'")
@@ -58,7 +59,7 @@ def add_profiling_flags(cmd) -> None:
 
 
 def add_profile(commands) -> None:
-    cmd = commands.add_parser("profile", help="measure a corun engine's prefill and decode-step costs for `plan`")
+    cmd = commands.add_parser("profile", help="measure a fixed_shape engine's prefill and decode-step costs for `plan`")
     cmd.add_argument("--model", required=True, help="checkpoint to profile (or a random: preset)")
     cmd.add_argument("--out", dest="profile_out", required=True, help="where to write the profile JSON")
     add_profiling_flags(cmd)
@@ -123,7 +124,7 @@ def measure_profile(args) -> PerformanceProfile:
                  "prefill_chunk_size": args.prefill_chunk_size}
     config = EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, num_threads=args.num_threads,
-        scheduler=SchedulerConfig(mode="corun", **{k: v for k, v in scheduler.items() if v is not None}),
+        scheduler=SchedulerConfig(mode="fixed_shape", **{k: v for k, v in scheduler.items() if v is not None}),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks))
     profile = profile_engine(config, int_list(args.profile_lengths), int_list(args.profile_contexts),
                              int_list(args.profile_rows),

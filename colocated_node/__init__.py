@@ -1,1 +1,1 @@
-"""Colocated servers: prefill and decode in one process (the engine's co-run schedule) behind the router."""
+"""Colocated servers: prefill and decode in one process (the engine's fixed_shape schedule) behind the router."""

@@ -1,4 +1,4 @@
-"""Colocated server: prefill and decode in one process, the engine's co-run schedule, behind the router.
+"""Colocated server: prefill and decode in one process, the engine's fixed_shape schedule, behind the router.
 
 The colocated engine (corun/engine.py) as a node: its scheduler and model runner run the request, so its outputs
 are the engine's, and so the P/D cluster's. This is how one GPU is served without a second CUDA context or a KV
@@ -7,7 +7,7 @@ hand-off.
 Lifecycle of a request (queues; each of its n samples is a request of its own, seed sample_seed(seed, i), as
 LLM.generate splits them):
   waiting (the scheduler's FIFO) --a slot and KV blocks for prompt + max_tokens free--> prefilling (alone, one
-      chunk per forward, as the engine's corun mode: bucketed, packed or natural)
+      chunk per forward, as the engine's fixed_shape mode: bucketed, packed or natural)
   prefilling --last chunk: token 1 sampled, streamed (with the prompt's logprobs)--> decoding
   decoding (the N-row decode step; one StepTokens per router per step, a TokenEvent per sample in it)
       --stop / length / Abort--> finished: slot + blocks free
@@ -46,9 +46,9 @@ class ColocatedServer(NodeServer):
     role = "colocated"
 
     def __init__(self, config: NodeConfig):
-        if config.engine.scheduler.mode != "corun":
-            raise ValueError(f"a colocated node runs mode corun (got {config.engine.scheduler.mode}): its outputs "
-                             "are the engine's and the P/D cluster's only under corun's shapes")
+        if config.engine.scheduler.mode != "fixed_shape":
+            raise ValueError(f"a colocated node runs mode fixed_shape (got {config.engine.scheduler.mode}): its "
+                             "outputs are the engine's and the P/D cluster's only under fixed_shape's shapes")
         super().__init__(config, capture_decode_graph=True)  # NOTE: no KV transport: it moves no KV
         self.scheduler = make_scheduler(self.config.engine.scheduler, self.block_manager)
         self.samples: dict[int, Sample] = {}

@@ -1,17 +1,17 @@
-"""Attention over the paged KV cache. Every reduction is request-local; split-KV only in standard mode on CUDA.
+"""Attention over the paged KV cache. Every reduction is request-local; split-KV only in mixed mode on CUDA.
 
-- per-request (CPU, and corun's prompt chunks everywhere): each request's queries against its own KV, one call per
+- per-request (CPU, and fixed_shape's prompt chunks everywhere): each request's queries against its own KV, one call per
   request (SDPA on CPU, FlashAttention on CUDA), so the shapes a request sees depend only on that request (its
   chunk length and context length);
-- varlen prompts (standard mode on CUDA): every prompt chunk of a mixed step in one FlashAttention varlen launch
+- varlen prompts (mixed mode on CUDA): every prompt chunk of a mixed step in one FlashAttention varlen launch
   per layer, keys gathered from the cache, as vLLM's FlashAttention backend runs prefill (batch-dependent: the
   launch's split-KV heuristic sees the whole step);
 - batched decode rows (CUDA): the Triton paged kernel (corun/kernels/decode_attention.py), one program per
-  (row, kv head) over the row's own blocks in a fixed order; standard mode splits contexts by batch size, as
+  (row, kv head) over the row's own blocks in a fixed order; mixed mode splits contexts by batch size, as
   FlashAttention does, which is what makes it batch-dependent;
 - fixed-window (torch): the same math as the Triton kernel over a fixed window of blocks, for CPU tests of the
   batched path (num_kv_splits = 0);
-- packed prompt rows (batch_invariant mode; corun's bucketed and packed prefill on CUDA): the query-tiled Triton
+- packed prompt rows (batch_invariant mode; fixed_shape's bucketed and packed prefill on CUDA): the query-tiled Triton
   kernel (corun/kernels/prefill_attention.py), one launch for every sequence in the step, each reading only its
   own KV with tiles aligned at its position 0, driven by device tensors (PackedPrefillMeta) so it can be
   captured in a CUDA graph.
@@ -83,9 +83,9 @@ class AttentionMetadata:
     depends only on the token's position, so a token's result does not depend on how its prompt was chunked
     (batch_invariant mode's budget cuts depend on co-runners) or on what shares the forward (packed prefill)."""
     varlen_prompts: VarlenPrompts | None = None
-    """Prompt rows through one varlen FlashAttention launch instead of per-segment calls (standard mode, CUDA)."""
+    """Prompt rows through one varlen FlashAttention launch instead of per-segment calls (mixed mode, CUDA)."""
     whole_prompt: bool = False
-    """Every row belongs to one prompt's first chunk, from position 0, with padding rows after it (corun's
+    """Every row belongs to one prompt's first chunk, from position 0, with padding rows after it (fixed_shape's
     bucketed prefill): causal SDPA over this step's K and V, as an unpadded first chunk gets. The padding comes
     last, so causality keeps every real row from attending to it; fixed shapes, so a CUDA graph captures it."""
 
@@ -170,7 +170,7 @@ def varlen_prompt_attention(q, k_cache, v_cache, prompts: VarlenPrompts, scale: 
     and for float32, one causal_attention per segment over the same gathered keys: the CPU tests' reference)."""
     # NOTE: indexed by (block, offset), never through k_cache.flatten(0, 1): a layer's cache is a strided view of
     # the block-major KV (corun/kv_cache.py), which flatten would copy whole, every layer (measured on the H200:
-    # standard's 1024x2048 run fell from 6,182 to 1,476 tok/s that way)
+    # mixed mode's 1024x2048 run fell from 6,182 to 1,476 tok/s that way)
     keys = k_cache[prompts.key_blocks, prompts.key_offsets]  # [total keys, kv_heads, head_dim]
     values = v_cache[prompts.key_blocks, prompts.key_offsets]
     if q.is_cuda and q.dtype in FLASH_DTYPES:

@@ -1,8 +1,8 @@
 """Fixed-shape steps captured as CUDA graphs, one per size, sharing one memory pool (nano-vllm's
 capture_cudagraph / run_model): static inputs are captured once and each replay copies a step's inputs into them.
 
-Used for the decode step (corun captures exactly N rows; standard modes several sizes) and for corun's prefill
-forwards (one graph per prefill bucket, or one at the packed prefill's T rows).
+Used for the decode step (fixed_shape captures exactly N rows; mixed-step modes several sizes) and for fixed_shape's
+prefill forwards (one graph per prefill bucket, or one at the packed prefill's T rows).
 """
 
 from __future__ import annotations

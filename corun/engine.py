@@ -28,14 +28,14 @@ class EngineStats:
     num_mixed_steps: int = 0
     num_generated_tokens: int = 0
     max_prefill_batch: int = 0
-    """Most requests whose prompt tokens shared one forward (1 in corun's isolated prefill, by construction; up
+    """Most requests whose prompt tokens shared one forward (1 in fixed_shape's isolated prefill, by construction; up
     to prefill_pack_seqs in its packed prefill)."""
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config = config.resolved()
-        self.runner = ModelRunner(config, runs_mixed_steps=config.scheduler.mode != "corun")
+        self.runner = ModelRunner(config, runs_mixed_steps=config.scheduler.mode != "fixed_shape")
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.cache.block_size)
         self.scheduler = make_scheduler(config.scheduler, self.block_manager)
         self.eos_token_ids = frozenset(self.runner.arch.eos_token_ids)
@@ -65,7 +65,7 @@ class LLMEngine:
 
     def run(self, batch: ScheduledBatch) -> list[SampledToken]:
         self.stats.max_prefill_batch = max(self.stats.max_prefill_batch, len(batch.prefill_chunks))
-        if self.config.scheduler.mode != "corun":
+        if self.config.scheduler.mode != "fixed_shape":
             self.stats.num_mixed_steps += 1
             return self.runner.run_mixed(batch)
         if batch.prefill_chunks:

@@ -46,7 +46,7 @@ class LLM:
         return llm
 
     def _start(self) -> None:
-        self.engine = LLMEngine(self.config) if self.config.backend == "corun" else _vllm_engine(self.config)
+        self.engine = LLMEngine(self.config) if self.config.backend == "native" else _vllm_engine(self.config)
         # NOTE: random-weight presets (benchmarks) have no tokenizer: prompts are token ids, text is empty.
         self.tokenizer = None if is_random_spec(self.config.model) else load_tokenizer(self.config.model)
         self.request_counter = itertools.count()

@@ -1,16 +1,16 @@
-"""Runs scheduled batches on the model: isolated prefill, the fixed N-row decode step, standard mixed steps.
+"""Runs scheduled batches on the model: isolated prefill, the fixed N-row decode step, mixed steps.
 
-The corun decode step always computes exactly N rows: running requests fill rows 0..k-1 in running order
+The fixed_shape decode step always computes exactly N rows: running requests fill rows 0..k-1 in running order
 (so a request moves up when an earlier one finishes) and the rest are padding that reads and writes only the
 null block and whose sampled values are dropped. On CUDA the step (model + lm head) is captured once as one
 CUDA graph and replayed; the sampler runs outside it on the same N rows.
 
-corun prefill runs one prompt's chunk per forward at its natural length (the paper), or, as configured, padded
+fixed_shape prefill runs one prompt's chunk per forward at its natural length (the paper), or, as configured, padded
 to a bucket of fixed sizes (isolated, bucketed) or packed with other prompts' chunks into exactly T rows
 (packed); both pad with rows that write only the null block, and on CUDA each such shape is one captured graph,
 so a short prefill pays its kernels, not hundreds of eager launches.
 
-standard and batch_invariant modes on CUDA do what vLLM does by default: decode-only steps are padded to the
+mixed and batch_invariant modes on CUDA do what vLLM does by default: decode-only steps are padded to the
 next of several captured sizes, and mixed prefill+decode steps of up to 2048 tokens run as piecewise CUDA graphs by
 token count, attention eager between them (corun/piecewise_graphs.py; SchedulerConfig.piecewise_graphs off: eager).
 """
@@ -56,7 +56,7 @@ class SampledToken:
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """vLLM-style graph sizes for standard modes: 1, 2, 4, 8, then every 16 up to N (and N itself)."""
+    """vLLM-style graph sizes for mixed-step modes: 1, 2, 4, 8, then every 16 up to N (and N itself)."""
     sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs] + list(range(16, max_num_seqs, 16))
     return sorted(set(sizes + [max_num_seqs]))
 
@@ -64,7 +64,7 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 class ModelRunner:
     def __init__(self, config: EngineConfig, capture_decode_graph: bool = True, runs_mixed_steps: bool = False):
         """capture_decode_graph: False on prefill-only nodes, which never run the decode step. runs_mixed_steps:
-        the colocated engine of a standard mode, the only runner that runs mixed steps (run_mixed)."""
+        the colocated engine of a mixed-step mode, the only runner that runs mixed steps (run_mixed)."""
         self.config = config = config.resolved()
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
@@ -78,13 +78,13 @@ class ModelRunner:
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_padded_prefill_forwards = 0
-        """corun prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
+        """fixed_shape prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
         self.num_piecewise_forwards = 0
-        """standard modes' mixed steps that ran through the piecewise graphs (the rest ran eagerly)."""
+        """Mixed steps that ran through the piecewise graphs (the rest ran eagerly)."""
         self.decode_rows_histogram: dict[int, int] = {}
-        """corun decode steps per row count they ran at."""
+        """fixed_shape decode steps per row count they ran at."""
         self.prefill_rows_histogram: dict[int, int] = {}
-        """corun padded prefill forwards (bucketed or packed) per row count they ran at."""
+        """fixed_shape padded prefill forwards (bucketed or packed) per row count they ran at."""
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_cuda else 0
         self.batched_decode_rows = self.on_cuda or self.mode == "batch_invariant"
         """Decode rows through the batched paged kernel (CUDA) instead of per-request attention (CPU); tests
@@ -92,12 +92,12 @@ class ModelRunner:
         self.packed_prefill_kernel = self.on_cuda
         """Padded prefill attention through the packed Triton kernel (CUDA: graph-capturable) rather than one SDPA
         call per chunk (CPU); tests turn it on for CPU to run it in Triton's interpreter."""
-        self.varlen_prompt_kernel = self.on_cuda and self.mode == "standard"
-        """standard's mixed steps: every prompt chunk in one varlen attention launch per layer (CUDA), as vLLM's
+        self.varlen_prompt_kernel = self.on_cuda and self.mode == "mixed"
+        """mixed mode's steps: every prompt chunk in one varlen attention launch per layer (CUDA), as vLLM's
         FlashAttention backend does, rather than one call per chunk; tests turn it on for CPU (its reference)."""
         self.decode_graph = self.prefill_graph = self.mixed_graph = None
         self.decode_sizes = [self.max_num_seqs]
-        """Row counts a corun decode step may run at (ascending, N last): N and the verified smaller ones."""
+        """Row counts a fixed_shape decode step may run at (ascending, N last): N and the verified smaller ones."""
         self.pack_sizes = [config.scheduler.prefill_pack_tokens] if config.scheduler.prefill_pack_tokens else []
         """Row counts a packed prefill forward may run at (ascending, T last): T and the verified smaller ones."""
         self.set_up_fixed_shapes(capture_decode_graph, runs_mixed_steps)
@@ -121,23 +121,23 @@ class ModelRunner:
         return model, sampler
 
     def set_up_fixed_shapes(self, with_decode: bool, with_mixed: bool) -> None:
-        """CUDA graphs of the decode and padded prefill shapes (and of standard modes' mixed steps, piecewise); the
+        """CUDA graphs of the decode and padded prefill shapes (and of mixed-step modes' steps, piecewise); the
         decode sizes that keep the N-row bits."""
         sched = self.config.scheduler
         if self.on_cuda and self.config.use_cuda_graph:
             if with_decode:
                 self.decode_graph = self.capture_decode_graphs()
-            if with_mixed and self.mode != "corun" and sched.piecewise_graphs:
+            if with_mixed and self.mode != "fixed_shape" and sched.piecewise_graphs:
                 self.mixed_graph = PiecewiseForward(self.model, self.kv_cache.layers,
                                                     piecewise_sizes(sched.max_num_batched_tokens),
                                                     DTYPES[self.config.dtype], self.device, capture=True)
-            if self.mode == "corun" and self.padded_prefill_sizes():
+            if self.mode == "fixed_shape" and self.padded_prefill_sizes():
                 self.prefill_graph = self.capture_prefill_graphs()
-        if with_decode and self.mode == "corun" and sched.decode_step_sizes:
+        if with_decode and self.mode == "fixed_shape" and sched.decode_step_sizes:
             self.decode_sizes = equivalent_decode_sizes(self, sched.decode_step_sizes)
             if self.decode_graph is not None:  # NOTE: a size that failed must never be replayed
                 self.decode_graph.keep(self.decode_sizes)
-        if self.mode == "corun" and sched.prefill_pack_tokens and sched.prefill_pack_sizes:
+        if self.mode == "fixed_shape" and sched.prefill_pack_tokens and sched.prefill_pack_sizes:
             self.pack_sizes = equivalent_pack_sizes(self, sched.prefill_pack_sizes)
             if self.prefill_graph is not None:
                 self.prefill_graph.keep(self.pack_sizes)
@@ -146,7 +146,7 @@ class ModelRunner:
     def prefill_path(self) -> str:
         """Which prefill path runs prompts on this runner, for benchmark reports."""
         sched = self.config.scheduler
-        if self.mode != "corun":
+        if self.mode != "fixed_shape":
             return "mixed-batch-piecewise-graphs" if self.mixed_graph is not None else "mixed-batch-eager"
         how = "graph" if self.prefill_graph is not None else "eager"
         if sched.prefill_pack_tokens:
@@ -161,19 +161,19 @@ class ModelRunner:
         return self.device.type == "cuda"
 
     def kv_splits(self, num_rows: int) -> int:
-        """Decode attention kernel choice on CUDA: no split-KV except in standard mode (batch-dependent)."""
+        """Decode attention kernel choice on CUDA: no split-KV except in mixed mode (batch-dependent)."""
         if self.mode == "batch_invariant":
             return 1
         if not self.on_cuda:
             return 0
-        if self.mode != "standard":
+        if self.mode != "mixed":
             return 1
         from corun.kernels.decode_attention import split_kv_heuristic
 
         return split_kv_heuristic(num_rows, self.model.cfg.num_kv_heads, self.num_sms)
 
     def run_prefill(self, chunks: list[PrefillChunk]) -> list[SampledToken]:
-        """corun prefill of one chunk (isolated) or several prompts' chunks (packed) in one forward; samples
+        """fixed_shape prefill of one chunk (isolated) or several prompts' chunks (packed) in one forward; samples
         token 1 of every prompt whose last chunk this is."""
         sched = self.config.scheduler
         self.num_prefill_forwards += 1
@@ -267,7 +267,7 @@ class ModelRunner:
         return torch.cat([self.model.compute_logits(hidden[row:row + 1]) for row in rows.tolist()])
 
     def padded_prefill_sizes(self) -> list[int]:
-        """Row counts of corun's padded prefill forwards (each one CUDA graph on CUDA)."""
+        """Row counts of fixed_shape's padded prefill forwards (each one CUDA graph on CUDA)."""
         sched = self.config.scheduler
         if sched.prefill_pack_tokens:  # NOTE: every candidate, before the probe keeps those that pass
             return [*sched.prefill_pack_sizes, sched.prefill_pack_tokens]
@@ -283,9 +283,9 @@ class ModelRunner:
         return CapturedGraphs(self.padded_prefill_sizes(), make_static, self.prefill_pack_logits)
 
     def capture_decode_graphs(self) -> CapturedGraphs[WindowDecodeInputs]:
-        """corun captures N (and the candidate smaller sizes, kept if verified); standard modes capture several
+        """fixed_shape captures N (and the candidate smaller sizes, kept if verified); mixed-step modes capture several
         and pad a step to the next size."""
-        if self.mode == "corun":
+        if self.mode == "fixed_shape":
             sizes = [*self.config.scheduler.decode_step_sizes, self.max_num_seqs]
         else:
             sizes = capture_sizes(self.max_num_seqs)
@@ -311,7 +311,7 @@ class ModelRunner:
         return self.model.compute_logits(self.forward(self.mixed_inputs(requests, num_rows, [])))
 
     def run_mixed(self, batch: ScheduledBatch) -> list[SampledToken]:
-        """standard modes: decodes and prompt chunks of several requests in one forward, no padding."""
+        """mixed-step modes: decodes and prompt chunks of several requests in one forward, no padding."""
         decodes, chunks = batch.decode_requests, batch.prefill_chunks
         self.num_mixed_forwards += 1
         if not chunks and self.decode_graph is not None:

@@ -1,4 +1,4 @@
-"""Standard modes' mixed prefill+decode steps as CUDA graphs by token count, split at attention (vLLM's piecewise
+"""Mixed-step modes' mixed prefill+decode steps as CUDA graphs by token count, split at attention (vLLM's piecewise
 scheme): everything between two attention calls (the GEMMs, norms, RoPE and the KV write) is one captured graph
 per token-count size; attention runs eagerly between them on the step's own metadata, which no fixed-size graph
 could hold (each step has other chunks, contexts and block tables).

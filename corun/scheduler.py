@@ -1,6 +1,6 @@
 """Schedulers: which requests run in the next step.
 
-corun (paper Algorithms 1 and 2): finish a chunked prefill first; else admit the head of the waiting queue
+fixed_shape (paper Algorithms 1 and 2): finish a chunked prefill first; else admit the head of the waiting queue
 alone, while running < N and its whole configured sequence (prompt + max_tokens) fits in the KV cache; else
 one decode step over every decoding request. A prefill never shares a forward with a decode, and since KV for
 the whole sequence is reserved at admission nothing is ever preempted. Packed prefill (prefill_pack_tokens)
@@ -9,7 +9,7 @@ step runs once that many prompt tokens were prefilled since the last one, so a q
 the requests already decoding. Neither changes a request's outputs: chunk cuts and forward shapes depend only
 on the prompt and the configuration.
 
-standard (vLLM's default, to show the problem and price determinism): one mixed step under a token budget:
+mixed (vLLM's default, to show the problem and price determinism): one mixed step under a token budget:
 running decodes, then running chunked prefills, then newly admitted prompts, all in one batch.
 """
 
@@ -29,19 +29,20 @@ class RequestRejected(ValueError):
 
 
 def check_request(request_id: str, prompt_token_ids: list[int], params, config, vocab_size: int,
-                  prompt_logprobs_need_corun: bool = False) -> None:
+                  prompt_logprobs_need_fixed_shape: bool = False) -> None:
     """What every server of a request refuses before queueing it (the engines, the prefill, decode and colocated
     nodes): an empty prompt, token ids outside the vocabulary (the prompt's, stop_token_ids, logit_bias), prompt +
     max_tokens beyond max_model_len, prompt_logprobs beyond max_logprobs (config: an EngineConfig) and, where the
-    server schedules by mode (prompt_logprobs_need_corun: an engine, not a prefill node, which prefills every prompt
-    alone whatever its mode), prompt_logprobs outside corun mode."""
+    server schedules by mode (prompt_logprobs_need_fixed_shape: an engine, not a prefill node, which prefills every
+    prompt alone whatever its mode), prompt_logprobs outside fixed_shape mode."""
     if not prompt_token_ids:
         raise RequestRejected(f"request {request_id}: the prompt is empty")
     if any(not 0 <= t < vocab_size for t in prompt_token_ids):
         raise RequestRejected(f"request {request_id}: prompt token ids must be in [0, {vocab_size})")
     check_length(request_id, len(prompt_token_ids), params.max_tokens, config.scheduler.max_model_len)
-    if prompt_logprobs_need_corun and params.prompt_logprobs is not None and config.scheduler.mode != "corun":
-        raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode corun (its isolated prefill "
+    if prompt_logprobs_need_fixed_shape and params.prompt_logprobs is not None and \
+            config.scheduler.mode != "fixed_shape":
+        raise RequestRejected(f"request {request_id}: prompt_logprobs needs mode fixed_shape (its isolated prefill "
                               "makes them a function of the prompt alone)")
     if params.prompt_logprobs is not None and params.prompt_logprobs > config.max_logprobs:
         raise RequestRejected(f"request {request_id}: prompt_logprobs must be <= {config.max_logprobs}")
@@ -61,9 +62,9 @@ def check_length(request_id: str, num_prompt_tokens: int, max_tokens: int, max_m
 
 
 def check_engine_request(request_id: str, prompt_token_ids: list[int], params, config, vocab_size: int) -> None:
-    """check_request for a colocated engine (corun's or the vLLM one), which also runs one sample per request
+    """check_request for a colocated engine (the native one or the vLLM one), which also runs one sample per request
     (LLM.generate splits n samples into requests)."""
-    check_request(request_id, prompt_token_ids, params, config, vocab_size, prompt_logprobs_need_corun=True)
+    check_request(request_id, prompt_token_ids, params, config, vocab_size, prompt_logprobs_need_fixed_shape=True)
     if params.n != 1:
         raise RequestRejected(f"request {request_id}: the engine runs one sample per request (LLM.generate "
                               "splits n samples into requests)")
@@ -164,7 +165,7 @@ class Scheduler:
         raise NotImplementedError
 
 
-class CoRunScheduler(Scheduler):
+class FixedShapeScheduler(Scheduler):
     def __init__(self, cfg: SchedulerConfig, block_manager: BlockManager):
         super().__init__(cfg, block_manager)
         self.num_prefilled_since_decode = 0
@@ -197,7 +198,7 @@ class CoRunScheduler(Scheduler):
                                    self.admit_head, max_rows)
 
 
-class StandardScheduler(Scheduler):
+class MixedScheduler(Scheduler):
     def schedule(self) -> ScheduledBatch | None:
         budget = self.cfg.max_num_batched_tokens
         decodes = [r for r in self.running if not r.is_prefilling][:budget]
@@ -220,7 +221,7 @@ def next_chunk(request: Request, max_tokens: int) -> PrefillChunk:
 
 def pack_prefill_chunks(cfg: SchedulerConfig, prefilling: list[Request], waiting_head: Callable[[], Request | None],
                         admit_head: Callable[[], Request | None], max_rows: int | None = None) -> list[PrefillChunk]:
-    """The prefill forward of a corun engine and of a prefill node: the next chunk of every prompt being
+    """The prefill forward of a fixed_shape engine and of a prefill node: the next chunk of every prompt being
     prefilled, then of newly admitted ones (FIFO: waiting_head peeks, admit_head admits or answers None when the
     head does not fit), while they fit one forward: one chunk alone (isolated), or prefill_pack_tokens rows and
     prefill_pack_seqs prompts (packed). Chunks are cut at multiples of prefill_chunk_size whatever else is packed,
@@ -245,5 +246,5 @@ def pack_prefill_chunks(cfg: SchedulerConfig, prefilling: list[Request], waiting
 
 
 def make_scheduler(cfg: SchedulerConfig, block_manager: BlockManager) -> Scheduler:
-    # NOTE: batch_invariant mode schedules like standard; only its kernels differ.
-    return (CoRunScheduler if cfg.mode == "corun" else StandardScheduler)(cfg, block_manager)
+    # NOTE: batch_invariant mode schedules like mixed; only its kernels differ.
+    return (FixedShapeScheduler if cfg.mode == "fixed_shape" else MixedScheduler)(cfg, block_manager)

@@ -64,7 +64,7 @@ class ClusterConfig(RouterSettings, NodeSettings):
     num_decode: int = field(default=1, metadata=flag("--decode"))
     """Decode servers."""
     num_colocated: int = field(default=0, metadata=flag("--colocated"))
-    """Nodes that prefill and decode in one process (colocated_node/, the engine's co-run schedule): beside the P/D
+    """Nodes that prefill and decode in one process (colocated_node/, the engine's fixed_shape schedule): beside the P/D
     pools, or alone (P = D = 0: one GPU served by one process, no KV hand-off)."""
     num_routers: int = field(default=1, metadata=flag("--routers"))
     """Router processes on the launching host, all serving `port` (launch/routers.py: SO_REUSEPORT, the kernel
@@ -103,8 +103,8 @@ class ClusterConfig(RouterSettings, NodeSettings):
                              f"{self.num_decode} decode (give both, or neither and colocated servers)")
         if self.num_prefill == 0 and self.num_colocated == 0:
             raise ValueError("a cluster needs a prefill and a decode server, or a colocated one")
-        if self.num_colocated and self.engine.backend != "corun":
-            raise ValueError("colocated servers run the corun engine (--engine corun)")
+        if self.num_colocated and self.engine.backend != "native":
+            raise ValueError("colocated servers run the native engine (--engine native)")
         if self.num_routers < 1:
             raise ValueError(f"num_routers must be >= 1, got {self.num_routers}")
         # NOTE: each base's own checks, called by name: with two bases no one super() chain reaches both

@@ -57,8 +57,8 @@ def make_model_runner(config: EngineConfig, capture_decode_graph: bool) -> NodeR
 
 
 def kv_layout(config: EngineConfig) -> str:
-    """The compat field naming what a KV block's bytes mean: corun's layout, or vLLM's with its version and the
-    hash of every vLLM setting (two vLLM builds or configurations may lay out or compute KV differently)."""
+    """The compat field naming what a KV block's bytes mean: the native engine's layout, or vLLM's with its version and
+    the hash of every vLLM setting (two vLLM builds or configurations may lay out or compute KV differently)."""
     if config.backend == "vllm":
         from corun.vllm_backend.engine_args import vllm_kv_layout
 

@@ -24,6 +24,11 @@ logger = logging.getLogger(__name__)
 
 
 def engine_fingerprint(config: EngineConfig, model_digest: str) -> str:
+    """A hash of everything that determines outputs (engine_facts)."""
+    return hashlib.sha256(json.dumps(engine_facts(config, model_digest), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def engine_facts(config: EngineConfig, model_digest: str) -> dict:
     """Everything that determines outputs: weights, engine config (N, dtype, chunking...), software versions."""
     engine = dataclasses.asdict(config)
     engine.pop("model")  # NOTE: the path does not matter, the digest of what is in it does
@@ -47,7 +52,7 @@ def engine_fingerprint(config: EngineConfig, model_digest: str) -> str:
 
         facts["gpu"] = {"name": torch.cuda.get_device_name(), "triton": triton.__version__,
                         "cuda": torch.version.cuda}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    return facts
 
 
 class NodeSockets:

@@ -202,8 +202,8 @@ def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_ro
     """
     from corun.engine import LLMEngine
 
-    if config.scheduler.mode != "corun":
-        raise ValueError(f"the planner models corun mode; got mode {config.scheduler.mode!r}")
+    if config.scheduler.mode != "fixed_shape":
+        raise ValueError(f"the planner models fixed_shape mode; got mode {config.scheduler.mode!r}")
     sched = config.scheduler
     prefill_lengths = sorted(set(prefill_lengths or default_lengths(sched.max_model_len)))
     if prefill_lengths[0] < 1 or prefill_lengths[-1] >= sched.max_model_len:

@@ -1,4 +1,4 @@
-"""Prefill server: corun prefill, FIFO; token 1 sampled here; KV leased to decode.
+"""Prefill server: fixed_shape prefill, FIFO; token 1 sampled here; KV leased to decode.
 
 Isolated (the paper, and bucketed): one prompt's chunk per forward. Packed (prefill_pack_tokens): the next chunk
 of several prompts in one forward of exactly T rows; a prompt's bits do not depend on its company (see

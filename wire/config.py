@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from wire.auth import API_KEY_ENV, check_api_key
-from wire.flags import NOT_A_FLAG, flag, format_switch, parse_switch
+from wire.flags import NOT_A_FLAG, flag, format_switch, name_parser, parse_switch
 
 DEFAULT_PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
 """`--prefill-buckets default`: fine steps where a prefill is launch-bound, coarser where it is compute-bound;
@@ -26,11 +26,37 @@ MIB = 2**20
 LOCAL_HOST = "127.0.0.1"
 """Where a server listens unless told otherwise: this host alone."""
 
-Mode = Literal["corun", "standard", "batch_invariant"]
+Mode = Literal["fixed_shape", "mixed", "batch_invariant"]
+"""How an engine schedules its steps: fixed_shape, every forward at a shape that is a function of the request alone
+(isolated or packed prefill at verified row counts, decode steps of N rows); mixed, vLLM-style steps that mix
+prefill chunks and decodes under a token budget; batch_invariant, mixed steps on batch-invariant kernels."""
 Sizes = tuple[int, ...] | Literal["auto"]
 DType = Literal["float32", "bfloat16", "float16"]
 Role = Literal["prefill", "decode", "colocated"]
-Backend = Literal["corun", "vllm"]
+Backend = Literal["native", "vllm"]
+"""The engine that runs a node's forwards: native, the project's own (corun/); vllm, a vLLM engine under the same
+rules (corun/vllm_backend)."""
+
+OLD_NAMES: dict[str, dict[str, str]] = {
+    "mode": {"corun": "fixed_shape", "standard": "mixed"},
+    "backend": {"corun": "native"},
+}
+"""The names modes and engine backends had before issue 22 (when "corun" named the project, the package, a mode, a
+backend and a scheduler) -> their names now. Accepted wherever a user names one (--mode, --engine, the mode specs of
+`corun bench --modes`, LLM(mode=..., backend=...), SchedulerConfig and EngineConfig) and made the new name there,
+once: past that point the code, the fingerprint, logs and reports know only the new names."""
+canonical_mode = name_parser("mode", get_args(Mode), OLD_NAMES["mode"])
+"""A mode's name, or its old name -> its name (ValueError, listing the names, for any other)."""
+canonical_backend = name_parser("engine backend", get_args(Backend), OLD_NAMES["backend"])
+"""An engine backend's name, or its old name -> its name (ValueError, listing the names, for any other)."""
+
+
+def canonical_mode_spec(spec: str) -> str:
+    """A mode spec of `corun bench --modes` (`mode` or `mode:field=value:...`, benchmarks.harness.scheduler_for)
+    with its mode's name made canonical, as reports name it: corun:prefill_buckets=default ->
+    fixed_shape:prefill_buckets=default."""
+    mode, sep, settings = spec.partition(":")
+    return canonical_mode(mode) + sep + settings
 
 
 def parse_sizes(text: str) -> tuple[int, ...] | str:
@@ -55,22 +81,23 @@ def format_sizes(sizes: tuple | str) -> str:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    mode: Mode = "corun"
-    """corun: isolated prefill + fixed-shape decode. standard: vLLM-style continuous batching.
-    batch_invariant: standard scheduling on batch-invariant Triton kernels (CUDA; Triton's CPU interpreter in
-    tests)."""
+    mode: Mode = field(default="fixed_shape", metadata=flag(parse=canonical_mode))
+    """fixed_shape: isolated (or packed) prefill and decode steps of N rows, every shape a function of the request
+    alone. mixed: vLLM-style continuous batching, prefill chunks and decodes mixed in one step. batch_invariant: mixed
+    scheduling on batch-invariant Triton kernels (CUDA; Triton's CPU interpreter in tests). The names before issue
+    22, corun (fixed_shape) and standard (mixed), are accepted too (OLD_NAMES)."""
     max_num_seqs: int = 32
-    """N: the most requests running at once; in corun mode every decode step computes exactly N rows."""
+    """N: the most requests running at once; in fixed_shape mode every decode step computes exactly N rows."""
     max_model_len: int = 1024
     """Longest sequence (prompt + generated tokens) a request may reach."""
     prefill_chunk_size: int = 512
     """Prompts longer than this are prefilled in chunks of exactly this many tokens (the last one shorter)."""
     max_num_batched_tokens: int = 2048
-    """standard mode: token budget of one mixed prefill+decode step; corun on CUDA: the packed prefill forward's
+    """mixed mode: token budget of one mixed prefill+decode step; fixed_shape on CUDA: the packed prefill forward's
     rows (T) when prefill_pack_tokens is auto."""
     prefill_buckets: Sizes = field(default=AUTO, metadata=flag(parse=parse_buckets, format=format_sizes,
                                                                metavar="SIZES|default|none|auto"))
-    """corun mode (as are the settings below; other modes ignore them). Isolated prefill: a prompt's first
+    """fixed_shape mode (as are the settings below; other modes ignore them). Isolated prefill: a prompt's first
     chunk of l tokens runs padded to the smallest bucket >= l (padding rows write only the null block and are
     never sampled), so its shape is still a function of the prompt alone; on CUDA each bucket is one captured
     CUDA graph, which removes the per-kernel launch cost of short prefills. Longer chunks and a long prompt's
@@ -78,7 +105,7 @@ class SchedulerConfig:
     (up to the chunk size) on CUDA with graphs when packed prefill is off (prefill_pack_tokens 0), () elsewhere
     (see resolve_shape_defaults)."""
     prefill_pack_tokens: int | None = None
-    """corun packed prefill when > 0: a prefill forward holds up to this many token rows (T), filled with whole
+    """fixed_shape's packed prefill when > 0: a prefill forward holds up to this many token rows (T), filled with whole
     prefill chunks (cut at multiples of prefill_chunk_size: positions that depend on the prompt alone) of up to
     prefill_pack_seqs prompts, each attending only to its own sequence; the rest is padding. It runs at T rows, or
     at the smallest verified smaller size that holds it (prefill_pack_sizes), so a prompt's outputs depend on T
@@ -98,7 +125,7 @@ class SchedulerConfig:
     of auto_pack_size_candidates(T) on CUDA with graphs, () elsewhere (see resolve_shape_defaults)."""
     decode_step_sizes: Sizes = field(default=AUTO, metadata=flag(parse=parse_sizes, format=format_sizes,
                                                                  metavar="SIZES|none|auto"))
-    """corun: candidate row counts below N for decode steps with few running requests. At start-up each one is
+    """fixed_shape: candidate row counts below N for decode steps with few running requests. At start-up each one is
     run against the N-row step on random KV, tokens, contexts and sampling parameters, and kept only if every
     row's logits and sampled outputs are bitwise those of the N-row step (kernels choose their algorithm by
     shape alone, so agreement there means the same reduction order for every input); a step of k running
@@ -106,10 +133,10 @@ class SchedulerConfig:
     H200, Qwen3-8B shape, N = 256: 128, 160 and 224; not 192 or below 128). () = every step at N (the paper).
     auto: auto_decode_step_candidates(N) on CUDA, () on CPU (see resolve_shape_defaults)."""
     prefill_token_budget: int | None = None
-    """corun: the most prompt tokens prefilled between two decode steps while requests are decoding (the
+    """fixed_shape: the most prompt tokens prefilled between two decode steps while requests are decoding (the
     prefill that crosses the budget still runs whole), so decode is not starved by a queue of prompts.
     0 = Algorithm 1 (prefill everything admissible before the next decode step). Changes latency, not outputs.
-    None (auto): max_num_batched_tokens, the token budget of one of standard's mixed steps, so a running request
+    None (auto): max_num_batched_tokens, the token budget of one of mixed mode's steps, so a running request
     waits at most about what it waits there between two of its tokens.
     NOTE: 0 starves decoding whenever prompts arrive faster than they are prefilled (measured on the H200: 0 of 300
     requests finished at 16 req/s with the eager prefill). Measured on the H200 (8B shape, N = 256, T = 8192, one
@@ -118,7 +145,7 @@ class SchedulerConfig:
     batch fills), and at Poisson 16 and 32 req/s the same good requests (294 and 300 of 300)."""
     piecewise_graphs: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
                                                                metavar="on|off"))
-    """standard and batch_invariant modes on CUDA: mixed prefill+decode steps (and prefill-only steps) of up to 2048
+    """mixed and batch_invariant modes on CUDA: mixed prefill+decode steps (and prefill-only steps) of up to 2048
     tokens run as CUDA graphs by token-count bucket, split at attention, which runs eagerly between them (vLLM's
     piecewise scheme), so the baseline's speed depends less on the host CPU's. Larger steps run eagerly (GEMMs
     dominate them). NOTE: measured on the H200 (t = 0, one run, benchmarks/results/h200_standard_flash.json):
@@ -127,8 +154,7 @@ class SchedulerConfig:
     steps included, with SDPA choosing cuDNN per new shape; that did not recur (benchmarks/results/README.md)."""
 
     def __post_init__(self):
-        if self.mode not in get_args(Mode):
-            raise ValueError(f"mode must be 'corun', 'standard' or 'batch_invariant', got {self.mode!r}")
+        object.__setattr__(self, "mode", canonical_mode(self.mode))  # NOTE: an old name becomes the new one here
         for name in ("max_num_seqs", "max_model_len", "prefill_chunk_size", "max_num_batched_tokens",
                      "prefill_pack_seqs"):
             if getattr(self, name) < 1:
@@ -157,7 +183,7 @@ class SchedulerConfig:
 
     @property
     def prefill_seqs_per_forward(self) -> int:
-        """Prompts one corun prefill forward holds, and samples token 1 on: S packed, 1 isolated."""
+        """Prompts one fixed_shape prefill forward holds, and samples token 1 on: S packed, 1 isolated."""
         return self.prefill_pack_seqs if self.prefill_pack_tokens else 1
 
     def prefill_rows(self, num_tokens: int) -> int:
@@ -202,8 +228,8 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     that holds its pack, and the verified smaller decode steps. Measured on the H200 (8B shape, bf16, N = 256, one
     machine, benchmarks/results/h200_pack_sizes_t0.json, issue 20): against bucketed isolated prefill (one CUDA
     graph per bucket, the default before) it gave 1.00x, 1.09x, 1.06x and 1.23x at t = 0 (ShareGPT-, BurstGPT-,
-    RL-rollout-like, 1024x2048; 0.998-0.919x the graph-captured standard), and at Poisson 16 req/s 294 good
-    requests of 300 against 296 (standard 287); a lone short prompt pays >= 192 rows instead of its bucket, the
+    RL-rollout-like, 1024x2048; 0.998-0.919x the graph-captured mixed mode), and at Poisson 16 req/s 294 good
+    requests of 300 against 296 (mixed 287); a lone short prompt pays >= 192 rows instead of its bucket, the
     smallest size the H200 verifies (64 tokens: ~1.2x the bucket's time). Verified smaller decode steps carried
     743 of 962 steps at 128 rows (6.7 ms against 8.3 at 256). On CPU there are no graphs to amortise: padding rows
     are pure extra work, so prefill runs at natural length, one prompt per forward; a smaller decode step saves
@@ -212,7 +238,7 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     of them (its engine refuses them)."""
     if sched.is_resolved:
         return sched
-    fast_cuda = device.startswith("cuda") and use_cuda_graph and sched.mode == "corun" and backend == "corun"
+    fast_cuda = device.startswith("cuda") and use_cuda_graph and sched.mode == "fixed_shape" and backend == "native"
     pack_tokens = sched.prefill_pack_tokens
     if pack_tokens is None:
         wanted = fast_cuda and sched.prefill_buckets in (AUTO, ())
@@ -277,16 +303,15 @@ class EngineConfig:
     """How requests are batched into steps (its fields are flags of their own: --mode, --max-num-seqs, ...)."""
     cache: CacheConfig = field(default_factory=CacheConfig)
     """The paged KV cache (--block-size, --num-blocks, --kv-cache-mib)."""
-    backend: Backend = field(default="corun", metadata=flag("--engine"))
-    """`--engine`: corun, the project's engine (Qwen3 and Llama dense models); vllm, a vLLM engine under the same
-    rules (corun/vllm_backend: any model vLLM runs; needs the venv of scripts/setup_vllm.sh). mode corun or
-    standard."""
+    backend: Backend = field(default="native", metadata=flag("--engine", parse=canonical_backend))
+    """`--engine`: native, the project's engine (corun/: Qwen3 and Llama dense models); vllm, a vLLM engine under
+    the same rules (corun/vllm_backend: any model vLLM runs; needs the venv of scripts/setup_vllm.sh), mode
+    fixed_shape or mixed. corun, the name before issue 22, is accepted for native (OLD_NAMES)."""
 
     def __post_init__(self):
-        if self.backend not in get_args(Backend):
-            raise ValueError(f"engine backend must be 'corun' or 'vllm', got {self.backend!r}")
+        object.__setattr__(self, "backend", canonical_backend(self.backend))  # NOTE: as SchedulerConfig's mode
         if self.backend == "vllm" and self.scheduler.mode == "batch_invariant":
-            raise ValueError("the vllm engine runs mode corun or standard (vLLM's batch-invariant kernels do not "
+            raise ValueError("the vllm engine runs mode fixed_shape or mixed (vLLM's batch-invariant kernels do not "
                              "run on its CPU build)")
         if self.dtype not in get_args(DType):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

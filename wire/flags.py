@@ -99,6 +99,24 @@ def format_list(values: Iterable) -> str:
     return ",".join(map(str, values)) or "none"
 
 
+class UnknownName(ValueError, argparse.ArgumentTypeError):
+    """A name outside its vocabulary: a ValueError where a config is built, and argparse shows its message whole."""
+
+
+def name_parser(what: str, names: tuple[str, ...], aliases: Mapping[str, str]) -> Callable[[str], str]:
+    """A name of a vocabulary (names), or an alias of one (aliases: alias -> name), as the name; UnknownName,
+    listing every valid name, otherwise."""
+    def parse(text: str) -> str:
+        name = aliases.get(text, text) if isinstance(text, str) else text
+        if name not in names:
+            old = ", ".join(f"{alias} = {aliases[alias]}" for alias in aliases)
+            raise UnknownName(f"{what} must be one of {', '.join(names)}" + (f" (old names: {old})" if old else "")
+                              + f", got {text!r}")
+        return name
+    parse.__name__ = what
+    return parse
+
+
 def list_parser(parse_item: Callable[[str], Any]) -> Callable[[str], tuple]:
     """A comma-separated list of parse_item's values ('none': the empty list)."""
     def parse(text: str) -> tuple:
@@ -221,7 +239,8 @@ def _without_none(annotation: Any) -> tuple[Any, bool]:
 def _type_rule(annotation: Any, spec: FlagSpec, where: str) -> tuple[Callable | None, Callable | None, tuple | None]:
     """(parse, format, choices) of a field's type; parse None: a bool."""
     if spec.parse is not None:
-        return spec.parse, spec.format or str, None
+        # NOTE: a Literal's values stay the choices (argparse checks them after parse: a parse may map aliases)
+        return spec.parse, spec.format or str, get_args(annotation) if get_origin(annotation) is Literal else None
     if annotation is bool:
         return None, None, None
     if get_origin(annotation) is Literal:

@@ -1,8 +1,8 @@
 """Paged decode attention in Triton: one query token per row, each row reading only its own KV blocks.
 
-One program per (row, kv head, split). With num_splits = 1 (corun, batch-invariant mode) a program reduces over
+One program per (row, kv head, split). With num_splits = 1 (fixed_shape, batch_invariant mode) a program reduces over
 its request's whole context in one fixed order: the result depends only on the request. With num_splits > 1
-(standard mode, like FlashAttention's split-KV for small batches) the context is cut into num_splits ranges whose
+(mixed mode, like FlashAttention's split-KV for small batches) the context is cut into num_splits ranges whose
 partial results are merged afterwards; num_splits is chosen from the batch shape, so a request's bits depend on
 its co-runners. Graph-capturable: no host sync, the grid depends only on the shapes.
 """
@@ -111,7 +111,7 @@ def precision_for(dtype: torch.dtype) -> str:
 
 
 def split_kv_heuristic(num_rows: int, num_kv_heads: int, num_sms: int, max_splits: int = 16) -> int:
-    """Standard mode: split the context when rows x kv heads cannot fill the GPU (FlashAttention's idea), so the
+    """Mixed mode: split the context when rows x kv heads cannot fill the GPU (FlashAttention's idea), so the
     split count, and with it a request's reduction order, follows the batch size."""
     programs = num_rows * num_kv_heads
     return 1 if programs == 0 or programs >= num_sms else max(1, min(max_splits, -(-2 * num_sms // programs)))

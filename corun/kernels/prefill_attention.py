@@ -1,7 +1,7 @@
 """Chunking- and packing-invariant paged prefill attention in Triton.
 
 Used for prompt rows by batch_invariant mode (whose token budget cuts prompts at co-runner-dependent places) and
-by corun's bucketed and packed prefill on CUDA (whose shapes must be captured in CUDA graphs: every launch fact
+by fixed_shape's bucketed and packed prefill on CUDA (whose shapes must be captured in CUDA graphs: every launch fact
 is a device tensor, the grid is a function of the forward's fixed shape).
 
 Each program takes one query tile of one sequence (QUERY_TOKENS consecutive positions x the q heads of one kv

@@ -176,7 +176,7 @@ class DecoderLM(nn.Module):
         """input_ids, positions: [num_tokens]; kv_layers: per layer (k_cache, v_cache). -> [num_tokens, hidden].
 
         Written as the pieces around attention (embed, attention_inputs, attend, attention_output, final_norm), so
-        that standard modes can capture what lies between two attention calls as CUDA graphs
+        that mixed-step modes can capture what lies between two attention calls as CUDA graphs
         (corun/piecewise_graphs.py)."""
         x, residual, cos, sin = self.embed(input_ids, positions)
         for i, kv_layer in enumerate(kv_layers):

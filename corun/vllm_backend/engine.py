@@ -2,7 +2,7 @@
 corun.LLM(..., backend="vllm") and `corun generate --engine vllm` run it unchanged.
 
 Lifecycle of a request: corun Request -> vLLM request (greedy, corun's params and seed in extra_args) -> vLLM's
-queues under CoRunVllmScheduler (waiting -> running, prefilling chunk by chunk -> decoding) -> its outputs copied
+queues under FixedShapeVllmScheduler (waiting -> running, prefilling chunk by chunk -> decoding) -> its outputs copied
 back to the corun Request (tokens, logprobs, finish reason) each step.
 """
 
@@ -38,7 +38,7 @@ def start_vllm_engine(config: EngineConfig):
 
     engine = VllmLLMEngine.from_engine_args(EngineArgs(**vllm_engine_kwargs(config)))
     engine.collective_rpc("corun_count_forward_rows")
-    if config.scheduler.mode == "corun":
+    if config.scheduler.mode == "fixed_shape":
         engine.collective_rpc("corun_fix_decode_shape", args=(config.scheduler.max_num_seqs,))
     return engine
 
@@ -127,7 +127,7 @@ class VllmEngine:
             del self.requests[request.request_id]
 
     def counts(self) -> EngineCounts:
-        """Steps as CoRunVllmScheduler made them (in-process engine core)."""
+        """Steps as FixedShapeVllmScheduler made them (in-process engine core)."""
         scheduler = self.vllm.engine_core.engine_core.scheduler
         return EngineCounts(*(getattr(scheduler, name, 0) for name in
                               ("num_prefill_steps", "num_decode_steps", "max_decode_rows", "num_preempted")))

@@ -1,8 +1,8 @@
 """Every vLLM setting of `--engine vllm`, made from corun's EngineConfig in one place (CPU and CUDA).
 
-corun mode: CoRunVllmScheduler (Algorithms 1 and 2), request-keyed sampling, decode at exactly N rows, no split-KV
-attention, no prefix caching (a cache hit changes a prompt's prefill shape, and with it its bits, by what ran
-before), no async scheduling. standard mode: vLLM's own scheduling and kernel choices (chunked prefill mixed with
+fixed_shape mode: FixedShapeVllmScheduler (Algorithms 1 and 2), request-keyed sampling, decode at exactly N rows, no
+split-KV attention, no prefix caching (a cache hit changes a prompt's prefill shape, and with it its bits, by what
+ran before), no async scheduling. mixed mode: vLLM's own scheduling and kernel choices (chunked prefill mixed with
 decode, batch-sized shapes, split-KV), with the same request-keyed sampling: what the inverse check compares.
 
 CUDA (written and reviewed against vLLM 0.32; not run here, since the CUDA vLLM wheel does not fit the H200 test
@@ -22,9 +22,9 @@ from corun.models.config import eos_token_ids_of
 from wire.config import EngineConfig
 
 CORUN_CHUNK_SIZE_KEY = "corun_prefill_chunk_size"
-"""vllm_config.additional_config key: the chunk size CoRunVllmScheduler cuts prompts at."""
+"""vllm_config.additional_config key: the chunk size FixedShapeVllmScheduler cuts prompts at."""
 
-SCHEDULER_CLS = "corun.vllm_backend.scheduler.CoRunVllmScheduler"
+SCHEDULER_CLS = "corun.vllm_backend.scheduler.FixedShapeVllmScheduler"
 WORKER_EXTENSION_CLS = "corun.vllm_backend.worker.FixedDecodeShape"
 SAMPLER_CLS = "corun.vllm_backend.sampling:RequestKeyedSampler"
 
@@ -36,7 +36,7 @@ def vllm_environment(config: EngineConfig) -> dict[str, str]:
         # node's NIXL agent registers the worker's KV tensors directly (and start-up takes seconds, not a minute)
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # NOTE: CPU attention's KV split is planned from the whole batch (number of requests and their lengths)
-        "VLLM_CPU_ATTN_SPLIT_KV": "0" if config.scheduler.mode == "corun" else "1",
+        "VLLM_CPU_ATTN_SPLIT_KV": "0" if config.scheduler.mode == "fixed_shape" else "1",
     }
     if config.num_threads is not None and config.device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0" if config.num_threads == 1 else f"0-{config.num_threads - 1}"
@@ -46,7 +46,7 @@ def vllm_environment(config: EngineConfig) -> dict[str, str]:
 def vllm_engine_kwargs(config: EngineConfig) -> dict:
     """vllm.EngineArgs keywords for this configuration."""
     sched = config.scheduler
-    corun = sched.mode == "corun"
+    fixed_shape = sched.mode == "fixed_shape"
     kwargs = {
         "model": config.model, "tokenizer": config.model, "skip_tokenizer_init": True, "dtype": config.dtype,
         "seed": config.seed, "max_num_seqs": sched.max_num_seqs, "max_model_len": sched.max_model_len,
@@ -55,15 +55,15 @@ def vllm_engine_kwargs(config: EngineConfig) -> dict:
         "distributed_executor_backend": "uni", "disable_log_stats": True,
         "logits_processors": [SAMPLER_CLS], "worker_extension_cls": WORKER_EXTENSION_CLS,
         "enable_chunked_prefill": True,
-        "max_num_batched_tokens": max(sched.prefill_chunk_size, sched.max_num_seqs) if corun
+        "max_num_batched_tokens": max(sched.prefill_chunk_size, sched.max_num_seqs) if fixed_shape
         else sched.max_num_batched_tokens,
     }
-    if corun:
+    if fixed_shape:
         kwargs["scheduler_cls"] = SCHEDULER_CLS
         kwargs["additional_config"] = {CORUN_CHUNK_SIZE_KEY: sched.prefill_chunk_size}
     if config.device == "cpu":
         kwargs["enforce_eager"] = True  # NOTE: no static graphs on CPU; the fixed shape comes from padding
-    elif corun:
+    elif fixed_shape:
         kwargs["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY",
                                         "cudagraph_capture_sizes": [sched.max_num_seqs]}
         kwargs["attention_config"] = {"flash_attn_max_num_splits_for_cuda_graph": 1}

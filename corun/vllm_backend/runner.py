@@ -76,10 +76,10 @@ def tensor_logprobs(tensors, num_top: int) -> list[TokenLogprobs]:
 def unsupported_settings(config: EngineConfig) -> list[str]:
     sched = config.scheduler
     problems = []
-    if sched.mode != "corun":
-        problems.append(f"mode {sched.mode} (nodes on vLLM run corun's schedule)")
+    if sched.mode != "fixed_shape":
+        problems.append(f"mode {sched.mode} (nodes on vLLM run fixed_shape's schedule)")
     if sched.prefill_pack_tokens or sched.prefill_buckets or sched.decode_step_sizes:
-        problems.append("packed or bucketed prefill and decode_step_sizes (corun engine features)")
+        problems.append("packed or bucketed prefill and decode_step_sizes (native engine features)")
     return problems
 
 

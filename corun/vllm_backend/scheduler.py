@@ -1,4 +1,4 @@
-"""CoRun's scheduler for vLLM engines (`scheduler_cls`): the paper's Algorithms 1 and 2 over vLLM's scheduler.
+"""The fixed_shape schedule for vLLM engines (`scheduler_cls`): the paper's Algorithms 1 and 2 over vLLM's scheduler.
 
 Each step is exactly one of:
   - the next chunk of the prompt being prefilled (Algorithm 1: a started prefill finishes first), alone;
@@ -25,7 +25,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class CoRunVllmScheduler(Scheduler):
+class FixedShapeVllmScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         extra = self.vllm_config.additional_config or {}

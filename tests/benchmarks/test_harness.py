@@ -24,19 +24,29 @@ def small_workload(name: str = "small", num_requests: int = 6) -> Workload:
 def test_bench_reports_every_mode_and_workload(tiny_model_dir, tmp_path):
     workload = small_workload()
     out = tmp_path / "bench.json"
-    report = run_bench(config(tiny_model_dir), ["corun", "standard"], [workload], str(out))
-    assert json.loads(out.read_text())["modes"].keys() == {"corun", "standard"}
-    for mode in ("corun", "standard"):
+    report = run_bench(config(tiny_model_dir), ["fixed_shape", "mixed"], [workload], str(out))
+    assert json.loads(out.read_text())["modes"].keys() == {"fixed_shape", "mixed"}
+    for mode in ("fixed_shape", "mixed"):
         result = report["modes"][mode]["small"]
         assert result["output_tokens"] == sum(o for _, o in workload.lengths)
         assert result["num_finished"] == 6 and result["truncated"] is False
         assert result["num_decode_steps"] > 0 and result["ttft_s"]["p50"] <= result["seconds"]
 
 
+def test_old_mode_names_run_and_are_reported_by_their_new_names(tiny_model_dir):
+    """`corun bench --modes corun:...,standard` (the names before issue 22) runs those modes; the report names
+    them as today (wire.config.OLD_NAMES)."""
+    report = run_bench(config(tiny_model_dir), ["corun:prefill_token_budget=0", "standard"],
+                       [small_workload(num_requests=2)])
+    assert report["modes"].keys() == report["prefill_paths"].keys() == {"fixed_shape:prefill_token_budget=0",
+                                                                         "mixed"}
+    assert report["prefill_paths"]["mixed"].startswith("mixed-batch")
+
+
 def test_time_cap_truncates_and_aborts_the_rest(tiny_model_dir):
     workload = Workload("long", ((40, 100),) * 3)
-    report = run_bench(config(tiny_model_dir, max_num_seqs=2), ["corun"], [workload], max_seconds=0.3)
-    result = report["modes"]["corun"]["long"]
+    report = run_bench(config(tiny_model_dir, max_num_seqs=2), ["fixed_shape"], [workload], max_seconds=0.3)
+    result = report["modes"]["fixed_shape"]["long"]
     assert result["truncated"] is True
     assert result["num_finished"] < 3 and 0 < result["output_tokens"] < 300
 
@@ -50,16 +60,16 @@ def test_burstgpt_lengths_are_seeded_and_bounded():
 
 def test_report_carries_prefill_path_and_per_run_forward_counts(tiny_model_dir, capsys):
     workloads = [small_workload("first", 3), small_workload("again", 3)]
-    report = run_bench(config(tiny_model_dir), ["corun", "standard"], workloads)
-    assert set(report["prefill_paths"]) == {"corun", "standard"}
+    report = run_bench(config(tiny_model_dir), ["fixed_shape", "mixed"], workloads)
+    assert set(report["prefill_paths"]) == {"fixed_shape", "mixed"}
     for mode, path in report["prefill_paths"].items():
         assert isinstance(path, str) and path
         assert all(report["modes"][mode][name]["prefill_path"] == path for name in ("first", "again"))
-    corun = report["modes"]["corun"]
+    fixed_shape = report["modes"]["fixed_shape"]
     # NOTE: the same all-at-t=0 workload twice on one engine: equal counts only if each is the run's delta
-    assert corun["first"]["forward_counts"] == corun["again"]["forward_counts"]
-    assert corun["first"]["forward_counts"]["num_prefill_forwards"] >= 3
-    assert report["modes"]["standard"]["first"]["forward_counts"]["num_mixed_forwards"] > 0
+    assert fixed_shape["first"]["forward_counts"] == fixed_shape["again"]["forward_counts"]
+    assert fixed_shape["first"]["forward_counts"]["num_prefill_forwards"] >= 3
+    assert report["modes"]["mixed"]["first"]["forward_counts"]["num_mixed_forwards"] > 0
     progress = capsys.readouterr().err.splitlines()
     results = [line for line in progress if "tok/s" in line]
     assert len(results) == 4 and all("prefill=" in line for line in results)
@@ -70,8 +80,8 @@ def test_finite_rate_waits_for_arrivals_and_ttft_counts_from_arrival(tiny_model_
     arrivals = Arrivals(request_rate=4.0, burstiness=50.0)  # NOTE: near-even gaps of ~0.25 s
     last_arrival = arrivals.times(4)[-1]
     assert last_arrival > 0.6
-    report = run_bench(config(tiny_model_dir), ["corun"], [Workload("spaced", ((8, 2),) * 4)], arrivals=arrivals)
-    result = report["modes"]["corun"]["spaced"]
+    report = run_bench(config(tiny_model_dir), ["fixed_shape"], [Workload("spaced", ((8, 2),) * 4)], arrivals=arrivals)
+    result = report["modes"]["fixed_shape"]["spaced"]
     assert result["num_finished"] == 4 and result["truncated"] is False
     assert result["seconds"] >= last_arrival
     # NOTE: from t=0 the last request's TTFT would be >= its arrival; from its own arrival it is an idle prefill
@@ -81,9 +91,9 @@ def test_finite_rate_waits_for_arrivals_and_ttft_counts_from_arrival(tiny_model_
 def test_time_cap_counts_requests_not_yet_arrived_as_unfinished(tiny_model_dir):
     arrivals = Arrivals(request_rate=0.01)  # NOTE: the second request arrives ~100 s in, far past the cap
     assert arrivals.times(3)[1] > 5
-    report = run_bench(config(tiny_model_dir), ["corun"], [Workload("sparse", ((8, 2),) * 3)], max_seconds=0.5,
+    report = run_bench(config(tiny_model_dir), ["fixed_shape"], [Workload("sparse", ((8, 2),) * 3)], max_seconds=0.5,
                        arrivals=arrivals)
-    result = report["modes"]["corun"]["sparse"]
+    result = report["modes"]["fixed_shape"]["sparse"]
     assert result["truncated"] is True and result["num_requests"] == 3 and result["num_finished"] == 1
     assert result["seconds"] < 30  # slept until the cap, not until the next arrival (~100 s)
 
@@ -92,8 +102,8 @@ def test_goodput_through_the_run(tiny_model_dir):
     workload = small_workload(num_requests=4)
     impossible, generous = SLOTargets(ttft_ms=0.001), SLOTargets(ttft_ms=1e6, tpot_ms=1e6)
     for slo, expect_good in ((impossible, False), (generous, True)):
-        report = run_bench(config(tiny_model_dir), ["corun"], [workload], slo=slo)
-        result = report["modes"]["corun"]["small"]
+        report = run_bench(config(tiny_model_dir), ["fixed_shape"], [workload], slo=slo)
+        result = report["modes"]["fixed_shape"]["small"]
         assert result["num_finished"] == 4 and result["slo_targets"] == slo.describe() == report["slo_targets"]
         assert result["num_good"] == (4 if expect_good else 0)
         assert result["goodput_req_per_s"] == pytest.approx(result["num_good"] / result["seconds"], rel=0.02)
@@ -102,7 +112,7 @@ def test_goodput_through_the_run(tiny_model_dir):
 def test_over_long_workload_is_refused_before_any_model_loads():
     base = config("/nonexistent/model")  # NOTE: loading it would fail differently; the check must come first
     with pytest.raises(ValueError, match=r"workload 'wide'.*max_model_len 160.*100 prompt \+ 61 output = 161"):
-        run_bench(base, ["corun"], [Workload("wide", ((10, 10), (100, 61)))])
+        run_bench(base, ["fixed_shape"], [Workload("wide", ((10, 10), (100, 61)))])
 
 
 def test_default_workloads_fit_the_engine():
@@ -128,7 +138,7 @@ def test_cli_refuses_a_named_too_long_workload_and_bad_goodput(tiny_model_dir, c
 
 
 def test_cli_writes_strict_json_with_arrivals_and_goodput(tiny_model_dir, capsys):
-    argv = ["bench", "--model", tiny_model_dir, "--num-threads", "1", "--modes", "corun", "--workloads", "small",
+    argv = ["bench", "--model", tiny_model_dir, "--num-threads", "1", "--modes", "fixed_shape", "--workloads", "small",
             "--max-model-len", "160", "--num-requests", "2", "--goodput", "ttft:100000", "tpot:100000"]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("cli.bench.make_workload", lambda name, num, seed: small_workload(name, num))
@@ -136,4 +146,4 @@ def test_cli_writes_strict_json_with_arrivals_and_goodput(tiny_model_dir, capsys
     report = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"non-JSON {name}"))
     assert report["arrivals"]["request_rate"] == "inf" and report["command"]["request_rate"] == "inf"
     assert report["slo_targets"] == {"ttft_ms": 100000.0, "tpot_ms": 100000.0}
-    assert report["modes"]["corun"]["small"]["num_good"] == 2
+    assert report["modes"]["fixed_shape"]["small"]["num_good"] == 2

@@ -37,7 +37,7 @@ def test_every_request_streams_to_its_end_with_the_engine_schema(cluster, tiny_m
         assert result["router_cpu_s"] > 0 and result["router_cpu_us_per_chunk"] >= result["router_cpu_us_per_token"] > 0
     engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=128),
                           scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512))
-    colocated = run_bench(engine, ["corun"], WORKLOADS[:1], slo=slo)["modes"]["corun"]["short"]
+    colocated = run_bench(engine, ["fixed_shape"], WORKLOADS[:1], slo=slo)["modes"]["fixed_shape"]["short"]
     shared = {"num_requests", "num_finished", "output_tokens", "seconds", "output_tok_per_s", "ttft_s", "tpot_ms",
               "num_good", "goodput_req_per_s", "slo_targets", "arrivals", "prefill_path", "truncated"}
     assert shared <= colocated.keys() and shared <= served["short"].keys()  # NOTE: side by side in one report
@@ -56,7 +56,7 @@ def test_cli_streams_to_the_url_and_refuses_what_it_cannot_run(cluster, tiny_mod
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["modes"][f"served@{cluster.url}"]["20x4"]["num_finished"] == 3
-    assert main([*argv, "--modes", "corun"]) == 2
+    assert main([*argv, "--modes", "fixed_shape"]) == 2
     assert "--modes" in capsys.readouterr().err
     assert main(["bench", "--url", f"http://127.0.0.1:{free_port('127.0.0.1')}", "--model", tiny_model_dir,
                  "--workloads", "20x4", "--num-requests", "1"]) == 2

@@ -25,8 +25,8 @@ from wire.config import EngineConfig, NodeConfig, RouterConfig
 from wire.flags import config_argv, config_environment, config_flags, config_from_args, field_docs
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-CUDA = dataclasses.replace(ENGINES[0], device="cuda", backend="corun")
-"""NOTE: colocated servers and Ray nodes need the corun engine, GPU lists device cuda (on Ray 'cuda' itself)."""
+CUDA = dataclasses.replace(ENGINES[0], device="cuda", backend="native")
+"""NOTE: colocated servers and Ray nodes need the native engine, GPU lists device cuda (on Ray 'cuda' itself)."""
 ROUTER_SETTINGS = dict(served_model_name="served", host="0.0.0.0", port=9000, max_pending_requests=5,
                        request_timeout_s=1.5, strict_fields=True, api_key="secret-key", enable_node_pinning=True,
                        max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5, parse_timeout_s=4.5,
@@ -39,7 +39,7 @@ CLUSTERS = [
                   admin_timeout_s=2.5, kv_lease_seconds=2.5, transfer=TRANSFER, **ROUTER_SETTINGS),
     ClusterConfig(ENGINES[1], **ROUTER_SETTINGS),
 ]
-"""NOTE: colocated servers run the corun engine: the second config sets the engine's backend."""
+"""NOTE: colocated servers run the native engine: the second config sets the engine's backend."""
 RAY_CLUSTER = dataclasses.replace(CLUSTERS[0], prefill_gpus=(), decode_gpus=(), colocated_gpus=())
 RAYS = [RayClusterConfig(RAY_CLUSTER, address="auto", placement_strategy="PACK", cpus_per_node=2.0,
                          gpus_per_node=0.5, prefill_resource="corun_prefill", decode_resource="corun_decode",
@@ -101,7 +101,7 @@ def test_corun_serve_rebuilds_every_field_of_its_cluster_config():
 
 
 def test_corun_serve_launcher_ray_rebuilds_every_field_of_its_ray_config():
-    # NOTE: on Ray, Ray picks each node's GPU (no --prefill-gpus ...), and the nodes run the corun engine
+    # NOTE: on Ray, Ray picks each node's GPU (no --prefill-gpus ...), and the nodes run the native engine
     assert_every_field_set(RayClusterConfig, RAYS, unset=("cluster.engine.backend", "cluster.prefill_gpus",
                                                           "cluster.decode_gpus", "cluster.colocated_gpus"))
     for ray in RAYS:

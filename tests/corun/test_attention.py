@@ -1,6 +1,6 @@
 """Prompt attention: the causal rule a later chunk needs (query i of n sees keys 0 .. context - n + i), on CPU
 (SDPA with the mask it implies) and on CUDA (FlashAttention, whose causal mask is aligned at the last key), and
-standard's varlen form (every chunk of a step in one launch, keys gathered from the cache), whose CPU reference
+mixed mode's varlen form (every chunk of a step in one launch, keys gathered from the cache), whose CPU reference
 must give each chunk exactly what its own call gives.
 """
 
@@ -111,13 +111,13 @@ def test_cuda_varlen_launch_matches_each_chunk_alone():
 
 
 def test_a_standard_engine_with_varlen_prompts_generates_the_per_chunk_bits(tiny_model_dir, monkeypatch):
-    """standard's mixed steps with every chunk in one varlen call (its CPU reference) give exactly what one call
+    """mixed mode's steps with every chunk in one varlen call (its CPU reference) give exactly what one call
     per chunk gives: the varlen bookkeeping (rows, key slots across decode rows and later chunks) loses nothing."""
     from corun import LLM
     from tests.conftest import varied_prompts
 
     params = SamplingParams(temperature=0.6, seed=42, max_tokens=12, logprobs=3, ignore_eos=True)
-    llm = LLM(tiny_model_dir, mode="standard", max_num_seqs=8, max_model_len=512, prefill_chunk_size=64,
+    llm = LLM(tiny_model_dir, mode="mixed", max_num_seqs=8, max_model_len=512, prefill_chunk_size=64,
               max_num_batched_tokens=96)
     llm.engine.runner.batched_decode_rows = True  # NOTE: the CUDA path's step building, torch kernels
 

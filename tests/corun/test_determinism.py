@@ -1,4 +1,4 @@
-"""The CoRun determinism contract on CPU float32, and its inverse: standard dynamic batching diverges.
+"""The CoRun determinism contract on CPU float32, and its inverse: mixed dynamic batching diverges.
 
 bs1 vs bsN and needle follow vLLM's tests/v1/determinism/test_batch_invariance.py: identical token ids and
 bitwise-equal logprobs (sampled token and top-k alternatives) at every step.
@@ -63,37 +63,37 @@ def needle(llm: LLM, num_trials: int = 4):
 
 
 @pytest.fixture(scope="module")
-def corun_llm(tiny_model_dir):
-    return LLM(tiny_model_dir, mode="corun", **ENGINE)
+def fixed_shape_llm(tiny_model_dir):
+    return LLM(tiny_model_dir, mode="fixed_shape", **ENGINE)
 
 
 @pytest.fixture(scope="module")
-def standard_llm(tiny_model_dir):
-    return LLM(tiny_model_dir, mode="standard", max_num_batched_tokens=4096, **ENGINE)
+def mixed_llm(tiny_model_dir):
+    return LLM(tiny_model_dir, mode="mixed", max_num_batched_tokens=4096, **ENGINE)
 
 
-def test_bs1_vs_bsn_bitwise_identical(corun_llm):
-    assert bs1_vs_bsn(corun_llm) is None
-    assert corun_llm.engine.stats.max_prefill_batch == 1
+def test_bs1_vs_bsn_bitwise_identical(fixed_shape_llm):
+    assert bs1_vs_bsn(fixed_shape_llm) is None
+    assert fixed_shape_llm.engine.stats.max_prefill_batch == 1
 
 
-def test_needle_bitwise_identical(corun_llm):
-    assert needle(corun_llm) == [None] * 4
+def test_needle_bitwise_identical(fixed_shape_llm):
+    assert needle(fixed_shape_llm) == [None] * 4
 
 
 @pytest.mark.mkl_default_mode
-def test_inverse_standard_batching_diverges_bs1_vs_bsn(standard_llm):
+def test_inverse_mixed_batching_diverges_bs1_vs_bsn(mixed_llm):
     """Proves the comparisons above can fail on this machine: dynamic batch shapes change the bits."""
-    assert bs1_vs_bsn(standard_llm) is not None
-    assert standard_llm.engine.stats.max_prefill_batch > 1
+    assert bs1_vs_bsn(mixed_llm) is not None
+    assert mixed_llm.engine.stats.max_prefill_batch > 1
 
 
 @pytest.mark.mkl_default_mode
-def test_inverse_standard_batching_diverges_needle(standard_llm):
-    assert any(d is not None for d in needle(standard_llm))
+def test_inverse_mixed_batching_diverges_needle(mixed_llm):
+    assert any(d is not None for d in needle(mixed_llm))
 
 
-@pytest.mark.parametrize("mode", ["corun", "standard"])
+@pytest.mark.parametrize("mode", ["fixed_shape", "mixed"])
 def test_batched_decode_path_on_cpu(tiny_model_dir, mode):
     """The CUDA path's step building (batched decode rows + prompt segments), run on CPU with the torch kernel:
     corun stays bitwise identical bs1 vs bsN through it, and it agrees with the per-request path's tokens."""
@@ -102,17 +102,17 @@ def test_batched_decode_path_on_cpu(tiny_model_dir, mode):
     llm.engine.runner.batched_decode_rows = True
     batched = completions(llm.generate(varied_prompts(8, seed=3), PARAMS))
     assert [ids for ids, _ in batched] == [ids for ids, _ in reference]
-    if mode == "corun":
+    if mode == "fixed_shape":
         assert bs1_vs_bsn(llm) is None
 
 
-def test_prefill_token_budget_changes_timing_not_outputs(tiny_model_dir, corun_llm):
+def test_prefill_token_budget_changes_timing_not_outputs(tiny_model_dir, fixed_shape_llm):
     """The bounded prefill policy interleaves decode steps with prefills (the requests really decode while
     others prefill) and every output stays bitwise what Algorithm 1 gives."""
     import dataclasses
 
     def with_budget(budget: int) -> LLM:
-        config = corun_llm.config
+        config = fixed_shape_llm.config
         return LLM.from_config(dataclasses.replace(config, scheduler=dataclasses.replace(
             config.scheduler, prefill_token_budget=budget)))
 
@@ -127,9 +127,9 @@ def test_prefill_token_budget_changes_timing_not_outputs(tiny_model_dir, corun_l
     assert bounded.engine.stats.num_decode_steps > unbounded_steps
 
 
-def test_inverse_a_token_budget_changes_standard_outputs(tiny_model_dir, standard_llm):
-    """The same comparison fails where the budget shapes the batches: standard mode's token budget."""
-    small_budget = LLM(tiny_model_dir, mode="standard", max_num_batched_tokens=48, **ENGINE)
+def test_inverse_a_token_budget_changes_mixed_outputs(tiny_model_dir, mixed_llm):
+    """The same comparison fails where the budget shapes the batches: mixed mode's token budget."""
+    small_budget = LLM(tiny_model_dir, mode="mixed", max_num_batched_tokens=48, **ENGINE)
     prompts = varied_prompts(N, seed=4)
-    assert first_difference(completions(standard_llm.generate(prompts, PARAMS)),
+    assert first_difference(completions(mixed_llm.generate(prompts, PARAMS)),
                             completions(small_budget.generate(prompts, PARAMS))) is not None

@@ -52,7 +52,7 @@ def test_every_config_field_has_exactly_one_flag():
 def test_a_non_default_value_of_every_flag_reaches_the_config():
     config = EngineConfig(model="m", dtype="bfloat16", device="cuda:1", seed=7, max_logprobs=5, use_cuda_graph=False,
                           num_threads=3, cache=CacheConfig(block_size=32, num_blocks=7, memory_budget_bytes=3 * 2**20),
-                          scheduler=SchedulerConfig(mode="standard", max_num_seqs=9, max_model_len=99,
+                          scheduler=SchedulerConfig(mode="mixed", max_num_seqs=9, max_model_len=99,
                                                     prefill_chunk_size=33, max_num_batched_tokens=77,
                                                     prefill_buckets=(8,), decode_step_sizes=(4,),
                                                     prefill_token_budget=5, prefill_pack_seqs=3))

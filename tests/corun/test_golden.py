@@ -1,4 +1,4 @@
-"""A golden file of the built-in tiny model's outputs (corun mode, float32, one CPU thread): a change in numerics
+"""A golden file of the built-in tiny model's outputs (fixed_shape mode, float32, one CPU thread): a change in numerics
 (kernels, model code, sampler, the tiny model's generator) shows up here, not only as a self-consistency pass.
 
 The file holds one recording per numerics key (numerics_key: the torch version, ATen's CPU capability, AMX tile

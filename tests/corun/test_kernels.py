@@ -61,7 +61,7 @@ def test_no_split_decode_is_batch_invariant_and_split_kv_is_not():
     split_alone = paged_decode_attention(q[:1], k_cache, v_cache, tables[:1], lens[:1], scale,
                                          split_kv_heuristic(1, 8, sms))
     split_batched = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, split_kv_heuristic(64, 8, sms))
-    assert not torch.equal(split_alone[0], split_batched[0])  # the standard path's batch dependence
+    assert not torch.equal(split_alone[0], split_batched[0])  # the mixed path's batch dependence
 
 
 @gpu_only
@@ -145,8 +145,8 @@ def test_chunk_invariant_prefill_is_chunking_invariant_far_from_position_0():
 
 
 def test_packed_prefill_is_pack_invariant():
-    """corun's packed prefill: a sequence's attention rows are the same alone, among other sequences, at any row of
-    the step and with spare programs in the grid (a captured graph's fixed grid)."""
+    """fixed_shape's packed prefill: a sequence's attention rows are the same alone, among other sequences, at any
+    row of the step and with spare programs in the grid (a captured graph's fixed grid)."""
     from corun.kernels.prefill_attention import packed_prefill_attention
     from corun.packed_prefill import PackedPrefillMeta, max_prefill_tiles, packed_prefill_tiles
 

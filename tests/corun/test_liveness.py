@@ -1,5 +1,5 @@
-"""Liveness of the colocated corun engine: prompts arriving faster than they are prefilled must not starve the
-requests already decoding.
+"""Liveness of the colocated engine (fixed_shape mode): prompts arriving faster than they are prefilled must not
+starve the requests already decoding.
 
 Time is counted in forwards, not seconds: each engine step is one forward, whose cost does not depend on how
 loaded the host is, so the bound is a property and not a timing. One prompt arrives before every step, and a

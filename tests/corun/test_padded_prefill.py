@@ -1,5 +1,5 @@
-"""corun's bucketed and packed prefill on CPU float32: bitwise the same alone, batched, and packed in other company,
-position and order; the inverse: the same comparisons at the packs' natural token counts find differences.
+"""fixed_shape's bucketed and packed prefill on CPU float32: bitwise the same alone, batched, and packed in other
+company, position and order; the inverse: the same comparisons at the packs' natural token counts find differences.
 
 On this CPU a float32 GEMM row's bits depend on the row count only below 4 rows (measured: every M >= 4 gives row
 0 the same bits here), so the inverse checks use prompts of 1-3 tokens, whose natural forwards have 1-3 rows.

@@ -1,4 +1,4 @@
-"""Standard modes' piecewise mixed steps (corun/piecewise_graphs.py), their bookkeeping on CPU: the pieces run
+"""Mixed-step modes' piecewise mixed steps (corun/piecewise_graphs.py), their bookkeeping on CPU: the pieces run
 eagerly through the same fixed buffers the CUDA graphs replay from (capture is CUDA-only: tests/corun/
 test_prefill_graphs.py's GPU tier and benchmarks/h200_runs.sh run it there).
 
@@ -6,7 +6,7 @@ test_prefill_graphs.py's GPU tier and benchmarks/h200_runs.sh run it there).
   same ops in the same order: the split moves no arithmetic), torch ops and the fused Triton kernels alike;
 - padded to a larger size, the real rows stay within rounding of the plain forward (row-count-dependent GEMMs
   on CPU), and the padding rows write only the null block;
-- a standard engine stepping through the pieces generates what the eager one does.
+- a mixed engine stepping through the pieces generates what the eager one does.
 """
 
 import pytest
@@ -26,7 +26,7 @@ BLOCK_SIZE = 16
 
 def engine_config(model_dir: str) -> EngineConfig:
     return EngineConfig(model=model_dir, num_threads=1, scheduler=SchedulerConfig(
-        mode="standard", max_num_seqs=8, max_model_len=256, max_num_batched_tokens=96),
+        mode="mixed", max_num_seqs=8, max_model_len=256, max_num_batched_tokens=96),
         cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=200))
 
 
@@ -140,7 +140,7 @@ def test_a_standard_engine_through_the_pieces_generates_what_the_eager_one_does(
 
 def cuda_config(**scheduler) -> EngineConfig:
     return EngineConfig(model="random:qwen3-tiny", device="cuda", scheduler=SchedulerConfig(
-        mode="standard", max_num_seqs=8, max_model_len=256, max_num_batched_tokens=96, **scheduler),
+        mode="mixed", max_num_seqs=8, max_model_len=256, max_num_batched_tokens=96, **scheduler),
         cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=200))
 
 

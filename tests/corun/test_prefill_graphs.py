@@ -1,5 +1,5 @@
-"""corun's padded prefill through CUDA graphs (GPU only): replays give every prompt the same bits alone and
-batched, and the values of the eager path. The inverse (standard mode differs) is in benchmarks/gpu_determinism.py
+"""fixed_shape's padded prefill through CUDA graphs (GPU only): replays give every prompt the same bits alone and
+batched, and the values of the eager path. The inverse (mixed mode differs) is in benchmarks/gpu_determinism.py
 and tests/corun/test_padded_prefill.py."""
 
 import dataclasses

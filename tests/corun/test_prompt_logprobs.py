@@ -83,12 +83,12 @@ def test_the_rows_together_are_not_the_rows_one_by_one(llm):
     assert not torch.equal(together, one_by_one)
 
 
-def test_prompt_logprobs_need_corun_mode_and_at_most_max_logprobs(tiny_model_dir, llm):
+def test_prompt_logprobs_need_fixed_shape_mode_and_at_most_max_logprobs(tiny_model_dir, llm):
     with pytest.raises(RequestRejected, match="prompt_logprobs must be <= 20"):
         llm.engine.add_request("too-many", PROMPT, params(prompt_logprobs=21))
-    standard = engine(tiny_model_dir, mode="standard")
-    with pytest.raises(RequestRejected, match="prompt_logprobs needs mode corun"):
-        standard.engine.add_request("standard", PROMPT, params())
+    mixed = engine(tiny_model_dir, mode="mixed")
+    with pytest.raises(RequestRejected, match="prompt_logprobs needs mode fixed_shape"):
+        mixed.engine.add_request("mixed", PROMPT, params())
 
 
 @pytest.mark.gpu

@@ -175,7 +175,7 @@ def test_sample_seeds_are_pinned_and_distinct():
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
-    return LLM(tiny_model_dir, mode="corun", max_num_seqs=8, max_model_len=256)
+    return LLM(tiny_model_dir, mode="fixed_shape", max_num_seqs=8, max_model_len=256)
 
 
 ENGINE_CONTROLS = [

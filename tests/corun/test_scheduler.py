@@ -1,4 +1,4 @@
-"""Schedulers without a model: corun (paper Algorithms 1 and 2) and standard (vLLM-style mixed batches).
+"""Schedulers without a model: fixed_shape (paper Algorithms 1 and 2) and mixed (vLLM-style mixed batches).
 
 The helper `run` plays the model runner and the engine's postprocess: it advances num_computed_tokens, appends
 a token after a prompt's last chunk and after every decode, and finishes requests at max_tokens.
@@ -8,7 +8,7 @@ import pytest
 
 from corun.block_manager import NULL_BLOCK, BlockManager
 from corun.request import Request, RequestStatus
-from corun.scheduler import CoRunScheduler, RequestRejected, ScheduledBatch, StandardScheduler, make_scheduler
+from corun.scheduler import FixedShapeScheduler, MixedScheduler, RequestRejected, ScheduledBatch, make_scheduler
 from wire.config import SchedulerConfig
 from wire.sampling_params import SamplingParams
 
@@ -20,7 +20,7 @@ def make_request(request_id: str, num_prompt_tokens: int, max_tokens: int = 4) -
                    seed=0, stop_token_ids=frozenset())
 
 
-def make(mode="corun", num_blocks=1000, **cfg):
+def make(mode="fixed_shape", num_blocks=1000, **cfg):
     cfg = {"max_num_seqs": 4, "max_model_len": 256, "prefill_chunk_size": 8, **cfg}
     return make_scheduler(SchedulerConfig(mode=mode, **cfg), BlockManager(num_blocks, BLOCK_SIZE))
 
@@ -65,8 +65,8 @@ def chunk_spans(batches, request) -> list[tuple[int, int]]:
 
 
 def test_make_scheduler_picks_the_mode():
-    assert isinstance(make("corun"), CoRunScheduler)
-    assert isinstance(make("standard"), StandardScheduler)
+    assert isinstance(make("fixed_shape"), FixedShapeScheduler)
+    assert isinstance(make("mixed"), MixedScheduler)
 
 
 def test_nothing_to_do_schedules_nothing():
@@ -300,11 +300,11 @@ def test_request_rejected_is_a_value_error():
     assert issubclass(RequestRejected, ValueError)
 
 
-# ------------------------------------------------------------------------------------------- standard
+# ---------------------------------------------------------------------------------------------- mixed
 
 
 def test_standard_mixes_decodes_and_several_prompts_under_the_token_budget():
-    scheduler = make("standard", max_num_seqs=8, max_num_batched_tokens=20)
+    scheduler = make("mixed", max_num_seqs=8, max_num_batched_tokens=20)
     a, b = make_request("a", 3, max_tokens=10), make_request("b", 4, max_tokens=10)
     scheduler.add(a)
     scheduler.add(b)
@@ -323,7 +323,7 @@ def test_standard_mixes_decodes_and_several_prompts_under_the_token_budget():
 
 
 def test_standard_budget_limits_decodes_too():
-    scheduler = make("standard", max_num_seqs=8, max_num_batched_tokens=3)
+    scheduler = make("mixed", max_num_seqs=8, max_num_batched_tokens=3)
     requests = [make_request(f"r{i}", 1, max_tokens=5) for i in range(5)]
     for r in requests:
         scheduler.add(r)

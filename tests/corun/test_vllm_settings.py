@@ -14,7 +14,7 @@ from corun.vllm_backend.engine_args import (
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 
-def config(mode: str = "corun", device: str = "cpu", **engine) -> EngineConfig:
+def config(mode: str = "fixed_shape", device: str = "cpu", **engine) -> EngineConfig:
     return EngineConfig(model="m", backend="vllm", device=device, cache=CacheConfig(block_size=32),
                         scheduler=SchedulerConfig(mode=mode, max_num_seqs=64, prefill_chunk_size=256), **engine)
 
@@ -36,10 +36,10 @@ def test_corun_schedules_isolated_chunks_without_prefix_caching_or_async_steps()
 
 
 def test_standard_mode_is_vllms_own_scheduling_with_the_same_sampling():
-    kwargs, corun = vllm_engine_kwargs(config("standard")), vllm_engine_kwargs(config())
-    assert "scheduler_cls" not in kwargs and "compilation_config" not in vllm_engine_kwargs(config("standard", "cuda"))
-    assert kwargs["logits_processors"] == corun["logits_processors"]
-    assert vllm_environment(config("standard"))["VLLM_CPU_ATTN_SPLIT_KV"] == "1"
+    kwargs, fixed_shape = vllm_engine_kwargs(config("mixed")), vllm_engine_kwargs(config())
+    assert "scheduler_cls" not in kwargs and "compilation_config" not in vllm_engine_kwargs(config("mixed", "cuda"))
+    assert kwargs["logits_processors"] == fixed_shape["logits_processors"]
+    assert vllm_environment(config("mixed"))["VLLM_CPU_ATTN_SPLIT_KV"] == "1"
 
 
 def test_threads_bind_that_many_cores():
@@ -48,7 +48,7 @@ def test_threads_bind_that_many_cores():
 
 
 def test_batch_invariant_mode_and_unknown_backends_are_refused():
-    with pytest.raises(ValueError, match="corun or standard"):
+    with pytest.raises(ValueError, match="fixed_shape or mixed"):
         config("batch_invariant")
     with pytest.raises(ValueError, match="engine backend"):
         dataclasses.replace(config(), backend="sglang")

@@ -1,4 +1,4 @@
-"""Run in .venv-vllm by the tests here: the vLLM engine under corun or standard mode, prompts alone, together,
+"""Run in .venv-vllm by the tests here: the vLLM engine under fixed_shape or mixed mode, prompts alone, together,
 and one needle request arriving while a background batch runs (or, together_only, the batch alone). Prints one JSON
 object; logprobs as float.hex()."""
 

@@ -38,7 +38,7 @@ PROMPT_LENGTHS, BACKGROUND_LENGTHS, CHUNK = [430, 12, 290, 590, 77, 350], [500, 
 def run_engine(tiny_model_dir, mode: str, threads: int) -> dict:
     rng = random.Random(5)
     specs = requests(rng, PROMPT_LENGTHS), requests(rng, BACKGROUND_LENGTHS)
-    if mode != "corun":  # NOTE: prompt logprobs need isolated prefill (the engine refuses them otherwise)
+    if mode != "fixed_shape":  # NOTE: prompt logprobs need isolated prefill (the engine refuses them otherwise)
         for spec in (spec for group in specs for spec in group):
             spec["params"].pop("prompt_logprobs", None)
     job = {"model": tiny_model_dir, "mode": mode, "threads": threads, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
@@ -56,7 +56,7 @@ def run_script(job: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def corun_run(tiny_model_dir):
-    return run_engine(tiny_model_dir, "corun", threads=2)
+    return run_engine(tiny_model_dir, "fixed_shape", threads=2)
 
 
 def test_alone_together_and_needle_are_bitwise_equal(corun_run):
@@ -85,7 +85,7 @@ def test_every_decode_step_computes_n_rows_and_every_prefill_one_prompts_chunk(c
 def test_admission_waits_for_the_whole_sequence_and_never_preempts(tiny_model_dir):
     """A KV cache of 23 usable 32-token blocks: a 150-token prompt + 12 tokens reserves 6, so 3 run at once."""
     rng = random.Random(9)
-    job = {"model": tiny_model_dir, "mode": "corun", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
+    job = {"model": tiny_model_dir, "mode": "fixed_shape", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
            "max_model_len": 512, "kv_mib": 3, "requests": requests(rng, [150] * 6), "background": [],
            "needle_after_steps": 0}
     run = run_script(job)
@@ -95,8 +95,8 @@ def test_admission_waits_for_the_whole_sequence_and_never_preempts(tiny_model_di
 
 def test_inverse_vllm_default_scheduling_differs(tiny_model_dir):
     """The same comparison fails under vLLM's own scheduling (mixed prefill chunks, batch-sized decode, split KV)."""
-    standard = run_engine(tiny_model_dir, "standard", threads=2)
-    differing = [i for i, (alone, together) in enumerate(zip(standard["alone"], standard["together"], strict=True))
+    mixed = run_engine(tiny_model_dir, "mixed", threads=2)
+    differing = [i for i, (alone, together) in enumerate(zip(mixed["alone"], mixed["together"], strict=True))
                  if alone != together]
     assert differing, "vLLM's default scheduling gave the same bits alone and batched: the check cannot fail here"
 
@@ -105,7 +105,7 @@ def test_eos_stops_after_min_tokens(tiny_model_dir):
     """vLLM without a tokenizer knows no EOS: the engine hands it the model's. A bias makes EOS certain, min_tokens
     holds it off for 3 tokens."""
     params = {"temperature": 0.7, "seed": 1, "max_tokens": 10, "logit_bias": {"2047": 100.0}, "min_tokens": 3}
-    job = {"model": tiny_model_dir, "mode": "corun", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
+    job = {"model": tiny_model_dir, "mode": "fixed_shape", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
            "together_only": True, "requests": [{"prompt": [5, 6, 7], "params": params}]}
     (output,) = run_script(job)["together"]
     assert output["tokens"][3:] == [2047] and 2047 not in output["tokens"][:3] and output["finish_reason"] == "stop"
@@ -114,7 +114,7 @@ def test_eos_stops_after_min_tokens(tiny_model_dir):
 def test_generation_configs_eos_stops_as_on_corun_engine(tiny_model_dir):
     """The tiny model's generation_config.json adds EOS 2045 to config.json's 2047: both engines stop on it."""
     params = {"temperature": 0.7, "seed": 1, "max_tokens": 10, "logit_bias": {"2045": 100.0}, "min_tokens": 3}
-    job = {"model": tiny_model_dir, "mode": "corun", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
+    job = {"model": tiny_model_dir, "mode": "fixed_shape", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
            "together_only": True, "requests": [{"prompt": [5, 6, 7], "params": params}]}
     (output,) = run_script(job)["together"]
     assert output["tokens"][3:] == [2045] and output["finish_reason"] == "stop"

@@ -92,13 +92,13 @@ def test_alone_equals_concurrent(cluster, alone):
 
 
 def test_cluster_equals_colocated_vllm_engine(alone, tiny_model_dir):
-    assert alone == colocated(tiny_model_dir, "corun", threads=1)
+    assert alone == colocated(tiny_model_dir, "fixed_shape", threads=1)
 
 
 def test_inverse_vllm_default_scheduling_differs(alone, tiny_model_dir):
     """The comparison above can fail here: the colocated engine under vLLM's own scheduling (prompt chunks mixed
     with decodes under a 64-token budget, batch-sized shapes, split KV), on 2 threads, gives other bits."""
-    assert alone != colocated(tiny_model_dir, "standard", threads=2)
+    assert alone != colocated(tiny_model_dir, "mixed", threads=2)
 
 
 def test_kv_crossed_over_nixl_from_vllm_tensors(cluster, alone):
@@ -133,7 +133,7 @@ def test_echo_loglikelihood_is_the_colocated_engines_prompt_logprobs(cluster, ti
     assert concurrent == [loglikelihood(cluster, prompt) for prompt in PROMPTS]
     params = [{"temperature": 0.0, "max_tokens": 1, "prompt_logprobs": 1}] * len(PROMPTS)
     expected = [[None, *(float.fromhex(entry[1]) for entry in o["prompt_logprobs"][1:])]
-                for o in colocated_outputs(tiny_model_dir, "corun", 1, params)]
+                for o in colocated_outputs(tiny_model_dir, "fixed_shape", 1, params)]
     assert concurrent == expected and len(expected[3]) == 300  # NOTE: bitwise; a 5-chunk prompt among them
 
 

@@ -16,7 +16,7 @@ from wire.config import (
 from wire.engine_args import add_engine_args, engine_args_to_argv, engine_config_from_args
 
 
-def resolved(device="cuda", use_cuda_graph=True, backend="corun", **scheduler) -> SchedulerConfig:
+def resolved(device="cuda", use_cuda_graph=True, backend="native", **scheduler) -> SchedulerConfig:
     return resolve_shape_defaults(SchedulerConfig(**scheduler), device, use_cuda_graph, backend)
 
 
@@ -45,7 +45,7 @@ def test_cuda_gets_buckets_up_to_the_chunk_size_when_packing_is_off():
 
 
 def test_cpu_no_graphs_other_modes_and_the_vllm_engine_get_the_papers_shapes():
-    for sched in (resolved(device="cpu"), resolved(use_cuda_graph=False), resolved(mode="standard"),
+    for sched in (resolved(device="cpu"), resolved(use_cuda_graph=False), resolved(mode="mixed"),
                   resolved(backend="vllm")):
         assert (sched.prefill_buckets, sched.decode_step_sizes, sched.prefill_pack_tokens) == ((), (), 0)
 
