@@ -24,7 +24,10 @@ def test_defaults_are_auto_and_the_budget_bounds_prefill():
     sched = SchedulerConfig()
     assert (sched.prefill_buckets, sched.decode_step_sizes) == (AUTO, AUTO) and not sched.is_resolved
     assert sched.prefill_pack_tokens is None and sched.prefill_pack_sizes == AUTO
-    assert sched.prefill_token_budget > 0
+    assert sched.prefill_token_budget is None  # NOTE: auto, one mixed step's token budget
+    assert sched.decode_wait_tokens == sched.max_num_batched_tokens > 0
+    assert resolved(max_num_batched_tokens=8192).prefill_token_budget == 8192
+    assert resolved(max_num_batched_tokens=8192, prefill_token_budget=0).prefill_token_budget == 0
 
 
 def test_cuda_gets_packed_prefill_at_the_batch_token_budget_with_pack_and_decode_candidates():
