@@ -1,4 +1,4 @@
-"""Stateless sampler: logit bias, min_tokens and penalties, then greedy or temperature, min-p, top-k, top-p and
+"""Stateless sampler: allowed_token_ids, bad_words, logit bias, min_tokens and penalties, then greedy or temperature, min-p, top-k, top-p and
 Gumbel-max with request-keyed noise.
 
 The noise of a token is a pure function of (request seed, absolute token position, vocab index), computed
@@ -92,7 +92,8 @@ class TokenHistory(Protocol):
 
 @dataclass(frozen=True)
 class LogitAdjustments:
-    """Per-row changes to the logits before sampling: logit_bias, min_tokens and the penalties.
+    """Per-row changes to the logits before sampling: allowed_token_ids, bad_words, logit_bias, min_tokens and the
+    penalties.
 
     NOTE: every operation is elementwise on a row, and a row without adjustments goes through exact identities
     (x / 1, x * 1, x - 0): its bits do not depend on whether a co-row made this run.
@@ -102,8 +103,11 @@ class LogitAdjustments:
     bias_ids: Tensor  # [entries] int64
     bias_values: Tensor  # [entries] float32
     banned_rows: Tensor  # [entries] int64
-    """min_tokens not reached: (row, stop token) pairs that cannot be sampled."""
+    """(row, token) pairs that cannot be sampled: stop tokens before min_tokens, bad words' last tokens."""
     banned_ids: Tensor  # [entries] int64
+    allowed: tuple[Tensor, Tensor, Tensor] | None
+    """allowed_token_ids: (restricted rows [r], (row, token) pairs allowed [entries] twice); None when no row
+    restricts (a row without them allows all)."""
     penalties: tuple[Tensor, Tensor, Tensor] | None
     """(presence, frequency, repetition) [rows] float32, or None when no row uses a penalty."""
     prompt_ids: Tensor  # [rows, max prompt len] int64, padded with -1
@@ -114,7 +118,7 @@ class LogitAdjustments:
               device) -> LogitAdjustments:
         bias = [(row, t, b) for row, p in enumerate(params) for t, b in p.logit_bias]
         banned = [(row, t) for row, (p, h) in enumerate(zip(params, histories, strict=True))
-                  if len(h.output_token_ids) < p.min_tokens for t in sorted(h.stop_token_ids)]
+                  for t in banned_token_ids(p, h)]
         penalized = any(p.uses_penalties for p in params)
 
         def ids(rows: list[list[int]]) -> Tensor:
@@ -138,6 +142,7 @@ class LogitAdjustments:
             bias_values=torch.tensor([b for _, _, b in bias], dtype=torch.float32, device=device),
             banned_rows=torch.tensor([r for r, _ in banned], dtype=torch.int64, device=device),
             banned_ids=torch.tensor([t for _, t in banned], dtype=torch.int64, device=device),
+            allowed=allowed_entries(params, device),
             penalties=penalties,
             prompt_ids=ids([list(h.prompt_token_ids) for h in histories] if penalized else empty_rows),
             output_ids=ids([list(h.output_token_ids) for h in histories] if penalized else empty_rows),
@@ -145,6 +150,8 @@ class LogitAdjustments:
 
     def apply(self, logits: Tensor) -> Tensor:
         """[rows, vocab] float32 -> the adjusted logits (a new tensor)."""
+        if self.allowed is not None:
+            logits = logits.masked_fill(~allowed_mask(self.allowed, logits), float("-inf"))
         logits = logits.index_put((self.bias_rows, self.bias_ids), self.bias_values, accumulate=True)
         if self.penalties is not None:
             logits = self.apply_penalties(logits)
@@ -158,6 +165,38 @@ class LogitAdjustments:
         factor = torch.where(seen, repetition, 1.0)  # [rows, vocab]
         logits = torch.where(logits > 0, logits / factor, logits * factor)
         return logits - frequency * output_counts - presence * (output_counts > 0).float()
+
+
+def banned_token_ids(params: SamplingParams, history: TokenHistory) -> list[int]:
+    """The tokens this row cannot sample now: its stop tokens before min_tokens; each bad word's last token where
+    the output so far ends with the rest of it (vLLM's rule: over the output only, not the prompt)."""
+    output = history.output_token_ids
+    banned = sorted(history.stop_token_ids) if len(output) < params.min_tokens else []
+    for word in params.bad_words_token_ids:
+        prefix = list(word[:-1])
+        if len(prefix) <= len(output) and (not prefix or list(output[len(output) - len(prefix):]) == prefix):
+            banned.append(word[-1])
+    return sorted(set(banned))
+
+
+def allowed_entries(params: Sequence[SamplingParams], device) -> tuple[Tensor, Tensor, Tensor] | None:
+    """LogitAdjustments.allowed: the rows with allowed_token_ids and their (row, token) pairs."""
+    restricted = [row for row, p in enumerate(params) if p.allowed_token_ids is not None]
+    if not restricted:
+        return None
+    pairs = [(row, t) for row in restricted for t in params[row].allowed_token_ids]
+    return (torch.tensor(restricted, dtype=torch.int64, device=device),
+            torch.tensor([r for r, _ in pairs], dtype=torch.int64, device=device),
+            torch.tensor([t for _, t in pairs], dtype=torch.int64, device=device))
+
+
+def allowed_mask(allowed: tuple[Tensor, Tensor, Tensor], logits: Tensor) -> Tensor:
+    """Bool [rows, vocab]: True where a token may be sampled; rows without allowed_token_ids (padding included)
+    allow all."""
+    restricted, rows, token_ids = allowed
+    mask = torch.ones_like(logits, dtype=torch.bool)
+    mask[restricted] = False
+    return mask.index_put((rows, token_ids), torch.ones_like(rows, dtype=torch.bool))
 
 
 def token_counts(token_ids: Tensor, vocab_size: int) -> Tensor:

@@ -31,7 +31,7 @@ class RequestRejected(ValueError):
 def check_request(request_id: str, prompt_token_ids: list[int], params, config, vocab_size: int,
                   prompt_logprobs_need_fixed_shape: bool = False) -> None:
     """What every server of a request refuses before queueing it (the engines, the prefill, decode and colocated
-    nodes): an empty prompt, token ids outside the vocabulary (the prompt's, stop_token_ids, logit_bias), prompt +
+    nodes): an empty prompt, token ids outside the vocabulary (the prompt's, stop_token_ids, logit_bias, allowed_token_ids, bad_words), prompt +
     max_tokens beyond max_model_len, prompt_logprobs beyond max_logprobs (config: an EngineConfig) and, where the
     server schedules by mode (prompt_logprobs_need_fixed_shape: an engine, not a prefill node, which prefills every
     prompt alone whatever its mode), prompt_logprobs outside fixed_shape mode."""
@@ -46,7 +46,7 @@ def check_request(request_id: str, prompt_token_ids: list[int], params, config, 
                               "makes them a function of the prompt alone)")
     if params.prompt_logprobs is not None and params.prompt_logprobs > config.max_logprobs:
         raise RequestRejected(f"request {request_id}: prompt_logprobs must be <= {config.max_logprobs}")
-    outside = [t for t in (*params.stop_token_ids, *(t for t, _ in params.logit_bias)) if not 0 <= t < vocab_size]
+    outside = [t for t in params.token_ids_named() if not 0 <= t < vocab_size]
     if outside:
         raise RequestRejected(f"request {request_id}: token id {outside[0]} is outside the vocabulary "
                               f"[0, {vocab_size})")

@@ -43,6 +43,7 @@ Version history:
      b"done:" + request id); TokenEvent is a part of StepTokens only (a decode node's first event of a
      sample, sent alone, is a StepTokens of one); TokenLogprobs is a map {token_id, logprob, top} (was the list
      [token_id, logprob, top]).
+  15: SamplingParams.allowed_token_ids and bad_words_token_ids; seeds are any int64 (were [0, 2**63)).
 
 Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
 with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
@@ -56,10 +57,9 @@ from typing import Annotated, Any, Union
 import msgspec
 
 from wire.outputs import TokenLogprobs
-from wire.sampling_params import SamplingParams
-from wire.seeding import SEED_BOUND
+from wire.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 
 
 class ProtocolError(ValueError):
@@ -67,9 +67,9 @@ class ProtocolError(ValueError):
 
 
 def check_seed(seed) -> None:
-    """Seeds become int64 noise keys: outside [0, 2**63) one would fail the sampler, not the message."""
-    if not isinstance(seed, int) or not 0 <= seed < SEED_BOUND:
-        raise ValueError(f"seed must be an integer in [0, 2**63), got {str(seed)[:30]}")
+    """Seeds become int64 noise keys: outside int64 one would fail the sampler, not the message."""
+    if not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX:
+        raise ValueError(f"seed must be an int64, got {str(seed)[:30]}")
 
 
 ZMQ_ADDRESS = re.compile(r"tcp://[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}")

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 MAX_LOGIT_BIAS = 100.0
 """OpenAI's bound on a logit_bias value."""
 MAX_REPETITION_PENALTY = 100.0
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1
+"""Seeds are int64 (vLLM's range); the sampler keys its noise on their 64 bits."""
+MAX_BAD_WORDS = 128
+"""Token sequences bad_words may ban (vLLM's VLLM_MAX_NUM_BAD_WORDS default)."""
 
 
 @dataclass(frozen=True)
@@ -45,11 +49,20 @@ class SamplingParams:
     not match."""
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     """(token id, bias) pairs added to the logits before sampling; a dict {token id: bias} is accepted too."""
+    allowed_token_ids: tuple[int, ...] | None = None
+    """vLLM's: only these tokens can be sampled (every other logit is -inf); None allows all."""
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
+    """vLLM's bad_words, tokenized: a sequence's last token cannot be sampled when the output so far ends with the
+    rest of it (a one-token sequence is never sampled)."""
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", tuple(sorted({int(t) for t in self.allowed_token_ids})))
+        object.__setattr__(self, "bad_words_token_ids",
+                           tuple(tuple(int(t) for t in word) for word in self.bad_words_token_ids))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         self.validate()
@@ -63,8 +76,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (or -1 to disable), got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be an int64, got {self.seed}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
@@ -89,6 +102,18 @@ class SamplingParams:
             raise ValueError("logit_bias must name distinct token ids >= 0")
         if any(not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
             raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}]")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must not be empty")
+        if any(t < 0 for t in self.allowed_token_ids or ()):
+            raise ValueError("allowed_token_ids must be >= 0")
+        if len(self.bad_words_token_ids) > MAX_BAD_WORDS or any(
+                not word or min(word) < 0 for word in self.bad_words_token_ids):
+            raise ValueError(f"bad_words_token_ids must be at most {MAX_BAD_WORDS} non-empty token id sequences")
+
+    def token_ids_named(self) -> list[int]:
+        """Every token id these parameters name (nodes check them against the vocabulary)."""
+        return [*self.stop_token_ids, *(t for t, _ in self.logit_bias), *(self.allowed_token_ids or ()),
+                *(t for word in self.bad_words_token_ids for t in word)]
 
     @property
     def is_greedy(self) -> bool:
@@ -96,8 +121,9 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Bias, penalties or min_tokens change this request's logits before sampling (greedy included)."""
-        return bool(self.logit_bias or self.min_tokens or self.uses_penalties)
+        """Bias, penalties, min_tokens, allowed_token_ids or bad_words change this request's logits before sampling (greedy included)."""
+        return bool(self.logit_bias or self.min_tokens or self.uses_penalties or self.allowed_token_ids is not None
+                    or self.bad_words_token_ids)
 
     @property
     def uses_penalties(self) -> bool:

@@ -25,6 +25,7 @@ def sample_seed(seed: int, index: int) -> int:
     (seed, index) in [0, 2**63). Sample i is bitwise a single request sent with this seed."""
     if index == 0:
         return seed
-    digest = hashlib.blake2b(seed.to_bytes(8, "little") + index.to_bytes(8, "little"), digest_size=8,
+    # NOTE: signed: a negative (int64) seed has its own bytes; a seed >= 0 has the bytes it always had
+    digest = hashlib.blake2b(seed.to_bytes(8, "little", signed=True) + index.to_bytes(8, "little"), digest_size=8,
                              person=b"corun-sample").digest()
     return int.from_bytes(digest, "little") % SEED_BOUND
