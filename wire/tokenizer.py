@@ -5,6 +5,7 @@ Deliberately not transformers' AutoTokenizer: that imports torch, and the router
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -38,9 +39,14 @@ class Tokenizer:
         self._generation_eos_ids = generation_eos_ids
         self._max_chars_per_token = max_chars_per_token(backend)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of text, without BOS/EOS; special-token text such as <|im_start|> maps to its id."""
-        return self._backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of text; special-token text such as <|im_start|> maps to its id. add_special_tokens: the
+        tokenizer's post-processor adds its BOS/EOS (vLLM's completions default; Qwen's adds none)."""
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary's string for token_id (byte-level pieces such as "Ġthe"), as vLLM's token_strs."""
+        return self._backend.id_to_token(token_id)
 
     def max_text_chars(self, num_tokens: int) -> int | None:
         """The most characters a text of at most num_tokens tokens can have (a longer text is certainly longer
@@ -57,12 +63,17 @@ class Tokenizer:
         backend = self._backend
         return lambda token_id: stream.step(backend, token_id)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        if self._chat_template is None:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            chat_template: str | None = None, template_kwargs: dict | None = None) -> str:
+        """The checkpoint's template (or chat_template, a request's own) rendered as transformers does;
+        template_kwargs are extra variables (chat_template_kwargs: enable_thinking, ...), never overriding the
+        messages, add_generation_prompt or the special tokens."""
+        template = compiled_template(chat_template) if chat_template is not None else self._chat_template
+        if template is None:
             raise ValueError("this tokenizer has no chat template")
         special_tokens = {key: text for key, text in self._special_tokens.items() if text is not None}
-        return self._chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                          **special_tokens)
+        return template.render({**(template_kwargs or {}), **special_tokens, "messages": messages,
+                                "add_generation_prompt": add_generation_prompt})
 
     @property
     def eos_token_id(self) -> int:
@@ -136,6 +147,12 @@ def find_chat_template(model_dir: Path, tokenizer_config: dict) -> str | None:
         named = {entry["name"]: entry["template"] for entry in template}
         return named.get("default")
     return template
+
+
+@functools.lru_cache(maxsize=16)
+def compiled_template(template: str) -> jinja2.Template:
+    """A request's own chat_template, compiled once per parser process (clients resend the same one)."""
+    return compile_chat_template(template)
 
 
 def compile_chat_template(template: str) -> jinja2.Template:

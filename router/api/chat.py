@@ -1,43 +1,87 @@
-"""Chat messages: validated, flattened to plain text content, rendered with the checkpoint's chat template."""
+"""Chat messages: validated, content flattened to plain text, rendered with the checkpoint's chat template (or the
+request's own chat_template), as vLLM renders them."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import jinja2
 
 from router.api.errors import bad_request
-from router.api.fields import TEXT, is_text
+from router.api.fields import TEXT, bool_field, is_text, read_field
 from wire.tokenizer import Tokenizer
 
-CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs", "response_format", "tool_choice",
-                         "tools", "parallel_tool_calls"})
-ROLES = ("system", "developer", "user", "assistant")
 TEMPLATE_ROLES = {"developer": "system"}
 """OpenAI's newer name for the system role, rendered as the template's system turn (as vLLM does)."""
-MESSAGE_KEYS = frozenset({"role", "content", "name"})
+MAX_TEMPLATE_CHARS = 64 * 1024
+"""A request's own chat_template is compiled in the parser process: bounded like any other text it sends."""
 
 
-def render_chat(messages, tokenizer: Tokenizer) -> str:
-    """The prompt text of a chat, ending with the assistant's generation prompt."""
+@dataclass(frozen=True)
+class ChatTemplateOptions:
+    """vLLM's chat fields that shape the rendered prompt."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    """The last message is left open (no end-of-turn), for the model to continue it."""
+    chat_template: str | None = None
+    template_kwargs: dict = field(default_factory=dict)
+    """chat_template_kwargs: extra template variables (Qwen3's enable_thinking, ...)."""
+
+
+def read_template_options(body: dict) -> ChatTemplateOptions:
+    options = ChatTemplateOptions(
+        add_generation_prompt=bool_field(body, "add_generation_prompt", True),
+        continue_final_message=bool_field(body, "continue_final_message", False),
+        chat_template=read_field(body, "chat_template", None,
+                                 lambda v: is_text(v) and len(v) <= MAX_TEMPLATE_CHARS,
+                                 f"a string of at most {MAX_TEMPLATE_CHARS} characters of {TEXT}"),
+        template_kwargs=read_field(body, "chat_template_kwargs", {}, lambda v: isinstance(v, dict), "an object"))
+    if options.add_generation_prompt and options.continue_final_message:
+        # NOTE: as vLLM: a generation prompt opens a new turn, which contradicts continuing the last one
+        raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true; set "
+                          "'add_generation_prompt': false", param="continue_final_message")
+    return options
+
+
+def render_chat(messages, tokenizer: Tokenizer, options: ChatTemplateOptions = ChatTemplateOptions()) -> str:
+    """The prompt text of a chat: ending with the assistant's generation prompt, or inside the final message
+    (continue_final_message)."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of messages", param="messages")
     plain = [plain_message(message, i) for i, message in enumerate(messages)]
     try:
-        return tokenizer.apply_chat_template(plain, add_generation_prompt=True)
-    except (jinja2.TemplateError, ValueError) as error:
+        text = tokenizer.apply_chat_template(plain, options.add_generation_prompt, options.chat_template,
+                                             options.template_kwargs)
+    except (jinja2.TemplateError, ValueError, TypeError) as error:
         raise bad_request(f"the chat template refused these messages: {error}", param="messages") from None
+    return cut_after_final_message(text, plain[-1]["content"]) if options.continue_final_message else text
+
+
+def cut_after_final_message(text: str, final_content: str) -> str:
+    """transformers' continue_final_message: the rendered text up to the end of the final message's content."""
+    content = final_content.strip()
+    at = text.rfind(content) if content else -1
+    if at < 0:
+        raise bad_request("continue_final_message: the chat template does not render the final message's content "
+                          "verbatim", param="continue_final_message")
+    return text[:at + len(content)]
 
 
 def plain_message(message, index: int) -> dict:
+    """The message as the template sees it: its content as text, every other key as sent. NOTE: clients resend
+    the assistant's reply whole (refusal, annotations, audio, function_call, tool_calls: null), and roles other
+    than OpenAI's (custom ones, "tool") are the template's to render or refuse, as vLLM does."""
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise bad_request(f"'{where}' must be an object with 'role' and 'content'", param="messages")
-    unknown = sorted(set(message) - MESSAGE_KEYS)
-    if unknown:
-        raise bad_request(f"unknown field(s) in '{where}': {', '.join(map(repr, unknown))}", param="messages")
     role = message.get("role")
-    if role not in ROLES:
-        raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}", param="messages")
-    return {"role": TEMPLATE_ROLES.get(role, role), "content": content_text(message.get("content"), where)}
+    if not (is_text(role) and role):
+        raise bad_request(f"'{where}.role' must be a non-empty string", param="messages")
+    content = message.get("content")
+    # NOTE: an assistant message that only calls tools has content null
+    text = "" if content is None and "content" in message else content_text(content, where)
+    return {**message, "role": TEMPLATE_ROLES.get(role, role), "content": text}
 
 
 def content_text(content, where: str) -> str:
@@ -55,5 +99,10 @@ def content_text(content, where: str) -> str:
 
 
 def is_text_part(part) -> bool:
-    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) \
-        and set(part) <= {"type", "text"}
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
+def echoed_content(messages: list, role: str = "assistant") -> str:
+    """Chat echo (vLLM's): the last message's content when it has the response's role, else ""."""
+    last = messages[-1]
+    return content_text(last["content"], "messages[-1]") if last.get("role") == role and last.get("content") else ""

@@ -221,13 +221,29 @@ async def write_deltas(response: web.StreamResponse, ctx: ResponseContext, first
     while delta is not None:
         first = delta.index not in text_offsets
         if ctx.kind == "chat" and first:
-            await response.write(chunks.event(role_choice(delta.index)))
+            await write_chat_opening(response, ctx, chunks, delta.index, continuous_prompt_tokens)
         choice, text_offsets[delta.index] = chunk_choice(ctx, delta, text_offsets.get(delta.index, 0), first)
         num_tokens += 0 if ctx.output.drop_generated else len(delta.token_ids)
         chunk_usage = None if continuous_prompt_tokens is None else usage(continuous_prompt_tokens, num_tokens)
         await response.write(chunks.event(choice, chunk_usage))
         delta = await anext(deltas, None)
     return num_tokens
+
+
+async def write_chat_opening(response: web.StreamResponse, ctx: ResponseContext, chunks: ChunkEncoder, index: int,
+                             continuous_prompt_tokens: int | None) -> None:
+    """A chat choice's first chunks, as vLLM's: the role (with the prompt's token ids when asked: return_token_ids),
+    then the echoed last message (echo). NOTE: with continuous usage stats these carry usage so far (0 completion
+    tokens), not null."""
+    opening_usage = None if continuous_prompt_tokens is None else usage(continuous_prompt_tokens, 0)
+    if ctx.output.return_token_ids:
+        await send_event(response, {**ctx.envelope(streaming=True), "choices": [role_choice(index)],
+                                    "usage": opening_usage, "prompt_token_ids": list(ctx.prompts[index])})
+    else:
+        await response.write(chunks.event(role_choice(index), opening_usage))
+    if ctx.output.chat_echo:
+        echo = {"index": index, "delta": {"content": ctx.output.chat_echo}, "logprobs": None, "finish_reason": None}
+        await response.write(chunks.event(echo, opening_usage))
 
 
 class ChunkEncoder:

@@ -9,8 +9,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from router.api.chat import CHAT_FIELDS, render_chat
+from router.api.chat import echoed_content, read_template_options, render_chat
 from router.api.errors import RequestError, bad_request
+from router.api.field_policy import apply_field_policy
 from router.api.fields import (
     TEXT,
     bool_field,
@@ -21,27 +22,32 @@ from router.api.fields import (
     is_number,
     is_str_list,
     is_text,
-    only_value_field,
     read_field,
     unknown_fields,
 )
+from router.api.prompts import check_prompt, encode_text, read_prompt_options, read_prompts
 from router.generation.output import OutputOptions
-from wire.sampling_params import MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, SamplingParams
-from wire.seeding import SEED_BOUND
+from wire.sampling_params import (
+    MAX_BAD_WORDS,
+    MAX_LOGIT_BIAS,
+    MAX_REPETITION_PENALTY,
+    SEED_MAX,
+    SEED_MIN,
+    SamplingParams,
+)
 from wire.tokenizer import Tokenizer
 
 Kind = Literal["completion", "chat"]
-MAX_STOP_STRINGS = 4
+MAX_STOP_STRINGS = 128
+"""vLLM has no limit on stop strings; this bounds what one request makes the router match per token (each stop
+string is checked against the text held back, as long as the longest one): HumanEval sends 5."""
+MAX_STOP_CHARS = 8192
+"""The stop strings' total length, for the same reason."""
 MAX_SAMPLES = 64
 """Most samples (n) per prompt; a decode node also needs n free slots of its max_num_seqs at once."""
-SAMPLING_FIELDS = frozenset({
-    "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
-    "stop_token_ids", "ignore_eos", "logprobs", "n", "user", "presence_penalty", "frequency_penalty", "logit_bias",
-    "include_stop_str_in_output", "skip_special_tokens", "return_tokens_as_token_ids", "repetition_penalty",
-    "min_p", "min_tokens"})
-COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "best_of", "suffix", "max_completion_tokens",
-                                       "prompt_logprobs"}
 STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
+NO_SEED = -1
+"""vLLM's seed -1: no seed (the router derives one from the request id)."""
 
 
 @dataclass(frozen=True)
@@ -84,62 +90,71 @@ def parse_body(tokenizer: Tokenizer, body: bytes, kind: Kind, model: ModelInfo) 
 
 
 def parse_completion_request(body, model: ModelInfo, tokenizer: Tokenizer) -> GenerationRequest:
-    body, ignored = checked_body(body, COMPLETION_FIELDS, model)
+    body, ignored = checked_body(body, "completion", model)
     echo = bool_field(body, "echo", False)
-    only_value_field(body, "suffix", "null", lambda v: False)
     # NOTE: as vLLM: max_completion_tokens (OpenAI's newer name) wins over max_tokens; 0 only to echo the prompt
     lowest = 0 if echo else 1
     max_tokens = int_field(body, "max_completion_tokens", int_field(body, "max_tokens", 16, lowest), lowest)
-    prompts = read_prompts(body, tokenizer, model, max(1, max_tokens))
+    prompt_options = read_prompt_options(body, model.max_model_len, add_special_tokens=True)
+    prompts = read_prompts(body, tokenizer, model, max(1, max_tokens), prompt_options)
     logprobs = int_field(body, "logprobs", None, 0, model.max_logprobs)
     prompt_logprobs = int_field(body, "prompt_logprobs", None, 0, model.max_logprobs)
     echoed = logprobs if echo else None
     wanted = max((k for k in (echoed, prompt_logprobs) if k is not None), default=None)
-    prompt_options = {"echo": echo, "prompt_logprobs": prompt_logprobs, "drop_generated": max_tokens == 0}
+    output = {"echo": echo, "prompt_logprobs": prompt_logprobs, "drop_generated": max_tokens == 0}
     # NOTE: max_tokens 0 runs the prefill (which makes token 1 and the prompt's logprobs) and drops the token
-    return build_request("completion", body, prompts, max(1, max_tokens), logprobs, model, ignored, wanted,
-                         prompt_options)
+    return build_request("completion", body, prompts, max(1, max_tokens), logprobs, model, ignored, tokenizer,
+                         wanted, output)
 
 
 def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> GenerationRequest:
-    body, ignored = checked_body(body, SAMPLING_FIELDS | CHAT_FIELDS, model)
-    check_chat_options(body)
-    prompt = encode_text(render_chat(body.get("messages"), tokenizer), tokenizer, model.max_model_len, "messages")
-    wants_logprobs = bool_field(body, "logprobs", False)
+    body, ignored = checked_body(body, "chat", model)
+    text = render_chat(body.get("messages"), tokenizer, read_template_options(body))
+    prompt_options = read_prompt_options(body, model.max_model_len, add_special_tokens=False)
+    prompt = prompt_options.truncate(encode_text(text, tokenizer, model.max_model_len, "messages",
+                                                 prompt_options.add_special_tokens))
+    wants_logprobs = read_field(body, "logprobs", False, lambda v: coerced_bool(v) is not None, "a boolean")
+    wants_logprobs = coerced_bool(wants_logprobs)
     top_logprobs = int_field(body, "top_logprobs", 0, 0, model.max_logprobs)
     if top_logprobs and not wants_logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     # NOTE: as vLLM: max_completion_tokens (OpenAI's newer name) wins; without either, the chat may fill the context.
     max_tokens = int_field(body, "max_tokens", None, 1)
     max_tokens = int_field(body, "max_completion_tokens", max_tokens, 1) or max(1, model.max_model_len - len(prompt))
+    prompt_logprobs = int_field(body, "prompt_logprobs", None, 0, model.max_logprobs)
+    echo = echoed_content(body["messages"]) if bool_field(body, "echo", False) else ""
     return build_request("chat", body, (prompt,), max_tokens, top_logprobs if wants_logprobs else None, model,
-                         ignored)
+                         ignored, tokenizer, prompt_logprobs, {"prompt_logprobs": prompt_logprobs,
+                                                               "chat_echo": echo})
 
 
-def checked_body(body, known_fields: frozenset[str], model: ModelInfo) -> tuple[dict, list[str]]:
-    """-> (body, the unknown fields it ignores)."""
+def coerced_bool(value) -> bool | None:
+    """A boolean as pydantic's lax mode reads one (vLLM's models): true/false, 0/1 and their strings; else None."""
+    if isinstance(value, bool):
+        return value
+    if is_int(value) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        return {"true": True, "1": True, "yes": True, "on": True, "t": True, "y": True,
+                "false": False, "0": False, "no": False, "off": False, "f": False, "n": False}.get(value.lower())
+    return None
+
+
+def checked_body(body, endpoint: Kind, model: ModelInfo) -> tuple[dict, list[str]]:
+    """-> (body, the fields it ignores: harmless ones and unknown ones); refused fields are a 400
+    (router/api/field_policy.py)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    ignored = unknown_fields(body, known_fields, model.strict_fields)
+    ignored = apply_field_policy(body, endpoint, model.strict_fields)
     requested = read_field(body, "model", model.served_model_name, lambda v: isinstance(v, str), "a string")
     if requested != model.served_model_name:
         raise RequestError(404, f"The model `{requested}` does not exist.", param="model")
     return body, ignored
 
 
-def check_chat_options(body: dict) -> None:
-    """Chat fields clients send by default: accepted where they change nothing, a 400 where they would."""
-    read_field(body, "response_format", None, lambda v: isinstance(v, dict) and v.get("type") == "text",
-               '{"type": "text"} (structured output is not supported)')
-    read_field(body, "tool_choice", None, lambda v: v == "none", '"none" (tool calling is not supported)')
-    read_field(body, "tools", None, lambda v: v == [], "empty (tool calling is not supported)")
-    read_field(body, "parallel_tool_calls", None, lambda v: isinstance(v, bool), "a boolean")
-
-
 def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], max_tokens: int,
-                  logprobs: int | None, model: ModelInfo, ignored: list[str], prompt_logprobs: int | None = None,
-                  prompt_options: dict | None = None) -> GenerationRequest:
-    read_field(body, "user", None, lambda v: isinstance(v, str), "a string")
+                  logprobs: int | None, model: ModelInfo, ignored: list[str], tokenizer: Tokenizer,
+                  prompt_logprobs: int | None = None, output_options: dict | None = None) -> GenerationRequest:
     for prompt in prompts:
         check_prompt(prompt, max_tokens, model)
     n = int_field(body, "n", 1, 1, MAX_SAMPLES)
@@ -156,12 +171,14 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
         prompt_logprobs=prompt_logprobs,
         n=n,
         **read_controls(body, model, max_tokens),
+        **read_token_controls(body, model, tokenizer),
     )
     stream = bool_field(body, "stream", False)
     include_usage, continuous_usage, ignored_options = read_stream_options(body, stream, model.strict_fields)
     output = OutputOptions(bool_field(body, "include_stop_str_in_output", False),
                            bool_field(body, "skip_special_tokens", True),
-                           bool_field(body, "return_tokens_as_token_ids", False), **(prompt_options or {}))
+                           bool_field(body, "return_tokens_as_token_ids", False),
+                           return_token_ids=bool_field(body, "return_token_ids", False), **(output_options or {}))
     return GenerationRequest(kind, prompts, params, read_seed(body), read_stop_strings(body), stream,
                              include_usage, continuous_usage, tuple(ignored + ignored_options), output)
 
@@ -194,86 +211,52 @@ def read_logit_bias(body: dict, vocab_size: int) -> dict[int, float]:
     return {int(key): float(bias) for key, bias in read_field(body, "logit_bias", {}, is_valid, expected).items()}
 
 
-def read_prompts(body: dict, tokenizer: Tokenizer, model: ModelInfo, max_tokens: int) -> tuple[tuple[int, ...], ...]:
-    """Each prompt's token ids. NOTE: every check that can refuse a prompt runs before the next one is encoded, so
-    that a refused request costs at most one prompt's encoding."""
-    prompt = body.get("prompt")
-    texts = [prompt] if isinstance(prompt, str) else prompt if is_str_list(prompt) else []
-    if texts:
-        check_num_prompts(len(texts), model)
-        for text in texts:  # NOTE: before is_text, which copies each text (encodes it as UTF-8)
-            check_text_length(text, tokenizer, model.max_model_len, "prompt")
-        if not all(map(is_text, texts)):
-            raise bad_request(f"'prompt' must be {TEXT}", param="prompt")
-        return tuple(checked_prompt(encode_text(text, tokenizer, model.max_model_len, "prompt"), max_tokens, model)
-                     for text in texts)
-    if isinstance(prompt, list) and prompt:
-        if is_int_list(prompt):
-            return (checked_prompt(prompt, max_tokens, model),)
-        if all(is_int_list(item) for item in prompt):
-            check_num_prompts(len(prompt), model)
-            return tuple(checked_prompt(item, max_tokens, model) for item in prompt)
-    if prompt is None or prompt == []:
-        raise bad_request("'prompt' must not be empty", param="prompt")
-    raise bad_request("'prompt' must be a string, a list of strings, a list of token ids or a list of lists of "
-                      "token ids", param="prompt")
-
-
-def check_num_prompts(num_prompts: int, model: ModelInfo) -> None:
-    if num_prompts > model.max_num_prompts:
-        raise bad_request(f"at most {model.max_num_prompts} prompts per request", param="prompt")
-
-
-def encode_text(text: str, tokenizer: Tokenizer, max_model_len: int, param: str) -> tuple[int, ...]:
-    """text's token ids; a 400 without encoding it when it is too long (check_text_length)."""
-    check_text_length(text, tokenizer, max_model_len, param)
-    return tuple(tokenizer.encode(text))
-
-
-def check_text_length(text: str, tokenizer: Tokenizer, max_model_len: int, param: str) -> None:
-    """A 400 when text has more characters than max_model_len tokens can hold (Tokenizer.max_text_chars).
-    NOTE: encoding costs the parser ~200 bytes of memory and ~1 us per character of a long "word" (issue 23): this
-    bounds that cost by the context length, not by the body size limit."""
-    max_chars = tokenizer.max_text_chars(max_model_len)
-    if max_chars is not None and len(text) > max_chars:
-        raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, the {param} "
-                          f"has {len(text)} characters, more than {max_model_len} tokens of this tokenizer can hold "
-                          f"(at most {max_chars} characters).", param=param)
-
-
-def checked_prompt(prompt, max_tokens: int, model: ModelInfo) -> tuple[int, ...]:
-    check_prompt(prompt, max_tokens, model)
-    return tuple(prompt)
-
-
-def check_prompt(prompt: tuple[int, ...], max_tokens: int, model: ModelInfo) -> None:
-    if not prompt:
-        raise bad_request("the prompt must not be empty", param="prompt")
-    if len(prompt) + max_tokens > model.max_model_len:
-        raise bad_request(
-            f"This model's maximum context length is {model.max_model_len} tokens. However, you requested "
-            f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, {max_tokens} for the completion).",
-            param="max_tokens" if len(prompt) < model.max_model_len else "prompt")
-    out_of_vocab = [t for t in prompt if not 0 <= t < model.vocab_size]
-    if out_of_vocab:
-        raise bad_request(f"token id {out_of_vocab[0]} in the prompt is outside the vocabulary "
-                          f"[0, {model.vocab_size})", param="prompt")
-
-
 def read_token_ids(body: dict, name: str, vocab_size: int) -> list[int]:
     expected = f"a list of token ids in [0, {vocab_size})"
     return read_field(body, name, [], lambda v: is_int_list(v) and all(0 <= t < vocab_size for t in v), expected)
 
 
 def read_seed(body: dict) -> int | None:
-    return read_field(body, "seed", None, lambda v: is_int(v) and 0 <= v < SEED_BOUND, "an integer in [0, 2**63)")
+    """vLLM's int64 seed; -1 means none (as vLLM's SamplingParams). NOTE: a negative seed keys the noise by its
+    64 bits (two's complement), so it is a seed of its own, not a positive one's alias."""
+    seed = read_field(body, "seed", None, lambda v: is_int(v) and SEED_MIN <= v <= SEED_MAX, "an int64 integer")
+    return None if seed == NO_SEED else seed
+
+
+def read_token_controls(body: dict, model: ModelInfo, tokenizer: Tokenizer) -> dict:
+    """allowed_token_ids and bad_words (tokenized as vLLM does) as SamplingParams keywords."""
+    allowed = read_field(body, "allowed_token_ids", None, lambda v: is_int_list(v) and v and all(
+        0 <= t < model.vocab_size for t in v), f"a non-empty list of token ids in [0, {model.vocab_size})")
+    words = read_field(body, "bad_words", [], lambda v: is_str_list(v) and len(v) <= MAX_BAD_WORDS and all(
+        w.strip() and is_text(w) and len(w) <= MAX_STOP_CHARS for w in v),
+        f"a list of at most {MAX_BAD_WORDS} non-blank strings of {TEXT}")
+    return {"allowed_token_ids": None if allowed is None else tuple(allowed),
+            "bad_words_token_ids": bad_words_token_ids(words, tokenizer)}
+
+
+def bad_words_token_ids(words: list[str], tokenizer: Tokenizer) -> tuple[tuple[int, ...], ...]:
+    """vLLM's SamplingParams.update_from_tokenizer: each word as it starts the text and, when that is another first
+    token of as many tokens, as it follows a space."""
+    sequences: list[tuple[int, ...]] = []
+    for word in dict.fromkeys(words):
+        bare = tuple(tokenizer.encode(word.lstrip()))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip()))
+        sequences.append(bare)
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            sequences.append(spaced)
+    if len(sequences) > MAX_BAD_WORDS:
+        raise bad_request(f"'bad_words' tokenize to {len(sequences)} sequences, more than {MAX_BAD_WORDS}",
+                          param="bad_words")
+    return tuple(sequences)
 
 
 def read_stop_strings(body: dict) -> tuple[str, ...]:
     def is_valid(v) -> bool:
         strings = [v] if isinstance(v, str) else v
-        return is_str_list(strings) and len(strings) <= MAX_STOP_STRINGS and all(s and is_text(s) for s in strings)
-    expected = f"a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings, of {TEXT}"
+        return is_str_list(strings) and len(strings) <= MAX_STOP_STRINGS and \
+            sum(map(len, strings)) <= MAX_STOP_CHARS and all(s and is_text(s) for s in strings)
+    expected = (f"a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings, "
+                f"{MAX_STOP_CHARS} characters in all, of {TEXT}")
     stop = read_field(body, "stop", [], is_valid, expected)
     return (stop,) if isinstance(stop, str) else tuple(stop)
 

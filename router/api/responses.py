@@ -1,7 +1,8 @@
 """Response bodies and stream chunks of /v1/completions and /v1/chat/completions (OpenAI format, vLLM extras).
 
 Extras: `seed` (the request's bound seed) at the top level; in every choice its `token_ids` and its own `seed`
-(sample i of n: wire.seeding.sample_seed(seed, i); with n = 1 the request's seed).
+(sample i of n: wire.seeding.sample_seed(seed, i); with n = 1 the request's seed). The keys vLLM always sends,
+null when not asked for (`prompt_logprobs`, `prompt_token_ids`), are always present.
 """
 
 from __future__ import annotations
@@ -86,8 +87,20 @@ def response_body(ctx: ResponseContext, totals: list[ChoiceTotal], num_prompt_to
     choices = [choice_body(ctx, total.index, total.text, total.token_ids, total.logprobs, total.finish_reason,
                            total.stop_reason, total.prompt_logprobs) for total in totals]
     num_completion_tokens = 0 if ctx.output.drop_generated else sum(len(total.token_ids) for total in totals)
-    return {**ctx.envelope(streaming=False), "choices": choices,
+    body = {**ctx.envelope(streaming=False), "choices": choices,
             "usage": usage(num_prompt_tokens, num_completion_tokens)}
+    if ctx.kind == "chat":  # NOTE: vLLM's chat has the prompt's keys once, beside the choices
+        prompt_logprobs = totals[0].prompt_logprobs if totals else None
+        body.update(chat_prompt_keys(ctx, prompt_logprobs))
+    return body
+
+
+def chat_prompt_keys(ctx: ResponseContext, prompt_logprobs) -> dict:
+    """A chat response's prompt_logprobs and prompt_token_ids (vLLM's), null unless asked for."""
+    wanted = ctx.output.prompt_logprobs is not None and prompt_logprobs is not None
+    return {"prompt_logprobs": vllm_prompt_logprobs(ctx, prompt_logprobs, ctx.output.prompt_logprobs) if wanted
+            else None,
+            "prompt_token_ids": list(ctx.prompts[0]) if ctx.output.return_token_ids and ctx.prompts else None}
 
 
 def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs, finish_reason,
@@ -99,9 +112,19 @@ def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs
     formatted = None if logprobs is None else format_logprobs(ctx, logprobs, text_offset=0)[0]
     if ctx.kind == "completion":
         return {"index": index, "text": text, "logprobs": formatted, "finish_reason": finish_reason,
-                "stop_reason": stop_reason, "token_ids": list(token_ids), "seed": seed}
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": formatted,
+                "stop_reason": stop_reason, "token_ids": list(token_ids), **completion_prompt_keys(ctx, index),
+                "seed": seed}
+    return {"index": index, "message": {"role": "assistant", "content": ctx.output.chat_echo + text},
+            "logprobs": formatted,
             "finish_reason": finish_reason, "stop_reason": stop_reason, "token_ids": list(token_ids), "seed": seed}
+
+
+def completion_prompt_keys(ctx: ResponseContext, index: int, prompt_logprobs=None) -> dict:
+    """A completion choice's prompt_logprobs and prompt_token_ids (vLLM's), null unless asked for."""
+    wanted = ctx.output.prompt_logprobs is not None and prompt_logprobs is not None
+    return {"prompt_logprobs": vllm_prompt_logprobs(ctx, prompt_logprobs, ctx.output.prompt_logprobs) if wanted
+            else None,
+            "prompt_token_ids": list(ctx.prompts[index]) if ctx.output.return_token_ids else None}
 
 
 def completion_with_prompt(ctx: ResponseContext, index: int, text: str, token_ids, logprobs, prompt_logprobs,
@@ -122,9 +145,7 @@ def completion_with_prompt(ctx: ResponseContext, index: int, text: str, token_id
         generated, _ = completion_logprobs(ctx, logprobs, start)
         body["logprobs"] = generated if prompt_part is None else {
             key: prompt_part[key] + generated[key] for key in generated}
-    if ctx.output.prompt_logprobs is not None and prompt_logprobs is not None:
-        body["prompt_logprobs"] = vllm_prompt_logprobs(ctx, prompt_logprobs, ctx.output.prompt_logprobs)
-    return body
+    return {**body, **completion_prompt_keys(ctx, index, prompt_logprobs)}
 
 
 def echoed_logprobs(ctx: ResponseContext, prompt_ids, prompt_logprobs) -> dict:
@@ -136,14 +157,13 @@ def echoed_logprobs(ctx: ResponseContext, prompt_ids, prompt_logprobs) -> dict:
         token = entry_token(ctx, token_id)
         body["tokens"].append(token)
         body["text_offset"].append(offset)
-        offset += len(token)
+        offset += len(token_text(ctx.tokenizer, token_id))  # NOTE: offsets count text, not "token_id:<id>"
         if lp is None:
             body["token_logprobs"].append(None)
             body["top_logprobs"].append(None)
             continue
-        top = {entry_token(ctx, t): json_logprob(v) for t, v in lp.top[:ctx.num_top_logprobs]}
         body["token_logprobs"].append(json_logprob(lp.logprob))
-        body["top_logprobs"].append({**top, token: json_logprob(lp.logprob)})
+        body["top_logprobs"].append(top_logprobs_of(ctx, token, lp))
     return body
 
 
@@ -155,7 +175,7 @@ def vllm_prompt_logprobs(ctx: ResponseContext, prompt_logprobs, num_top: int) ->
         if lp is None:
             entries.append(None)
             continue
-        pairs = [*lp.top[:num_top], (lp.token_id, lp.logprob)]
+        pairs = [(lp.token_id, lp.logprob), *lp.top[:num_top]]  # NOTE: the prompt's token first, as vLLM
         entries.append({str(t): {"logprob": json_logprob(v), "decoded_token": entry_token(ctx, t)} for t, v in pairs})
     return entries
 
@@ -179,14 +199,17 @@ def chunk_choice(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int,
               "seed": ctx.choice_seed(delta.index)}
     if ctx.kind == "completion":
         choice["text"] = delta.text
+        if first and ctx.output.return_token_ids:
+            choice["prompt_token_ids"] = list(ctx.prompts[delta.index])
     else:
         choice["delta"] = {"content": delta.text}
     return choice, end_offset
 
 
-def role_choice(index: int) -> dict:
-    """A chat stream opens each choice with the assistant role, as OpenAI's does."""
-    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+def role_choice(index: int, content: str = "") -> dict:
+    """A chat stream opens each choice with the assistant role, as OpenAI's does (content: chat echo's)."""
+    return {"index": index, "delta": {"role": "assistant", "content": content}, "logprobs": None,
+            "finish_reason": None}
 
 
 def usage_chunk(ctx: ResponseContext, num_prompt_tokens: int, num_completion_tokens: int) -> dict:
@@ -209,13 +232,21 @@ def completion_logprobs(ctx: ResponseContext, logprobs, text_offset: int) -> tup
     body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for lp in logprobs:
         token = entry_token(ctx, lp.token_id)
-        top = {entry_token(ctx, t): json_logprob(v) for t, v in lp.top[:ctx.num_top_logprobs]}
         body["tokens"].append(token)
         body["token_logprobs"].append(json_logprob(lp.logprob))
-        body["top_logprobs"].append({**top, token: json_logprob(lp.logprob)})
+        body["top_logprobs"].append(top_logprobs_of(ctx, token, lp))
         body["text_offset"].append(text_offset)
-        text_offset += len(token)
+        text_offset += len(token_text(ctx.tokenizer, lp.token_id))  # NOTE: text, not "token_id:<id>"
     return body, text_offset
+
+
+def top_logprobs_of(ctx: ResponseContext, token: str, lp: TokenLogprobs) -> dict:
+    """{token: logprob} with the sampled token first (vLLM's order: clients read next(iter(...))), then the most
+    likely ones."""
+    top = {token: json_logprob(lp.logprob)}
+    for t, v in lp.top[:ctx.num_top_logprobs]:
+        top.setdefault(entry_token(ctx, t), json_logprob(v))
+    return top
 
 
 def chat_token_logprob(ctx: ResponseContext, lp: TokenLogprobs) -> dict:

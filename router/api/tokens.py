@@ -8,12 +8,12 @@ import json
 from aiohttp import web
 
 from router.api.auth import CLIENT_KEY
-from router.api.chat import render_chat
+from router.api.chat import read_template_options, render_chat
 from router.api.clients import DEFAULT_CLIENT
 from router.api.errors import RequestError, bad_request
 from router.api.fields import TEXT, bool_field, decode_json, is_int_list, is_text, read_field
 from router.api.handlers import STATE_KEY, read_body
-from router.api.openai_api import encode_text
+from router.api.prompts import encode_text
 from wire.tokenizer import Tokenizer
 
 
@@ -24,7 +24,8 @@ def add_token_routes(app: web.Application) -> None:
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    """{"prompt": TEXT} or {"messages": [...]} -> {"count", "max_model_len", "tokens"} (as vLLM answers)."""
+    """{"prompt": TEXT} or {"messages": [...]} -> {"count", "max_model_len", "tokens", "token_strs"} (as vLLM
+    answers; token_strs null unless return_token_strs)."""
     state = request.app[STATE_KEY]
     with state.clients.request(request.get(CLIENT_KEY, DEFAULT_CLIENT)):
         body = await read_body(request)
@@ -48,14 +49,18 @@ def tokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, max
     fields = model_fields(body, served_model_name)
     param = "messages" if "messages" in fields else "prompt"
     if "messages" in fields:
-        text = render_chat(fields["messages"], tokenizer)
+        # NOTE: as vLLM's chat tokenize request: the template's options, and no special tokens added by default
+        text = render_chat(fields["messages"], tokenizer, read_template_options(fields))
     else:
         text = read_field(fields, "prompt", None, is_text, f"a string of {TEXT}")
         if text is None:
             raise bad_request("give 'prompt' (a string) or 'messages'", param="prompt")
-    read_field(fields, "add_special_tokens", True, lambda v: isinstance(v, bool), "a boolean")
-    tokens = list(encode_text(text, tokenizer, max_model_len, param))
-    return json.dumps({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens}).encode()
+    add_special_tokens = bool_field(fields, "add_special_tokens", param == "prompt")
+    tokens = list(encode_text(text, tokenizer, max_model_len, param, add_special_tokens))
+    token_strs = [tokenizer.id_to_token(t) for t in tokens] if bool_field(fields, "return_token_strs", False) \
+        else None
+    return json.dumps({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens,
+                       "token_strs": token_strs}).encode()
 
 
 def detokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, vocab_size: int) -> bytes:

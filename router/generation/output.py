@@ -27,6 +27,11 @@ class OutputOptions:
     """vLLM's prompt_logprobs field: each prompt token's logprob and this many alternatives, in the choice."""
     drop_generated: bool = False
     """max_tokens 0 with echo (lm-eval's loglikelihood request): the prompt alone comes back."""
+    return_token_ids: bool = False
+    """vLLM's: the prompt's token ids in prompt_token_ids (per choice on completions, per response on chat)."""
+    chat_echo: str = ""
+    """Chat echo (vLLM's): the last message's content, put before the reply when the last message is the
+    assistant's."""
 
 
 @dataclass(frozen=True)

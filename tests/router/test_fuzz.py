@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.api.chat import CHAT_FIELDS, MESSAGE_KEYS
-from router.api.openai_api import COMPLETION_FIELDS, SAMPLING_FIELDS, STREAM_OPTIONS
+from router.api.field_policy import FIELD_POLICY
+from router.api.openai_api import STREAM_OPTIONS
 from tests.router.harness import NO_CLIENT_TIMEOUT, get
 
 # NOTE: no time limit on an example (deadline=None, and no client timeout in send): an example that is slow on
@@ -25,8 +25,7 @@ from tests.router.harness import NO_CLIENT_TIMEOUT, get
 # A hang still fails: pytest-timeout (pyproject) bounds the test.
 FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-KNOWN_NAMES = sorted(COMPLETION_FIELDS | SAMPLING_FIELDS | CHAT_FIELDS | STREAM_OPTIONS | MESSAGE_KEYS
-                     | {"type", "text", "tokens", "prompt"})
+KNOWN_NAMES = sorted(set(FIELD_POLICY) | STREAM_OPTIONS | {"role", "content", "name", "type", "text", "tokens"})
 
 FOCUS_NAMES = ["prompt", "messages", "stop", "max_tokens", "n", "stream", "logprobs", "echo", "stream_options",
                "logit_bias", "prompt_logprobs", "tokens"]
