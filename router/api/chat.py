@@ -13,6 +13,8 @@ from wire.tokenizer import Tokenizer
 
 TEMPLATE_ROLES = {"developer": "system"}
 """OpenAI's newer name for the system role, rendered as the template's system turn (as vLLM does)."""
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+"""vLLM's reasoning_effort values."""
 MAX_TEMPLATE_CHARS = 64 * 1024
 """A request's own chat_template is compiled in the parser process: bounded like any other text it sends."""
 
@@ -30,13 +32,20 @@ class ChatTemplateOptions:
 
 
 def read_template_options(body: dict) -> ChatTemplateOptions:
+    kwargs = read_field(body, "chat_template_kwargs", {}, lambda v: isinstance(v, dict), "an object")
+    effort = read_field(body, "reasoning_effort", None, lambda v: v in REASONING_EFFORTS,
+                        f"one of {', '.join(REASONING_EFFORTS)}")
+    if effort is not None:
+        # NOTE: as vLLM: the template sees reasoning_effort, and enable_thinking unless the client set it (Qwen3's
+        # template thinks unless enable_thinking is false)
+        kwargs = {"reasoning_effort": effort, "enable_thinking": effort != "none", **kwargs}
     options = ChatTemplateOptions(
         add_generation_prompt=bool_field(body, "add_generation_prompt", True),
         continue_final_message=bool_field(body, "continue_final_message", False),
         chat_template=read_field(body, "chat_template", None,
                                  lambda v: is_text(v) and len(v) <= MAX_TEMPLATE_CHARS,
                                  f"a string of at most {MAX_TEMPLATE_CHARS} characters of {TEXT}"),
-        template_kwargs=read_field(body, "chat_template_kwargs", {}, lambda v: isinstance(v, dict), "an object"))
+        template_kwargs=kwargs)
     if options.add_generation_prompt and options.continue_final_message:
         # NOTE: as vLLM: a generation prompt opens a new turn, which contradicts continuing the last one
         raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true; set "

@@ -66,7 +66,7 @@ FIELD_POLICY: dict[str, FieldRule] = {
     "suffix": refused("suffix (fill-in-the-middle) is not supported", never, "completion"),
     **{name: supported("chat") for name in (
         "messages", "top_logprobs", "chat_template", "chat_template_kwargs", "add_generation_prompt",
-        "continue_final_message")},
+        "continue_final_message", "reasoning_effort")},
     # --- harmless: ignored, named in X-CoRun-Ignored-Fields ------------------------------------------------------
     # NOTE: none of these changes a token: scheduling hints (priority), ids (request_id: X-Request-Id is the
     # router's), prefix-cache and KV-connector hints (cache_salt, kv_transfer_params, ec_transfer_params), the
@@ -75,7 +75,8 @@ FIELD_POLICY: dict[str, FieldRule] = {
         "priority", "request_id", "cache_salt", "session_id", "kv_transfer_params", "ec_transfer_params", "user",
         "metadata", "store", "service_tier", "stream_interval", "return_token_offsets", "return_mm_kwargs",
         "routed_experts_prompt_start")},
-    **{name: ignored("chat") for name in ("return_prompt_text", "reasoning_effort", "include_reasoning")},
+    # NOTE: include_reasoning only splits a reasoning parser's output, and the router has none (as vLLM without one)
+    **{name: ignored("chat") for name in ("return_prompt_text", "include_reasoning")},
     # --- output-changing, not supported: a 400 naming the field -------------------------------------------------
     "structured_outputs": refused(STRUCTURED),
     "response_format": refused(STRUCTURED, lambda v: isinstance(v, dict) and v.get("type") == "text"),
