@@ -29,9 +29,9 @@ class CountingTokenizer:
         self._tokenizer = tokenizer
         self.num_encoded_chars = 0
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         self.num_encoded_chars += len(text)
-        return self._tokenizer.encode(text)
+        return self._tokenizer.encode(text, add_special_tokens)
 
     def __getattr__(self, name):
         return getattr(self._tokenizer, name)

@@ -69,9 +69,9 @@ def test_the_seed_travels_once_as_params_seed():
     body = msgpack.unpackb(protocol.encode(request), raw=False)
     assert "seed" not in body and body["params"]["seed"] == PARAMS.seed == request.seed == 1
     for make in (protocol.PrefillRequest, protocol.GenerateRequest):
-        with pytest.raises(ValueError, match="seed must be an integer"):
+        with pytest.raises(ValueError, match="seed must be an int64"):
             make("r1", [1, 2, 3], SamplingParams())  # NOTE: the router fixes every request's seed
-    with pytest.raises(ValueError, match="seed must be an integer"):
+    with pytest.raises(ValueError, match="seed must be an int64"):
         protocol.DecodeRequest("r1", [1, 2, 3], SamplingParams(), [FIRST], KV)
 
 
@@ -142,9 +142,8 @@ def request_body(**changes) -> dict:
     ({"kv__address": "tcp://host:5000\n"}, r"is not tcp://host:port - at `DecodeRequest.kv`"),
     ({"kv__block_ids": []}, r"block ids >= 0 - at `DecodeRequest.kv`"),
     ({"kv__extra": 1}, r"unknown field `extra` - at `DecodeRequest.kv`"),
-    ({"params__seed": None}, r"seed must be an integer in \[0, 2\*\*63\)"),
-    ({"params__seed": 2**63}, r"seed must be in \[0, 2\*\*63\)"),
-    ({"params__seed": -1}, r"seed must be in \[0, 2\*\*63\)"),
+    ({"params__seed": None}, r"seed must be an int64"),
+    ({"params__seed": 2**63}, r"seed must be an int64"),
     ({"params__seed": 1.0}, r"Expected `int \| null`, got `float` - at `DecodeRequest.params.seed`"),
     ({"params__temperature": -1}, r"temperature must be >= 0"),
     ({"params__temperature": math.nan}, r"temperature must be >= 0"),
