@@ -114,3 +114,21 @@ def test_the_agent_message_pattern_with_the_openai_client(cluster):
     assert second.choices[0].message.content is not None
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
     assert first.prompt_logprobs is None and first.prompt_token_ids is None  # NOTE: vLLM's keys, null
+
+
+def test_chat_prompt_logprobs_are_the_completion_s_for_the_same_prompt_on_both_paths(cluster):
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    chat = {"model": "corun-tiny", "messages": messages, "max_tokens": 4, "seed": 2, "prompt_logprobs": 2,
+            "return_token_ids": True}
+    replies = [post(cluster, "/v1/chat/completions", chat, h) for h in PATHS]
+    assert replies[0]["prompt_logprobs"] == replies[1]["prompt_logprobs"]
+    ids = replies[0]["prompt_token_ids"]
+    assert len(replies[0]["prompt_logprobs"]) == len(ids) and replies[0]["prompt_logprobs"][0] is None
+    completion = post(cluster, "/v1/completions", {"model": "corun-tiny", "prompt": ids, "max_tokens": 4, "seed": 2,
+                                                   "prompt_logprobs": 2})["choices"][0]
+    assert completion["prompt_logprobs"] == replies[0]["prompt_logprobs"]
+    assert [next(iter(entry)) for entry in replies[0]["prompt_logprobs"][1:]] == [str(t) for t in ids[1:]]
+    # NOTE: the inverse: another prompt has other logprobs
+    other = post(cluster, "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": PROMPTS[2]}]})
+    assert other["prompt_logprobs"] != replies[0]["prompt_logprobs"]
+    assert post(cluster, "/v1/chat/completions", {**chat, "prompt_logprobs": None})["prompt_logprobs"] is None
