@@ -1,5 +1,5 @@
-"""Stateless sampler: allowed_token_ids, bad_words, logit bias, min_tokens and penalties, then greedy or temperature, min-p, top-k, top-p and
-Gumbel-max with request-keyed noise.
+"""Stateless sampler: allowed_token_ids, bad_words, logit bias, min_tokens and penalties, then greedy or
+temperature, min-p, top-k, top-p and Gumbel-max with request-keyed noise.
 
 The noise of a token is a pure function of (request seed, absolute token position, vocab index), computed
 with integer tensor ops: no torch.Generator, no global RNG state. A request therefore samples the same token
@@ -224,6 +224,9 @@ class SamplingBatch:
     """None when no sampled row uses min_p."""
     adjustments: LogitAdjustments | None = None
     """None when no row has logit_bias, min_tokens or a penalty."""
+    chosen_logprobs: tuple[Tensor, Tensor, Tensor] | None = None
+    """logprob_token_ids: (rows, ranks, token ids) [entries] int64: these rows report these tokens' logprobs
+    instead of the most likely ones; None when no row names any."""
     all_greedy: bool = False
     """Host-side hint: skip the noise entirely (no device sync needed to know it)."""
     needs_top_k_top_p: bool = True
@@ -266,9 +269,18 @@ class SamplingBatch:
             positions=column(list(positions), torch.int64, 0),
             min_ps=column([p.min_p for p in params], torch.float32, 0.0) if uses_min_p else None,
             adjustments=adjustments,
+            chosen_logprobs=chosen_logprob_entries(params, device),
             all_greedy=not sampled,
             needs_top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in sampled),
         )
+
+
+def chosen_logprob_entries(params: Sequence[SamplingParams], device) -> tuple[Tensor, Tensor, Tensor] | None:
+    """SamplingBatch.chosen_logprobs: each (row, rank, token id) of the rows with logprob_token_ids."""
+    entries = [(row, rank, t) for row, p in enumerate(params) for rank, t in enumerate(p.logprob_token_ids or ())]
+    if not entries:
+        return None
+    return tuple(torch.tensor([e[i] for e in entries], dtype=torch.int64, device=device) for i in range(3))
 
 
 @dataclass(frozen=True)
@@ -358,6 +370,10 @@ class Sampler:
         # is one well-defined answer whatever kernel or batch shape computed it.
         sorted_logprobs, sorted_ids = torch.sort(raw_logprobs, dim=-1, descending=True, stable=True)
         topk_logprobs, topk_ids = sorted_logprobs[:, :num_logprobs], sorted_ids[:, :num_logprobs]
+        if batch.chosen_logprobs is not None:
+            rows, ranks, chosen_ids = batch.chosen_logprobs
+            topk_ids = topk_ids.index_put((rows, ranks), chosen_ids)
+            topk_logprobs = topk_logprobs.index_put((rows, ranks), raw_logprobs[rows, chosen_ids])
         return SamplerOutput(
             token_ids=token_ids,
             logprobs=raw_logprobs.gather(1, token_ids[:, None]).squeeze(1),

@@ -31,7 +31,8 @@ class RequestRejected(ValueError):
 def check_request(request_id: str, prompt_token_ids: list[int], params, config, vocab_size: int,
                   prompt_logprobs_need_fixed_shape: bool = False) -> None:
     """What every server of a request refuses before queueing it (the engines, the prefill, decode and colocated
-    nodes): an empty prompt, token ids outside the vocabulary (the prompt's, stop_token_ids, logit_bias, allowed_token_ids, bad_words), prompt +
+    nodes): an empty prompt, token ids outside the vocabulary (the prompt's and every one the parameters name:
+    SamplingParams.token_ids_named), prompt +
     max_tokens beyond max_model_len, prompt_logprobs beyond max_logprobs (config: an EngineConfig) and, where the
     server schedules by mode (prompt_logprobs_need_fixed_shape: an engine, not a prefill node, which prefills every
     prompt alone whatever its mode), prompt_logprobs outside fixed_shape mode."""
@@ -46,6 +47,9 @@ def check_request(request_id: str, prompt_token_ids: list[int], params, config, 
                               "makes them a function of the prompt alone)")
     if params.prompt_logprobs is not None and params.prompt_logprobs > config.max_logprobs:
         raise RequestRejected(f"request {request_id}: prompt_logprobs must be <= {config.max_logprobs}")
+    if params.logprob_token_ids is not None and len(params.logprob_token_ids) > config.max_logprobs:
+        raise RequestRejected(f"request {request_id}: logprob_token_ids may name at most {config.max_logprobs} "
+                              "tokens (max_logprobs)")
     outside = [t for t in params.token_ids_named() if not 0 <= t < vocab_size]
     if outside:
         raise RequestRejected(f"request {request_id}: token id {outside[0]} is outside the vocabulary "

@@ -51,6 +51,9 @@ class SamplingParams:
     """(token id, bias) pairs added to the logits before sampling; a dict {token id: bias} is accepted too."""
     allowed_token_ids: tuple[int, ...] | None = None
     """vLLM's: only these tokens can be sampled (every other logit is -inf); None allows all."""
+    logprob_token_ids: tuple[int, ...] | None = None
+    """vLLM's: each generated token's logprobs list these tokens (in this order) instead of the most likely ones;
+    logprobs must equal their count."""
     bad_words_token_ids: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
     """vLLM's bad_words, tokenized: a sequence's last token cannot be sampled when the output so far ends with the
     rest of it (a one-token sequence is never sampled)."""
@@ -61,6 +64,8 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
         if self.allowed_token_ids is not None:
             object.__setattr__(self, "allowed_token_ids", tuple(sorted({int(t) for t in self.allowed_token_ids})))
+        if self.logprob_token_ids is not None:
+            object.__setattr__(self, "logprob_token_ids", tuple(int(t) for t in self.logprob_token_ids))
         object.__setattr__(self, "bad_words_token_ids",
                            tuple(tuple(int(t) for t in word) for word in self.bad_words_token_ids))
         if self.top_k == -1:
@@ -106,6 +111,10 @@ class SamplingParams:
             raise ValueError("allowed_token_ids must not be empty")
         if any(t < 0 for t in self.allowed_token_ids or ()):
             raise ValueError("allowed_token_ids must be >= 0")
+        if self.logprob_token_ids is not None and (
+                not self.logprob_token_ids or min(self.logprob_token_ids) < 0
+                or self.logprobs != len(self.logprob_token_ids)):
+            raise ValueError("logprob_token_ids must be token ids >= 0, as many as logprobs")
         if len(self.bad_words_token_ids) > MAX_BAD_WORDS or any(
                 not word or min(word) < 0 for word in self.bad_words_token_ids):
             raise ValueError(f"bad_words_token_ids must be at most {MAX_BAD_WORDS} non-empty token id sequences")
@@ -113,6 +122,7 @@ class SamplingParams:
     def token_ids_named(self) -> list[int]:
         """Every token id these parameters name (nodes check them against the vocabulary)."""
         return [*self.stop_token_ids, *(t for t, _ in self.logit_bias), *(self.allowed_token_ids or ()),
+                *(self.logprob_token_ids or ()),
                 *(t for word in self.bad_words_token_ids for t in word)]
 
     @property
@@ -121,7 +131,8 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Bias, penalties, min_tokens, allowed_token_ids or bad_words change this request's logits before sampling (greedy included)."""
+        """Bias, penalties, min_tokens, allowed_token_ids or bad_words change this request's logits before
+        sampling (greedy included)."""
         return bool(self.logit_bias or self.min_tokens or self.uses_penalties or self.allowed_token_ids is not None
                     or self.bad_words_token_ids)
 

@@ -61,7 +61,7 @@ FIELD_POLICY: dict[str, FieldRule] = {
         "frequency_penalty", "logit_bias", "include_stop_str_in_output", "skip_special_tokens",
         "return_tokens_as_token_ids", "repetition_penalty", "min_p", "min_tokens", "best_of", "prompt_logprobs",
         "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "truncation_side", "add_special_tokens",
-        "return_token_ids", "echo")},
+        "return_token_ids", "echo", "logprob_token_ids")},
     "prompt": supported("completion"),
     "suffix": refused("suffix (fill-in-the-middle) is not supported", never, "completion"),
     **{name: supported("chat") for name in (
@@ -88,9 +88,6 @@ FIELD_POLICY: dict[str, FieldRule] = {
     "parallel_tool_calls": refused(TOOLS, lambda v: isinstance(v, bool), "chat"),
     "use_beam_search": refused("beam search is not supported", lambda v: v is False),
     "length_penalty": refused("length_penalty applies to beam search, which is not supported", lambda v: v == 1),
-    "logprob_token_ids": refused(
-        "is not supported: the vLLM this API follows (.venv-vllm) does not define its semantics for the OpenAI "
-        "server's outputs"),
     "spaces_between_special_tokens": refused(
         "spaces_between_special_tokens: false is not supported", lambda v: v is True),
     "repetition_detection": refused("repetition detection is not supported"),

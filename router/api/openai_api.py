@@ -98,13 +98,17 @@ def parse_completion_request(body, model: ModelInfo, tokenizer: Tokenizer) -> Ge
     prompt_options = read_prompt_options(body, model.max_model_len, add_special_tokens=True)
     prompts = read_prompts(body, tokenizer, model, max(1, max_tokens), prompt_options)
     logprobs = int_field(body, "logprobs", None, 0, model.max_logprobs)
+    chosen = read_logprob_token_ids(body, model, asked=logprobs is not None)
+    if chosen is not None and echo:
+        raise bad_request("'logprob_token_ids' with 'echo' is not supported (the echoed prompt's logprobs list "
+                          "its most likely tokens)", param="logprob_token_ids")
     prompt_logprobs = int_field(body, "prompt_logprobs", None, 0, model.max_logprobs)
     echoed = logprobs if echo else None
     wanted = max((k for k in (echoed, prompt_logprobs) if k is not None), default=None)
     output = {"echo": echo, "prompt_logprobs": prompt_logprobs, "drop_generated": max_tokens == 0}
     # NOTE: max_tokens 0 runs the prefill (which makes token 1 and the prompt's logprobs) and drops the token
     return build_request("completion", body, prompts, max(1, max_tokens), logprobs, model, ignored, tokenizer,
-                         wanted, output)
+                         wanted, output, chosen)
 
 
 def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> GenerationRequest:
@@ -123,9 +127,21 @@ def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> Generati
     max_tokens = int_field(body, "max_completion_tokens", max_tokens, 1) or max(1, model.max_model_len - len(prompt))
     prompt_logprobs = int_field(body, "prompt_logprobs", None, 0, model.max_logprobs)
     echo = echoed_content(body["messages"]) if bool_field(body, "echo", False) else ""
+    chosen = read_logprob_token_ids(body, model, asked=wants_logprobs)
     return build_request("chat", body, (prompt,), max_tokens, top_logprobs if wants_logprobs else None, model,
                          ignored, tokenizer, prompt_logprobs, {"prompt_logprobs": prompt_logprobs,
-                                                               "chat_echo": echo})
+                                                               "chat_echo": echo}, chosen)
+
+
+def read_logprob_token_ids(body: dict, model: ModelInfo, asked: bool) -> tuple[int, ...] | None:
+    """vLLM's logprob_token_ids: needs logprobs (true on chat); at most max_logprobs tokens (vLLM allows 128:
+    the nodes compute at most max_logprobs per token)."""
+    chosen = read_field(body, "logprob_token_ids", None, lambda v: is_int_list(v) and 0 < len(v) <= model.max_logprobs
+                        and all(0 <= t < model.vocab_size for t in v),
+                        f"a list of 1 to {model.max_logprobs} token ids in [0, {model.vocab_size})")
+    if chosen is not None and not asked:
+        raise bad_request("when using 'logprob_token_ids', 'logprobs' must be set", param="logprob_token_ids")
+    return None if chosen is None else tuple(chosen)
 
 
 def coerced_bool(value) -> bool | None:
@@ -154,7 +170,8 @@ def checked_body(body, endpoint: Kind, model: ModelInfo) -> tuple[dict, list[str
 
 def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], max_tokens: int,
                   logprobs: int | None, model: ModelInfo, ignored: list[str], tokenizer: Tokenizer,
-                  prompt_logprobs: int | None = None, output_options: dict | None = None) -> GenerationRequest:
+                  prompt_logprobs: int | None = None, output_options: dict | None = None,
+                  logprob_token_ids: tuple[int, ...] | None = None) -> GenerationRequest:
     for prompt in prompts:
         check_prompt(prompt, max_tokens, model)
     n = int_field(body, "n", 1, 1, MAX_SAMPLES)
@@ -167,7 +184,9 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
         max_tokens=max_tokens,
         stop_token_ids=tuple(read_token_ids(body, "stop_token_ids", model.vocab_size)),
         ignore_eos=bool_field(body, "ignore_eos", False),
-        logprobs=logprobs,
+        # NOTE: as vLLM: named tokens replace the most likely ones, as many as they are
+        logprobs=len(logprob_token_ids) if logprob_token_ids else logprobs,
+        logprob_token_ids=logprob_token_ids,
         prompt_logprobs=prompt_logprobs,
         n=n,
         **read_controls(body, model, max_tokens),

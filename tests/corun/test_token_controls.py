@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from corun import LLM, SamplingParams
+from corun.sampler import Sampler, SamplingBatch
 from tests.corun.test_sampling_controls import VOCAB, control_acts, history, rows_equal, sample
 
 pytestmark = pytest.mark.numerics
@@ -94,6 +95,29 @@ def test_negative_seeds_key_their_own_noise():
     draws = {seed: tuple(sample(logits, params, [history([1], [0] * i)], seeds=[seed]).token_ids.item()
                          for i in range(12)) for seed in (-5, 5, 2**63 - 5, -2**63)}
     assert len(set(draws.values())) == 4  # NOTE: no negative seed aliases a positive one
+
+
+def test_logprob_token_ids_report_the_named_tokens_raw_logprobs_in_their_order():
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(6)) * 3
+    chosen = SamplingParams(temperature=0.0, logprobs=3, logprob_token_ids=(900, 2, 451))
+    plain = SamplingParams(temperature=0.0, logprobs=3)
+    histories = [history([1])] * 3
+
+    def run(params, rows):
+        batch = SamplingBatch.build(params, [1] * len(params), [1] * len(params), len(params), "cpu", histories)
+        return Sampler()(logits[rows], batch, 5)
+
+    alone = run([chosen], [1])
+    raw = torch.log_softmax(logits[1], -1)
+    assert alone.topk_ids[0, :3].tolist() == [900, 2, 451]
+    assert torch.equal(alone.topk_logprobs[0, :3], raw[[900, 2, 451]])
+    batched = run([plain, chosen, plain], [0, 1, 2])
+    assert rows_equal(batched, alone, 1, 0)
+    without = run([plain, plain, plain], [0, 1, 2])
+    assert rows_equal(batched, without, 0, 0) and rows_equal(batched, without, 2, 2)
+    assert not rows_equal(batched, without, 1, 1)  # NOTE: the inverse: the named row did change
+    with pytest.raises(ValueError):
+        SamplingParams(logprobs=2, logprob_token_ids=(1, 2, 3))
 
 
 # ---- through the engine ----------------------------------------------------------------------------------------

@@ -132,3 +132,18 @@ def test_chat_prompt_logprobs_are_the_completion_s_for_the_same_prompt_on_both_p
     other = post(cluster, "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": PROMPTS[2]}]})
     assert other["prompt_logprobs"] != replies[0]["prompt_logprobs"]
     assert post(cluster, "/v1/chat/completions", {**chat, "prompt_logprobs": None})["prompt_logprobs"] is None
+
+
+def test_logprob_token_ids_are_the_engine_s_on_both_paths(cluster, llm):
+    chosen = [5, 700, 42]
+    body = {**BASE, "prompt": PROMPTS[0], "seed": 6, "logprobs": 1, "logprob_token_ids": chosen,
+            "return_tokens_as_token_ids": True}
+    replies = [post(cluster, "/v1/completions", body, h)["choices"][0] for h in PATHS]
+    assert replies[0]["logprobs"] == replies[1]["logprobs"]
+    params = SamplingParams(temperature=0.9, seed=6, max_tokens=8, logprobs=3, logprob_token_ids=tuple(chosen),
+                            ignore_eos=True)
+    expected = llm.generate(list(llm.tokenizer.encode(PROMPTS[0])), params)[0].outputs[0]
+    for top, lp in zip(replies[0]["logprobs"]["top_logprobs"], expected.logprobs, strict=True):
+        named = {f"token_id:{t}": v for t, v in lp.top}
+        assert list(named) == [f"token_id:{t}" for t in chosen]
+        assert {k: top[k] for k in named} == named

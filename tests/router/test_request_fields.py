@@ -42,7 +42,7 @@ def prompt_ids(router, body) -> list[int]:
     ("chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
     ("chat/completions", "tool_choice", "required"),
     ("completions", "use_beam_search", True),
-    ("completions", "logprob_token_ids", [1, 2]),
+    ("completions", "watermarking", True),
     ("chat/completions", "spaces_between_special_tokens", False),
     ("completions", "repetition_detection", {"max_pattern_size": 4}),
     ("completions", "suffix", "tail"),
@@ -220,3 +220,15 @@ def test_reasoning_effort_reaches_the_template_as_vllm_passes_it(router, tokeniz
     assert tokenizer.decode(prompt_ids(router, {**body, "reasoning_effort": "low",
                                                 "chat_template_kwargs": {"enable_thinking": False}})) == "False/lowhi"
     assert_error(chat(router, {**CHAT, "reasoning_effort": "extreme"}), 400, "'reasoning_effort'")
+
+
+def test_logprob_token_ids_need_logprobs_and_name_the_listed_tokens(router, word_token_ids):
+    chosen = word_token_ids[:3]
+    assert_error(completions(router, {**VALID, "logprob_token_ids": chosen}), 400, "'logprob_token_ids'", "logprobs")
+    assert_error(chat(router, {**CHAT, "logprob_token_ids": chosen}), 400, "'logprob_token_ids'")
+    assert_error(completions(router, {**VALID, "logprobs": 1, "logprob_token_ids": [2**40]}), 400,
+                 "'logprob_token_ids'")
+    reply = completions(router, {**VALID, "logprobs": 1, "logprob_token_ids": chosen})
+    assert reply.status == 200
+    # NOTE: the fake nodes list the first k candidates; the router asks for len(chosen) of them, not logprobs: 1
+    assert all(len(top) >= 3 for top in reply.body["choices"][0]["logprobs"]["top_logprobs"])
