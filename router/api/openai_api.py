@@ -25,6 +25,7 @@ from router.api.fields import (
     read_field,
     unknown_fields,
 )
+from router.api.model_info import ModelInfo
 from router.api.prompts import check_prompt, encode_text, read_prompt_options, read_prompts
 from router.generation.output import OutputOptions
 from wire.sampling_params import (
@@ -48,21 +49,6 @@ MAX_SAMPLES = 64
 STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
 NO_SEED = -1
 """vLLM's seed -1: no seed (the router derives one from the request id)."""
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What validation needs to know about the served model."""
-
-    served_model_name: str
-    max_model_len: int
-    vocab_size: int
-    """The model's embedding rows: token ids must be below it."""
-    max_logprobs: int
-    max_num_prompts: int
-    """Prompts one request may carry (RouterConfig.max_pending_requests): more are refused before any is encoded."""
-    strict_fields: bool = False
-    """Unknown fields are a 400 (RouterConfig.strict_fields), not ignored with a warning."""
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,12 @@ checked against the context, before any node sees them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from router.api.errors import bad_request
 from router.api.fields import TEXT, bool_field, int_field, is_int_list, is_str_list, is_text, read_field
+from router.api.model_info import ModelInfo
 from wire.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from router.api.openai_api import ModelInfo
 
 
 @dataclass(frozen=True)

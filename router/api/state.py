@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from router.api.clients import ClientLimits
 from router.api.errors import RequestError
+from router.api.model_info import ModelInfo
 from router.api.offload import Offload
-from router.api.openai_api import ModelInfo
 from router.metrics import RouterMetrics
 from router.nodes.pool import NodePool, PoolMismatch
 from wire.config import RouterConfig
