@@ -242,11 +242,10 @@ def completion_logprobs(ctx: ResponseContext, logprobs, text_offset: int) -> tup
 
 def top_logprobs_of(ctx: ResponseContext, token: str, lp: TokenLogprobs) -> dict:
     """{token: logprob} with the sampled token first (vLLM's order: clients read next(iter(...))), then the most
-    likely ones."""
-    top = {token: json_logprob(lp.logprob)}
-    for t, v in lp.top[:ctx.num_top_logprobs]:
-        top.setdefault(entry_token(ctx, t), json_logprob(v))
-    return top
+    likely ones. NOTE: as vLLM's dict, a later token with the same text (two byte tokens both shown as "\ufffd")
+    overwrites the value and keeps the first one's place."""
+    return {token: json_logprob(lp.logprob),
+            **{entry_token(ctx, t): json_logprob(v) for t, v in lp.top[:ctx.num_top_logprobs]}}
 
 
 def chat_token_logprob(ctx: ResponseContext, lp: TokenLogprobs) -> dict:

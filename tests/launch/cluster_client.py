@@ -163,5 +163,7 @@ def colocated_records(model_dir: str, prompts: list[str], params: dict) -> list:
 
 
 def api_step(tokenizer, logprobs, num_top: int) -> tuple:
-    top = {token_text(tokenizer, t): json_logprob(v) for t, v in logprobs.top[:num_top]}
-    return logprobs.logprob, sorted({**top, token_text(tokenizer, logprobs.token_id): logprobs.logprob}.items())
+    # NOTE: the router's (and vLLM's) dict: the sampled token first, then the top ones (a later equal text wins)
+    top = {token_text(tokenizer, logprobs.token_id): logprobs.logprob,
+           **{token_text(tokenizer, t): json_logprob(v) for t, v in logprobs.top[:num_top]}}
+    return logprobs.logprob, sorted(top.items())
