@@ -74,9 +74,23 @@ def bool_field(body: dict, name: str, default: bool) -> bool:
     return read_field(body, name, default, lambda v: isinstance(v, bool), "a boolean")
 
 
-def only_value_field(body: dict, name: str, allowed: str, is_allowed: Callable[[Any], bool]) -> None:
-    """Fields the router accepts for compatibility but supports in one setting only (n=1, echo=false, ...)."""
-    read_field(body, name, None, is_allowed, f"{allowed} (the only supported value)")
+def lax_bool_field(body: dict, name: str, default: bool) -> bool:
+    """A boolean as pydantic's lax mode reads one (vLLM's request models): also 0/1 and their strings, "true",
+    "false", "yes", "no", "on", "off", "t", "f", "y", "n" in any case (a client sending "logprobs": "true")."""
+    value = read_field(body, name, default, lambda v: lax_bool(v) is not None, "a boolean")
+    return lax_bool(value)
+
+
+LAX_BOOL_STRINGS = {"true": True, "1": True, "yes": True, "on": True, "t": True, "y": True,
+                    "false": False, "0": False, "no": False, "off": False, "f": False, "n": False}
+
+
+def lax_bool(value) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if is_int(value) and value in (0, 1):
+        return bool(value)
+    return LAX_BOOL_STRINGS.get(value.lower()) if isinstance(value, str) else None
 
 
 def unknown_fields(body: dict, known: frozenset[str], strict: bool, prefix: str = "") -> list[str]:

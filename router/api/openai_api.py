@@ -22,6 +22,7 @@ from router.api.fields import (
     is_number,
     is_str_list,
     is_text,
+    lax_bool_field,
     read_field,
     unknown_fields,
 )
@@ -65,7 +66,7 @@ class GenerationRequest:
     continuous_usage: bool = False
     """stream_options.continuous_usage_stats (vLLM's): usage in every chunk too."""
     ignored_fields: tuple[str, ...] = ()
-    """Fields the router does not know and ignored (named in X-CoRun-Ignored-Fields)."""
+    """Fields ignored: harmless ones and ones the router does not know (named in X-CoRun-Ignored-Fields)."""
     output: OutputOptions = OutputOptions()
 
 
@@ -103,8 +104,7 @@ def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> Generati
     prompt_options = read_prompt_options(body, model.max_model_len, add_special_tokens=False)
     prompt = prompt_options.truncate(encode_text(text, tokenizer, model.max_model_len, "messages",
                                                  prompt_options.add_special_tokens))
-    wants_logprobs = read_field(body, "logprobs", False, lambda v: coerced_bool(v) is not None, "a boolean")
-    wants_logprobs = coerced_bool(wants_logprobs)
+    wants_logprobs = lax_bool_field(body, "logprobs", False)
     top_logprobs = int_field(body, "top_logprobs", 0, 0, model.max_logprobs)
     if top_logprobs and not wants_logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
@@ -128,18 +128,6 @@ def read_logprob_token_ids(body: dict, model: ModelInfo, asked: bool) -> tuple[i
     if chosen is not None and not asked:
         raise bad_request("when using 'logprob_token_ids', 'logprobs' must be set", param="logprob_token_ids")
     return None if chosen is None else tuple(chosen)
-
-
-def coerced_bool(value) -> bool | None:
-    """A boolean as pydantic's lax mode reads one (vLLM's models): true/false, 0/1 and their strings; else None."""
-    if isinstance(value, bool):
-        return value
-    if is_int(value) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        return {"true": True, "1": True, "yes": True, "on": True, "t": True, "y": True,
-                "false": False, "0": False, "no": False, "off": False, "f": False, "n": False}.get(value.lower())
-    return None
 
 
 def checked_body(body, endpoint: Kind, model: ModelInfo) -> tuple[dict, list[str]]:
