@@ -12,6 +12,7 @@ change its row's kind here and read it where the endpoint is parsed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -103,8 +104,11 @@ FIELD_POLICY: dict[str, FieldRule] = {
 """The one table of every field the router knows (see the module docstring); the README lists the same."""
 
 
-def fields_of(endpoint: Endpoint, kind: Kind) -> frozenset[str]:
-    return frozenset(name for name, rule in FIELD_POLICY.items() if rule.kind == kind and endpoint in rule.endpoints)
+@functools.cache
+def fields_of(endpoint: Endpoint, kind: Kind | None = None) -> frozenset[str]:
+    """The fields of this endpoint (of this kind; None: every kind)."""
+    return frozenset(name for name, rule in FIELD_POLICY.items()
+                     if endpoint in rule.endpoints and kind in (None, rule.kind))
 
 
 def apply_field_policy(body: dict, endpoint: Endpoint, strict: bool) -> list[str]:
@@ -117,6 +121,5 @@ def apply_field_policy(body: dict, endpoint: Endpoint, strict: bool) -> list[str
         value = body[name]
         if value is not None and not rule.no_op(value):
             raise bad_request(f"'{name}' = {shorten(value)}: {rule.why}", param=name)
-    known = frozenset(name for name, rule in FIELD_POLICY.items() if endpoint in rule.endpoints)
     harmless = sorted(name for name in body if name in fields_of(endpoint, "ignored"))
-    return harmless + unknown_fields(body, known, strict)
+    return harmless + unknown_fields(body, fields_of(endpoint), strict)
