@@ -147,3 +147,17 @@ def test_logprob_token_ids_are_the_engine_s_on_both_paths(cluster, llm):
         named = {f"token_id:{t}": v for t, v in lp.top}
         assert list(named) == [f"token_id:{t}" for t in chosen]
         assert {k: top[k] for k in named} == named
+
+
+def test_bad_words_are_the_engine_s_on_both_paths_and_change_the_output(cluster, llm):
+    from router.api.openai_api import bad_words_token_ids
+
+    body = {**BASE, "prompt": PROMPTS[1], "seed": 9}
+    plain = record(post(cluster, "/v1/completions", body)["choices"][0])
+    word = llm.tokenizer.decode([plain[0][2]])  # NOTE: the plain output's third token, as a word
+    got = [record(post(cluster, "/v1/completions", {**body, "bad_words": [word]}, h)["choices"][0]) for h in PATHS]
+    assert got[0] == got[1]
+    sequences = bad_words_token_ids([word], llm.tokenizer)
+    assert got[0] == engine_record(llm, llm.tokenizer.encode(PROMPTS[1]), 9, bad_words_token_ids=sequences)
+    assert got[0][0] != plain[0]  # NOTE: the inverse: the ban acted
+    assert not {seq[0] for seq in sequences if len(seq) == 1} & set(got[0][0])
