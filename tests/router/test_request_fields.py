@@ -232,3 +232,30 @@ def test_logprob_token_ids_need_logprobs_and_name_the_listed_tokens(router, word
     assert reply.status == 200
     # NOTE: the fake nodes list the first k candidates; the router asks for len(chosen) of them, not logprobs: 1
     assert all(len(top) >= 3 for top in reply.body["choices"][0]["logprobs"]["top_logprobs"])
+
+
+def test_add_special_tokens_follows_vllm_s_defaults_with_a_bos_adding_tokenizer(tiny_model_dir):
+    """Qwen's tokenizer adds nothing; one with a BOS post-processor (Llama's kind) shows each endpoint's default."""
+    import json
+
+    import tokenizers
+    from tokenizers.processors import TemplateProcessing
+
+    from router.api.openai_api import ModelInfo, parse_body
+    from wire.tokenizer import Tokenizer, find_chat_template
+
+    backend = tokenizers.Tokenizer.from_file(str(Path(tiny_model_dir) / "tokenizer.json"))
+    bos = backend.token_to_id("<|endoftext|>")
+    backend.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    config = json.loads((Path(tiny_model_dir) / "tokenizer_config.json").read_text())
+    tokenizer = Tokenizer(backend, config, find_chat_template(Path(tiny_model_dir), config), [bos])
+    model = ModelInfo("corun-tiny", 256, vocab_size=2048, max_logprobs=20, max_num_prompts=8)
+
+    def prompt(kind, **fields):
+        body = {"model": "corun-tiny", "max_tokens": 2, **fields}
+        return parse_body(tokenizer, json.dumps(body).encode(), kind, model).prompts[0]
+
+    assert prompt("completion", prompt="the cat")[0] == bos  # NOTE: vLLM's completions default: true
+    assert prompt("completion", prompt="the cat", add_special_tokens=False)[0] != bos
+    assert prompt("chat", messages=CHAT["messages"])[0] != bos  # NOTE: chat's default: false (the template's)
+    assert prompt("chat", messages=CHAT["messages"], add_special_tokens=True)[0] == bos
