@@ -493,7 +493,11 @@ class RouterSettings:
     prefill), before the request ends with a 504."""
     strict_fields: bool = False
     """Unknown request fields are a 400; by default they are ignored with a warning (logged, and named in the
-    response's X-CoRun-Ignored-Fields header), as vLLM does."""
+    response's X-CoRun-Ignored-Fields header), as vLLM does. Fields the router knows keep their kind
+    (router/api/field_policy.py): harmless ones are still ignored, output-changing unsupported ones still a 400."""
+    trust_request_chat_template: bool = False
+    """Requests may bring their own chat_template (as vLLM's --trust-request-chat-template); by default that is a
+    400: a template is code the parser runs (in a sandbox, but with no bound on its time)."""
     api_key: str | None = field(default=None, repr=False, metadata=flag(environment=API_KEY_ENV))
     """Every request but /health, /version and /metrics needs `Authorization: Bearer <api_key>` (else 401);
     None: no key, as vLLM without --api-key. Out of repr, so that no log line shows it, and handed to a router

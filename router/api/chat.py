@@ -31,7 +31,7 @@ class ChatTemplateOptions:
     """chat_template_kwargs: extra template variables (Qwen3's enable_thinking, ...)."""
 
 
-def read_template_options(body: dict) -> ChatTemplateOptions:
+def read_template_options(body: dict, trust_request_chat_template: bool) -> ChatTemplateOptions:
     kwargs = read_field(body, "chat_template_kwargs", {}, lambda v: isinstance(v, dict), "an object")
     effort = read_field(body, "reasoning_effort", None, lambda v: v in REASONING_EFFORTS,
                         f"one of {', '.join(REASONING_EFFORTS)}")
@@ -46,6 +46,10 @@ def read_template_options(body: dict) -> ChatTemplateOptions:
                                  lambda v: is_text(v) and len(v) <= MAX_TEMPLATE_CHARS,
                                  f"a string of at most {MAX_TEMPLATE_CHARS} characters of {TEXT}"),
         template_kwargs=kwargs)
+    if options.chat_template is not None and not trust_request_chat_template:
+        # NOTE: as vLLM: a template is code; the operator decides whether clients may send theirs
+        raise bad_request("'chat_template': a request's own chat template is refused unless the router runs with "
+                          "--trust-request-chat-template", param="chat_template")
     if options.add_generation_prompt and options.continue_final_message:
         # NOTE: as vLLM: a generation prompt opens a new turn, which contradicts continuing the last one
         raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true; set "

@@ -18,3 +18,5 @@ class ModelInfo:
     """Prompts one request may carry (RouterConfig.max_pending_requests): more are refused before any is encoded."""
     strict_fields: bool = False
     """Unknown fields are a 400 (RouterConfig.strict_fields), not ignored with a warning."""
+    trust_request_chat_template: bool = False
+    """A request's own chat_template is rendered (RouterConfig.trust_request_chat_template), not a 400."""

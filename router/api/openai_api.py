@@ -100,7 +100,8 @@ def parse_completion_request(body, model: ModelInfo, tokenizer: Tokenizer) -> Ge
 
 def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> GenerationRequest:
     body, ignored = checked_body(body, "chat", model)
-    text = render_chat(body.get("messages"), tokenizer, read_template_options(body))
+    options = read_template_options(body, model.trust_request_chat_template)
+    text = render_chat(body.get("messages"), tokenizer, options)
     prompt_options = read_prompt_options(body, model.max_model_len, add_special_tokens=False)
     prompt = prompt_options.truncate(encode_text(text, tokenizer, model.max_model_len, "messages",
                                                  prompt_options.add_special_tokens))

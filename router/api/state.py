@@ -71,7 +71,8 @@ class RouterState:
             raise RequestError(503, "no node has answered the router yet; retry later",
                                headers={"Retry-After": str(RETRY_AFTER_S)})
         return ModelInfo(self.config.served_model_name, facts.max_model_len, facts.vocab_size, facts.max_logprobs,
-                         self.config.max_pending_requests, self.config.strict_fields)
+                         self.config.max_pending_requests, self.config.strict_fields,
+                         self.config.trust_request_chat_template)
 
     def system_fingerprint(self) -> str:
         """Changes whenever anything that determines outputs changes: a node's fingerprint, the model, the length."""

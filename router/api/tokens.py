@@ -31,7 +31,7 @@ async def tokenize(request: web.Request) -> web.Response:
         body = await read_body(request)
         info = await state.model_info()
         return json_bytes_response(await state.offload.run(tokenize_body, body, info.served_model_name,
-                                                           info.max_model_len))
+                                                           info.max_model_len, info.trust_request_chat_template))
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -44,13 +44,14 @@ async def detokenize(request: web.Request) -> web.Response:
                                                            info.vocab_size))
 
 
-def tokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, max_model_len: int) -> bytes:
+def tokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, max_model_len: int,
+                  trust_request_chat_template: bool = False) -> bytes:
     """The answer's JSON, made off the event loop (router/api/offload.py): a long prompt's token list is large."""
     fields = model_fields(body, served_model_name)
     param = "messages" if "messages" in fields else "prompt"
     if "messages" in fields:
         # NOTE: as vLLM's chat tokenize request: the template's options, and no special tokens added by default
-        text = render_chat(fields["messages"], tokenizer, read_template_options(fields))
+        text = render_chat(fields["messages"], tokenizer, read_template_options(fields, trust_request_chat_template))
     else:
         text = read_field(fields, "prompt", None, is_text, f"a string of {TEXT}")
         if text is None:

@@ -15,6 +15,14 @@ pytestmark = pytest.mark.timeout(60)
 CHAT = {"model": "corun-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "seed": 4}
 
 
+@pytest.fixture(scope="module")
+def trusting(tiny_model_dir, word_token_ids):
+    """A router started with --trust-request-chat-template."""
+    with RouterHarness(tiny_model_dir, word_token_ids, trust_request_chat_template=True) as harness:
+        harness.wait_until_healthy()
+        yield harness
+
+
 def chat(router, body):
     return post(router.base_url + "/v1/chat/completions", body)
 
@@ -130,20 +138,21 @@ def test_truncation_and_add_special_tokens_shape_the_prompt(router, tokenizer):
 # ---- chat templates --------------------------------------------------------------------------------------------
 
 
-def test_chat_template_options_change_the_rendered_prompt(router, tokenizer):
+def test_chat_template_options_change_the_rendered_prompt(router, trusting, tokenizer):
     default = prompt_ids(router, CHAT)
     assert tokenizer.decode(default, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
     without = prompt_ids(router, {**CHAT, "add_generation_prompt": False})
     assert tokenizer.decode(without, skip_special_tokens=False).endswith("hi<|im_end|>\n")
     template = "{% for m in messages %}[{{ m.role }}:{{ m.content }}{{ suffix }}]{% endfor %}"
-    custom = prompt_ids(router, {**CHAT, "chat_template": template, "chat_template_kwargs": {"suffix": "!"}})
-    assert tokenizer.decode(custom) == "[user:hi!]"
+    own = {**CHAT, "chat_template": template, "chat_template_kwargs": {"suffix": "!"}}
+    assert tokenizer.decode(prompt_ids(trusting, own)) == "[user:hi!]"
+    assert_error(chat(router, own), 400, "'chat_template'", "--trust-request-chat-template")  # NOTE: as vLLM
     continued = {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "the river"}],
                  "add_generation_prompt": False, "continue_final_message": True}
     assert tokenizer.decode(prompt_ids(router, continued), skip_special_tokens=False).endswith(
         "<|im_start|>assistant\nthe river")
     assert_error(chat(router, {**continued, "add_generation_prompt": True}), 400, "'continue_final_message'")
-    assert_error(chat(router, {**CHAT, "chat_template": "{{ raise_exception('no') }}"}), 400, "no")
+    assert_error(chat(trusting, {**CHAT, "chat_template": "{{ raise_exception('no') }}"}), 400, "no")
 
 
 def test_messages_with_extra_keys_custom_roles_and_the_tool_role_reach_the_template(router, tokenizer):
@@ -213,11 +222,11 @@ def test_tokenize_honours_the_template_options_and_returns_token_strs(router, to
         "theĠcat"
 
 
-def test_reasoning_effort_reaches_the_template_as_vllm_passes_it(router, tokenizer):
+def test_reasoning_effort_reaches_the_template_as_vllm_passes_it(router, trusting, tokenizer):
     template = "{{ enable_thinking }}/{{ reasoning_effort }}{% for m in messages %}{{ m.content }}{% endfor %}"
     body = {**CHAT, "chat_template": template}
-    assert tokenizer.decode(prompt_ids(router, {**body, "reasoning_effort": "none"})) == "False/nonehi"
-    assert tokenizer.decode(prompt_ids(router, {**body, "reasoning_effort": "low",
+    assert tokenizer.decode(prompt_ids(trusting, {**body, "reasoning_effort": "none"})) == "False/nonehi"
+    assert tokenizer.decode(prompt_ids(trusting, {**body, "reasoning_effort": "low",
                                                 "chat_template_kwargs": {"enable_thinking": False}})) == "False/lowhi"
     assert_error(chat(router, {**CHAT, "reasoning_effort": "extreme"}), 400, "'reasoning_effort'")
 
