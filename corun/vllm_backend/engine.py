@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from corun.request import Request
-from corun.scheduler import check_engine_request
+from corun.scheduler import RequestRejected, check_engine_request
 from corun.vllm_backend.engine_args import eos_token_ids, vllm_engine_kwargs, vllm_environment
 from wire.config import EngineConfig
 from wire.outputs import TokenLogprobs
@@ -91,6 +91,11 @@ class VllmEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         # NOTE: the empty prompt and max_model_len included, which vLLM would only log
         check_engine_request(request_id, prompt_token_ids, params, self.config, self.vocab_size)
+        if params.logprob_token_ids is not None:
+            # NOTE: here vLLM computes the logprobs itself; vLLM's logprob_token_ids gave -inf entries in measured
+            # runs (issue 24). The vLLM backend's nodes (runner.py) sample with corun's Sampler and support it.
+            raise RequestRejected(f"request {request_id}: logprob_token_ids is not supported on the colocated vLLM "
+                                  "engine")
         seed = params.seed if params.seed is not None else seed_from_request_id(request_id, self.config.seed)
         request = Request.create(request_id, prompt_token_ids, params, seed, self.eos_token_ids)
         self.vllm.add_request(request_id, {"prompt_token_ids": list(prompt_token_ids)},

@@ -28,6 +28,8 @@ def requests(rng: random.Random, lengths: list[int], vocab: int = 2048) -> list[
             params.update(top_p=0.9, top_k=50, presence_penalty=0.5, repetition_penalty=1.2)
         if i % 3 == 2:
             params.update(prompt_logprobs=2)
+        if i == 3:  # NOTE: issue 24's token controls, through vLLM's logits processor
+            params.update(allowed_token_ids=list(range(0, vocab, 3)), bad_words_token_ids=[[6, 9], [12]])
         specs.append({"prompt": [rng.randrange(vocab) for _ in range(length)], "params": params})
     return specs
 
@@ -63,6 +65,8 @@ def test_alone_together_and_needle_are_bitwise_equal(corun_run):
     for alone, together in zip(corun_run["alone"], corun_run["together"], strict=True):
         assert alone == together
     assert corun_run["needle"] == corun_run["alone"][0]
+    controlled = corun_run["alone"][3]["tokens"]  # NOTE: the token controls acted: allowed ids only, 12 banned
+    assert all(t % 3 == 0 and t != 12 for t in controlled) and any(t % 3 for t in corun_run["alone"][0]["tokens"])
     with_prompt_logprobs = [r for r in corun_run["alone"] if r["prompt_logprobs"]]
     assert with_prompt_logprobs and all(len(r["prompt_logprobs"][1][2]) == 2 for r in with_prompt_logprobs)
 
