@@ -89,18 +89,9 @@ def response_body(ctx: ResponseContext, totals: list[ChoiceTotal], num_prompt_to
     num_completion_tokens = 0 if ctx.output.drop_generated else sum(len(total.token_ids) for total in totals)
     body = {**ctx.envelope(streaming=False), "choices": choices,
             "usage": usage(num_prompt_tokens, num_completion_tokens)}
-    if ctx.kind == "chat":  # NOTE: vLLM's chat has the prompt's keys once, beside the choices
-        prompt_logprobs = totals[0].prompt_logprobs if totals else None
-        body.update(chat_prompt_keys(ctx, prompt_logprobs))
+    if ctx.kind == "chat" and totals:  # NOTE: vLLM's chat has the prompt's keys once, beside the choices
+        body.update(prompt_keys(ctx, 0, totals[0].prompt_logprobs))
     return body
-
-
-def chat_prompt_keys(ctx: ResponseContext, prompt_logprobs) -> dict:
-    """A chat response's prompt_logprobs and prompt_token_ids (vLLM's), null unless asked for."""
-    wanted = ctx.output.prompt_logprobs is not None and prompt_logprobs is not None
-    return {"prompt_logprobs": vllm_prompt_logprobs(ctx, prompt_logprobs, ctx.output.prompt_logprobs) if wanted
-            else None,
-            "prompt_token_ids": list(ctx.prompts[0]) if ctx.output.return_token_ids and ctx.prompts else None}
 
 
 def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs, finish_reason,
@@ -112,15 +103,16 @@ def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs
     formatted = None if logprobs is None else format_logprobs(ctx, logprobs, text_offset=0)[0]
     if ctx.kind == "completion":
         return {"index": index, "text": text, "logprobs": formatted, "finish_reason": finish_reason,
-                "stop_reason": stop_reason, "token_ids": list(token_ids), **completion_prompt_keys(ctx, index),
+                "stop_reason": stop_reason, "token_ids": list(token_ids), **prompt_keys(ctx, index),
                 "seed": seed}
     return {"index": index, "message": {"role": "assistant", "content": ctx.output.chat_echo + text},
             "logprobs": formatted,
             "finish_reason": finish_reason, "stop_reason": stop_reason, "token_ids": list(token_ids), "seed": seed}
 
 
-def completion_prompt_keys(ctx: ResponseContext, index: int, prompt_logprobs=None) -> dict:
-    """A completion choice's prompt_logprobs and prompt_token_ids (vLLM's), null unless asked for."""
+def prompt_keys(ctx: ResponseContext, index: int, prompt_logprobs=None) -> dict:
+    """Choice index's prompt_logprobs and prompt_token_ids (vLLM's: in each completion choice, beside a chat's
+    choices), null unless asked for."""
     wanted = ctx.output.prompt_logprobs is not None and prompt_logprobs is not None
     return {"prompt_logprobs": vllm_prompt_logprobs(ctx, prompt_logprobs, ctx.output.prompt_logprobs) if wanted
             else None,
@@ -145,7 +137,7 @@ def completion_with_prompt(ctx: ResponseContext, index: int, text: str, token_id
         generated, _ = completion_logprobs(ctx, logprobs, start)
         body["logprobs"] = generated if prompt_part is None else {
             key: prompt_part[key] + generated[key] for key in generated}
-    return {**body, **completion_prompt_keys(ctx, index, prompt_logprobs)}
+    return {**body, **prompt_keys(ctx, index, prompt_logprobs)}
 
 
 def echoed_logprobs(ctx: ResponseContext, prompt_ids, prompt_logprobs) -> dict:
@@ -206,10 +198,9 @@ def chunk_choice(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int,
     return choice, end_offset
 
 
-def role_choice(index: int, content: str = "") -> dict:
-    """A chat stream opens each choice with the assistant role, as OpenAI's does (content: chat echo's)."""
-    return {"index": index, "delta": {"role": "assistant", "content": content}, "logprobs": None,
-            "finish_reason": None}
+def role_choice(index: int) -> dict:
+    """A chat stream opens each choice with the assistant role, as OpenAI's does."""
+    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
 
 def usage_chunk(ctx: ResponseContext, num_prompt_tokens: int, num_completion_tokens: int) -> dict:
