@@ -223,7 +223,7 @@ class SamplingBatch:
     min_ps: Tensor | None = None  # [rows] float32
     """None when no sampled row uses min_p."""
     adjustments: LogitAdjustments | None = None
-    """None when no row has logit_bias, min_tokens or a penalty."""
+    """None when no row has allowed_token_ids, bad words, logit_bias, min_tokens or a penalty."""
     chosen_logprobs: tuple[Tensor, Tensor, Tensor] | None = None
     """logprob_token_ids: (rows, ranks, token ids) [entries] int64: these rows report these tokens' logprobs
     instead of the most likely ones; None when no row names any."""
