@@ -43,6 +43,8 @@ Version history:
      b"done:" + request id); TokenEvent is a part of StepTokens only (a decode node's first event of a
      sample, sent alone, is a StepTokens of one); TokenLogprobs is a map {token_id, logprob, top} (was the list
      [token_id, logprob, top]).
+  15: SamplingParams.structured (wire.structured.StructuredOutput: a JSON schema, json_object, regex, choice or
+     EBNF grammar the output must follow).
 
 Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
 with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
@@ -59,7 +61,7 @@ from wire.outputs import TokenLogprobs
 from wire.sampling_params import SamplingParams
 from wire.seeding import SEED_BOUND
 
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 
 
 class ProtocolError(ValueError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wire.structured import StructuredOutput
+
 MAX_LOGIT_BIAS = 100.0
 """OpenAI's bound on a logit_bias value."""
 MAX_REPETITION_PENALTY = 100.0
@@ -45,6 +47,9 @@ class SamplingParams:
     not match."""
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     """(token id, bias) pairs added to the logits before sampling; a dict {token id: bias} is accepted too."""
+    structured: StructuredOutput | None = None
+    """Structured output: each token is sampled among those the constraint allows after the output so far
+    (corun/structured.py)."""
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
