@@ -31,7 +31,6 @@ from corun.piecewise_graphs import PiecewiseForward, piecewise_sizes
 from corun.request import Request
 from corun.sampler import Sampler, SamplerOutput, SamplingBatch
 from corun.scheduler import PrefillChunk, ScheduledBatch
-from corun.structured import grammars_for
 from corun.step_inputs import (
     BlockTableRows,
     PrefillPackInputs,
@@ -42,6 +41,7 @@ from corun.step_inputs import (
     build_window_decode,
     build_windowed_step,
 )
+from corun.structured import grammars_for
 from wire.config import EngineConfig
 from wire.outputs import TokenLogprobs
 from wire.seeding import sample_seed
