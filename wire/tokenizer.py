@@ -57,12 +57,13 @@ class Tokenizer:
         backend = self._backend
         return lambda token_id: stream.step(backend, token_id)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
+        """variables: more of the template's variables (tools=...)."""
         if self._chat_template is None:
             raise ValueError("this tokenizer has no chat template")
         special_tokens = {key: text for key, text in self._special_tokens.items() if text is not None}
         return self._chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                          **special_tokens)
+                                          **special_tokens, **variables)
 
     @property
     def eos_token_id(self) -> int:

@@ -6,29 +6,32 @@ import jinja2
 
 from router.api.errors import bad_request
 from router.api.fields import TEXT, is_text
+from router.api.tools import TOOL_FIELDS, is_tool_message, template_tool_message
 from wire.tokenizer import Tokenizer
 
-CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs", "response_format", "tool_choice",
-                         "tools", "parallel_tool_calls"})
+CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs"}) | TOOL_FIELDS
 ROLES = ("system", "developer", "user", "assistant")
 TEMPLATE_ROLES = {"developer": "system"}
 """OpenAI's newer name for the system role, rendered as the template's system turn (as vLLM does)."""
 MESSAGE_KEYS = frozenset({"role", "content", "name"})
 
 
-def render_chat(messages, tokenizer: Tokenizer) -> str:
-    """The prompt text of a chat, ending with the assistant's generation prompt."""
+def render_chat(messages, tokenizer: Tokenizer, tools: tuple[dict, ...] | None = None) -> str:
+    """The prompt text of a chat, ending with the assistant's generation prompt; tools: the template's `tools`."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of messages", param="messages")
     plain = [plain_message(message, i) for i, message in enumerate(messages)]
     try:
-        return tokenizer.apply_chat_template(plain, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(plain, add_generation_prompt=True,
+                                             **({"tools": list(tools)} if tools else {}))
     except (jinja2.TemplateError, ValueError) as error:
         raise bad_request(f"the chat template refused these messages: {error}", param="messages") from None
 
 
 def plain_message(message, index: int) -> dict:
     where = f"messages[{index}]"
+    if is_tool_message(message):
+        return template_tool_message(message, where, content_text)
     if not isinstance(message, dict):
         raise bad_request(f"'{where}' must be an object with 'role' and 'content'", param="messages")
     unknown = sorted(set(message) - MESSAGE_KEYS)

@@ -25,6 +25,8 @@ from router.api.fields import (
     read_field,
     unknown_fields,
 )
+from router.api.structured import STRUCTURED_FIELDS, read_structured
+from router.api.tools import ToolRequest, read_tools
 from router.generation.output import OutputOptions
 from wire.sampling_params import MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, SamplingParams
 from wire.seeding import SEED_BOUND
@@ -38,7 +40,7 @@ SAMPLING_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "stream_options", "stop",
     "stop_token_ids", "ignore_eos", "logprobs", "n", "user", "presence_penalty", "frequency_penalty", "logit_bias",
     "include_stop_str_in_output", "skip_special_tokens", "return_tokens_as_token_ids", "repetition_penalty",
-    "min_p", "min_tokens"})
+    "min_p", "min_tokens"}) | STRUCTURED_FIELDS
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "best_of", "suffix", "max_completion_tokens",
                                        "prompt_logprobs"}
 STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
@@ -75,6 +77,8 @@ class GenerationRequest:
     ignored_fields: tuple[str, ...] = ()
     """Fields the router does not know and ignored (named in X-CoRun-Ignored-Fields)."""
     output: OutputOptions = OutputOptions()
+    tools: ToolRequest | None = None
+    """Chat with tools (router/api/tools.py): how the output becomes tool calls."""
 
 
 def parse_body(tokenizer: Tokenizer, body: bytes, kind: Kind, model: ModelInfo) -> GenerationRequest:
@@ -103,8 +107,9 @@ def parse_completion_request(body, model: ModelInfo, tokenizer: Tokenizer) -> Ge
 
 def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> GenerationRequest:
     body, ignored = checked_body(body, SAMPLING_FIELDS | CHAT_FIELDS, model)
-    check_chat_options(body)
-    prompt = encode_text(render_chat(body.get("messages"), tokenizer), tokenizer, model.max_model_len, "messages")
+    tools = read_tools(body)
+    rendered = render_chat(body.get("messages"), tokenizer, tools.tools if tools else None)
+    prompt = encode_text(rendered, tokenizer, model.max_model_len, "messages")
     wants_logprobs = bool_field(body, "logprobs", False)
     top_logprobs = int_field(body, "top_logprobs", 0, 0, model.max_logprobs)
     if top_logprobs and not wants_logprobs:
@@ -113,7 +118,7 @@ def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> Generati
     max_tokens = int_field(body, "max_tokens", None, 1)
     max_tokens = int_field(body, "max_completion_tokens", max_tokens, 1) or max(1, model.max_model_len - len(prompt))
     return build_request("chat", body, (prompt,), max_tokens, top_logprobs if wants_logprobs else None, model,
-                         ignored)
+                         ignored, tools=tools)
 
 
 def checked_body(body, known_fields: frozenset[str], model: ModelInfo) -> tuple[dict, list[str]]:
@@ -127,18 +132,9 @@ def checked_body(body, known_fields: frozenset[str], model: ModelInfo) -> tuple[
     return body, ignored
 
 
-def check_chat_options(body: dict) -> None:
-    """Chat fields clients send by default: accepted where they change nothing, a 400 where they would."""
-    read_field(body, "response_format", None, lambda v: isinstance(v, dict) and v.get("type") == "text",
-               '{"type": "text"} (structured output is not supported)')
-    read_field(body, "tool_choice", None, lambda v: v == "none", '"none" (tool calling is not supported)')
-    read_field(body, "tools", None, lambda v: v == [], "empty (tool calling is not supported)")
-    read_field(body, "parallel_tool_calls", None, lambda v: isinstance(v, bool), "a boolean")
-
-
 def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], max_tokens: int,
                   logprobs: int | None, model: ModelInfo, ignored: list[str], prompt_logprobs: int | None = None,
-                  prompt_options: dict | None = None) -> GenerationRequest:
+                  prompt_options: dict | None = None, tools: ToolRequest | None = None) -> GenerationRequest:
     read_field(body, "user", None, lambda v: isinstance(v, str), "a string")
     for prompt in prompts:
         check_prompt(prompt, max_tokens, model)
@@ -156,6 +152,8 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
         prompt_logprobs=prompt_logprobs,
         n=n,
         **read_controls(body, model, max_tokens),
+        # NOTE: a named or required tool choice is a constraint of its own, as vLLM's (it replaces the others)
+        structured=(tools.constraint() if tools else None) or read_structured(body),
     )
     stream = bool_field(body, "stream", False)
     include_usage, continuous_usage, ignored_options = read_stream_options(body, stream, model.strict_fields)
@@ -163,7 +161,7 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
                            bool_field(body, "skip_special_tokens", True),
                            bool_field(body, "return_tokens_as_token_ids", False), **(prompt_options or {}))
     return GenerationRequest(kind, prompts, params, read_seed(body), read_stop_strings(body), stream,
-                             include_usage, continuous_usage, tuple(ignored + ignored_options), output)
+                             include_usage, continuous_usage, tuple(ignored + ignored_options), output, tools)
 
 
 def read_controls(body: dict, model: ModelInfo, max_tokens: int) -> dict:
