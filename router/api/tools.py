@@ -6,6 +6,7 @@
 - named and required are forced through structured outputs, with vLLM's schemas
   (vllm/tool_parsers/utils.py get_json_schema_from_tools): named, the function's parameters (the output is the
   arguments); required, an array of {"name", "parameters"} (at most one item when parallel_tool_calls is false).
+  Unlike vLLM's default, that JSON is compact (no free whitespace between its tokens).
 - auto: the output is parsed for <tool_call> blocks (vLLM's hermes parser); the text before the first one is the
   content.
 - finish_reason "tool_calls" for auto and required calls, "stop" for a named one (OpenAI's, as vLLM).
@@ -39,8 +40,9 @@ class ToolRequest:
 
     def constraint(self) -> StructuredOutput | None:
         """named / required: the JSON schema the output must follow (vLLM's)."""
+        # NOTE: compact JSON (vLLM's disable_any_whitespace): with any whitespace allowed, weak models loop on it
         if self.choice == "named":
-            return StructuredOutput("json", json.dumps(parameters_of(self.function(self.name))))
+            return StructuredOutput("json", json.dumps(parameters_of(self.function(self.name))), any_whitespace=False)
         if self.choice != "required":
             return None
         schemas = [{"properties": {"name": {"type": "string", "enum": [tool["function"]["name"]]},
@@ -49,7 +51,7 @@ class ToolRequest:
         schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": schemas}}
         if self.parallel is False:
             schema["maxItems"] = 1
-        return StructuredOutput("json", json.dumps(schema))
+        return StructuredOutput("json", json.dumps(schema), any_whitespace=False)
 
     def function(self, name: str) -> dict:
         return next(tool["function"] for tool in self.tools if tool["function"]["name"] == name)
