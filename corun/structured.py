@@ -39,14 +39,29 @@ def num_bitmask_words(vocab_size: int) -> int:
     return (vocab_size + BITS_PER_WORD - 1) // BITS_PER_WORD
 
 
+BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # [256, 8]: byte value -> its bits
+BATCH_FILL_ROWS = 8
+"""From this many constrained rows on, xgrammar's BatchGrammarMatcher fills their masks (threads over rows)."""
+
+
 def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
-    """logits [rows, vocab] float32, bitmask int32 [rows, words] (bit j of word w: token 32 w + j allowed) -> logits
-    with disallowed tokens at -inf (a new tensor). A row of all ones is unchanged: it is only copied."""
-    vocab_size = logits.shape[-1]
-    shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32, device=logits.device)  # [32]
-    bits = (bitmask.to(logits.device)[:, :, None] >> shifts) & 1  # [rows, words, 32]
-    allowed = bits.reshape(bits.shape[0], -1)[:, :vocab_size].bool()  # [rows, vocab]
-    return logits.masked_fill(~allowed, float("-inf"))
+    """logits [rows, vocab] float32, bitmask int32 [rows, words] on the CPU (bit j of word w: token 32 w + j allowed)
+    -> logits with disallowed tokens at -inf (a new tensor). Only rows with some bit 0 are touched: the others are
+    copied bit for bit."""
+    constrained = (bitmask != -1).any(dim=1).nonzero().flatten()  # [constrained rows]
+    if constrained.numel() == 0:
+        return logits
+    if logits.is_cuda:
+        import xgrammar
+
+        masked = logits.clone()
+        xgrammar.apply_token_bitmask_inplace(masked, bitmask.to(logits.device, non_blocking=True),
+                                             indices=constrained.tolist())
+        return masked
+    rows = logits[constrained]  # [constrained rows, vocab]
+    # NOTE: little-endian int32 words as bytes: byte b holds tokens 8 b .. 8 b + 7, its bits in order
+    allowed = BYTE_BITS[bitmask[constrained].view(torch.uint8).long()].reshape(len(constrained), -1)
+    return logits.index_put((constrained,), rows.masked_fill(~allowed[:, :logits.shape[-1]], float("-inf")))
 
 
 @dataclass
@@ -74,6 +89,7 @@ class Grammars:
         self._compiled: OrderedDict[tuple[StructuredOutput, int], object] = OrderedDict()
         self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self._batch = None
 
     def compiler(self, vocab_size: int):
         if vocab_size not in self._compilers:
@@ -118,6 +134,7 @@ class Grammars:
         if not any(r.params.structured is not None for r in requests):
             return None
         bitmask = torch.full((num_rows, num_bitmask_words(vocab_size)), -1, dtype=torch.int32)
+        to_fill: dict[int, object] = {}
         for row, request in enumerate(requests):
             if request.params.structured is None:
                 continue
@@ -126,7 +143,16 @@ class Grammars:
             if state.matcher.is_terminated():  # NOTE: it accepted a stop token (ignore_eos kept the request going)
                 bitmask[row] = only_tokens(state.matcher.stop_token_ids, bitmask.shape[1])
             else:
-                state.matcher.fill_next_token_bitmask(bitmask, row)
+                to_fill[row] = state.matcher
+        if len(to_fill) >= BATCH_FILL_ROWS:  # NOTE: each row's mask is its own matcher's, whichever thread fills it
+            import xgrammar
+
+            if self._batch is None:
+                self._batch = xgrammar.BatchGrammarMatcher("auto")
+            self._batch.batch_fill_next_token_bitmask(list(to_fill.values()), bitmask, list(to_fill))
+        else:
+            for row, matcher in to_fill.items():
+                matcher.fill_next_token_bitmask(bitmask, row)
         return bitmask
 
 

@@ -16,7 +16,7 @@ import torch
 
 from corun import LLM, SamplingParams
 from corun.request import Request
-from corun.structured import Grammars, apply_token_bitmask, num_bitmask_words
+from corun.structured import BATCH_FILL_ROWS, Grammars, apply_token_bitmask, num_bitmask_words
 from wire.structured import StructuredOutput
 
 pytestmark = pytest.mark.numerics
@@ -128,3 +128,20 @@ def test_mask_leaves_other_rows_bits_alone():
     assert torch.equal(masked[0], logits[0]) and torch.equal(masked[2], logits[2])
     assert torch.isfinite(masked[1]).nonzero().flatten().tolist() == [1, 3]
     assert torch.equal(masked[1, [1, 3]], logits[1, [1, 3]])
+
+
+def test_batch_fill_gives_each_row_its_own_mask(tiny_model_dir, llm):
+    """From BATCH_FILL_ROWS rows on, xgrammar's threads fill the masks: each row's equals its mask filled alone."""
+    out = completion(llm.generate(PROMPTS[0], params(JSON_SPEC))[0])
+    vocab_size, eos_ids = llm.engine.runner.arch.vocab_size, llm.engine.eos_token_ids
+    requests = []
+    for i in range(BATCH_FILL_ROWS + 3):
+        request = Request.create(f"r{i}", [1], params(JSON_SPEC if i % 4 else None), 1, eos_ids)
+        request.output_token_ids.extend(out.token_ids[:i % 7])
+        requests.append(request)
+    together = Grammars(tiny_model_dir).bitmask(requests, len(requests) + 2, vocab_size)
+    for row, request in enumerate(requests):
+        alone = Grammars(tiny_model_dir).bitmask([request], 1, vocab_size)
+        assert torch.equal(together[row], alone[0] if alone is not None else torch.full_like(together[row], -1))
+    assert (together[-2:] == -1).all()  # NOTE: padding rows allow everything
+    assert not torch.equal(together[1], together[2]), "inverse: rows at other points get other masks"
