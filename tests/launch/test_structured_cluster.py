@@ -69,6 +69,23 @@ def test_p_d_colocated_and_engine_give_the_same_constrained_bits(mixed, tiny_mod
         json.loads(free_text)
 
 
+def test_n_samples_and_streams_keep_the_constraint_and_the_bits(mixed):
+    """n = 2: the prefill node samples both first tokens from one matcher state, the decode node continues each."""
+    api = client(mixed)
+    args = dict(model="corun-tiny", prompt=PROMPT, n=2, extra_body={"structured_outputs": STRUCTURED}, **PARAMS)
+    via_pd = api.completions.create(**args, extra_headers=PD).choices
+    via_colocated = api.completions.create(**args, extra_headers=COLOCATED).choices
+    assert [c.model_extra["token_ids"] for c in via_pd] == [c.model_extra["token_ids"] for c in via_colocated]
+    for choice in via_pd:
+        jsonschema.validate(json.loads(choice.text), SCHEMA)
+    assert via_pd[0].model_extra["token_ids"] != via_pd[1].model_extra["token_ids"]
+    streamed = {0: [], 1: []}
+    for chunk in api.completions.create(**args, stream=True, extra_headers=PD):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.model_extra.get("token_ids") or []
+    assert [streamed[0], streamed[1]] == [c.model_extra["token_ids"] for c in via_pd]
+
+
 def test_constrained_requests_among_concurrent_ones_keep_their_bits(mixed):
     api = client(mixed)
     alone = [complete(api, {"structured_outputs": STRUCTURED}, prompt=f"Trip number {i}") for i in range(3)]
