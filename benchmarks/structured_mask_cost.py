@@ -1,5 +1,6 @@
 """Issue 24: what structured outputs add to a decode step: filling N rows' next-token bitmasks (xgrammar, CPU) and
-applying them to the [N, vocab] logits (CPU, and CUDA when there is one).
+applying them to the [N, vocab] logits (corun.structured.apply_token_bitmask: a copy of the logits and xgrammar's
+kernel on the constrained rows; CPU, and CUDA when there is one).
 
 Every row has its own matcher of one JSON schema, each at its own point of the document (advanced by tokens drawn
 among the allowed ones, seeded), and each measured step advances every row by one such token, as decoding does.
@@ -139,17 +140,6 @@ def apply_cost(num_rows: int, vocab_size: int, bitmask: torch.Tensor) -> dict:
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - started) * 1e3)
         costs[f"{device}_ms"] = summary(times[5:])
-        if device == "cuda":
-            import xgrammar
-
-            times = []
-            for _ in range(20):
-                torch.cuda.synchronize()
-                started = time.perf_counter()
-                xgrammar.apply_token_bitmask_inplace(logits, mask)
-                torch.cuda.synchronize()
-                times.append((time.perf_counter() - started) * 1e3)
-            costs["cuda_xgrammar_kernel_ms"] = summary(times[5:])
     return costs
 
 

@@ -39,29 +39,22 @@ def num_bitmask_words(vocab_size: int) -> int:
     return (vocab_size + BITS_PER_WORD - 1) // BITS_PER_WORD
 
 
-BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # [256, 8]: byte value -> its bits
 BATCH_FILL_ROWS = 8
 """From this many constrained rows on, xgrammar's BatchGrammarMatcher fills their masks (threads over rows)."""
 
 
 def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
     """logits [rows, vocab] float32, bitmask int32 [rows, words] on the CPU (bit j of word w: token 32 w + j allowed)
-    -> logits with disallowed tokens at -inf (a new tensor). Only rows with some bit 0 are touched: the others are
-    copied bit for bit."""
-    constrained = (bitmask != -1).any(dim=1).nonzero().flatten()  # [constrained rows]
-    if constrained.numel() == 0:
+    -> logits with disallowed tokens at -inf (a new tensor). Only rows with some bit 0 are touched (xgrammar's
+    kernel, CPU or CUDA): the others are copied bit for bit."""
+    constrained = (bitmask != -1).any(dim=1).nonzero().flatten().tolist()
+    if not constrained:
         return logits
-    if logits.is_cuda:
-        import xgrammar
+    import xgrammar
 
-        masked = logits.clone()
-        xgrammar.apply_token_bitmask_inplace(masked, bitmask.to(logits.device, non_blocking=True),
-                                             indices=constrained.tolist())
-        return masked
-    rows = logits[constrained]  # [constrained rows, vocab]
-    # NOTE: little-endian int32 words as bytes: byte b holds tokens 8 b .. 8 b + 7, its bits in order
-    allowed = BYTE_BITS[bitmask[constrained].view(torch.uint8).long()].reshape(len(constrained), -1)
-    return logits.index_put((constrained,), rows.masked_fill(~allowed[:, :logits.shape[-1]], float("-inf")))
+    masked = logits.clone()
+    xgrammar.apply_token_bitmask_inplace(masked, bitmask.to(logits.device, non_blocking=True), indices=constrained)
+    return masked
 
 
 @dataclass
