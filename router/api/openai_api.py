@@ -141,6 +141,7 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
     n = int_field(body, "n", 1, 1, MAX_SAMPLES)
     # NOTE: as vLLM's V1 engine: no best_of beyond n (it would rank samples by their logprobs and drop some)
     read_field(body, "best_of", None, lambda v: v == n and is_int(v), f"equal to n ({n}): best_of > n is not supported")
+    requested = read_structured(body)
     params = SamplingParams(
         temperature=float(read_field(body, "temperature", 1.0, lambda v: is_number(v) and v >= 0, "a number >= 0")),
         top_p=float(read_field(body, "top_p", 1.0, lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")),
@@ -153,7 +154,7 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
         n=n,
         **read_controls(body, model, max_tokens),
         # NOTE: a named or required tool choice is a constraint of its own, as vLLM's (it replaces the others)
-        structured=(tools.constraint() if tools else None) or read_structured(body),
+        structured=(tools.constraint() if tools else None) or requested,
     )
     stream = bool_field(body, "stream", False)
     include_usage, continuous_usage, ignored_options = read_stream_options(body, stream, model.strict_fields)
