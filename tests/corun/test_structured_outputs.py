@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -145,3 +146,16 @@ def test_batch_fill_gives_each_row_its_own_mask(tiny_model_dir, llm):
         assert torch.equal(together[row], alone[0] if alone is not None else torch.full_like(together[row], -1))
     assert (together[-2:] == -1).all()  # NOTE: padding rows allow everything
     assert not torch.equal(together[1], together[2]), "inverse: rows at other points get other masks"
+
+
+def test_the_vllm_backend_refuses_constraints(tiny_model_dir):
+    """Its sampling runs inside vLLM's engine, where no mask is applied: a constraint would be silently ignored."""
+    from corun.scheduler import RequestRejected, check_request
+    from wire.config import EngineConfig
+
+    config = EngineConfig(model=tiny_model_dir)
+    check_request("r", [1, 2], params(JSON_SPEC), config, 2048)  # NOTE: inverse: the native backend takes it
+    vllm_config = SimpleNamespace(**{name: getattr(config, name) for name in ("scheduler", "max_logprobs", "model")},
+                                  backend="vllm")
+    with pytest.raises(RequestRejected, match="native engine backend"):
+        check_request("r", [1, 2], params(JSON_SPEC), vllm_config, 2048)
