@@ -127,16 +127,7 @@ class Grammars:
         if not any(r.params.structured is not None for r in requests):
             return None
         bitmask = torch.full((num_rows, num_bitmask_words(vocab_size)), -1, dtype=torch.int32)
-        to_fill: dict[int, object] = {}
-        for row, request in enumerate(requests):
-            if request.params.structured is None:
-                continue
-            state = self.state(request, vocab_size)
-            state.advance_to(request.output_token_ids, request.request_id)
-            if state.matcher.is_terminated():  # NOTE: it accepted a stop token (ignore_eos kept the request going)
-                bitmask[row] = only_tokens(state.matcher.stop_token_ids, bitmask.shape[1])
-            else:
-                to_fill[row] = state.matcher
+        to_fill, copies = self.advance_rows(requests, bitmask, vocab_size)
         if len(to_fill) >= BATCH_FILL_ROWS:  # NOTE: each row's mask is its own matcher's, whichever thread fills it
             import xgrammar
 
@@ -146,7 +137,29 @@ class Grammars:
         else:
             for row, matcher in to_fill.items():
                 matcher.fill_next_token_bitmask(bitmask, row)
+        for row, source in copies:
+            bitmask[row] = bitmask[source]
         return bitmask
+
+    def advance_rows(self, requests: Sequence, bitmask: Tensor, vocab_size: int):
+        """Each constrained request's matcher advanced to its output so far -> ({row: matcher to fill}, [(row, the
+        row it copies)]). NOTE: a prefill node's n samples are rows of one request: its matcher is filled once (one
+        matcher is never filled by two threads). A finished grammar's row allows only the stop tokens."""
+        to_fill, copies, first_rows = {}, [], {}
+        for row, request in enumerate(requests):
+            if request.params.structured is None:
+                continue
+            if id(request) in first_rows:
+                copies.append((row, first_rows[id(request)]))
+                continue
+            first_rows[id(request)] = row
+            state = self.state(request, vocab_size)
+            state.advance_to(request.output_token_ids, request.request_id)
+            if state.matcher.is_terminated():  # NOTE: it accepted a stop token (ignore_eos kept the request going)
+                bitmask[row] = only_tokens(state.matcher.stop_token_ids, bitmask.shape[1])
+            else:
+                to_fill[row] = state.matcher
+        return to_fill, copies
 
 
 def only_tokens(token_ids: Sequence[int], num_words: int) -> Tensor:

@@ -157,3 +157,26 @@ def test_named_tool_choice_gives_a_valid_call_streamed_and_not(mixed):
     assert follow_up.choices[0].finish_reason in ("tool_calls", "length")
     if follow_up.choices[0].finish_reason == "tool_calls":
         assert all(c.function.name == "get_weather" for c in follow_up.choices[0].message.tool_calls)
+
+
+def test_auto_tool_choice_parses_hermes_calls_streamed_and_not(mixed):
+    """tool_choice auto: the output is parsed for <tool_call> blocks. The random model writes none of its own, so a
+    choice constraint makes it write one: the parse (not the model) is what is checked."""
+    api = client(mixed)
+    block = '<tool_call>{"name": "get_weather", "arguments": {"city": "oslo", "days": 3}}</tool_call>'
+    args = dict(model="corun-tiny", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER],
+                max_tokens=300, seed=4, extra_body={"structured_outputs": {"choice": [f"Checking. {block}"]}})
+    choice = api.chat.completions.create(**args).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking. "
+    [call] = choice.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "oslo", "days": 3})
+    content, calls, finish_reason = "", [], None
+    for chunk in api.chat.completions.create(stream=True, **args):
+        for streamed in chunk.choices:
+            content += streamed.delta.content or ""
+            calls += [(c.function.name, c.function.arguments) for c in streamed.delta.tool_calls or []]
+            finish_reason = streamed.finish_reason or finish_reason
+    assert (content, calls, finish_reason) == ("Checking. ", [("get_weather", call.function.arguments)], "tool_calls")
+    # NOTE: inverse: without tools the same output is plain content
+    plain = api.chat.completions.create(**{**args, "tools": None}).choices[0]
+    assert plain.message.content == f"Checking. {block}" and not plain.message.tool_calls
