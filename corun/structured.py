@@ -89,7 +89,10 @@ class Grammars:
             import transformers
             import xgrammar
 
-            tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir)
+            try:
+                tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+            except (OSError, ValueError) as error:  # NOTE: random-weight presets have no tokenizer
+                raise GrammarError(f"structured outputs need the model's tokenizer: {first_line(error)}") from None
             info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
             self._compilers[vocab_size] = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         return self._compilers[vocab_size]
@@ -101,8 +104,9 @@ class Grammars:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
                 return self._compiled[key]
+            compiler = self.compiler(vocab_size)
             try:
-                compiled = compile_spec(self.compiler(vocab_size), spec)
+                compiled = compile_spec(compiler, spec)
             except (RuntimeError, ValueError, TypeError) as error:
                 raise GrammarError(f"invalid {spec.kind} constraint: {first_line(error)}") from None
             self._compiled[key] = compiled
