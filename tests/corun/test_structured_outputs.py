@@ -159,3 +159,17 @@ def test_the_vllm_backend_refuses_constraints(tiny_model_dir):
                                   backend="vllm")
     with pytest.raises(RequestRejected, match="native engine backend"):
         check_request("r", [1, 2], params(JSON_SPEC), vllm_config, 2048)
+
+
+def test_a_finished_grammar_allows_only_stop_tokens(llm):
+    """With ignore_eos the request goes on past the grammar's end: every later token is a stop token (EOS)."""
+    stop_ids = llm.engine.eos_token_ids | {llm.tokenizer.eos_token_id}
+    out = completion(llm.generate(PROMPTS[0], params(StructuredOutput("regex", "ab"), ignore_eos=True,
+                                                     max_tokens=8))[0])
+    first_stop = next(i for i, t in enumerate(out.token_ids) if t in stop_ids)
+    assert out.finish_reason == "length" and llm.tokenizer.decode(out.token_ids[:first_stop]) == "ab"
+    assert set(out.token_ids[first_stop:]) <= stop_ids
+    # NOTE: inverse: without ignore_eos the request ends at the first stop token
+    ended = completion(llm.generate(PROMPTS[0], params(StructuredOutput("regex", "ab"), max_tokens=8))[0])
+    assert ended.token_ids[:-1] == out.token_ids[:first_stop] and ended.token_ids[-1] in stop_ids
+    assert ended.finish_reason == "stop"
