@@ -41,6 +41,7 @@ from corun.step_inputs import (
     build_window_decode,
     build_windowed_step,
 )
+from corun.structured import grammars_for
 from wire.config import EngineConfig
 from wire.outputs import TokenLogprobs
 from wire.seeding import sample_seed
@@ -107,6 +108,7 @@ class ModelRunner:
         config = self.config
         model = load_model(config.model, config.dtype, config.device, config.scheduler.max_model_len)
         sampler = Sampler()
+        sampler.grammars = grammars_for(config.model)
         if self.mode == "batch_invariant":
             from corun.kernels.batch_invariant import (
                 batch_invariant_linear,
@@ -386,8 +388,9 @@ def sample_requests(sampler: Sampler, logits: torch.Tensor, requests: list[Reque
         indices = [i for r in requests for i in range(r.params.n)]
         requests = [requests[row] for row in rows]
         seeds = [sample_seed(r.seed, i) for r, i in zip(requests, indices, strict=True)]
+    bitmask = sampler.grammars.bitmask(requests, logits.shape[0], logits.shape[-1]) if sampler.grammars else None
     batch = SamplingBatch.build([r.params for r in requests], seeds, [r.num_tokens for r in requests],
-                                logits.shape[0], logits.device, requests)
+                                logits.shape[0], logits.device, requests, bitmask)
     wanted = any(r.params.logprobs is not None for r in requests)
     out = sampler(logits, batch, max_logprobs if wanted else None)
     return [SampledToken(r, tok, lp, i)

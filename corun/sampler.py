@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from corun.structured import apply_token_bitmask
 from wire.sampling_params import SamplingParams
 
 MASK32 = 0xFFFFFFFF
@@ -231,6 +232,8 @@ class SamplingBatch:
     """Host-side hint: skip the noise entirely (no device sync needed to know it)."""
     needs_top_k_top_p: bool = True
     """Host-side hint: some sampled row uses top-k or top-p, so the sort is needed."""
+    token_bitmask: Tensor | None = None  # [rows, ceil(vocab / 32)] int32
+    """Structured outputs: each row's allowed tokens (corun/structured.py); None when no row is constrained."""
 
     @classmethod
     def build(
@@ -241,6 +244,7 @@ class SamplingBatch:
         num_rows: int,
         device: torch.device | str,
         histories: Sequence[TokenHistory] | None = None,
+        token_bitmask: Tensor | None = None,
     ) -> SamplingBatch:
         """histories: each row's tokens so far; needed when some row adjusts its logits (bias, penalties,
         min_tokens)."""
@@ -272,6 +276,7 @@ class SamplingBatch:
             chosen_logprobs=chosen_logprob_entries(params, device),
             all_greedy=not sampled,
             needs_top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in sampled),
+            token_bitmask=token_bitmask,
         )
 
 
@@ -356,10 +361,14 @@ class Sampler:
 
     log_softmax = staticmethod(lambda logits: torch.log_softmax(logits, dim=-1))
     """Swapped for a batch-invariant kernel in batch_invariant mode."""
+    grammars = None
+    """corun.structured.Grammars of the served model: set by the runner that owns the sampler."""
 
     def __call__(self, logits: Tensor, batch: SamplingBatch, num_logprobs: int | None) -> SamplerOutput:
         """num_logprobs None: no row wants logprobs, skip computing them (the logprob fields are empty)."""
         logits = logits.float()  # [rows, vocab]
+        if batch.token_bitmask is not None:  # NOTE: before logprobs, as vLLM: they are the constrained ones
+            logits = apply_token_bitmask(logits, batch.token_bitmask)
         token_ids = sample_token_ids(logits, batch)  # [rows]
         if num_logprobs is None:
             empty = logits.new_empty(logits.shape[0], 0)

@@ -54,6 +54,20 @@ def check_request(request_id: str, prompt_token_ids: list[int], params, config, 
     if outside:
         raise RequestRejected(f"request {request_id}: token id {outside[0]} is outside the vocabulary "
                               f"[0, {vocab_size})")
+    if params.structured is not None:
+        check_structured(request_id, params, config, vocab_size)
+
+
+def check_structured(request_id: str, params, config, vocab_size: int) -> None:
+    """The constraint compiles for this model (compiled once, cached for the sampler)."""
+    from corun.structured import GrammarError, grammars_for
+
+    if config.backend != "native":
+        raise RequestRejected(f"request {request_id}: structured outputs need the native engine backend")
+    try:
+        grammars_for(config.model).compile(params.structured, vocab_size)
+    except GrammarError as error:
+        raise RequestRejected(f"request {request_id}: {error}") from None
 
 
 def check_length(request_id: str, num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:

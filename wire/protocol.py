@@ -44,6 +44,8 @@ Version history:
      sample, sent alone, is a StepTokens of one); TokenLogprobs is a map {token_id, logprob, top} (was the list
      [token_id, logprob, top]).
   15: SamplingParams.allowed_token_ids and bad_words_token_ids; seeds are any int64 (were [0, 2**63)).
+  16: SamplingParams.structured (wire.structured.StructuredOutput: a JSON schema, json_object, regex, choice or
+     EBNF grammar the output must follow).
 
 Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
 with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
@@ -59,7 +61,7 @@ import msgspec
 from wire.outputs import TokenLogprobs
 from wire.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 
-PROTOCOL_VERSION = 15
+PROTOCOL_VERSION = 16
 
 
 class ProtocolError(ValueError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wire.structured import StructuredOutput
+
 MAX_LOGIT_BIAS = 100.0
 """OpenAI's bound on a logit_bias value."""
 MAX_REPETITION_PENALTY = 100.0
@@ -57,6 +59,9 @@ class SamplingParams:
     bad_words_token_ids: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
     """vLLM's bad_words, tokenized: a sequence's last token cannot be sampled when the output so far ends with the
     rest of it (a one-token sequence is never sampled)."""
+    structured: StructuredOutput | None = None
+    """Structured output: each token is sampled among those the constraint allows after the output so far
+    (corun/structured.py)."""
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))

@@ -66,8 +66,8 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             chat_template: str | None = None, template_kwargs: dict | None = None) -> str:
         """The checkpoint's template (or chat_template, a request's own) rendered as transformers does;
-        template_kwargs are extra variables (chat_template_kwargs: enable_thinking, ...), never overriding the
-        messages, add_generation_prompt or the special tokens."""
+        template_kwargs are extra variables (chat_template_kwargs: enable_thinking, ...; tools), never overriding
+        the messages, add_generation_prompt or the special tokens."""
         template = compiled_template(chat_template) if chat_template is not None else self._chat_template
         if template is None:
             raise ValueError("this tokenizer has no chat template")

@@ -9,6 +9,7 @@ import jinja2
 
 from router.api.errors import bad_request
 from router.api.fields import TEXT, bool_field, is_text, read_field
+from router.api.tools import is_tool_message, template_tool_message
 from wire.tokenizer import Tokenizer
 
 TEMPLATE_ROLES = {"developer": "system"}
@@ -57,15 +58,16 @@ def read_template_options(body: dict, trust_request_chat_template: bool) -> Chat
     return options
 
 
-def render_chat(messages, tokenizer: Tokenizer, options: ChatTemplateOptions = ChatTemplateOptions()) -> str:
+def render_chat(messages, tokenizer: Tokenizer, options: ChatTemplateOptions = ChatTemplateOptions(),
+                tools: tuple[dict, ...] | None = None) -> str:
     """The prompt text of a chat: ending with the assistant's generation prompt, or inside the final message
-    (continue_final_message)."""
+    (continue_final_message); tools: the template's `tools`."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of messages", param="messages")
     plain = [plain_message(message, i) for i, message in enumerate(messages)]
+    variables = {**options.template_kwargs, **({"tools": list(tools)} if tools else {})}
     try:
-        text = tokenizer.apply_chat_template(plain, options.add_generation_prompt, options.chat_template,
-                                             options.template_kwargs)
+        text = tokenizer.apply_chat_template(plain, options.add_generation_prompt, options.chat_template, variables)
     except (jinja2.TemplateError, ValueError, TypeError) as error:
         raise bad_request(f"the chat template refused these messages: {error}", param="messages") from None
     return cut_after_final_message(text, plain[-1]["content"]) if options.continue_final_message else text
@@ -86,6 +88,8 @@ def plain_message(message, index: int) -> dict:
     the assistant's reply whole (refusal, annotations, audio, function_call, tool_calls: null), and roles other
     than OpenAI's (custom ones, "tool") are the template's to render or refuse, as vLLM does."""
     where = f"messages[{index}]"
+    if is_tool_message(message):
+        return template_tool_message(message, where, content_text)
     if not isinstance(message, dict):
         raise bad_request(f"'{where}' must be an object with 'role' and 'content'", param="messages")
     role = message.get("role")

@@ -52,8 +52,6 @@ def refused(why: str, no_op: Callable[[Any], bool] = never, *endpoints: Endpoint
     return FieldRule("refused", endpoints or BOTH, no_op, why)
 
 
-STRUCTURED = "structured outputs are not supported"
-TOOLS = "tool calling is not supported"
 FIELD_POLICY: dict[str, FieldRule] = {
     # --- supported ---------------------------------------------------------------------------------------------
     **{name: supported() for name in (
@@ -62,12 +60,15 @@ FIELD_POLICY: dict[str, FieldRule] = {
         "frequency_penalty", "logit_bias", "include_stop_str_in_output", "skip_special_tokens",
         "return_tokens_as_token_ids", "repetition_penalty", "min_p", "min_tokens", "best_of", "prompt_logprobs",
         "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "truncation_side", "add_special_tokens",
-        "return_token_ids", "echo", "logprob_token_ids")},
+        "return_token_ids", "echo", "logprob_token_ids",
+        # NOTE: structured outputs (router/api/structured.py); the guided_* fields are vLLM's older spelling
+        "structured_outputs", "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "guided_decoding_backend", "guided_whitespace_pattern")},
     "prompt": supported("completion"),
     "suffix": refused("suffix (fill-in-the-middle) is not supported", never, "completion"),
     **{name: supported("chat") for name in (
         "messages", "top_logprobs", "chat_template", "chat_template_kwargs", "add_generation_prompt",
-        "continue_final_message", "reasoning_effort")},
+        "continue_final_message", "reasoning_effort", "tools", "tool_choice", "parallel_tool_calls")},
     # --- harmless: ignored, named in X-CoRun-Ignored-Fields ------------------------------------------------------
     # NOTE: none of these changes a token: scheduling hints (priority), ids (request_id: X-Request-Id is the
     # router's), prefix-cache and KV-connector hints (cache_salt, kv_transfer_params, ec_transfer_params), the
@@ -79,14 +80,7 @@ FIELD_POLICY: dict[str, FieldRule] = {
     # NOTE: include_reasoning only splits a reasoning parser's output, and the router has none (as vLLM without one)
     **{name: ignored("chat") for name in ("return_prompt_text", "include_reasoning")},
     # --- output-changing, not supported: a 400 naming the field -------------------------------------------------
-    "structured_outputs": refused(STRUCTURED),
-    "response_format": refused(STRUCTURED, lambda v: isinstance(v, dict) and v.get("type") == "text"),
-    **{name: refused(STRUCTURED) for name in (
-        "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-        "guided_whitespace_pattern", "structural_tag")},
-    "tools": refused(TOOLS, lambda v: v == [], "chat"),
-    "tool_choice": refused(TOOLS, lambda v: v == "none", "chat"),
-    "parallel_tool_calls": refused(TOOLS, lambda v: isinstance(v, bool), "chat"),
+    "structural_tag": refused("structural tags are not supported"),
     "use_beam_search": refused("beam search is not supported", lambda v: v is False),
     "length_penalty": refused("length_penalty applies to beam search, which is not supported", lambda v: v == 1),
     "spaces_between_special_tokens": refused(

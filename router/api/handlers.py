@@ -27,6 +27,7 @@ from router.api.responses import (
     usage_chunk,
 )
 from router.api.state import RouterState
+from router.api.tools import ToolStream
 from router.generation.deltas import merge, prompt_deltas
 from router.generation.pipeline import GenerationError
 from router.nodes.choice import Placement, UnknownNode
@@ -84,7 +85,8 @@ async def generate_response(request: web.Request, state: RouterState, request_id
     # NOTE: OpenAI's order: choice index = prompt index * n + sample index
     ctx = ResponseContext(generation.kind, request_id, int(time.time()), state.config.served_model_name,
                           state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer,
-                          generation.output, tuple(p for p in generation.prompts for _ in range(n)), n)
+                          generation.output, tuple(p for p in generation.prompts for _ in range(n)), n,
+                          generation.tools)
     deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i * n,
                                   node_request_id(state.config, request_id, i),
                                   list(prompt), bind_seed(generation, seed), generation.stop_strings,
@@ -217,12 +219,16 @@ async def write_deltas(response: web.StreamResponse, ctx: ResponseContext, first
     text_offsets: dict[int, int] = {}
     num_tokens = 0
     chunks = ChunkEncoder(ctx)
+    tool_streams: dict[int, ToolStream] = {}
     delta = first_delta
     while delta is not None:
         first = delta.index not in text_offsets
         if ctx.kind == "chat" and first:
             await write_chat_opening(response, ctx, chunks, delta.index, continuous_prompt_tokens)
         choice, text_offsets[delta.index] = chunk_choice(ctx, delta, text_offsets.get(delta.index, 0), first)
+        if ctx.tools is not None:
+            stream = tool_streams.setdefault(delta.index, ToolStream(ctx.tools, ctx.request_id, delta.index))
+            choice = stream.rewrite(choice)
         num_tokens += 0 if ctx.output.drop_generated else len(delta.token_ids)
         chunk_usage = None if continuous_prompt_tokens is None else usage(continuous_prompt_tokens, num_tokens)
         await response.write(chunks.event(choice, chunk_usage))

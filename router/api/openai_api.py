@@ -28,6 +28,8 @@ from router.api.fields import (
 )
 from router.api.model_info import ModelInfo
 from router.api.prompts import check_prompt, encode_text, read_prompt_options, read_prompts
+from router.api.structured import read_structured
+from router.api.tools import ToolRequest, read_tools
 from router.generation.output import OutputOptions
 from wire.sampling_params import (
     MAX_BAD_WORDS,
@@ -68,6 +70,8 @@ class GenerationRequest:
     ignored_fields: tuple[str, ...] = ()
     """Fields ignored: harmless ones and ones the router does not know (named in X-CoRun-Ignored-Fields)."""
     output: OutputOptions = OutputOptions()
+    tools: ToolRequest | None = None
+    """Chat with tools (router/api/tools.py): how the output becomes tool calls."""
 
 
 def parse_body(tokenizer: Tokenizer, body: bytes, kind: Kind, model: ModelInfo) -> GenerationRequest:
@@ -101,7 +105,8 @@ def parse_completion_request(body, model: ModelInfo, tokenizer: Tokenizer) -> Ge
 def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> GenerationRequest:
     body, ignored = checked_body(body, "chat", model)
     options = read_template_options(body, model.trust_request_chat_template)
-    text = render_chat(body.get("messages"), tokenizer, options)
+    tools = read_tools(body)
+    text = render_chat(body.get("messages"), tokenizer, options, tools.tools if tools else None)
     prompt_options = read_prompt_options(body, model.max_model_len, add_special_tokens=False)
     prompt = prompt_options.truncate(encode_text(text, tokenizer, model.max_model_len, "messages",
                                                  prompt_options.add_special_tokens))
@@ -117,7 +122,7 @@ def parse_chat_request(body, model: ModelInfo, tokenizer: Tokenizer) -> Generati
     chosen = read_logprob_token_ids(body, model, asked=wants_logprobs)
     return build_request("chat", body, (prompt,), max_tokens, top_logprobs if wants_logprobs else None, model,
                          ignored, tokenizer, prompt_logprobs, {"prompt_logprobs": prompt_logprobs,
-                                                               "chat_echo": echo}, chosen)
+                                                               "chat_echo": echo}, chosen, tools)
 
 
 def read_logprob_token_ids(body: dict, model: ModelInfo, asked: bool) -> tuple[int, ...] | None:
@@ -146,12 +151,14 @@ def checked_body(body, endpoint: Kind, model: ModelInfo) -> tuple[dict, list[str
 def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], max_tokens: int,
                   logprobs: int | None, model: ModelInfo, ignored: list[str], tokenizer: Tokenizer,
                   prompt_logprobs: int | None = None, output_options: dict | None = None,
-                  logprob_token_ids: tuple[int, ...] | None = None) -> GenerationRequest:
+                  logprob_token_ids: tuple[int, ...] | None = None,
+                  tools: ToolRequest | None = None) -> GenerationRequest:
     for prompt in prompts:
         check_prompt(prompt, max_tokens, model)
     n = int_field(body, "n", 1, 1, MAX_SAMPLES)
     # NOTE: as vLLM's V1 engine: no best_of beyond n (it would rank samples by their logprobs and drop some)
     read_field(body, "best_of", None, lambda v: v == n and is_int(v), f"equal to n ({n}): best_of > n is not supported")
+    requested = read_structured(body)
     params = SamplingParams(
         temperature=float(read_field(body, "temperature", 1.0, lambda v: is_number(v) and v >= 0, "a number >= 0")),
         top_p=float(read_field(body, "top_p", 1.0, lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")),
@@ -166,6 +173,8 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
         n=n,
         **read_controls(body, model, max_tokens),
         **read_token_controls(body, model, tokenizer),
+        # NOTE: a named or required tool choice is a constraint of its own, as vLLM's (it replaces the others)
+        structured=(tools.constraint() if tools else None) or requested,
     )
     stream = bool_field(body, "stream", False)
     include_usage, continuous_usage, ignored_options = read_stream_options(body, stream, model.strict_fields)
@@ -174,7 +183,7 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
                            bool_field(body, "return_tokens_as_token_ids", False),
                            return_token_ids=bool_field(body, "return_token_ids", False), **(output_options or {}))
     return GenerationRequest(kind, prompts, params, read_seed(body), read_stop_strings(body), stream,
-                             include_usage, continuous_usage, tuple(ignored + ignored_options), output)
+                             include_usage, continuous_usage, tuple(ignored + ignored_options), output, tools)
 
 
 def read_controls(body: dict, model: ModelInfo, max_tokens: int) -> dict:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from router.api.openai_api import Kind
+from router.api.tools import ToolRequest, chat_message
 from router.generation.output import ChoiceDelta, OutputOptions
 from wire.outputs import TokenLogprobs
 from wire.seeding import sample_seed
@@ -60,6 +61,8 @@ class ResponseContext:
     """Each choice's prompt token ids (echo, prompt_logprobs)."""
     n: int = 1
     """Samples per prompt: choice index = prompt index * n + sample index."""
+    tools: ToolRequest | None = None
+    """Chat with tools: the output becomes tool calls (router/api/tools.py)."""
 
     def choice_seed(self, index: int) -> int:
         return sample_seed(self.seed, index % self.n)
@@ -105,9 +108,10 @@ def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs
         return {"index": index, "text": text, "logprobs": formatted, "finish_reason": finish_reason,
                 "stop_reason": stop_reason, "token_ids": list(token_ids), **prompt_keys(ctx, index),
                 "seed": seed}
-    return {"index": index, "message": {"role": "assistant", "content": ctx.output.chat_echo + text},
-            "logprobs": formatted,
-            "finish_reason": finish_reason, "stop_reason": stop_reason, "token_ids": list(token_ids), "seed": seed}
+    message, finish_reason = chat_message(ctx.tools, ctx.request_id, index, ctx.output.chat_echo + text,
+                                          finish_reason)
+    return {"index": index, "message": message, "logprobs": formatted, "finish_reason": finish_reason,
+            "stop_reason": stop_reason, "token_ids": list(token_ids), "seed": seed}
 
 
 def prompt_keys(ctx: ResponseContext, index: int, prompt_logprobs=None) -> dict:

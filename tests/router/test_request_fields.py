@@ -42,13 +42,7 @@ def prompt_ids(router, body) -> list[int]:
 
 
 @pytest.mark.parametrize("endpoint, field, value", [
-    ("completions", "structured_outputs", {"json": {"type": "object"}}),
-    ("completions", "response_format", {"type": "json_object"}),
-    ("chat/completions", "response_format", {"type": "json_schema", "json_schema": {}}),
-    ("completions", "guided_json", {"type": "object"}),
-    ("chat/completions", "guided_choice", ["a", "b"]),
-    ("chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("chat/completions", "tool_choice", "required"),
+    ("completions", "structural_tag", {"type": "structural_tag"}),
     ("completions", "use_beam_search", True),
     ("completions", "watermarking", True),
     ("chat/completions", "spaces_between_special_tokens", False),
