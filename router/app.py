@@ -88,7 +88,8 @@ def build_state(config: RouterConfig) -> RouterState:
     pool = NodePool(config)
     admission = Admission(config.max_pending_requests)
     tokenizer = load_tokenizer(config.model)
-    metrics = RouterMetrics(pool.statuses, lambda: admission.in_flight, config.metrics_dir)
+    metrics = RouterMetrics(pool.statuses, lambda: admission.in_flight, config.metrics_dir,
+                            config.served_model_name)
     offload = Offload(config.model, tokenizer, config.parse_timeout_s)
     return RouterState(config, tokenizer, pool, admission, metrics, offload, ClientLimits(config))
 
