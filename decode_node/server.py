@@ -118,8 +118,8 @@ class DecodeServer(NodeServer):
         self.num_decoded_rows += len(sampled)
         return sampled
 
-    def num_step_tokens(self, requests: list[Request]) -> int:
-        return len(requests)  # NOTE: the rows decoded; the fixed-shape step's padding rows are not tokens
+    def num_prompt_tokens(self, requests: list[Request]) -> int:
+        return 0
 
     def admit(self) -> None:
         """FIFO: the head job is admitted when all its samples have a slot and KV for prompt + max_tokens."""

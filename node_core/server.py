@@ -168,7 +168,8 @@ class NodeServer:
         if batch:
             sampled = self.run_unlocked(batch)
             ran = time.perf_counter()
-            self.iteration_tokens.observe(self.num_step_tokens(batch))
+            # NOTE: vLLM's count: the prompt tokens the forward computed plus the tokens it sampled
+            self.iteration_tokens.observe(self.num_prompt_tokens(batch) + len(sampled))
             self.postprocess(sampled)
             loop["run"] += ran - scheduled
             loop["postprocess"] += time.perf_counter() - ran
@@ -203,8 +204,8 @@ class NodeServer:
     def run(self, batch: list) -> list:
         raise NotImplementedError
 
-    def num_step_tokens(self, batch) -> int:
-        """Tokens the forward of batch computed (prompt tokens of its chunks, one per decoded row; no padding)."""
+    def num_prompt_tokens(self, batch) -> int:
+        """Prompt tokens the forward of batch computes (its chunks'; 0 for a decode step)."""
         raise NotImplementedError
 
     def postprocess(self, sampled: list) -> None:

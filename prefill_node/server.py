@@ -73,7 +73,7 @@ class PrefillServer(NodeServer):
         self.prefill_seconds_total += time.perf_counter() - start
         return sampled
 
-    def num_step_tokens(self, chunks: list[PrefillChunk]) -> int:
+    def num_prompt_tokens(self, chunks: list[PrefillChunk]) -> int:
         return sum(chunk.num_tokens for chunk in chunks)
 
     def after_step(self) -> None:

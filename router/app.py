@@ -215,7 +215,14 @@ def node_health(status: NodeStatus) -> dict:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return metrics_response(request.app[STATE_KEY].metrics.render())
+    state = request.app[STATE_KEY]
+    await state.pool.refresh_stats(METRICS_FRESH_STATS_WAIT_S)
+    return metrics_response(state.metrics.render())
+
+
+METRICS_FRESH_STATS_WAIT_S = 0.5
+"""How long /metrics waits for the nodes' fresh Pongs (a node that does not answer by then is reported as of its
+latest one)."""
 
 
 async def own_metrics(request: web.Request) -> web.Response:

@@ -181,7 +181,9 @@ class NodeStatsCollector(Collector):
         yield from pool_families(statuses, self._model_name)
 
 
-ROLES = ("prefill", "decode", "colocated")
+ROLES = ("decode", "colocated", "prefill")
+"""NOTE: decode first: a client reading one sample of vllm:kv_cache_usage_perc (vLLM has one per engine) gets the
+pool where a request's KV lives for its whole decode; a prefill node's is freed once read."""
 
 
 def pool_families(statuses: list[NodeStatus], model_name: str) -> Iterator:

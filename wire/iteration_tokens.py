@@ -17,7 +17,8 @@ STAT_KEY = "iteration_tokens"
 
 
 class IterationTokenCounts:
-    """Per-bucket counts of the tokens each forward computed (padding rows of a fixed-shape step not counted)."""
+    """Per-bucket counts of each forward's tokens, as vLLM counts an engine step's: the prompt tokens it computed
+    plus the tokens it sampled (a fixed-shape decode step's padding rows are neither)."""
 
     def __init__(self):
         self.bucket_counts = [0] * (len(ITERATION_TOKENS_BUCKETS) + 1)
