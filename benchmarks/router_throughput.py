@@ -249,8 +249,9 @@ def generated_tokens(router: RouterProcess) -> int:
     """The router's own count of tokens it returned (vllm:generation_tokens), read while it is idle."""
     with urllib.request.urlopen(f"{router.own_url}/metrics", timeout=10) as reply:
         for line in reply.read().decode().splitlines():
-            if line.startswith("vllm:generation_tokens_total "):
-                return int(float(line.split()[1]))
+            # NOTE: one series, labelled model_name
+            if line.startswith(("vllm:generation_tokens_total ", "vllm:generation_tokens_total{")):
+                return int(float(line.split()[-1]))
     raise RuntimeError(f"{router.own_url}/metrics has no vllm:generation_tokens_total")
 
 

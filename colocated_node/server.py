@@ -73,6 +73,9 @@ class ColocatedServer(NodeServer):
         self.num_decoded_rows += len(batch.decode_requests)
         return self.runner.run_decode(batch.decode_requests)
 
+    def num_prompt_tokens(self, batch: ScheduledBatch) -> int:
+        return sum(chunk.num_tokens for chunk in batch.prefill_chunks)
+
     def postprocess(self, sampled: list[SampledToken]) -> None:
         step_events: dict[bytes, list[protocol.TokenEvent]] = {}
         for item in sampled:

@@ -118,6 +118,9 @@ class DecodeServer(NodeServer):
         self.num_decoded_rows += len(sampled)
         return sampled
 
+    def num_prompt_tokens(self, requests: list[Request]) -> int:
+        return 0
+
     def admit(self) -> None:
         """FIFO: the head job is admitted when all its samples have a slot and KV for prompt + max_tokens."""
         while self.waiting and self.num_seqs_admitted + len(self.waiting[0].samples) <= self.max_num_seqs:

@@ -27,6 +27,8 @@ from transfer.counters import TransferCounters
 from transfer.transport import KVReceiver, KVSender, make_transport
 from wire import protocol
 from wire.config import EngineConfig, NodeConfig, TransferConfig
+from wire.iteration_tokens import STAT_KEY as ITERATION_TOKENS_KEY
+from wire.iteration_tokens import IterationTokenCounts
 from wire.node_auth import ClusterKey
 
 IDLE_RECEIVE_MS = 5
@@ -104,6 +106,8 @@ class NodeServer:
         self.forward_started: float | None = None
         """time.monotonic() when the forward now running started; None between forwards."""
         self.pings_while_busy = PingsWhileBusy(self)
+        self.iteration_tokens = IterationTokenCounts()
+        """Tokens each forward computed (vLLM's vllm:iteration_tokens_total, summed over the nodes by the router)."""
 
     def receive(self, timeout_ms: int) -> None:
         self.sockets.dispatch(self, timeout_ms)
@@ -126,6 +130,7 @@ class NodeServer:
                 "num_pongs_while_busy": self.pings_while_busy.num_answered,
                 "forward_running_seconds": round(self.forward_seconds(), 3),
                 "kv_cache_usage_perc": round(1 - blocks.num_free_blocks / blocks.num_usable_blocks, 6),
+                ITERATION_TOKENS_KEY: self.iteration_tokens.as_stat(),
                 **self.runner.forward_counts(), **self.transfer_counters.as_dict()}
 
     def role_stats(self) -> dict:
@@ -163,6 +168,8 @@ class NodeServer:
         if batch:
             sampled = self.run_unlocked(batch)
             ran = time.perf_counter()
+            # NOTE: vLLM's count: the prompt tokens the forward computed plus the tokens it sampled
+            self.iteration_tokens.observe(self.num_prompt_tokens(batch) + len(sampled))
             self.postprocess(sampled)
             loop["run"] += ran - scheduled
             loop["postprocess"] += time.perf_counter() - ran
@@ -195,6 +202,10 @@ class NodeServer:
         raise NotImplementedError
 
     def run(self, batch: list) -> list:
+        raise NotImplementedError
+
+    def num_prompt_tokens(self, batch) -> int:
+        """Prompt tokens the forward of batch computes (its chunks'; 0 for a decode step)."""
         raise NotImplementedError
 
     def postprocess(self, sampled: list) -> None:

@@ -73,6 +73,9 @@ class PrefillServer(NodeServer):
         self.prefill_seconds_total += time.perf_counter() - start
         return sampled
 
+    def num_prompt_tokens(self, chunks: list[PrefillChunk]) -> int:
+        return sum(chunk.num_tokens for chunk in chunks)
+
     def after_step(self) -> None:
         """The leases that ended: read by their claimer, or past their deadline."""
         for lease in self.transport.poll():

@@ -88,7 +88,8 @@ def build_state(config: RouterConfig) -> RouterState:
     pool = NodePool(config)
     admission = Admission(config.max_pending_requests)
     tokenizer = load_tokenizer(config.model)
-    metrics = RouterMetrics(pool.statuses, lambda: admission.in_flight, config.metrics_dir)
+    metrics = RouterMetrics(pool.statuses, lambda: admission.in_flight, config.metrics_dir,
+                            config.served_model_name)
     offload = Offload(config.model, tokenizer, config.parse_timeout_s)
     return RouterState(config, tokenizer, pool, admission, metrics, offload, ClientLimits(config))
 
@@ -214,7 +215,14 @@ def node_health(status: NodeStatus) -> dict:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return metrics_response(request.app[STATE_KEY].metrics.render())
+    state = request.app[STATE_KEY]
+    await state.pool.refresh_stats(METRICS_FRESH_STATS_WAIT_S)
+    return metrics_response(state.metrics.render())
+
+
+METRICS_FRESH_STATS_WAIT_S = 0.5
+"""How long /metrics waits for the nodes' fresh Pongs (a node that does not answer by then is reported as of its
+latest one)."""
 
 
 async def own_metrics(request: web.Request) -> web.Response:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from router.generation.detokenizer import IncrementalDetokenizer
 from router.generation.output import ChoiceDelta, OutputOptions
 from router.generation.pipeline import generate
 from router.metrics import RouterMetrics
 from router.nodes.choice import Placement
-from router.nodes.pool import NodePool
-from wire.protocol import TokenEvent
+from router.nodes.pool import NodePool, PoolMismatch
+from wire.protocol import ModelFacts, TokenEvent
 from wire.sampling_params import SamplingParams
 from wire.tokenizer import Tokenizer
 
@@ -29,8 +29,9 @@ async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMet
                for _ in range(params.n)]
     stopped: set[int] = set()
     metrics.prompt_tokens.inc(len(prompt_token_ids))
+    request = RequestTiming(start, len(prompt_token_ids), params.max_tokens, agreed_facts(pool))
     events = generate(pool, request_id, prompt_token_ids, params, params.seed, placement, stopped,
-                      metrics.queue_time.observe)
+                      request.on_queue_time(metrics))
     num_events = num_finished = 0
     try:
         async for event in events:
@@ -46,13 +47,54 @@ async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMet
             if delta.finish_reason is not None:
                 stopped.add(event.index)
                 sample.observe_finish(now, metrics, delta.finish_reason)
+                request.observe_sample(sample, now, metrics)
                 num_finished += 1
                 if num_finished == params.n:
                     metrics.request_latency.observe(now - start)
+                    metrics.params_n.observe(params.n)
                     return
     finally:
         # NOTE: closing the event stream early is what sends the decode node an Abort.
         await events.aclose()
+
+
+def agreed_facts(pool: NodePool) -> ModelFacts | None:
+    try:
+        return pool.model_facts()
+    except PoolMismatch:  # NOTE: nodes that disagree fail the request on its way; the metrics do without
+        return None
+
+
+class RequestTiming:
+    """What vLLM's per-request histograms need of one prompt: its prefill queue time, sizes and limits. Each of its
+    samples counts as one of vLLM's requests (vLLM runs n samples as n child requests)."""
+
+    def __init__(self, start: float, num_prompt_tokens: int, max_tokens: int, facts: ModelFacts | None):
+        self.start = start
+        self.queue_seconds = 0.0
+        """The prefill node's queue (0 on a colocated node, which does not report it)."""
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = facts.max_model_len if facts is not None else num_prompt_tokens + max_tokens
+
+    def on_queue_time(self, metrics: RouterMetrics) -> Callable[[float], None]:
+        def observe(seconds: float) -> None:
+            self.queue_seconds = seconds
+            metrics.queue_time.observe(seconds)
+        return observe
+
+    def observe_sample(self, sample: SampleTiming, now: float, metrics: RouterMetrics) -> None:
+        """vLLM's phases: prefill from scheduled (start + queue) to the first token, decode from it to the last."""
+        first = now if sample.first is None else sample.first
+        prefill = max(0.0, first - self.start - self.queue_seconds)
+        decode = now - first
+        metrics.prefill_time.observe(prefill)
+        metrics.decode_time.observe(decode)
+        metrics.inference_time.observe(prefill + decode)
+        for name, value in (("vllm:request_prompt_tokens", self.num_prompt_tokens),
+                            ("vllm:request_generation_tokens", sample.detokenizer.num_tokens),
+                            ("vllm:request_params_max_tokens", self.max_tokens)):
+            metrics.token_histogram(name, self.max_model_len).observe(value)
 
 
 class SampleTiming:
@@ -71,7 +113,7 @@ class SampleTiming:
         self.last = now
 
     def observe_finish(self, now: float, metrics: RouterMetrics, finish_reason: str) -> None:
-        metrics.request_success.labels(finish_reason).inc()
+        metrics.request_success.labels(metrics.model_name, finish_reason).inc()
         if self.detokenizer.num_tokens > 1:
             metrics.time_per_output_token.observe((now - self.first) / (self.detokenizer.num_tokens - 1))
 

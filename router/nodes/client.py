@@ -189,6 +189,11 @@ class NodeClient:
         return NodeStatus(self.index, self.role, self.address, healthy, self.draining, self._latest_pong, age)
 
     @property
+    def latest_pong_time(self) -> float | None:
+        """time.monotonic() of the latest Pong (None before one)."""
+        return self._latest_pong_time
+
+    @property
     def num_open_requests(self) -> int:
         return len(self._request_queues)
 

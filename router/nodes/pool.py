@@ -162,6 +162,18 @@ class NodePool:
         while not all(node.healthy for node in self.nodes):
             await asyncio.sleep(0.05)
 
+    async def refresh_stats(self, timeout_s: float) -> None:
+        """Ping every healthy node now and wait (at most timeout_s) for their Pongs: /metrics then reports the
+        nodes' stats as of this request, as vLLM's engine gauges and counters are (not up to a ping interval old)."""
+        asked = time.monotonic()
+        nonce = next(self._nonces)
+        nodes = [node for node in self.nodes if node.healthy]
+        for node in nodes:
+            node.post(Ping(nonce))
+        deadline = asked + timeout_s
+        while any((node.latest_pong_time or 0.0) < asked for node in nodes) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+
     async def _ping_loop(self) -> None:
         while True:
             nonce = next(self._nonces)

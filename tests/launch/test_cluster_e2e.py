@@ -7,6 +7,7 @@ prove each request's KV crossed over NIXL. Bad input gets a 400 and the cluster 
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 
@@ -194,15 +195,24 @@ def test_a_prompt_gives_the_same_output_alone_or_inside_a_list(cluster_2p2d):
         assert listed[i] == complete(api, prompt, PARAMS), f"prompt {i} differs inside the list"
 
 
-def test_metrics_carry_vllm_s_names_with_each_node_s_kv_usage(cluster_1p1d):
+def test_metrics_carry_vllm_s_names_with_each_role_s_kv_usage(cluster_1p1d):
     import urllib.request
 
     complete(client(cluster_1p1d), PROMPTS[0], PARAMS)
     with urllib.request.urlopen(f"{cluster_1p1d.url}/metrics", timeout=10) as response:
         text = response.read().decode()
-    usage = re.findall(r'vllm:kv_cache_usage_perc\{[^}]*node_id="(\w+-\d)"[^}]*\} ([0-9.e-]+)', text)
-    assert {node for node, _ in usage} == {"prefill-0", "decode-0"} and all(0 <= float(v) <= 1 for _, v in usage)
-    assert 'vllm:request_success_total{finished_reason="length"}' in text
+    usage = re.findall(r'vllm:kv_cache_usage_perc\{model_name="corun-tiny",role="(\w+)"\} ([0-9.e-]+)', text)
+    assert {role for role, _ in usage} == {"prefill", "decode"} and all(0 <= float(v) <= 1 for _, v in usage)
+    assert re.search(r'corun_node_kv_cache_usage_perc\{node_id="decode-0",role="decode"\}', text)
+    assert 'vllm:request_success_total{finished_reason="length",model_name="corun-tiny"}' in text
+    # NOTE: the nodes' forwards (the prompt's prefill, its decode steps), from their Pongs: the next one has them
+    forwards = r'vllm:iteration_tokens_total_count\{model_name="corun-tiny"\} [1-9]'
+    deadline = time.monotonic() + 5
+    while not re.search(forwards, text) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        with urllib.request.urlopen(f"{cluster_1p1d.url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    assert re.search(forwards, text)
     # NOTE: node stats that only grow are counters, the rest gauges
     assert "# TYPE corun_node_reads_completed_total counter" in text and "corun_node_reads_completed_total{" in text
     assert "# TYPE corun_node_prefill_seconds_total counter" in text

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from wire.iteration_tokens import STAT_KEY as ITERATION_TOKENS_KEY
+from wire.iteration_tokens import IterationTokenCounts
 from wire.outputs import TokenLogprobs
 from wire.protocol import (
     Abort,
@@ -83,6 +85,18 @@ class FakeBehaviour:
     """What the node reports it can hold (Pong.capacity); None: nothing (the router lets the node judge)."""
 
 
+FAKE_KV_USAGE = {"prefill": 0.5, "decode": 0.25}
+"""What each fake node reports as kv_cache_usage_perc, by role."""
+
+
+def fake_iteration_tokens(role: str) -> dict:
+    """A fixed history of forwards: a prefill node ran one 10-token chunk, a decode node two 1-row steps."""
+    steps = IterationTokenCounts()
+    for num_tokens in ((10,) if role == "prefill" else (1, 1)):
+        steps.observe(num_tokens)
+    return steps.as_stat()
+
+
 class FakeNode:
     def __init__(self, role: str, node_id: str, candidate_ids: list[int], behaviour: FakeBehaviour,
                  default_facts: ModelFacts):
@@ -142,7 +156,9 @@ class FakeNode:
     def stats(self) -> dict:
         # NOTE: "engine" is not numeric: the router must skip it, not fail on it.
         return {"num_background_tasks": len(self._tasks), "kv_usage": 0.25,
-                "num_requests_received": len(self.received), "engine": "fake"}
+                "num_requests_received": len(self.received), "engine": "fake",
+                "kv_cache_usage_perc": FAKE_KV_USAGE[self.role],
+                ITERATION_TOKENS_KEY: fake_iteration_tokens(self.role)}
 
     async def handle(self, identity: bytes, message) -> None:
         raise NotImplementedError

@@ -1,0 +1,1 @@
+from vllm.tokenizers import get_tokenizer  # noqa: F401
