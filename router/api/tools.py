@@ -44,10 +44,13 @@ class ToolRequest:
             return StructuredOutput("json", json.dumps(parameters_of(self.function(self.name))), any_whitespace=False)
         if self.choice != "required":
             return None
+        definitions: dict = {}
         schemas = [{"properties": {"name": {"type": "string", "enum": [tool["function"]["name"]]},
-                                   "parameters": parameters_of(tool["function"])},
+                                   "parameters": without_definitions(parameters_of(tool["function"]), definitions)},
                     "required": ["name", "parameters"]} for tool in self.tools]
         schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": schemas}}
+        if definitions:  # NOTE: as vLLM: "#/$defs/..." in a tool's parameters names the root of this schema
+            schema["$defs"] = definitions
         if self.parallel is False:
             schema["maxItems"] = 1
         return StructuredOutput("json", json.dumps(schema), any_whitespace=False)
@@ -59,6 +62,15 @@ class ToolRequest:
 def parameters_of(function: dict) -> dict:
     """vLLM's _params_or_empty_object: no parameters is an empty object."""
     return function.get("parameters") or {"type": "object", "properties": {}}
+
+
+def without_definitions(parameters: dict, definitions: dict) -> dict:
+    """The parameters without their root-level $defs, which are added to definitions (vLLM's
+    get_json_schema_from_tools: the tools' $defs move to the root of the required-call schema)."""
+    if not isinstance(parameters.get("$defs"), dict):
+        return parameters
+    definitions.update(parameters["$defs"])
+    return {key: value for key, value in parameters.items() if key != "$defs"}
 
 
 def read_tools(body: dict) -> ToolRequest | None:
@@ -174,6 +186,9 @@ def chat_message(tools: ToolRequest | None, request_id: str, index: int, text: s
     """A non-streamed choice's message and finish_reason."""
     if tools is None:
         return {"role": "assistant", "content": text}, finish_reason
+    if tools.choice in ("named", "required") and finish_reason == "length":
+        # NOTE: as vLLM (and OpenAI): a forced call cut by max_tokens is no call, and its partial JSON no content
+        return {"role": "assistant", "content": ""}, finish_reason
     if tools.choice == "named":
         return {"role": "assistant", "content": "",
                 "tool_calls": [function_call(call_id(request_id, index, 0), tools.name, text)]}, finish_reason

@@ -96,6 +96,20 @@ def test_tool_choice_sets_vllms_schemas(tokenizer):
         chat(tokenizer, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}})
 
 
+def test_required_tools_definitions_move_to_the_schema_root(tokenizer):
+    """vLLM's schema: a tool's "#/$defs/..." references name the root of the required-call schema."""
+    unit = {"type": "string", "enum": ["c", "f"]}
+    with_defs = {"type": "function", "function": {"name": "get_temp", "parameters": {
+        "type": "object", "properties": {"unit": {"$ref": "#/$defs/Unit"}}, "$defs": {"Unit": unit}}}}
+    required = json.loads(chat(tokenizer, tools=[with_defs, WEATHER], tool_choice="required").params.structured.spec)
+    assert required["$defs"] == {"Unit": unit}
+    assert "$defs" not in required["items"]["anyOf"][0]["properties"]["parameters"]
+    # NOTE: inverse: without definitions the schema has none, and a named tool keeps its parameters whole
+    assert "$defs" not in json.loads(chat(tokenizer, tools=[WEATHER], tool_choice="required").params.structured.spec)
+    named = chat(tokenizer, tools=[with_defs], tool_choice={"type": "function", "function": {"name": "get_temp"}})
+    assert json.loads(named.params.structured.spec)["$defs"] == {"Unit": unit}
+
+
 def test_tool_messages_reach_the_template(tokenizer):
     messages = [{"role": "user", "content": "weather?"},
                 {"role": "assistant", "content": None, "tool_calls": [
@@ -170,3 +184,13 @@ def test_streamed_tool_calls_add_up_to_the_non_streamed_ones():
     # NOTE: inverse: text without calls streams as content, the tag's possible start held back only until it is not
     plain = stream(tools(), ["a <tool", "s are", " fine"])
     assert joined_calls(plain) == ("a <tools are fine", []) and plain[-1]["finish_reason"] == "stop"
+
+
+def test_a_forced_call_cut_by_max_tokens_is_no_call():
+    """As vLLM (its test_max_tokens_with_tool_choice_required): finish_reason length, no tool_calls, no content."""
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        message, finish = chat_message(tools(choice), "r", 0, '{"ci', "length")
+        assert finish == "length" and "tool_calls" not in message and message["content"] == ""
+    # NOTE: inverse: the same text finished by stop is a call (named)
+    message, _ = chat_message(tools({"type": "function", "function": {"name": "get_weather"}}), "r", 0, '{"ci', "stop")
+    assert message["tool_calls"]
