@@ -34,19 +34,22 @@ BASIC, COMPLETION, TOOLS = OPENAI + "basic/", OPENAI + "completion/test_completi
     OPENAI + "chat_completion/test_completion_with_function_calling.py::"
 TOKENIZE = OPENAI + "test_tokenization.py::"
 NO_TOOLS = "tools/tool_choice other than none are refused (issue 24: tool calling)"
+FORCED = ("a forced call (required or named) gets no tool_calls: the random-weight model's constrained JSON runs to "
+          "the length limit, seen in the named test; not checked further")
 FAILURES: dict[str, tuple[str, str]] = {
     BASIC + "test_chat_echo.py::test_chat_session_with_echo_and_continue_final_message[True]":
         (REAL, "chat echo / continue_final_message / add_generation_prompt ignored (issue 24 item 1)"),
     BASIC + "test_return_token_ids.py::test_basic_completion_with_emoji":
-        (REAL, "return_token_ids ignored: no prompt_token_ids key (issue 24 item 4)"),
+        (REAL, "token_ids sent though return_token_ids is false (a CoRun extra; vLLM sends null)"),
     BASIC + "test_return_token_ids.py::test_comparison_with_prompt_logprobs_and_logprobs":
         (REAL, "return_token_ids ignored: no prompt_token_ids key (issue 24 item 4)"),
     BASIC + "test_return_token_ids.py::test_chat_completion_with_emoji_and_token_ids":
         (REAL, "return_token_ids ignored: no prompt_token_ids key (issue 24 item 4)"),
-    BASIC + "test_return_token_ids.py::test_chat_completion_with_tool_use": (REAL, NO_TOOLS),
+    BASIC + "test_return_token_ids.py::test_chat_completion_with_tool_use":
+        (REAL, "token_ids sent though return_token_ids is false (a CoRun extra; vLLM sends null)"),
     TOOLS + "test_no_args_tool_call": (REAL, NO_TOOLS + " (passes on any model: no call means content)"),
-    TOOLS + "test_named_tool_use": (REAL, NO_TOOLS + " (named: forced through structured outputs)"),
-    TOOLS + "test_max_tokens_with_tool_choice_required": (REAL, NO_TOOLS),
+    TOOLS + "test_named_tool_use": (REAL, FORCED),
+    TOOLS + "test_max_tokens_with_tool_choice_required": (REAL, NO_TOOLS + " (passes since: a cut call is no call)"),
     COMPLETION + "test_single_completion":
         (VLLM_MODEL, "prompt_tokens == 6 is opt-125m's tokenizer (the tiny model's gives 7)"),
     COMPLETION + "test_completion_truncation_side_controls_prompt_truncation":
@@ -58,7 +61,7 @@ FAILURES: dict[str, tuple[str, str]] = {
     COMPLETION + "test_parallel_streaming":
         (VLLM_MODEL, "asserts samples end at different lengths: a trained model's EOS within 50 tokens"),
     COMPLETION + "test_batch_completions":
-        (REAL, "use_beam_search ignored (issue 24: not built, to be a 400), so n=2 at t=0 gives equal samples"),
+        (REAL, "use_beam_search is a 400 (beam search is not built)"),
     COMPLETION + "test_invalid_json_schema": (REAL, "structured_outputs ignored, so no 400 (issue 24)"),
     COMPLETION + "test_invalid_regex": (REAL, "structured_outputs ignored, so no 400 (issue 24)"),
     COMPLETION + "test_invalid_grammar": (REAL, "structured_outputs ignored, so no 400 (issue 24)"),
@@ -70,7 +73,9 @@ FAILURES: dict[str, tuple[str, str]] = {
         (REAL, "/tokenize ignores add_special_tokens/add_generation_prompt/continue_final_message (issue 24)"),
     **{OPENAI + f"test_metrics.py::{name}": (REAL, "vLLM's metric families missing (issue 24 item 5; built on "
                                                  "branch vtests)")
-       for name in ("test_metrics_counts", "test_metrics_exist", "test_abort_metrics_reset")},
+       for name in ("test_metrics_counts", "test_metrics_exist")},
+    OPENAI + "test_metrics.py::test_abort_metrics_reset":
+        (REAL, "kv_cache_usage_perc's first sample (the decode pool) reads 0.0 while requests run: not understood"),
     **{TOKENIZE + name: (OPTIONAL, "/tokenizer_info (vLLM's --enable-tokenizer-info-endpoint)")
        for name in ("test_tokenizer_info_basic", "test_tokenizer_info_schema",
                     "test_tokenizer_info_added_tokens_structure", "test_tokenizer_info_consistency_with_tokenize",
@@ -85,7 +90,7 @@ def tool_use_kind(thinking: str, choice: str) -> tuple[str, str]:
         return VLLM_MODEL, "asserts reasoning text: a trained thinking model and vLLM's --reasoning-parser qwen3"
     if choice == "auto":
         return VLLM_MODEL, "asserts the model chose to call a tool (tool_choice auto): a trained model"
-    return REAL, NO_TOOLS
+    return REAL, FORCED
 
 
 FAILURES.update({f"{TOOLS}test_function_tool_use[{thinking}-{choice}-{stream}-Qwen/Qwen3-0.6B]":
