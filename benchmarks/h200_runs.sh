@@ -114,6 +114,12 @@ case $part in
         --goodput ttft:500 tpot:50 --modes "corun,corun:prefill_token_budget=8192,standard" \
         --out "$out/h200_budget_poisson_$rate.json" > "$out/poisson_$rate.log" 2>&1
     done ;;
+  issue24_gpu)  # issue 24: the sampler's new per-row controls and structured outputs on the GPU (xgrammar and
+    # apache-tvm-ffi wheels for Python 3.12 carried in .whl), then the JSON-schema mask cost per decode step at N = 256
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_sampling_controls.py \
+      tests/corun/test_fused_ops.py > "$out/gpu_tests_issue24.log" 2>&1
+    timeout 60 python3 -m benchmarks.structured_mask_cost --rows 256 --steps 16 \
+      --out "$out/h200_structured_mask_cost.json" > "$out/mask_cost.log" 2>&1 ;;
   front_door)  # issue 21: the engine, colocated nodes through HTTP, 1P1D on one GPU through HTTP (and its KV hand-off
     # per request under ShareGPT-like load), ShareGPT-/BurstGPT-like and 1024x2048 at t = 0, each cut at 15 s
     timeout 590 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
