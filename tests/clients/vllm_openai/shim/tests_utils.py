@@ -10,7 +10,6 @@ seconds, but CI has 2 cores); a module that reads counters from a fresh server (
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -36,10 +35,6 @@ _shared: dict[tuple, RemoteOpenAIServer] = {}
 
 def tiny_model_dir() -> str:
     return os.environ["CORUN_TINY_MODEL_DIR"]
-
-
-def model_context_length() -> int:
-    return json.loads((Path(tiny_model_dir()) / "config.json").read_text())["max_position_embeddings"]
 
 
 def free_port() -> int:
@@ -68,8 +63,6 @@ class CorunServer:
 
     def __init__(self, served_model_name: str, flags: list[str]):
         self.port = free_port()
-        if "--max-model-len" not in flags:  # NOTE: as vLLM's default: the model's own context length
-            flags = [*flags, "--max-model-len", str(model_context_length())]
         argv = [sys.executable, "-m", "cli.main", "serve", "--model", tiny_model_dir(), "--prefill", "1",
                 "--decode", "1", "--max-num-seqs", "16", "--num-threads", "1", "--port", str(self.port),
                 "--served-model-name", served_model_name, *flags]
