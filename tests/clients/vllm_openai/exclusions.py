@@ -48,9 +48,10 @@ FAILURES: dict[str, tuple[str, str]] = {
     BASIC + "test_return_token_ids.py::test_chat_completion_with_tool_use":
         (REAL, "token_ids sent though return_token_ids is false (a CoRun extra; vLLM sends null)"),
     TOOLS + "test_no_args_tool_call": (REAL, NO_TOOLS + " (passes on any model: no call means content)"),
-    TOOLS + "test_named_tool_use": (VLLM_MODEL, "asks 1,000 tokens past a 63-token prompt: beyond the 1,024-token context "
-                                                "`corun serve` gives the tiny model (vLLM serves Qwen3-0.6B at 40k); "
-                                                "at 2,048 it gets further, but test_abort_metrics_reset then fails"),
+    TOOLS + "test_named_tool_use": (
+        VLLM_MODEL, "asks 1,000 tokens past a 63-token prompt: beyond the 1,024-token context `corun serve` gives "
+                    "the tiny model (vLLM serves Qwen3-0.6B at 40k); at 2,048 it gets further, but "
+                    "test_abort_metrics_reset then fails"),
     TOOLS + "test_max_tokens_with_tool_choice_required": (REAL, NO_TOOLS + " (passes since: a cut call is no call)"),
     COMPLETION + "test_single_completion":
         (VLLM_MODEL, "prompt_tokens == 6 is opt-125m's tokenizer (the tiny model's gives 7)"),
