@@ -107,7 +107,11 @@ def test_a_killed_router_leaves_the_other_serving_and_is_started_again(cluster):
     expected = complete(api, PROMPTS[2], PARAMS)
     for _ in range(8):  # NOTE: each on a fresh connection (a new client), which only the survivor can take
         assert complete(client(cluster), PROMPTS[2], PARAMS) == expected
-    cluster.restart_dead_nodes()  # NOTE: what `corun serve`'s loop does every half second
+    def restarted() -> bool:
+        cluster.restart_dead_nodes()  # NOTE: what `corun serve`'s loop does every half second
+        return cluster.routers.num_restarts >= 1
+    # NOTE: on a slow host the kill can come within RestartPolicy.quick_exit_s of the start: a backoff wait first
+    wait_until(restarted, 10, "the killed router to be started again")
     assert cluster.routers.num_restarts == 1
     wait_until(cluster.healthy, 60, "the restarted router to be healthy")
     assert complete(client(cluster), PROMPTS[2], PARAMS) == expected
