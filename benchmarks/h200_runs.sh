@@ -120,6 +120,17 @@ case $part in
       tests/corun/test_fused_ops.py > "$out/gpu_tests_issue24.log" 2>&1
     timeout 60 python3 -m benchmarks.structured_mask_cost --rows 256 --steps 16 \
       --out "$out/h200_structured_mask_cost.json" > "$out/mask_cost.log" 2>&1 ;;
+  issue24_step)  # issue 24: whole engine decode steps at N = 256, every row JSON-constrained against none (the mask
+    # fill overlaps the graph's forward), then issue 23's fairness run on this host's 16 cores (the tiny model, 1P1D, on
+    # CPU as on the 2-core host, then on the GPU)
+    timeout 200 python3 -m benchmarks.structured_step_cost --model random:qwen3-8b --rows 256 --steps 32 \
+      --out "$out/h200_structured_step_cost.json" > "$out/step_cost.log" 2>&1
+    python3 -m cli.main make-tiny-model /tmp/tiny > /dev/null 2>&1
+    for device in cpu cuda; do
+      timeout 120 python3 -m benchmarks.router_request_cost --model /tmp/tiny --fairness --client-keys sk-a sk-b \
+        --serve-args "--device $device --num-threads 1 --max-client-decode-slots 4 --max-client-queued-requests 8" \
+        > "$out/fairness_16core_$device.json" 2> "$out/fairness_$device.log"
+    done ;;
   front_door)  # issue 21: the engine, colocated nodes through HTTP, 1P1D on one GPU through HTTP (and its KV hand-off
     # per request under ShareGPT-like load), ShareGPT-/BurstGPT-like and 1024x2048 at t = 0, each cut at 15 s
     timeout 590 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
