@@ -23,6 +23,7 @@ import torch
 
 from corun.engine import LLMEngine
 from corun.request import Request
+from planner.slo import checked_target_ms
 from planner.workloads import Arrivals, Workload, check_fits, make_prompts
 from wire.config import EngineConfig, SchedulerConfig, canonical_mode_spec
 from wire.engine_args import parse_buckets, parse_switch
@@ -50,8 +51,7 @@ class SLOTargets:
 
     def __post_init__(self):
         for name, value in self.describe().items():
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"goodput target {name} must be a positive number of milliseconds, got {value}")
+            checked_target_ms(f"goodput target {name}", value)
 
     def describe(self) -> dict[str, float]:
         return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}

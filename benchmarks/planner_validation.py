@@ -46,9 +46,10 @@ from corun.models.tiny import make_tiny_model
 from launch.local import LocalCluster, LocalClusterConfig, free_port
 from planner import capacity_model
 from planner.capacity_model import WorkloadStats
-from planner.perf_profile import PerformanceModel, profile_engine
+from planner.perf_profile import PerformanceModel
 from planner.plan import SLO, DecodeConfig, Planner, Workload, plan
 from planner.plan_sim import ClusterSim, make_requests, simulate
+from planner.profiling import profile_engine
 from tests.launch.cluster_client import engine_config, node_stats
 
 INPUT_RANGE = (50, 400)

@@ -8,9 +8,10 @@ import json
 import sys
 from typing import get_args
 
-from planner.perf_profile import PerformanceModel, PerformanceProfile, profile_engine
+from planner.perf_profile import PerformanceModel, PerformanceProfile
 from planner.plan import SLO, DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
 from planner.plan_sim import check_plan
+from planner.profiling import profile_engine
 from wire.config import CacheConfig, DType, EngineConfig, SchedulerConfig
 
 

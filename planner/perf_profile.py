@@ -1,8 +1,11 @@
-"""Performance profiles for the capacity planner: measured points, fitted cost models, measurement on an engine.
+"""Performance profiles for the capacity planner: measured points, fitted cost models (planner/profiling.py measures
+the points on an engine).
 
 A profile holds what was measured on one engine configuration:
   prefill points  (prompt length L, seconds of its isolated prefill, chunked as the engine chunks it);
-  decode points   (active rows, total context of the active rows, seconds of one N-row decode step).
+  decode points   (active rows, total context of the active rows, seconds of one N-row decode step);
+  the KV hand-off of a P/D request (a GPU per node, and a prefill and a decode process sharing one GPU), and the
+  prefill token budget a colocated node runs with.
 Fitted models (weighted by 1/time, so short prompts count as much as long ones; coefficients kept >= 0, so the
 fits are monotone):
   prefill chunk of n tokens after a prefix of p:  a + b*n + c*n*(n + 2p)
@@ -16,9 +19,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import random
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,41 @@ class DecodePoint:
 
 
 @dataclass(frozen=True)
+class KVHandoff:
+    """The KV hand-off of a P/D request: from its prefill's end to its KV readable on the decode node (the decode
+    node's READ): per_request_s + per_token_s * prompt tokens."""
+
+    per_request_s: float = 0.0
+    per_token_s: float = 0.0
+    source: str = "not measured: taken as zero"
+    """Where the numbers come from (a benchmark result file, the conditions it ran under)."""
+
+    def __post_init__(self):
+        if not (self.per_request_s >= 0 and self.per_token_s >= 0):
+            raise ValueError("the KV hand-off's per_request_s and per_token_s must be >= 0")
+
+    def seconds(self, prompt_lens) -> np.ndarray:
+        return self.per_request_s + self.per_token_s * np.asarray(prompt_lens, dtype=float)
+
+
+@dataclass(frozen=True)
+class SharedGPU:
+    """A prefill and a decode process on one GPU (1P1D on one GPU): without MPS the GPU time-slices between their
+    CUDA contexts, so each one's work stretches while the other's runs, and the READ waits for a time slice."""
+
+    step_stretch: float
+    """How much longer a decode step (and, as assumed, a prefill) takes while the other process is busy the whole
+    time; the planner scales the stretch by the other process's busy fraction."""
+    kv_handoff: KVHandoff
+    """The hand-off under load on the shared GPU (it replaces the profile's kv_handoff there)."""
+    source: str = ""
+
+    def __post_init__(self):
+        if not self.step_stretch >= 1:
+            raise ValueError(f"step_stretch must be >= 1, got {self.step_stretch}")
+
+
+@dataclass(frozen=True)
 class PerformanceProfile:
     max_num_seqs: int
     """N the decode steps were measured at (the step shape; a plan must use the same N)."""
@@ -56,6 +91,14 @@ class PerformanceProfile:
     block_size: int = CacheConfig.block_size
     source: str = ""
     """How the points were obtained (engine, device, file names)."""
+    prefill_token_budget: int | None = None
+    """The engine's prefill token budget in force (SchedulerConfig.decode_wait_tokens): how many prompt tokens a
+    colocated node prefills between two decode steps while requests decode (0: all it can). None: not recorded."""
+    kv_handoff: KVHandoff = KVHandoff()
+    """P/D with a GPU per node: the KV hand-off per request."""
+    shared_gpu: SharedGPU | None = None
+    """P/D with a prefill and a decode process on one GPU; None: not measured (the planner then offers no such
+    deployment)."""
 
     def __post_init__(self):
         if min(self.max_num_seqs, self.prefill_chunk_size, self.block_size) < 1:
@@ -64,6 +107,8 @@ class PerformanceProfile:
             raise ValueError("a profile needs prefill points and decode points")
         if any(p.prompt_len < 1 or p.seconds <= 0 for p in self.prefill_points):
             raise ValueError("prefill points need prompt_len >= 1 and seconds > 0")
+        if self.prefill_token_budget is not None and self.prefill_token_budget < 0:
+            raise ValueError(f"prefill_token_budget must be >= 0, got {self.prefill_token_budget}")
         if any(not 1 <= p.num_rows <= self.max_num_seqs or p.sum_context < 0 or p.seconds <= 0
                for p in self.decode_points):
             raise ValueError(f"decode points need 1 <= num_rows <= {self.max_num_seqs}, sum_context >= 0 and "
@@ -78,6 +123,11 @@ class PerformanceProfile:
             fields = dict(data)
             fields["prefill_points"] = tuple(PrefillPoint(**p) for p in data["prefill_points"])
             fields["decode_points"] = tuple(DecodePoint(**p) for p in data["decode_points"])
+            if "kv_handoff" in data:
+                fields["kv_handoff"] = KVHandoff(**data["kv_handoff"])
+            if data.get("shared_gpu") is not None:
+                shared = data["shared_gpu"]
+                fields["shared_gpu"] = SharedGPU(**shared | {"kv_handoff": KVHandoff(**shared["kv_handoff"])})
             return cls(**fields)
         except (KeyError, TypeError) as error:
             raise ValueError(f"not a performance profile: {error}") from None
@@ -188,111 +238,3 @@ def fit_nonnegative(features: np.ndarray, seconds: np.ndarray) -> tuple[list[flo
     if best is None:
         raise ValueError("no non-negative fit of the profile points")
     return [float(c) for c in best], float(np.max(np.abs(features @ best / seconds - 1.0)))
-
-
-def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_rows=None, num_decode_steps: int = 8,
-                   repeats: int = 3, seed: int = 0, progress=None) -> PerformanceProfile:
-    """Measure isolated prefills and N-row decode steps on a real corun LLMEngine built from `config`.
-
-    prefill_lengths: prompt lengths to prefill alone (default: powers of 4 from 16, up to max_model_len - 1).
-    decode_contexts x decode_rows: decode steps with that many active rows of that prompt length (default: three
-    of the prefill lengths x {1, N/2, N}); combinations whose KV does not fit are skipped. A decode context leaves
-    room for the steps it is timed over: at most max_model_len - num_decode_steps - 3.
-    progress: called with one line per measurement (they can take minutes on a large model).
-    """
-    from corun.engine import LLMEngine
-
-    if config.scheduler.mode != "fixed_shape":
-        raise ValueError(f"the planner models fixed_shape mode; got mode {config.scheduler.mode!r}")
-    sched = config.scheduler
-    prefill_lengths = sorted(set(prefill_lengths or default_lengths(sched.max_model_len)))
-    if prefill_lengths[0] < 1 or prefill_lengths[-1] >= sched.max_model_len:
-        raise ValueError(f"prefill lengths must be in [1, max_model_len - 1 = {sched.max_model_len - 1}]")
-    longest_context = sched.max_model_len - num_decode_steps - 3
-    if decode_contexts is None:
-        decode_contexts = [min(length, longest_context) for length in
-                           prefill_lengths[:: max(1, len(prefill_lengths) // 3)]]
-    decode_contexts = sorted(set(decode_contexts))
-    if decode_contexts[0] < 1 or decode_contexts[-1] > longest_context:
-        raise ValueError(f"decode contexts must be in [1, max_model_len - {num_decode_steps + 3} = {longest_context}] "
-                         f"(each is timed over {num_decode_steps} more tokens), got {decode_contexts[-1]}")
-    decode_rows = sorted(set(decode_rows or (1, max(1, sched.max_num_seqs // 2), sched.max_num_seqs)))
-    report = progress or (lambda line: None)
-    report(f"building the engine ({config.model}, {config.dtype} on {config.device})")
-    engine = LLMEngine(config)
-    measure = EngineMeasurer(engine, random.Random(seed))
-    measure.prefill(prefill_lengths[0])  # NOTE: warm-up (kernel compilation, allocator) outside the points
-    prefill_points = []
-    for i, length in enumerate(prefill_lengths, 1):
-        prefill_points.append(measure.prefill(length, repeats))
-        report(f"prefill {i}/{len(prefill_lengths)}: {length} tokens, {prefill_points[-1].seconds * 1e3:.1f} ms")
-    shapes = [(rows, context) for context in decode_contexts for rows in decode_rows
-              if measure.fits(rows, context + num_decode_steps + 3)]
-    decode_points = []
-    for i, (rows, context) in enumerate(shapes, 1):
-        decode_points.append(measure.decode_step(rows, context, num_decode_steps))
-        report(f"decode step {i}/{len(shapes)}: {rows} rows of {context} tokens, "
-               f"{decode_points[-1].seconds * 1e3:.1f} ms")
-    if not decode_points:
-        raise ValueError("no decode measurement fits the KV cache; lower decode_rows or decode_contexts")
-    return PerformanceProfile(
-        max_num_seqs=sched.max_num_seqs, prefill_chunk_size=sched.prefill_chunk_size,
-        prefill_points=tuple(prefill_points), decode_points=tuple(decode_points),
-        kv_capacity_tokens=engine.block_manager.num_usable_blocks * config.cache.block_size,
-        max_model_len=sched.max_model_len, block_size=config.cache.block_size,
-        source=f"profile_engine: {config.model} {config.dtype} on {config.device}")
-
-
-def default_lengths(max_model_len: int) -> list[int]:
-    lengths = [4**k for k in range(2, 12) if 4**k < max_model_len]
-    return sorted(set(lengths + [max_model_len - 1]))
-
-
-class EngineMeasurer:
-    """Timed engine steps for one idle engine (each measurement leaves it idle again)."""
-
-    def __init__(self, engine, rng: random.Random):
-        self.engine = engine
-        self.rng = rng
-        self.request_ids = itertools.count()
-
-    def fits(self, num_rows: int, num_tokens: int) -> bool:
-        manager = self.engine.block_manager
-        return num_rows <= self.engine.config.scheduler.max_num_seqs and \
-            num_rows * manager.blocks_needed(num_tokens) <= manager.num_usable_blocks
-
-    def add(self, prompt_len: int, max_tokens: int):
-        from wire.sampling_params import SamplingParams
-
-        vocab = self.engine.runner.model.cfg.vocab_size
-        request_id = f"profile-{next(self.request_ids)}"
-        return self.engine.add_request(request_id, [self.rng.randrange(vocab) for _ in range(prompt_len)],
-                                       SamplingParams(temperature=0.6, seed=0, max_tokens=max_tokens, ignore_eos=True))
-
-    def prefill(self, prompt_len: int, repeats: int = 1) -> PrefillPoint:
-        """Median time of an isolated prefill (max_tokens=1: it finishes with token 1)."""
-        samples = []
-        for _ in range(repeats):
-            self.add(prompt_len, max_tokens=1)
-            start = time.perf_counter()
-            while self.engine.has_unfinished():
-                self.engine.step()
-            samples.append(time.perf_counter() - start)
-        return PrefillPoint(prompt_len, statistics.median(samples))
-
-    def decode_step(self, num_rows: int, prompt_len: int, num_steps: int) -> DecodePoint:
-        """Median time of the N-row decode step with num_rows active rows of about prompt_len context."""
-        # NOTE: token 1 from prefill, a warm-up step, num_steps timed steps: none finishes inside a timed step
-        requests = [self.add(prompt_len, max_tokens=num_steps + 3) for _ in range(num_rows)]
-        while any(r.is_prefilling or not r.output_token_ids for r in requests):
-            self.engine.step()
-        self.engine.step()  # NOTE: warm-up step (first use of this context window)
-        samples, contexts = [], []
-        for _ in range(num_steps):
-            contexts.append(sum(r.num_tokens for r in requests))
-            start = time.perf_counter()
-            self.engine.step()
-            samples.append(time.perf_counter() - start)
-        for request in requests:
-            self.engine.abort_request(request)
-        return DecodePoint(num_rows, round(statistics.mean(contexts)), statistics.median(samples))

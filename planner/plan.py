@@ -46,6 +46,7 @@ from planner.capacity_model import (
     ttft_p99,
 )
 from planner.perf_profile import PerformanceModel
+from planner.slo import SLO
 from wire.config import CacheConfig
 
 
@@ -101,17 +102,6 @@ def read_lengths(path: str | Path) -> tuple[tuple[int, int], ...]:
         elif fields and not line.startswith("#") and pairs:
             raise ValueError(f"{path}: cannot read {line!r} as 'input,output'")
     return tuple(pairs)
-
-
-@dataclass(frozen=True)
-class SLO:
-    ttft_p99_s: float
-    tpot_p99_s: float
-    """Time per output token (the fixed-shape step time), seconds."""
-
-    def __post_init__(self):
-        if not (self.ttft_p99_s > 0 and self.tpot_p99_s > 0):
-            raise ValueError("the TTFT and TPOT targets must be > 0")
 
 
 @dataclass(frozen=True)
