@@ -77,6 +77,8 @@ class WorkloadStats:
     """Sum over its decode steps of the tokens attended (step j attends input + j)."""
     reserved: np.ndarray
     """KV tokens reserved at admission."""
+    input_lens: np.ndarray
+    output_lens: np.ndarray
 
     @classmethod
     def of(cls, workload, model, decode) -> WorkloadStats:
@@ -84,7 +86,7 @@ class WorkloadStats:
         steps = outputs - 1
         context_sum = steps * inputs + steps * (steps + 1) / 2
         return cls(workload.rate, model.prefill.seconds(inputs), steps, context_sum,
-                   decode.reserved_tokens(inputs + outputs))
+                   decode.reserved_tokens(inputs + outputs), inputs, outputs)
 
     @property
     def decodes(self) -> np.ndarray:
@@ -102,53 +104,66 @@ class DecodeLoad:
     kv_utilization: float
     usable_slots: int
     wait: WaitTail
+    cycle_s: float = 0.0
+    """Mean time between a row's tokens: the step, over the share of the GPU's time the steps get."""
+    mean_context: float = 0.0
+    """Mean tokens attended by an instance's step."""
+    gpu_share: float = 1.0
 
     @property
     def limited_by(self) -> str:
         return "kv_capacity" if self.kv_utilization >= self.slot_utilization else "decode_slots"
 
 
-def decode_load(stats: WorkloadStats, model, decode, num_decode: int) -> DecodeLoad:
+def decode_load(stats: WorkloadStats, model, decode, num_decode: int, gpu_share: float = 1.0) -> DecodeLoad:
+    """gpu_share: the fraction of its GPU's time the decode steps get: 1 on a decode node's own GPU, less where the
+    same GPU also prefills (a colocated node between its steps, or a prefill process time-slicing the GPU). A row
+    then waits step / share between two tokens, and holds its slot and KV that much longer."""
+    if not 0 < gpu_share <= 1:
+        raise ValueError(f"gpu_share must be in (0, 1], got {gpu_share}")
     step = model.decode
     busy = stats.decodes
     fraction = float(busy.mean())
     steps, reserved = stats.decode_steps[busy], stats.reserved[busy]
     if not fraction:  # NOTE: every request ends with token 1 from prefill: decode only streams it
-        return DecodeLoad(True, step.a, step.a, 0.0, 0.0, decode.max_num_seqs, WaitTail.none())
+        return DecodeLoad(True, step.a, step.a / gpu_share, 0.0, 0.0, decode.max_num_seqs, WaitTail.none(),
+                          step.a / gpu_share, 0.0, gpu_share)
     instance_rate = stats.rate * fraction / num_decode
     context_per_request = float(stats.context_sum[busy].mean())
     max_context = min(decode.kv_capacity_tokens, decode.max_num_seqs * decode.max_model_len)
-    # NOTE: s = a + b * mean context and mean context = rate * s * context per request; past a coupling of 1
-    # (or the KV's most context) the pool saturates at the full step.
-    coupling = step.b * instance_rate * context_per_request
+    # NOTE: s = a + b * mean context and mean context = rate * (s / share) * context per request; past a coupling
+    # of 1 (or the KV's most context) the pool saturates at the full step.
+    coupling = step.b * instance_rate * context_per_request / gpu_share
     step_s = min(step.a / (1 - coupling) if coupling < 1 else math.inf, float(step.seconds(max_context)))
-    mean_context = instance_rate * step_s * context_per_request
+    cycle_s = step_s / gpu_share
+    mean_context = instance_rate * cycle_s * context_per_request
     slots = usable_slots(decode, steps, reserved)
-    wait = queue_wait(num_decode * slots, stats.rate * fraction, step_s * float(steps.mean()),
+    wait = queue_wait(num_decode * slots, stats.rate * fraction, cycle_s * float(steps.mean()),
                       float(steps.var() / steps.mean() ** 2))
     stable = wait is not None and mean_context < max_context
-    tpot_p99 = min(tpot_quantile(stats, model, instance_rate, step_s, mean_context, num_decode),
-                   float(step.seconds(max_context)))
+    tpot_p99 = min(bisect_quantile(tpot_exceed(stats, model, instance_rate, cycle_s, mean_context, num_decode,
+                                               gpu_share), 0.0, max(cycle_s, 1e-9)),
+                   float(step.seconds(max_context)) / gpu_share)
     return DecodeLoad(stable, step_s, tpot_p99 if stable else math.inf,
-                      instance_rate * step_s * float(steps.mean()) / decode.max_num_seqs,
-                      instance_rate * step_s * float((steps * reserved).mean()) / decode.kv_capacity_tokens,
-                      slots, wait if stable else WaitTail(1.0, math.inf))
+                      instance_rate * cycle_s * float(steps.mean()) / decode.max_num_seqs,
+                      instance_rate * cycle_s * float((steps * reserved).mean()) / decode.kv_capacity_tokens,
+                      slots, wait if stable else WaitTail(1.0, math.inf), cycle_s, mean_context, gpu_share)
 
 
-def tpot_quantile(stats: WorkloadStats, model, instance_rate: float, step_s: float, mean_context: float,
-                  num_decode: int) -> float:
-    """TPOT p99 over requests. A request's TPOT is the step time averaged over its own H = steps * s seconds:
-    a + b * (its own mean context + the others' context averaged over H). The others are shot noise
-    (M/G/inf, arrivals seen as the time average): mean `mean_context`, and over a window T the variance
-    rate / T^2 * E[c^2 * f(H, T)], with c a request's mean context and f(H, T) = int over its arrival time of
-    (its overlap with the window)^2 = H^2 T - H^3 / 3 (H <= T) or T^2 H - T^3 / 3. The router sends each request
-    to the instance with the fewest unfinished ones, which evens out the counts: the part of the variance that
-    comes from the count (E[c]^2 of E[c^2]) shrinks D-fold. Normal within a request; the p99 is solved over the
-    workload's mixture."""
+def tpot_exceed(stats: WorkloadStats, model, instance_rate: float, cycle_s: float, mean_context: float,
+                num_decode: int, gpu_share: float = 1.0):
+    """P(a request's TPOT > t), as a function of t. A request's TPOT is the step time averaged over its own
+    H = steps * cycle seconds, over the GPU share: (a + b * (its own mean context + the others' context averaged
+    over H)) / share. The others are shot noise (M/G/inf, arrivals seen as the time average): mean `mean_context`,
+    and over a window T the variance rate / T^2 * E[c^2 * f(H, T)], with c a request's mean context and
+    f(H, T) = int over its arrival time of (its overlap with the window)^2 = H^2 T - H^3 / 3 (H <= T) or
+    T^2 H - T^3 / 3. The router sends each request to the instance with the fewest unfinished ones, which evens out
+    the counts: the part of the variance that comes from the count (E[c]^2 of E[c^2]) shrinks D-fold. Normal within
+    a request; the mixture is over the workload's requests."""
     busy = stats.decodes
     steps = stats.decode_steps[busy]
     own_context = stats.context_sum[busy] / steps  # [n]
-    window = steps * step_s  # [n]
+    window = steps * cycle_s  # [n]
     others = slice(None, None, max(1, len(steps) // MAX_PAIRS))
     holding, context = window[others][None, :], own_context[others][None, :]  # [1, k]
     span = window[:, None]  # [n, 1]
@@ -156,14 +171,14 @@ def tpot_quantile(stats: WorkloadStats, model, instance_rate: float, step_s: flo
     mean_c, mean_c2 = (float(np.average(own_context**k, weights=steps)) for k in (1, 2))
     balanced = (mean_c2 - mean_c**2 + mean_c**2 / num_decode) / mean_c2
     variance = balanced * instance_rate / window**2 * (context**2 * overlap_sq).mean(axis=1)  # [n]
-    mean = model.decode.seconds(mean_context + own_context)
-    spread = model.decode.b * np.sqrt(variance)
+    mean = model.decode.seconds(mean_context + own_context) / gpu_share
+    spread = model.decode.b * np.sqrt(variance) / gpu_share
 
     def exceed(t: float) -> float:
         z = (t - mean) / np.maximum(spread, 1e-300)
         return float(np.mean(np.where(spread > 0, normal_survival(z), (mean > t).astype(float))))
 
-    return bisect_quantile(exceed, 0.0, float(mean.max() + 8 * spread.max()) + 1e-9)
+    return exceed
 
 
 def normal_survival(z: np.ndarray) -> np.ndarray:
@@ -209,12 +224,30 @@ def prefill_wait(stats: WorkloadStats, num_prefill: int | None) -> WaitTail | No
     return queue_wait(num_prefill, stats.rate, mean, float(stats.prefill_s.var()) / mean**2)
 
 
-def ttft_p99(stats: WorkloadStats, prefill: WaitTail | None, decode_wait: WaitTail, step_s: float) -> float:
-    """Solve mean_i P(prefill wait + [decode wait + step] + prefill_i > t) = 1 - QUANTILE by bisection."""
-    if prefill is None or not math.isfinite(decode_wait.mean) or not math.isfinite(step_s):
+def ttft_p99(stats: WorkloadStats, prefill: WaitTail | None, decode_wait: WaitTail, step_s: float,
+             handoff_s=0.0) -> float:
+    """Solve mean_i P(prefill wait + [decode wait + hand-off + step] + prefill_i > t) = 1 - QUANTILE by bisection
+    (the bracket: only requests that decode wait for admission, the KV hand-off and a step)."""
+    exceed = ttft_exceed(stats, prefill, decode_wait, step_s, handoff_s)
+    if exceed is None:
         return math.inf
+    return bisect_quantile(exceed, 0.0, float(ttft_base(stats, step_s, handoff_s).max()) + 1e-3)
+
+
+def ttft_base(stats: WorkloadStats, step_s: float, handoff_s=0.0, prefill_s=None) -> np.ndarray:
+    """Each sample's TTFT without waits: its prefill (prefill_s: instead of the isolated one), and for a request that
+    decodes the KV hand-off and up to one step."""
+    prefill_s = stats.prefill_s if prefill_s is None else prefill_s
+    return prefill_s + np.where(stats.decodes, step_s + np.asarray(handoff_s, dtype=float), 0.0)
+
+
+def ttft_exceed(stats: WorkloadStats, prefill: WaitTail | None, decode_wait: WaitTail, step_s: float,
+                handoff_s=0.0, prefill_s=None):
+    """P(TTFT > t) as a function of t; None when a queue is unstable (every TTFT infinite)."""
+    if prefill is None or not math.isfinite(decode_wait.mean) or not math.isfinite(step_s):
+        return None
     decodes = stats.decodes
-    base = stats.prefill_s + np.where(decodes, step_s, 0.0)
+    base = ttft_base(stats, step_s, handoff_s, prefill_s)
     no_wait = WaitTail.none()
 
     def exceed(t: float) -> float:
@@ -222,4 +255,4 @@ def ttft_p99(stats: WorkloadStats, prefill: WaitTail | None, decode_wait: WaitTa
         without = sum_survival(prefill, no_wait, t - base)
         return float(np.where(decodes, with_decode, without).mean())
 
-    return bisect_quantile(exceed, 0.0, float(base.max()) + 1e-3)
+    return exceed

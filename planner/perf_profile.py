@@ -64,18 +64,20 @@ class KVHandoff:
 @dataclass(frozen=True)
 class SharedGPU:
     """A prefill and a decode process on one GPU (1P1D on one GPU): without MPS the GPU time-slices between their
-    CUDA contexts, so each one's work stretches while the other's runs, and the READ waits for a time slice."""
+    CUDA contexts, so each one's work stretches while the other's runs, and the READ waits for a time slice. The
+    planner scales each stretch by the other process's busy fraction."""
 
-    step_stretch: float
-    """How much longer a decode step (and, as assumed, a prefill) takes while the other process is busy the whole
-    time; the planner scales the stretch by the other process's busy fraction."""
+    decode_stretch: float
+    """How much longer a decode step takes while the prefill process is busy the whole time."""
+    prefill_stretch: float
+    """How much longer a prefill takes while the decode process steps the whole time."""
     kv_handoff: KVHandoff
     """The hand-off under load on the shared GPU (it replaces the profile's kv_handoff there)."""
     source: str = ""
 
     def __post_init__(self):
-        if not self.step_stretch >= 1:
-            raise ValueError(f"step_stretch must be >= 1, got {self.step_stretch}")
+        if not (self.decode_stretch >= 1 and self.prefill_stretch >= 1):
+            raise ValueError(f"the stretches must be >= 1, got {self.decode_stretch} and {self.prefill_stretch}")
 
 
 @dataclass(frozen=True)

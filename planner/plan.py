@@ -18,7 +18,7 @@ The analytic model (planner/capacity_model.py; planner/plan_sim.py replays the c
   after admission, at a step boundary); KV transfer time is taken as zero. The p99 is solved over the samples.
 - TPOT = a request's mean step time (fixed shape: every busy row waits for the whole step): a + b * (its own
   context + the others', averaged over its lifetime); the others' fluctuation is shot noise (M/G/inf), evened
-  out by the router's fewest-unfinished choice (capacity_model.tpot_quantile).
+  out by the router's fewest-unfinished choice (capacity_model.tpot_exceed).
 - Headroom: no pool is planned busier than max_utilization (default 0.9).
 Search: the fewest decode instances with headroom and TPOT met; then for each D upwards the fewest prefill
 instances meeting TTFT; the pair with the fewest instances in all wins (ties: fewer decode instances).

@@ -14,10 +14,10 @@ from planner.perf_profile import (
     PerformanceProfile,
     PrefillModel,
     PrefillPoint,
-    profile_engine,
 )
 from planner.plan import SLO, DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
 from planner.plan_sim import check_plan, simulate
+from planner.profiling import profile_engine
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 # NOTE: close to the H200 fit of benchmarks/results/h200_planner_profile.json (Qwen3-8B, bf16, N = 256)
