@@ -14,6 +14,18 @@ k-th first token comes after k isolated prefills: TTFT p50 and p99, divided by t
 requests, are one prefill each. Only runs with the fused SDPA prompt attention count (h200_bench_rerun.json):
 1024x128 (all 256 admitted) and 4096x2048 (129 admitted: the KV limit); 4096x128 ran first, so its first
 prefills carry the warm-up.
+KV hand-off, a GPU per node: fitted (per request + per token, least squares) to the committed KV READ of one
+request's adjacent blocks between two idle processes on GPU 0 (h200_kv_transfer.json: zcopy y, the default progress
+thread; 1024, 4096 and 16384 tokens: 0.24, 0.58 and 1.9 ms). NOTE: a read between two GPUs was not measured; the
+idle same-GPU READ stands in for it.
+Shared GPU (1P1D on one GPU): the hand-off is the mean READ, post to poll, under the ShareGPT-like load of the front
+door bench (h200_front_door.json: 256 requests at t = 0, 21 ms; BurstGPT-like 27 ms). The stretches come from
+h200_cluster_1p1d.json, where the 1P1D cluster and the colocated engine (prefill token budget 0: every prompt
+prefilled back to back) ran the same 256 requests at t = 0 on GPU 0: the decode step is the ratio of the TPOT p50s on
+1024x2048 (every row decoding in both), the prefill the mean ratio of the TTFT p50s (half the prefills queued ahead
+in both; the 1P1D's hand-off is milliseconds of seconds).
+Prefill token budget: the bench engine's auto budget (max_num_batched_tokens, 8192), what a colocated node of that
+config runs with today.
 """
 
 from __future__ import annotations
@@ -22,12 +34,13 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from corun.kv_cache import bytes_per_block
 from corun.models.decoder import DecoderLM
 from corun.models.presets import preset_config
-from planner.perf_profile import DecodePoint, PerformanceProfile, PrefillPoint
+from planner.perf_profile import DecodePoint, KVHandoff, PerformanceProfile, PrefillPoint, SharedGPU
 from wire.config import canonical_mode_spec
 
 RESULTS = Path(__file__).parent / "results"
@@ -107,6 +120,35 @@ def prefill_points() -> list[PrefillPoint]:
     return points
 
 
+def idle_kv_handoff() -> KVHandoff:
+    rows = [row for row in load("h200_kv_transfer.json")["summary"]
+            if row["cuda_ipc_get_zcopy"] == "y" and row["layout"] == "adjacent"]
+    tokens = np.array([int(row["case"].split("-")[-2]) for row in rows], dtype=float)
+    seconds = np.array([row["agent_median_seconds"] for row in rows])
+    per_token, per_request = np.polyfit(tokens, seconds, 1)
+    return KVHandoff(float(f"{per_request:.4g}"), float(f"{per_token:.4g}"),
+                     "h200_kv_transfer.json: READ between two idle processes on one H200 (zcopy y, adjacent blocks), "
+                     f"{', '.join(f'{int(n)} tokens {1e3 * s:.2f} ms' for n, s in zip(tokens, seconds))}; "
+                     "between two GPUs not measured")
+
+
+def shared_gpu() -> SharedGPU:
+    front_door = load("h200_front_door.json")["kv_handoff"]
+    handoff = KVHandoff(front_door["sharegpt"]["kv_handoff_ms_mean"] / 1e3, 0.0,
+                        "h200_front_door.json: mean READ (post to poll) of 1P1D on one H200 under the ShareGPT-like "
+                        f"load; BurstGPT-like {front_door['burstgpt']['kv_handoff_ms_mean']:.1f} ms")
+    modes = load("h200_cluster_1p1d.json")["modes"]
+    cluster = modes["cluster_1p1d"]
+    engine = next(runs for name, runs in modes.items() if name.startswith("colocated_corun"))
+    decode_stretch = cluster["1024x2048"]["tpot_ms"]["p50"] / engine["1024x2048"]["tpot_ms"]["p50"]
+    prefill_stretch = float(np.mean([cluster[w]["ttft_s"]["p50"] / engine[w]["ttft_s"]["p50"]
+                                     for w in ("burstgpt", "1024x2048")]))
+    return SharedGPU(round(decode_stretch, 3), round(prefill_stretch, 3), handoff,
+                     "h200_cluster_1p1d.json: 1P1D on one H200 against the colocated engine, 256 requests at t = 0: "
+                     "decode stretch = TPOT p50 ratio on 1024x2048, prefill stretch = mean TTFT p50 ratio (burstgpt, "
+                     "1024x2048)")
+
+
 def derive_profile() -> PerformanceProfile:
     engine = load("h200_bench_rerun.json")["engine"]
     shape, sched = BenchShape(engine), engine["scheduler"]
@@ -117,7 +159,8 @@ def derive_profile() -> PerformanceProfile:
         block_size=shape.block_size,
         source="benchmarks/derive_h200_profile.py: H200, random:qwen3-8b bf16, N=256, from "
                + ", ".join(sorted({name for name, _ in DECODE_RUNS + PREFILL_RUNS}))
-               + ", h200_decode_step_profile.json")
+               + ", h200_decode_step_profile.json",
+        prefill_token_budget=sched["max_num_batched_tokens"], kv_handoff=idle_kv_handoff(), shared_gpu=shared_gpu())
 
 
 def main() -> None:

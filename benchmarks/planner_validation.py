@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import emit
+from cli.slo_flags import add_slo_flags
 from corun.models.tiny import make_tiny_model
 from launch.local import LocalCluster, LocalClusterConfig, free_port
 from planner import capacity_model
@@ -285,15 +286,14 @@ def main() -> None:
     parser.add_argument("--load-fractions", default="0.3,0.65,1.3",
                         help="arrival rates as fractions of one prefill server's profiled capacity 1/E[prefill]")
     parser.add_argument("--num-requests", type=int, default=300, help="requests sent per rate")
-    parser.add_argument("--ttft-p99", type=float, default=0.25, help="TTFT p99 target, seconds")
-    parser.add_argument("--tpot", type=float, default=20.0, help="TPOT p99 target, milliseconds")
+    add_slo_flags(parser, required=False, ttft_default=250.0, tpot_default=20.0)
     parser.add_argument("--num-warmup", type=int, default=8, help="sequential requests before each timed run")
     parser.add_argument("--num-idle", type=int, default=20, help="then sequential requests timed on the idle cluster")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     started = time.perf_counter()
-    slo = SLO(ttft_p99_s=args.ttft_p99, tpot_p99_s=args.tpot / 1e3)
+    slo = SLO.from_ms(args.ttft_p99_ms, args.tpot_p99_ms)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(make_tiny_model(tmp))
         engine = dataclasses.replace(engine_config(model_dir), num_threads=1)  # NOTE: as the nodes run

@@ -1,5 +1,5 @@
-"""`corun profile` and `corun plan`: flags -> profile, workload, SLO and decode config -> the plan (and its simulation)
-as JSON."""
+"""`corun profile` and `corun plan`: flags -> profile, workload, SLO (milliseconds: cli/slo_flags.py) and decode config
+-> the P:D plan (and its simulation), the recommended deployment on the GPUs given, as JSON, a summary and a plot."""
 
 from __future__ import annotations
 
@@ -8,10 +8,16 @@ import json
 import sys
 from typing import get_args
 
+from cli.slo_flags import add_slo_flags
+from planner.capacity_model import WorkloadStats
+from planner.deployments import ClusterModel
 from planner.perf_profile import PerformanceModel, PerformanceProfile
-from planner.plan import SLO, DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
+from planner.plan import DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
 from planner.plan_sim import check_plan
+from planner.plot import rate_sweep, write_plot
 from planner.profiling import profile_engine
+from planner.recommend import recommend
+from planner.slo import SLO
 from wire.config import CacheConfig, DType, EngineConfig, SchedulerConfig
 
 
@@ -27,8 +33,11 @@ def add_plan(commands) -> None:
     workload.add_argument("--lengths", help="(input, output) samples: JSON [[in, out], ...] or lines 'in,out'")
     cmd.add_argument("--rate", type=float, required=True, help="arrivals per second (Poisson)")
     cmd.add_argument("--num-samples", type=int, default=2000, help="samples drawn from a named workload")
-    cmd.add_argument("--ttft-p99", type=float, required=True, help="TTFT p99 target, seconds")
-    cmd.add_argument("--tpot", type=float, required=True, help="TPOT p99 target, milliseconds")
+    add_slo_flags(cmd)
+    cmd.add_argument("--gpus", type=int, default=None, help="GPUs to deploy on: recommend colocated nodes or P:D "
+                     "on at most this many (default: as many as the P:D plan needs)")
+    cmd.add_argument("--plot", default=None, metavar="FILE.png", help="write predicted TTFT p99, TPOT p99 and "
+                     "goodput against the rate for the recommended deployment and the best of each other kind")
     add_profiling_flags(cmd)
     cmd.add_argument("--max-utilization", type=float, default=0.9, help="busiest a pool may be planned")
     cmd.add_argument("--simulate-requests", type=int, default=20000,
@@ -51,6 +60,8 @@ def add_profiling_flags(cmd) -> None:
                      help=f"default: the profile's; {SchedulerConfig.prefill_chunk_size} to profile")
     cmd.add_argument("--block-size", type=int, default=None,
                      help=f"default: the profile's; {CacheConfig.block_size} to profile")
+    cmd.add_argument("--prefill-token-budget", type=int, default=None, help="prompt tokens a colocated node "
+                     "prefills between two decode steps (default: the profile's; the engine's auto to profile)")
     cmd.add_argument("--device", default=EngineConfig.device, help="profiling: device")
     cmd.add_argument("--dtype", default=EngineConfig.dtype, choices=get_args(DType))
     cmd.add_argument("--num-threads", type=int, default=None)
@@ -79,27 +90,48 @@ def run_profile(args) -> int:
 
 
 def run_plan_command(args) -> int:
-    """Prints the plan as JSON; 0 when feasible, 1 when no number of instances meets the SLO."""
+    """Prints the plan as JSON (stdout) and its summary in a few lines (stderr); 0 when the recommendation (or,
+    with none, the P:D plan) meets the SLO, 1 when not."""
     # NOTE: every input is checked before profiling, which may take minutes
     workload = read_workload(args)
-    slo = SLO(ttft_p99_s=args.ttft_p99, tpot_p99_s=args.tpot / 1e3)
+    slo = SLO.from_ms(args.ttft_p99_ms, args.tpot_p99_ms)
     if args.simulate_requests < 0:
         raise ValueError(f"--simulate-requests must be >= 0, got {args.simulate_requests}")
+    if args.gpus is not None and args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
     profile = PerformanceProfile.load(args.profile) if args.profile else measure_profile(args)
     model = PerformanceModel.fit(profile)
     if args.prefill_chunk_size is not None:
         model = model.with_chunk_size(args.prefill_chunk_size)
     decode = decode_config(args, profile)
     workload, num_rejected = split_too_long(workload, decode)
-    result = plan(model, workload, slo, decode, max_utilization=args.max_utilization)
+    result = plan(model, workload, slo, decode, max_utilization=args.max_utilization, kv_handoff=profile.kv_handoff)
     report = {"plan": result.to_dict(), "workload": workload.summary() | {"rejected_samples": num_rejected},
               "slo": dataclasses.asdict(slo), "decode_config": dataclasses.asdict(decode),
-              "performance_model": model.summary(), "profile_source": profile.source}
+              "performance_model": model.summary(), "kv_handoff": dataclasses.asdict(profile.kv_handoff),
+              "profile_source": profile.source}
+    summary = [f"P:D sizing with no GPU limit: {result.reason}."]
+    num_gpus = args.gpus or (result.num_prefill + result.num_decode if result.feasible else None)
+    recommendation = None
+    if num_gpus is not None:
+        cluster = ClusterModel.of(model, profile, decode, args.prefill_token_budget)
+        stats = WorkloadStats.of(workload, model, decode)
+        recommendation = recommend(cluster, stats, slo, num_gpus, args.max_utilization)
+        report["recommendation"] = recommendation.to_dict() | {"prefill_token_budget": cluster.prefill_token_budget}
+        summary = list(recommendation.summary) + summary
+        if args.plot:
+            write_plot(args.plot, rate_sweep(cluster, stats, slo, recommendation), slo, recommendation,
+                       f"{workload.name}: {slo.describe_ms()}, {num_gpus} GPU(s) (predicted)")
+            report["plot"] = args.plot
+            summary.append(f"Plot: {args.plot}")
+    elif args.plot:
+        summary.append("No plot: no deployment to compare (pass --gpus).")
     if args.simulate_requests and result.feasible:
         report["simulation"] = check_plan(result, model, workload, slo, decode, args.max_utilization,
                                           args.simulate_requests, args.seed)
+    print("\n".join(summary), file=sys.stderr)
     print(json.dumps(report, indent=2))
-    return 0 if result.feasible else 1
+    return 0 if (recommendation.meets_slo if recommendation else result.feasible) else 1
 
 
 def read_workload(args) -> Workload:
@@ -122,7 +154,7 @@ def measure_profile(args) -> PerformanceProfile:
     block_size = CacheConfig.block_size if args.block_size is None else args.block_size
     num_blocks = None if args.kv_capacity_tokens is None else args.kv_capacity_tokens // block_size + 1
     scheduler = {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len,
-                 "prefill_chunk_size": args.prefill_chunk_size}
+                 "prefill_chunk_size": args.prefill_chunk_size, "prefill_token_budget": args.prefill_token_budget}
     config = EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, num_threads=args.num_threads,
         scheduler=SchedulerConfig(mode="fixed_shape", **{k: v for k, v in scheduler.items() if v is not None}),

@@ -83,10 +83,17 @@ class Deployment:
             ("s" if self.num_instances > 1 else "")
 
     def serve_flags(self) -> str:
-        """The `corun serve` flags that run it."""
+        """The `corun serve` flags that run it on GPUs 0, 1, ... (local launcher, --device cuda)."""
         if self.kind == "colocated":
-            return f"--prefill 0 --decode 0 --colocated {self.num_instances}"
-        return f"--prefill {self.num_prefill} --decode {self.num_decode}"
+            return f"--prefill 0 --decode 0 --colocated {self.num_instances} --colocated-gpus " + \
+                gpu_list(0, self.num_instances)
+        decode_first_gpu = 0 if self.kind == "shared_gpu" else self.num_prefill
+        return (f"--prefill {self.num_prefill} --decode {self.num_decode} --prefill-gpus "
+                f"{gpu_list(0, self.num_prefill)} --decode-gpus {gpu_list(decode_first_gpu, self.num_decode)}")
+
+
+def gpu_list(first: int, count: int) -> str:
+    return ",".join(str(first + i) for i in range(count))
 
 
 @dataclass(frozen=True)

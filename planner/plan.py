@@ -1,4 +1,5 @@
-"""Capacity planner: how many prefill and decode instances a workload needs under TTFT and TPOT targets.
+"""Capacity planner: how many prefill and decode instances a workload needs under TTFT and TPOT targets (and, in
+planner/deployments.py and planner/recommend.py, colocated nodes and P/D sharing a GPU: what to run on given GPUs).
 
 Inputs: a fitted PerformanceModel (planner/perf_profile.py), a Workload (Poisson rate, (input, output) samples),
 an SLO (TTFT p99, TPOT p99) and the decode instance's DecodeConfig (N, KV tokens, max_model_len).
@@ -14,8 +15,9 @@ The analytic model (planner/capacity_model.py; planner/plan_sim.py replays the c
   (lambda/D) * s * E[sum of a request's contexts], so s = a / (1 - b * (lambda/D) * E[...]). Usable slots per
   instance = min(N, KV capacity / holding-weighted mean reservation); admission waits as in the prefill pool,
   over D * slots servers.
-- TTFT = prefill wait + prefill + decode admission wait + up to one step (token 1 streams from the decode node
-  after admission, at a step boundary); KV transfer time is taken as zero. The p99 is solved over the samples.
+- TTFT = prefill wait + prefill + decode admission wait + the KV hand-off (the profile's kv_handoff: per request
+  and per prompt token; zero where not measured) + up to one step (token 1 streams from the decode node after
+  admission and the READ, at a step boundary). The p99 is solved over the samples.
 - TPOT = a request's mean step time (fixed shape: every busy row waits for the whole step): a + b * (its own
   context + the others', averaged over its lifetime); the others' fluctuation is shot noise (M/G/inf), evened
   out by the router's fewest-unfinished choice (capacity_model.tpot_exceed).
@@ -45,7 +47,7 @@ from planner.capacity_model import (
     tpot_alone_p99,
     ttft_p99,
 )
-from planner.perf_profile import PerformanceModel
+from planner.perf_profile import KVHandoff, PerformanceModel
 from planner.slo import SLO
 from wire.config import CacheConfig
 
@@ -175,7 +177,7 @@ class Plan:
 
 
 def plan(model: PerformanceModel, workload: Workload, slo: SLO, decode: DecodeConfig, max_utilization: float = 0.9,
-         max_instances: int = 1024) -> Plan:
+         max_instances: int = 1024, kv_handoff: KVHandoff = KVHandoff()) -> Plan:
     """The fewest prefill + decode instances whose predicted TTFT p99 and TPOT p99 meet the SLO, with no pool
     busier than max_utilization (slots or KV for decode).
 
@@ -192,13 +194,16 @@ def plan(model: PerformanceModel, workload: Workload, slo: SLO, decode: DecodeCo
         raise ValueError(f"{num_too_long} workload samples exceed max_model_len {decode.max_model_len} or the KV "
                          "capacity of one instance (split_too_long drops them)")
     stats = WorkloadStats.of(workload, model, decode)
-    return Planner(model, stats, slo, decode, max_utilization, max_instances).search()
+    return Planner(model, stats, slo, decode, max_utilization, max_instances,
+                   kv_handoff.seconds(stats.input_lens)).search()
 
 
 class Planner:
     def __init__(self, model: PerformanceModel, stats: WorkloadStats, slo: SLO, decode: DecodeConfig,
-                 max_utilization: float, max_instances: int):
+                 max_utilization: float, max_instances: int, handoff_s=0.0):
         self.model, self.stats, self.slo, self.decode = model, stats, slo, decode
+        self.handoff_s = handoff_s
+        """Each sample's KV hand-off (seconds), or one for all."""
         self.max_utilization, self.max_instances = max_utilization, max_instances
         self.decode_loads: dict[int, DecodeLoad] = {}
 
@@ -210,9 +215,11 @@ class Planner:
     def ttft(self, num_prefill: int | None, num_decode: int | None) -> float:
         """TTFT p99; None: that pool unlimited (no waits; for decode, the step at zero context)."""
         if num_decode is None:
-            return ttft_p99(self.stats, prefill_wait(self.stats, num_prefill), WaitTail.none(), self.model.decode.a)
+            return ttft_p99(self.stats, prefill_wait(self.stats, num_prefill), WaitTail.none(), self.model.decode.a,
+                            self.handoff_s)
         load = self.decode_at(num_decode)
-        return ttft_p99(self.stats, prefill_wait(self.stats, num_prefill), load.wait, load.mean_step_s)
+        return ttft_p99(self.stats, prefill_wait(self.stats, num_prefill), load.wait, load.mean_step_s,
+                        self.handoff_s)
 
     def decode_has_headroom(self, num_decode: int) -> bool:
         load = self.decode_at(num_decode)

@@ -28,6 +28,9 @@ class Recommendation:
     capacity_req_per_s: float
     """The highest rate at which the chosen deployment still meets the SLO (0: none)."""
     summary: tuple[str, ...]
+    contenders: tuple[tuple[Deployment, float], ...]
+    """The chosen deployment and the best of each other kind, each with its capacity (the rate it meets the SLO up
+    to): what the summary compares and the plot draws."""
 
     def to_dict(self) -> dict:
         return {"deployment": self.chosen.deployment.label, "kind": self.chosen.deployment.kind,
@@ -35,7 +38,9 @@ class Recommendation:
                 "num_prefill": self.chosen.deployment.num_prefill, "num_decode": self.chosen.deployment.num_decode,
                 "serve_flags": self.chosen.deployment.serve_flags(), "meets_slo": self.meets_slo,
                 "capacity_req_per_s": round(self.capacity_req_per_s, 3), "prediction": self.chosen.to_dict(),
-                "summary": list(self.summary), "candidates": [o.to_dict() for o in self.outlooks]}
+                "summary": list(self.summary),
+                "contenders": [{"deployment": d.label, "capacity_req_per_s": round(c, 3)} for d, c in self.contenders],
+                "candidates": [o.to_dict() for o in self.outlooks]}
 
     @property
     def colocated_count(self) -> int:
@@ -65,8 +70,12 @@ def recommend(cluster: ClusterModel, stats: WorkloadStats, slo: SLO, num_gpus: i
         return capacities[deployment]
 
     chosen, meets = best_of(outlooks, slo, max_utilization, capacity_of)
-    lines = summary_lines(chosen, meets, outlooks, slo, max_utilization, num_gpus, capacity_of, cluster)
-    return Recommendation(chosen, meets, outlooks, capacity_of(chosen.deployment), tuple(lines))
+    others = [best_of([o for o in outlooks if o.deployment.kind == kind], slo, max_utilization, capacity_of)
+              for kind in KIND_NAMES if kind != chosen.deployment.kind and
+              any(o.deployment.kind == kind for o in outlooks)]
+    lines = summary_lines(chosen, meets, others, slo, num_gpus, capacity_of, cluster)
+    contenders = tuple((o.deployment, capacity_of(o.deployment)) for o in [chosen] + [o for o, _ in others])
+    return Recommendation(chosen, meets, outlooks, capacity_of(chosen.deployment), tuple(lines), contenders)
 
 
 def max_meeting_rate(cluster: ClusterModel, deployment: Deployment, stats: WorkloadStats, slo: SLO,
@@ -91,8 +100,9 @@ def max_meeting_rate(cluster: ClusterModel, deployment: Deployment, stats: Workl
     return low
 
 
-def summary_lines(chosen: Outlook, meets: bool, outlooks, slo: SLO, max_utilization: float, num_gpus: int,
+def summary_lines(chosen: Outlook, meets: bool, others: list[tuple[Outlook, bool]], slo: SLO, num_gpus: int,
                   capacity_of, cluster: ClusterModel) -> list[str]:
+    """others: the best of each other kind, and whether it meets the SLO."""
     deployment, rate = chosen.deployment, chosen.rate
     if meets:
         lines = [f"Recommended: {deployment.label} on {deployment.num_gpus} of {num_gpus} GPU(s) (corun serve "
@@ -103,12 +113,9 @@ def summary_lines(chosen: Outlook, meets: bool, outlooks, slo: SLO, max_utilizat
     capacity = capacity_of(deployment)
     lines.append(f"Predicted there: {describe(chosen)}; it meets the SLO up to about {capacity:.3g} req/s."
                  if capacity else f"Predicted there: {describe(chosen)}.")
-    for kind, name in KIND_NAMES.items():
-        others = [o for o in outlooks if o.deployment.kind == kind]
-        if others and kind != deployment.kind:
-            best, best_meets = best_of(others, slo, max_utilization, capacity_of)
-            why_not = verdict(best, best_meets, chosen, slo, capacity_of)
-            lines.append(f"Best {name}: {best.deployment.label}, {why_not}.")
+    for best, best_meets in others:
+        why_not = verdict(best, best_meets, chosen, slo, capacity_of)
+        lines.append(f"Best of {KIND_NAMES[best.deployment.kind]}: {best.deployment.label}, {why_not}.")
     if deployment.kind != "colocated":
         handoff = cluster.shared_gpu.kv_handoff if deployment.kind == "shared_gpu" else cluster.kv_handoff
         lines.append(f"KV hand-off per request: {1e3 * handoff.per_request_s:.3g} ms + "

@@ -162,8 +162,8 @@ def test_profile_engine_on_the_tiny_model(tiny_model_dir, tmp_path):
 
 
 def plan_argv(profile_path, *extra) -> list[str]:
-    return ["plan", "--profile", str(profile_path), "--workload", "burstgpt", "--rate", "20", "--ttft-p99", "1",
-            "--tpot", "30", "--num-samples", "500", "--simulate-requests", "2000", *extra]
+    return ["plan", "--profile", str(profile_path), "--workload", "burstgpt", "--rate", "20", "--ttft-p99-ms", "1000",
+            "--tpot-p99-ms", "30", "--num-samples", "500", "--simulate-requests", "2000", *extra]
 
 
 def test_cli_prints_the_plan_as_json(tmp_path, capsys):
@@ -183,7 +183,7 @@ def test_cli_profiles_a_model_on_the_fly(tiny_model_dir, tmp_path, capsys):
             "--prefill-chunk-size", "64", "--kv-capacity-tokens", "1024", "--num-threads", "1",
             "--profile-lengths", "8,32,128", "--profile-contexts", "8,64", "--profile-rows", "1,4",
             "--profile-out", str(tmp_path / "tiny.json"), "--lengths", str(tmp_path / "lengths.csv"), "--rate", "5",
-            "--ttft-p99", "1", "--tpot", "100", "--simulate-requests", "1000"]
+            "--ttft-p99-ms", "1000", "--tpot-p99-ms", "100", "--simulate-requests", "1000"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["plan"]["feasible"] and report["decode_config"]["kv_capacity_tokens"] == 1024
@@ -202,7 +202,7 @@ def test_corun_profile_writes_what_plan_reads(tiny_model_dir, tmp_path, capsys):
     assert profile.max_num_seqs == 4 and profile.kv_capacity_tokens == 1024
     (tmp_path / "lengths.csv").write_text("100,20\n60,40\n")
     assert main(["plan", "--profile", str(out), "--lengths", str(tmp_path / "lengths.csv"), "--rate", "1",
-                 "--ttft-p99", "5", "--tpot", "1000", "--simulate-requests", "0"]) == 0
+                 "--ttft-p99-ms", "5000", "--tpot-p99-ms", "1000", "--simulate-requests", "0"]) == 0
     assert json.loads(capsys.readouterr().out)["plan"]["ratio"] == "1:1"
 
 
@@ -222,7 +222,7 @@ def test_cli_reads_lengths_files(tmp_path, capsys):
     (("--rate", "-3"), "rate must be a positive number"),
     (("--workload", "nosuch"), "unknown workload 'nosuch'"),
     (("--max-num-seqs", "128"), "measured at N = 256"),
-    (("--tpot", "0"), "targets must be > 0"),
+    (("--tpot-p99-ms", "0"), "must be at least 1 ms"),
 ])
 def test_cli_bad_input_is_a_clear_error(tmp_path, capsys, change, message):
     synthetic_profile(H200_LIKE).save(tmp_path / "profile.json")
@@ -239,7 +239,7 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, capsys, change, message):
 def test_cli_reports_an_infeasible_plan(tmp_path, capsys):
     synthetic_profile(H200_LIKE).save(tmp_path / "profile.json")
     argv = plan_argv(tmp_path / "profile.json")
-    argv[argv.index("--tpot") + 1] = "5"
+    argv[argv.index("--tpot-p99-ms") + 1] = "5"
     assert main(argv) == 1
     report = json.loads(capsys.readouterr().out)
     assert not report["plan"]["feasible"] and report["plan"]["decode_limited_by"] == "tpot"
