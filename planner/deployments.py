@@ -19,7 +19,8 @@ added to the TTFT of every request that decodes. The other two are modelled here
   time-slices between the two CUDA contexts (profile.shared_gpu, measured with both processes busy): a decode step
   stretches by 1 + (decode_stretch - 1) * the prefill process's busy fraction (from the unstretched prefills), a
   prefill by 1 + (prefill_stretch - 1) * P(a request decoding), and the hand-off is the one measured under load
-  there.
+  there. NOTE: its decode node is given the whole node's KV capacity, as a decode node on a GPU of its own; on one
+  GPU the two processes split the memory (the H200 runs: 16 GB prefill, 60 GB decode), which is not modelled.
 Goodput: requests per second that meet both targets, rate * (1 - P(TTFT > target)) * (1 - P(TPOT > target)) (the two
 taken as independent); 0 when a queue is unstable.
 """

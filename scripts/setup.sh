@@ -14,7 +14,7 @@ python -m pip install -q --upgrade pip
 step "3/6 torch 2.13.0 (CPU build)"
 python -m pip install -q torch==2.13.0
 step "4/6 corun-cluster and its test extras (ray, nixl, vllm's pieces...: the longest step)"
-python -m pip install -q -e ".[test]"
+python -m pip install -q -e ".[test,plot]"
 # NOTE: its own venv: guidellm 0.8.1 pins click~=8.4 and its sanic wants multidict<7, which in .venv would
 # downgrade click (ray, huggingface_hub) and the router's aiohttp's multidict. CPU torch first, as above.
 step "5/6 guidellm 0.8.1 in .venv-guidellm (tests/clients/test_guidellm.py)"
