@@ -16,7 +16,7 @@ from planner.plan import DecodeConfig, Workload, named_workload, plan, read_leng
 from planner.plan_sim import check_plan
 from planner.plot import rate_sweep, write_plot
 from planner.profiling import profile_engine
-from planner.recommend import recommend
+from planner.recommend import Recommendation, recommend
 from planner.slo import SLO
 from wire.config import CacheConfig, DType, EngineConfig, SchedulerConfig
 
@@ -110,28 +110,35 @@ def run_plan_command(args) -> int:
               "slo": dataclasses.asdict(slo), "decode_config": dataclasses.asdict(decode),
               "performance_model": model.summary(), "kv_handoff": dataclasses.asdict(profile.kv_handoff),
               "profile_source": profile.source}
-    summary = [f"P:D sizing with no GPU limit: {result.reason}."]
     num_gpus = args.gpus or (result.num_prefill + result.num_decode if result.feasible else None)
-    recommendation = None
+    recommendation, summary = None, []
     if num_gpus is not None:
         cluster = ClusterModel.of(model, profile, decode, args.prefill_token_budget)
-        stats = WorkloadStats.of(workload, model, decode)
-        recommendation = recommend(cluster, stats, slo, num_gpus, args.max_utilization)
-        report["recommendation"] = recommendation.to_dict() | {"prefill_token_budget": cluster.prefill_token_budget}
-        summary = list(recommendation.summary) + summary
-        if args.plot:
-            write_plot(args.plot, rate_sweep(cluster, stats, slo, recommendation), slo, recommendation,
-                       f"{workload.name}: {slo.describe_ms()}, {num_gpus} GPU(s) (predicted)")
-            report["plot"] = args.plot
-            summary.append(f"Plot: {args.plot}")
+        recommendation, summary = recommend_deployment(args, cluster, workload, slo, num_gpus, report)
     elif args.plot:
         summary.append("No plot: no deployment to compare (pass --gpus).")
+    summary.append(f"P:D sizing with no GPU limit: {result.reason}.")
     if args.simulate_requests and result.feasible:
         report["simulation"] = check_plan(result, model, workload, slo, decode, args.max_utilization,
                                           args.simulate_requests, args.seed)
     print("\n".join(summary), file=sys.stderr)
     print(json.dumps(report, indent=2))
     return 0 if (recommendation.meets_slo if recommendation else result.feasible) else 1
+
+
+def recommend_deployment(args, cluster: ClusterModel, workload: Workload, slo: SLO, num_gpus: int,
+                         report: dict) -> tuple[Recommendation, list[str]]:
+    """The recommendation on num_gpus GPUs (into report) and its summary lines; the plot when --plot asks."""
+    stats = WorkloadStats.of(workload, cluster.performance, cluster.node)
+    recommendation = recommend(cluster, stats, slo, num_gpus, args.max_utilization)
+    report["recommendation"] = recommendation.to_dict() | {"prefill_token_budget": cluster.prefill_token_budget}
+    summary = list(recommendation.summary)
+    if args.plot:
+        write_plot(args.plot, rate_sweep(cluster, stats, slo, recommendation), slo, recommendation,
+                   f"{workload.name}: {slo.describe_ms()}, {num_gpus} GPU(s) (predicted)")
+        report["plot"] = args.plot
+        summary.append(f"Plot: {args.plot}")
+    return recommendation, summary
 
 
 def read_workload(args) -> Workload:
