@@ -51,7 +51,8 @@ class SLOTargets:
 
     def __post_init__(self):
         for name, value in self.describe().items():
-            checked_target_ms(f"goodput target {name}", value)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"goodput target {name} must be a positive number of milliseconds, got {value}")
 
     def describe(self) -> dict[str, float]:
         return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
@@ -73,9 +74,10 @@ def parse_goodput(pairs: Sequence[str] | None) -> SLOTargets:
         if GOODPUT_KEYS[key] in targets:
             raise ValueError(f"--goodput: {key} given twice")
         try:
-            targets[GOODPUT_KEYS[key]] = float(value)
+            milliseconds = float(value)
         except ValueError:
             raise ValueError(f"--goodput {pair!r}: {value!r} is not a number of milliseconds") from None
+        targets[GOODPUT_KEYS[key]] = checked_target_ms(f"--goodput {key}", milliseconds)
     return SLOTargets(**targets)
 
 
