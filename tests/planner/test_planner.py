@@ -156,7 +156,10 @@ def test_profile_engine_on_the_tiny_model(tiny_model_dir, tmp_path):
     assert (profile.max_num_seqs, profile.kv_capacity_tokens) == (4, 63 * 16)
     model = PerformanceModel.fit(profile)
     prefill_s, step_s = model.prefill.seconds([8, 64, 128, 159]), model.decode.seconds([0, 100, 600])
-    assert (prefill_s > 0).all() and (np.diff(prefill_s) > 0).all() and (np.diff(step_s) >= 0).all()
+    # NOTE: within one chunk the fit may find no per-token cost on a loaded host (8 and 64 tokens equal); more
+    # chunks always cost more
+    assert (prefill_s > 0).all() and (np.diff(prefill_s) >= 0).all() and (np.diff(step_s) >= 0).all()
+    assert prefill_s[2] > prefill_s[1]
     profile.save(tmp_path / "tiny.json")
     assert PerformanceProfile.load(tmp_path / "tiny.json") == profile
 
