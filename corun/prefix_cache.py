@@ -49,6 +49,7 @@ class PrefixCache:
         """Prompt tokens of the requests that looked the cache up (vLLM's vllm:prefix_cache_queries)."""
         self.num_hit_tokens = 0
         """Of those, tokens served from the cache (vllm:prefix_cache_hits)."""
+        self.num_evicted_chunks = 0
 
     def longest_prefix(self, chunk_keys: list[bytes], max_chunks: int) -> list[CachedChunk]:
         """The cached chunks that start the prompt, at most max_chunks."""
@@ -90,6 +91,7 @@ class PrefixCache:
             return ()
         key, chunk = self.unheld.popitem(last=False)
         del self.chunks[key]
+        self.num_evicted_chunks += 1
         self.num_unheld_blocks -= len(chunk.block_ids)
         return chunk.block_ids
 

@@ -544,6 +544,9 @@ class RouterSettings:
     max_client_queued_requests: int | None = None
     """Requests of one client waiting for its decode slots: one more gets 429 with Retry-After. None: as many as
     max_client_requests lets in."""
+    enable_prompt_tokens_details: bool = False
+    """usage.prompt_tokens_details.cached_tokens in responses (prompt tokens whose KV came from the nodes' prefix
+    caches; sent only when some were), as vLLM's --enable-prompt-tokens-details."""
     parse_timeout_s: float = 30.0
     """A request body parsed in one of the router's parser processes (JSON, chat template, tokenizing) that takes
     longer gets a 413, and its process is stopped. A prompt is refused unencoded once it has more characters than

@@ -18,7 +18,7 @@ from router.nodes.choice import DEFAULT_POLICY, ChoicePolicy, RoutedRequest, Unk
 from router.nodes.client import NodeClient, NodeStatus
 from wire.config import Role, RouterConfig
 from wire.node_auth import ClusterKey
-from wire.protocol import ModelFacts, Ping, Pong
+from wire.protocol import ModelFacts, Ping, Pong, PrefixCacheReset
 
 PING_INTERVAL_S = 1.0
 FIRST_PING_INTERVAL_S = 0.1
@@ -173,6 +173,14 @@ class NodePool:
         deadline = asked + timeout_s
         while any((node.latest_pong_time or 0.0) < asked for node in nodes) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+
+    async def reset_prefix_caches(self, timeout_s: float) -> dict[NodeClient, PrefixCacheReset | None]:
+        """Every prefill and colocated node forgets its cached prompt chunks (vLLM's /reset_prefix_cache): each
+        node's answer, None for one that gave none within timeout_s."""
+        nonce = next(self._nonces)
+        nodes = self.prefill_nodes + self.colocated_nodes
+        answers = await asyncio.gather(*(node.reset_prefix_cache(nonce, timeout_s) for node in nodes))
+        return dict(zip(nodes, answers, strict=True))
 
     async def _ping_loop(self) -> None:
         while True:
