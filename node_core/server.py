@@ -100,8 +100,10 @@ class NodeServer:
         goes beside its forwards (run: the forward and sampling, as the host waits for them)."""
         self.model_facts = protocol.ModelFacts(config.engine.scheduler.max_model_len,
                                                self.runner.arch.vocab_size, config.engine.max_logprobs)
+        cache = self.block_manager.prefix_cache
         self.capacity = protocol.NodeCapacity(config.engine.scheduler.max_num_seqs,
-                                              self.block_manager.num_usable_blocks, config.engine.cache.block_size)
+                                              self.block_manager.num_usable_blocks, config.engine.cache.block_size,
+                                              0 if cache is None else cache.chunk_size)
         self.lock = threading.Lock()
         """Held by the loop for its whole turn but the forward: whoever holds it may use the node's state and server
         socket (the liveness thread answers pings with it while a long forward runs)."""

@@ -544,6 +544,11 @@ class RouterSettings:
     max_client_queued_requests: int | None = None
     """Requests of one client waiting for its decode slots: one more gets 429 with Retry-After. None: as many as
     max_client_requests lets in."""
+    routing_policy: Literal["least_outstanding_work", "prefix_aware"] = "least_outstanding_work"
+    """How the router picks a prefill node (router/nodes/choice.py): least_outstanding_work, the least loaded;
+    prefix_aware, the node the prompt's longest full-chunk prefix was last sent to (it likely holds that KV in its
+    prefix cache), unless its queued prompt tokens exceed the least loaded node's by more than the prefix's tokens.
+    Changes only where a prompt is prefilled, never its outputs."""
     enable_prompt_tokens_details: bool = False
     """usage.prompt_tokens_details.cached_tokens in responses (prompt tokens whose KV came from the nodes' prefix
     caches; sent only when some were), as vLLM's --enable-prompt-tokens-details."""

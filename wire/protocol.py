@@ -47,7 +47,8 @@ Version history:
   16: SamplingParams.structured (wire.structured.StructuredOutput: a JSON schema, json_object, regex, choice or
      EBNF grammar the output must follow).
   17: the prefix cache (issue 25): PrefillResult.num_cached_tokens and TokenEvent.num_cached_tokens (prompt tokens
-     whose KV came from the node's prefix cache); ResetPrefixCache, answered with PrefixCacheReset.
+     whose KV came from the node's prefix cache); ResetPrefixCache, answered with PrefixCacheReset;
+     NodeCapacity.prefix_chunk_tokens.
 
 Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
 with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
@@ -252,6 +253,9 @@ class NodeCapacity(Part):
     """Usable KV blocks: the most one request's samples may reserve together."""
     block_size: int
     """Tokens per KV block."""
+    prefix_chunk_tokens: int = 0
+    """The prefix cache's chunk (prefill_chunk_size) on a prefill or colocated node with one; 0: none. The router's
+    prefix-aware routing hashes prompts by it."""
 
 
 class Pong(Message):

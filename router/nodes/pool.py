@@ -14,8 +14,9 @@ import time
 
 import zmq.asyncio
 
-from router.nodes.choice import DEFAULT_POLICY, ChoicePolicy, RoutedRequest, UnknownNode, can_hold, holders, pick
+from router.nodes.choice import ChoicePolicy, RoutedRequest, UnknownNode, can_hold, holders, pick
 from router.nodes.client import NodeClient, NodeStatus
+from router.nodes.prefix_routing import make_policy
 from wire.config import Role, RouterConfig
 from wire.node_auth import ClusterKey
 from wire.protocol import ModelFacts, Ping, Pong, PrefixCacheReset
@@ -29,9 +30,10 @@ within a fraction of a second of the nodes being up."""
 class NodePool:
     """Every node of the cluster, their ping loop and the instance choice (policy: a ChoicePolicy)."""
 
-    def __init__(self, config: RouterConfig, policy: ChoicePolicy = DEFAULT_POLICY):
+    def __init__(self, config: RouterConfig, policy: ChoicePolicy | None = None):
+        """policy: None, the one config.routing_policy names."""
         self.request_timeout_s = config.request_timeout_s
-        self.policy = policy
+        self.policy = policy if policy is not None else make_policy(config.routing_policy)
         self._context = zmq.asyncio.Context()
         self.key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
         self.by_role: dict[Role, list[NodeClient]] = {
