@@ -163,6 +163,9 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
     then covers the tokens made so far, TPOT the tokens each request made)."""
     prompts = make_prompts(workload, engine.runner.model.cfg.vocab_size, seed)
     warm_up(engine, prompts)
+    engine.reset_prefix_cache()  # NOTE: the run starts cold: the warm-up's prompts share its prefixes
+    cache = prefix_cache_of(engine)
+    queried_before, hits_before = (cache.num_queried_tokens, cache.num_hit_tokens) if cache else (0, 0)
     trace = Trace(arrivals.times(len(prompts)))
     counts_before, rows_before = engine.runner.forward_counts(), dict(engine.runner.decode_rows_histogram)
     prefill_rows_before = dict(getattr(engine.runner, "prefill_rows_histogram", {}))  # NOTE: the vLLM runner: none
@@ -177,7 +180,23 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
         "decode_steps_by_rows": {rows: n - rows_before.get(rows, 0) for rows, n in sorted(rows_after.items())},
         "prefill_forwards_by_rows": {rows: n - prefill_rows_before.get(rows, 0) for rows, n in sorted(
             getattr(engine.runner, "prefill_rows_histogram", {}).items())},
-        "truncated": trace.truncated, "allocator_retries": allocator_retries() - retries_before}
+        "truncated": trace.truncated, "allocator_retries": allocator_retries() - retries_before,
+        **prefix_cache_summary(engine, queried_before, hits_before)}
+
+
+def prefix_cache_of(engine):
+    """The engine's prefix cache; None when off (or on the vLLM backend's engine, which has no block manager here)."""
+    return getattr(getattr(engine, "block_manager", None), "prefix_cache", None)
+
+
+def prefix_cache_summary(engine: LLMEngine, queried_before: int, hits_before: int) -> dict:
+    """The run's prefix cache hit rate: prompt tokens served from the cache over those looked up (vLLM's counters;
+    0 with the cache off)."""
+    cache = prefix_cache_of(engine)
+    queried = cache.num_queried_tokens - queried_before if cache else 0
+    hits = cache.num_hit_tokens - hits_before if cache else 0
+    return {"prefix_caching": cache is not None, "prefix_cache_queried_tokens": queried,
+            "prefix_cache_hit_tokens": hits, "hit_rate": round(hits / queried, 4) if queried else 0.0}
 
 
 def allocator_retries() -> int:

@@ -62,7 +62,7 @@ def run_arm(llm: LLM, constrained: bool, args: argparse.Namespace, rng: random.R
         batch = engine.scheduler.schedule()
         if batch is None:
             continue
-        engine.postprocess(engine.run(batch))
+        engine.postprocess(batch, engine.run(batch))
         if not batch.prefill_chunks and len(batch.decode_requests) == args.rows:
             full_steps.append((time.perf_counter() - started) * 1e3)
     return {"constrained": constrained, "full_decode_steps": len(full_steps), "step_ms": summary(full_steps),

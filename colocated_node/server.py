@@ -7,7 +7,8 @@ hand-off.
 Lifecycle of a request (queues; each of its n samples is a request of its own, seed sample_seed(seed, i), as
 LLM.generate splits them):
   waiting (the scheduler's FIFO) --a slot and KV blocks for prompt + max_tokens free--> prefilling (alone, one
-      chunk per forward, as the engine's fixed_shape mode: bucketed, packed or natural)
+      chunk per forward, as the engine's fixed_shape mode: bucketed, packed or natural; from the end of the prompt's
+      longest cached full-chunk prefix, corun/prefix_cache.py)
   prefilling --last chunk: token 1 sampled, streamed (with the prompt's logprobs)--> decoding
   decoding (the N-row decode step; one StepTokens per router per step, a TokenEvent per sample in it)
       --stop / length / Abort--> finished: slot + blocks free
@@ -76,7 +77,8 @@ class ColocatedServer(NodeServer):
     def num_prompt_tokens(self, batch: ScheduledBatch) -> int:
         return sum(chunk.num_tokens for chunk in batch.prefill_chunks)
 
-    def postprocess(self, sampled: list[SampledToken]) -> None:
+    def postprocess(self, batch: ScheduledBatch, sampled: list[SampledToken]) -> None:
+        self.scheduler.update_from_output(batch)  # NOTE: before a request that ends here lets its blocks go
         step_events: dict[bytes, list[protocol.TokenEvent]] = {}
         for item in sampled:
             sample = self.samples[id(item.request)]
@@ -87,7 +89,7 @@ class ColocatedServer(NodeServer):
                 else None
             logprobs = None if item.logprobs is None else [item.logprobs]
             event = protocol.TokenEvent(sample.request_id, [item.token_id], logprobs, finish_reason, prompt_logprobs,
-                                        sample.index)
+                                        sample.index, request.num_cached_tokens if first else None)
             step_events.setdefault(sample.router, []).append(event)
             if finish_reason is not None:
                 self.finish(sample, finish_reason)
@@ -124,7 +126,8 @@ class ColocatedServer(NodeServer):
                 self.scheduler.abort(sample.request)
                 del self.samples[id(sample.request)]
 
-    handlers = {protocol.GenerateRequest: on_generate, protocol.Abort: on_abort, protocol.Ping: NodeServer.on_ping}
+    handlers = {protocol.GenerateRequest: on_generate, protocol.Abort: on_abort, protocol.Ping: NodeServer.on_ping,
+                protocol.ResetPrefixCache: NodeServer.on_reset_prefix_cache}
 
     def finish(self, sample: Sample, reason: str) -> None:
         self.scheduler.finish(sample.request, reason)

@@ -1,30 +1,43 @@
-"""KV block accounting: a free deque of block ids; a request holds blocks for its whole sequence.
+"""KV block accounting: a free deque of block ids; a request holds blocks for its whole sequence; with a prefix
+cache (corun/prefix_cache.py), a prompt's leading full chunks may be blocks it shares with other requests.
 
-NOTE: no prefix caching. Reusing another request's prompt KV would change the prefill shape of this request
-(a cache hit prefills only the suffix), and vLLM on this CPU measured a logprob change on a hit.
+NOTE: prefix caching keeps the contract because only full chunks at chunk boundaries are shared, whose KV a cold
+prefill computes bit for bit (see corun/prefix_cache.py); vLLM's block-level cache, whose hits change the prefill's
+shape, measured a logprob change on a hit on this CPU.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from wire.config import NULL_BLOCK
+from corun.prefix_cache import CachedChunk, PrefixCache, kv_salt
+from corun.request import Request
+from wire.config import NULL_BLOCK, EngineConfig
+from wire.prefix_hash import chunk_hash_chain
 
 """Block 0 is never handed out: padding rows of the fixed-shape decode step read and write it."""
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, prefix_cache: PrefixCache | None = None):
+        """prefix_cache: None (decode nodes, modes other than fixed_shape, or turned off): no sharing."""
         if num_blocks < 2:
             raise ValueError(f"need at least 2 KV blocks (one is the null block), got {num_blocks}")
+        if prefix_cache is not None and prefix_cache.chunk_size % block_size:
+            raise ValueError(f"a prefix cache needs chunks of whole blocks: chunk {prefix_cache.chunk_size}, block "
+                             f"{block_size}")
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.free_block_ids: deque[int] = deque(range(1, num_blocks))
         self.allocated_block_ids: set[int] = set()
+        """Blocks private to one request (the others are free or a cached chunk's)."""
+        self.prefix_cache = prefix_cache
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_block_ids)
+        """Free blocks and those of unheld cached chunks (evicted when needed), as vLLM counts them."""
+        cached = self.prefix_cache.num_unheld_blocks if self.prefix_cache is not None else 0
+        return len(self.free_block_ids) + cached
 
     @property
     def num_usable_blocks(self) -> int:
@@ -37,10 +50,13 @@ class BlockManager:
         return self.blocks_needed(num_tokens) <= self.num_free_blocks
 
     def allocate(self, num_tokens: int) -> list[int] | None:
-        """Blocks for num_tokens tokens, or None when they do not fit now."""
+        """Blocks for num_tokens tokens (evicting unheld cached chunks as needed), or None when they do not fit."""
         if not self.can_allocate(num_tokens):
             return None
-        block_ids = [self.free_block_ids.popleft() for _ in range(self.blocks_needed(num_tokens))]
+        num_needed = self.blocks_needed(num_tokens)
+        while len(self.free_block_ids) < num_needed:
+            self.free_block_ids.extend(self.prefix_cache.evict())
+        block_ids = [self.free_block_ids.popleft() for _ in range(num_needed)]
         self.allocated_block_ids.update(block_ids)
         return block_ids
 
@@ -52,3 +68,81 @@ class BlockManager:
             raise ValueError(f"double free or unknown blocks: {sorted(not_allocated) or block_ids}")
         self.allocated_block_ids.difference_update(block_ids)
         self.free_block_ids.extend(block_ids)
+
+    # --- a request's blocks, its prompt's cached chunks first -----------------------------------------------------
+    def allocate_request(self, request: Request, num_tokens: int) -> bool:
+        """Blocks for the request's first num_tokens tokens: its longest cached full-chunk prefix (held), then new
+        ones; request.num_computed_tokens starts past the prefix. False (nothing held) when they do not fit now.
+        NOTE: a request asking prompt_logprobs looks nothing up: each chunk's rows must be computed for them."""
+        hits = self.cached_prefix(request) if request.params.prompt_logprobs is None else []
+        for chunk in hits:
+            self.prefix_cache.hold(chunk)
+        num_cached_tokens = len(hits) * self.prefix_cache.chunk_size if hits else 0
+        block_ids = self.allocate(num_tokens - num_cached_tokens)
+        if block_ids is None:
+            self.let_go(hits)
+            return False
+        if self.prefix_cache is not None and request.params.prompt_logprobs is None:
+            self.prefix_cache.num_queried_tokens += request.num_prompt_tokens
+            self.prefix_cache.num_hit_tokens += num_cached_tokens
+        request.block_ids = [b for chunk in hits for b in chunk.block_ids] + block_ids
+        request.cached_chunks = list(hits)
+        request.num_chunks_offered = len(hits)
+        request.num_cached_tokens = request.num_computed_tokens = num_cached_tokens
+        return True
+
+    def cached_prefix(self, request: Request) -> list[CachedChunk]:
+        """The cached chunks that start the prompt, all but the last chunk at most (it gives token 1)."""
+        cache = self.prefix_cache
+        if cache is None:
+            return []
+        if request.chunk_keys is None:
+            request.chunk_keys = chunk_hash_chain(request.prompt_token_ids, cache.chunk_size, cache.salt)
+        return cache.longest_prefix(request.chunk_keys, (request.num_prompt_tokens - 1) // cache.chunk_size)
+
+    def cache_prefilled(self, request: Request) -> None:
+        """Offer the cache the request's full prompt chunks whose KV its prefill forwards have written; each one no
+        other request cached first becomes a cached chunk, held by this request until it ends."""
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        if request.chunk_keys is None:
+            request.chunk_keys = chunk_hash_chain(request.prompt_token_ids, cache.chunk_size, cache.salt)
+        num_done = min(request.num_computed_tokens, request.num_prompt_tokens) // cache.chunk_size
+        blocks_per_chunk = cache.chunk_size // self.block_size
+        for k in range(request.num_chunks_offered, num_done):
+            block_ids = tuple(request.block_ids[k * blocks_per_chunk:(k + 1) * blocks_per_chunk])
+            chunk = cache.insert(request.chunk_keys[k], block_ids)
+            if chunk is not None:
+                self.allocated_block_ids.difference_update(block_ids)
+                request.cached_chunks.append(chunk)
+        request.num_chunks_offered = max(request.num_chunks_offered, num_done)
+
+    def release(self, request: Request) -> None:
+        """The request ends: its private blocks are freed, its cached chunks let go (the last chunk first, so that a
+        prompt's tail is evicted before its head)."""
+        shared = {b for chunk in request.cached_chunks for b in chunk.block_ids}
+        self.free([b for b in request.block_ids if b not in shared])
+        self.let_go(request.cached_chunks)
+        request.block_ids, request.cached_chunks = [], []
+
+    def let_go(self, chunks: list[CachedChunk]) -> None:
+        for chunk in reversed(chunks):
+            self.free_block_ids.extend(self.prefix_cache.let_go(chunk))
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached chunk (held ones are freed when their holders end); -> the blocks freed now."""
+        if self.prefix_cache is None:
+            return 0
+        freed = self.prefix_cache.reset()
+        self.free_block_ids.extend(freed)
+        return len(freed)
+
+
+def make_block_manager(config: EngineConfig, num_blocks: int, shares_prefixes: bool = True) -> BlockManager:
+    """An engine's or node's block manager, with a prefix cache where config (resolved: EngineConfig.resolved) has
+    one in force and the server prefills (shares_prefixes: not a decode node, whose prompt KV is read from others)."""
+    cache = None
+    if shares_prefixes and config.cache.enable_prefix_caching:
+        cache = PrefixCache(config.scheduler.prefill_chunk_size, kv_salt(config))
+    return BlockManager(num_blocks, config.cache.block_size, cache)

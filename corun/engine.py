@@ -2,6 +2,8 @@
 
 Lifecycle of a request (queues of the scheduler):
   waiting --admit (slot + KV blocks for prompt + max_tokens free)--> running (prefilling, chunk by chunk)
+  (admission holds the prompt's longest cached full-chunk prefix, corun/prefix_cache.py; prefill starts after it,
+  and each full chunk a prefill forward completes is offered to the cache)
   running (prefilled; token 1 sampled) --decode steps--> finished (stop token or max_tokens) -> blocks freed
 """
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from corun.block_manager import BlockManager
+from corun.block_manager import make_block_manager
 from corun.model_runner import ModelRunner, SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, make_scheduler
@@ -36,7 +38,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config = config.resolved()
         self.runner = ModelRunner(config, runs_mixed_steps=config.scheduler.mode != "fixed_shape")
-        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.cache.block_size)
+        self.block_manager = make_block_manager(config, self.runner.kv_cache.num_blocks)
         self.scheduler = make_scheduler(config.scheduler, self.block_manager)
         self.eos_token_ids = frozenset(self.runner.arch.eos_token_ids)
         self.stats = EngineStats()
@@ -52,6 +54,10 @@ class LLMEngine:
     def abort_request(self, request: Request) -> None:
         self.scheduler.abort(request)
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prompt chunk (vLLM's LLM.reset_prefix_cache); -> the KV blocks freed now."""
+        return self.block_manager.reset_prefix_cache()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -60,7 +66,7 @@ class LLMEngine:
         if batch is None:
             return []
         sampled = self.run(batch)
-        self.postprocess(sampled)
+        self.postprocess(batch, sampled)
         return sampled
 
     def run(self, batch: ScheduledBatch) -> list[SampledToken]:
@@ -74,7 +80,8 @@ class LLMEngine:
         self.stats.num_decode_steps += 1
         return self.runner.run_decode(batch.decode_requests)
 
-    def postprocess(self, sampled: list[SampledToken]) -> None:
+    def postprocess(self, batch: ScheduledBatch, sampled: list[SampledToken]) -> None:
+        self.scheduler.update_from_output(batch)  # NOTE: before a request that ends here lets its blocks go
         for item in sampled:
             finish_reason = item.request.append_token(item.token_id, item.logprobs)
             self.stats.num_generated_tokens += 1

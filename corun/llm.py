@@ -26,7 +26,8 @@ class LLM:
                  block_size: int = CacheConfig.block_size, num_blocks: int | None = CacheConfig.num_blocks,
                  dtype: str = EngineConfig.dtype, device: str = EngineConfig.device, seed: int = EngineConfig.seed,
                  use_cuda_graph: bool = EngineConfig.use_cuda_graph,
-                 num_threads: int | None = EngineConfig.num_threads, backend: str = EngineConfig.backend):
+                 num_threads: int | None = EngineConfig.num_threads, backend: str = EngineConfig.backend,
+                 enable_prefix_caching: bool = CacheConfig.enable_prefix_caching):
         """The common engine settings as keywords (defaults: the config dataclasses'); LLM.from_config takes
         any EngineConfig."""
         self.config = EngineConfig(
@@ -35,7 +36,8 @@ class LLM:
             scheduler=SchedulerConfig(mode=mode, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       prefill_chunk_size=prefill_chunk_size,
                                       max_num_batched_tokens=max_num_batched_tokens),
-            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks))
+            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
+                              enable_prefix_caching=enable_prefix_caching))
         self._start()
 
     @classmethod
@@ -105,7 +107,11 @@ class LLM:
         prompt_logprobs = first.prompt_logprobs if first.params.prompt_logprobs is not None else None
         return RequestOutput(request_id, prompt, first.prompt_token_ids, completions, seed,
                              finished=all(r.finish_reason is not None for r in samples),
-                             prompt_logprobs=prompt_logprobs)
+                             prompt_logprobs=prompt_logprobs, num_cached_tokens=first.num_cached_tokens)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prompt chunk (vLLM's LLM.reset_prefix_cache); -> the KV blocks freed now."""
+        return self.engine.reset_prefix_cache()
 
 
 def _vllm_engine(config: EngineConfig):

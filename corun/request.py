@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 from wire.outputs import TokenLogprobs
+
+if TYPE_CHECKING:
+    from corun.prefix_cache import CachedChunk
 from wire.sampling_params import SamplingParams
 
 
@@ -37,6 +41,15 @@ class Request:
     num_computed_tokens: int = 0
     """Tokens whose KV is in the cache."""
     block_ids: list[int] = field(default_factory=list)
+    """Its KV blocks in order: its prompt's cached chunks' (shared) first, then its own."""
+    cached_chunks: list[CachedChunk] = field(default_factory=list)
+    """The prefix cache's chunks it holds: those it was served and those it computed first (block_manager.py)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (usage.prompt_tokens_details.cached_tokens)."""
+    num_chunks_offered: int = 0
+    """Full prompt chunks already served by or offered to the prefix cache."""
+    chunk_keys: list[bytes] | None = None
+    """The prompt's full chunks' hash chain (wire/prefix_hash.py), once the prefix cache asked for it."""
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
 

@@ -156,8 +156,7 @@ class Scheduler:
     def finish(self, request: Request, reason: str) -> None:
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
         self.running.remove(request)
-        self.block_manager.free(request.block_ids)
-        request.block_ids = []
+        self.block_manager.release(request)
 
     def abort(self, request: Request) -> None:
         """Drop a request wherever it is; its blocks (if any) return to the pool."""
@@ -168,19 +167,24 @@ class Scheduler:
             self.finish(request, "abort")
 
     def admit_head(self) -> Request | None:
-        """Move the head of waiting to running if a slot and blocks for its whole sequence are free."""
+        """Move the head of waiting to running if a slot and blocks for its whole sequence are free (its prompt's
+        cached chunks among them: its prefill starts after them)."""
         if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
             return None
-        block_ids = self.block_manager.allocate(self.waiting[0].max_num_tokens)
-        if block_ids is None:
+        if not self.block_manager.allocate_request(self.waiting[0], self.waiting[0].max_num_tokens):
             return None
         request = self.waiting.popleft()
-        request.block_ids, request.status = block_ids, RequestStatus.RUNNING
+        request.status = RequestStatus.RUNNING
         self.running.append(request)
         return request
 
     def schedule(self) -> ScheduledBatch | None:
         raise NotImplementedError
+
+    def update_from_output(self, batch: ScheduledBatch) -> None:
+        """After the batch's forward: the full prompt chunks it completed go to the prefix cache (if any)."""
+        for chunk in batch.prefill_chunks:
+            self.block_manager.cache_prefilled(chunk.request)
 
 
 class FixedShapeScheduler(Scheduler):

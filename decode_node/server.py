@@ -138,7 +138,7 @@ class DecodeServer(NodeServer):
         pulling = [*self.claiming.values(), *self.transferring.values()]
         return sum(len(job.samples) for job in pulling) + len(self.running)
 
-    def postprocess(self, sampled: list[SampledToken]) -> None:
+    def postprocess(self, requests: list[Request], sampled: list[SampledToken]) -> None:
         samples = {id(sample.request): sample for sample in self.running}
         step_events: dict[bytes, list[protocol.TokenEvent]] = {}
         for item in sampled:

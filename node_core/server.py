@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import ClassVar
 
-from corun.block_manager import BlockManager
+from corun.block_manager import make_block_manager
 from corun.model_runner import ModelRunner
 from corun.models.loader import model_digest
 from corun.request import Request
@@ -81,7 +81,9 @@ class NodeServer:
         self.instance_id = uuid.uuid4().hex
         """This process: a node restarted on the same address gets another one."""
         self.runner: NodeRunner = make_model_runner(config.engine, capture_decode_graph)
-        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, config.engine.cache.block_size)
+        # NOTE: a decode node's prompt KV is read from prefill nodes, never computed here: nothing to share
+        self.block_manager = make_block_manager(config.engine, self.runner.kv_cache.num_blocks,
+                                                shares_prefixes=self.role != "decode")
         self.eos_token_ids = frozenset(self.runner.arch.eos_token_ids)
         digest = model_digest(config.engine.model)
         self.fingerprint = engine_fingerprint(config.engine, digest)
@@ -98,8 +100,10 @@ class NodeServer:
         goes beside its forwards (run: the forward and sampling, as the host waits for them)."""
         self.model_facts = protocol.ModelFacts(config.engine.scheduler.max_model_len,
                                                self.runner.arch.vocab_size, config.engine.max_logprobs)
+        cache = self.block_manager.prefix_cache
         self.capacity = protocol.NodeCapacity(config.engine.scheduler.max_num_seqs,
-                                              self.block_manager.num_usable_blocks, config.engine.cache.block_size)
+                                              self.block_manager.num_usable_blocks, config.engine.cache.block_size,
+                                              0 if cache is None else cache.chunk_size)
         self.lock = threading.Lock()
         """Held by the loop for its whole turn but the forward: whoever holds it may use the node's state and server
         socket (the liveness thread answers pings with it while a long forward runs)."""
@@ -118,10 +122,15 @@ class NodeServer:
                                                    self.capacity))
 
     def free(self, request: Request) -> None:
-        """Return a request's KV blocks (if it still holds any) to the pool."""
+        """Return a request's KV blocks (if it still holds any) to the pool: its own are freed, the prefix cache's
+        chunks it held are let go (kept, evictable once nobody holds them)."""
         if request.block_ids:
-            self.block_manager.free(request.block_ids)
-            request.block_ids = []
+            self.block_manager.release(request)
+
+    def on_reset_prefix_cache(self, identity: bytes, message: protocol.ResetPrefixCache) -> None:
+        """Forget every cached prompt chunk; chunks requests still hold (a lease being read) are freed when they end."""
+        freed = self.block_manager.reset_prefix_cache()
+        self.sockets.reply(identity, protocol.PrefixCacheReset(message.nonce, self.config.node_id, freed))
 
     def stats(self) -> dict:
         blocks = self.block_manager
@@ -130,11 +139,23 @@ class NodeServer:
                 "num_pongs_while_busy": self.pings_while_busy.num_answered,
                 "forward_running_seconds": round(self.forward_seconds(), 3),
                 "kv_cache_usage_perc": round(1 - blocks.num_free_blocks / blocks.num_usable_blocks, 6),
+                **self.prefix_cache_stats(), **self.prefix_cache_gauges(),
                 ITERATION_TOKENS_KEY: self.iteration_tokens.as_stat(),
                 **self.runner.forward_counts(), **self.transfer_counters.as_dict()}
 
     def role_stats(self) -> dict:
         raise NotImplementedError
+
+    def prefix_cache_stats(self) -> dict:
+        """vLLM's prefix cache counters, in prompt tokens (0 where there is no cache: a decode node, or turned off)."""
+        cache = self.block_manager.prefix_cache
+        return {"prefix_cache_queries": 0 if cache is None else cache.num_queried_tokens,
+                "prefix_cache_hits": 0 if cache is None else cache.num_hit_tokens}
+
+    def prefix_cache_gauges(self) -> dict:
+        cache = self.block_manager.prefix_cache
+        return {"prefix_caching_enabled": int(cache is not None),
+                "num_cached_chunks": 0 if cache is None else len(cache.chunks)}
 
     ROLE_COUNTERS: ClassVar[tuple[str, ...]] = ()
     """The role's stats that only ever grow."""
@@ -144,7 +165,7 @@ class NodeServer:
         """Stats that only ever grow: the transfer counters, the forward counts and the role's (fixed names)."""
         loop = {f"loop_{phase}_seconds_total" for phase in LOOP_PHASES}
         return tuple(sorted({*self.transfer_counters.as_dict(), *self.runner.forward_counts(), *self.ROLE_COUNTERS,
-                             *loop, "num_pongs_while_busy"}))
+                             *loop, "num_pongs_while_busy", *self.prefix_cache_stats()}))
 
     @property
     def transfer_counters(self) -> TransferCounters:
@@ -170,7 +191,7 @@ class NodeServer:
             ran = time.perf_counter()
             # NOTE: vLLM's count: the prompt tokens the forward computed plus the tokens it sampled
             self.iteration_tokens.observe(self.num_prompt_tokens(batch) + len(sampled))
-            self.postprocess(sampled)
+            self.postprocess(batch, sampled)
             loop["run"] += ran - scheduled
             loop["postprocess"] += time.perf_counter() - ran
         self.after_step()
@@ -208,7 +229,8 @@ class NodeServer:
         """Prompt tokens the forward of batch computes (its chunks'; 0 for a decode step)."""
         raise NotImplementedError
 
-    def postprocess(self, sampled: list) -> None:
+    def postprocess(self, batch, sampled: list) -> None:
+        """After the forward of batch (what schedule() returned), with what it sampled."""
         raise NotImplementedError
 
     def after_step(self) -> None:

@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from planner.prefix_workloads import SHARED_PREFIX_WORKLOADS, group_prompts, shared_prefix_requests
 from wire.sampling_params import SamplingParams
 
 PAPER_WORKLOADS = ("1024x128", "1024x2048", "4096x128", "4096x2048", "burstgpt")
@@ -29,6 +30,9 @@ class Workload:
     name: str
     lengths: tuple[tuple[int, int], ...]
     """(input tokens, output tokens) per request."""
+    prefix_groups: tuple[tuple[int, int], ...] = ()
+    """Shared-prefix workloads (planner/prefix_workloads.py): (group, shared tokens) per request, whose prompt starts
+    with that many tokens of its group's sequence; () = every prompt random."""
 
     @property
     def max_sequence_len(self) -> int:
@@ -64,10 +68,14 @@ def make_workload(name: str, num_requests: int | None = None, seed: int = 0) -> 
     """name: a sampled mix (burstgpt, sharegpt, rl_rollout) or INxOUT, every request INPUT prompt tokens and OUTPUT
     generated ones (1024x128, ...; vLLM's random dataset). num_requests None: the workload's own default (256; 512
     for rl_rollout)."""
+    if name in SHARED_PREFIX_WORKLOADS:
+        requests = shared_prefix_requests(name, checked_count(num_requests, DEFAULT_NUM_REQUESTS), random.Random(seed))
+        return Workload(name, tuple((r[0], r[1]) for r in requests), tuple((r[2], r[3]) for r in requests))
     if fixed := fixed_lengths(name):
         return Workload(name, (fixed,) * checked_count(num_requests, DEFAULT_NUM_REQUESTS))
     if name not in SAMPLED_WORKLOADS:
-        raise ValueError(f"unknown workload {name!r} (have INxOUT such as 1024x128, or {', '.join(SAMPLED_WORKLOADS)})")
+        raise ValueError(f"unknown workload {name!r} (have INxOUT such as 1024x128, or "
+                         f"{', '.join([*SAMPLED_WORKLOADS, *SHARED_PREFIX_WORKLOADS])})")
     sampler, default_count = SAMPLED_WORKLOADS[name]
     rng = random.Random(seed)
     return Workload(name, tuple(sampler(rng) for _ in range(checked_count(num_requests, default_count))))
@@ -116,9 +124,13 @@ def check_fits(workload: Workload, max_model_len: int) -> None:
 def make_prompts(workload: Workload, vocab_size: int, seed: int) -> list[tuple[str, list[int], SamplingParams]]:
     """(request id, random prompt token ids, sampling params) per request: engine.add_request's arguments."""
     rng = random.Random(seed)
-    return [(f"{workload.name}-{i}", [rng.randrange(vocab_size) for _ in range(num_in)],
-             SamplingParams(temperature=0.6, seed=i, max_tokens=num_out, ignore_eos=True))
-            for i, (num_in, num_out) in enumerate(workload.lengths)]
+    if workload.prefix_groups:
+        prompts = group_prompts(workload.lengths, workload.prefix_groups, vocab_size, rng)
+    else:
+        prompts = [[rng.randrange(vocab_size) for _ in range(num_in)] for num_in, _ in workload.lengths]
+    return [(f"{workload.name}-{i}", prompt, SamplingParams(temperature=0.6, seed=i, max_tokens=num_out,
+                                                           ignore_eos=True))
+            for i, (prompt, (_, num_out)) in enumerate(zip(prompts, workload.lengths, strict=True))]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ of several prompts in one forward of exactly T rows; a prompt's bits do not depe
 corun/model_runner.py), so the cluster gives what the colocated engine gives with the same settings.
 
 Lifecycle of a request (queues; the leases are the KV transport's sender, self.transport: transfer/leases.py):
-  waiting (FIFO) --KV blocks for the prompt free--> prefilling (one chunk per loop turn; alone unless packed)
+  waiting (FIFO) --KV blocks for the prompt free--> prefilling (one chunk per loop turn; alone unless packed; from
+      the end of the prompt's longest cached full-chunk prefix, whose chunks it holds: corun/prefix_cache.py)
   prefilling --last chunk: token 1 of each of the n samples sampled, PrefillResult to the router--> leased
       (blocks kept until a deadline)
   leased --ClaimKV from a decode node--> claimed (a new deadline, kv_lease_seconds on: decode nodes end their READ
@@ -88,18 +89,22 @@ class PrefillServer(NodeServer):
                                    lambda: self.waiting[0].request if self.waiting else None, self.admit_head)
 
     def admit_head(self) -> Request | None:
-        """NOTE: KV for the prompt alone: the decode node reserves the rest of the sequence."""
-        block_ids = self.block_manager.allocate(self.waiting[0].request.num_prompt_tokens)
-        if block_ids is None:
+        """NOTE: KV for the prompt alone (its longest cached full-chunk prefix held, the rest new): the decode node
+        reserves the rest of the sequence."""
+        head = self.waiting[0].request
+        if not self.block_manager.allocate_request(head, head.num_prompt_tokens):
             return None
         pending = self.waiting.popleft()
-        pending.request.block_ids = block_ids
         pending.queue_seconds = time.monotonic() - pending.arrived
         self.prefilling.append(pending)
         return pending.request
 
-    def postprocess(self, sampled: list[SampledToken]) -> None:
-        """Every prompt whose last chunk ran has token 1 of each sample: lease its KV and answer the router."""
+    def postprocess(self, chunks: list[PrefillChunk], sampled: list[SampledToken]) -> None:
+        """The full chunks the forward completed go to the prefix cache; every prompt whose last chunk ran has token 1
+        of each sample: lease its KV (the cached chunks it holds too: held until the lease ends) and answer the
+        router."""
+        for chunk in chunks:
+            self.block_manager.cache_prefilled(chunk.request)
         finished: dict[int, list[SampledToken]] = {}
         for item in sampled:
             finished.setdefault(id(item.request), []).append(item)
@@ -124,7 +129,8 @@ class PrefillServer(NodeServer):
             self.free(request)
         prompt_logprobs = request.prompt_logprobs if request.params.prompt_logprobs is not None else None
         self.sockets.reply(pending.router, protocol.PrefillResult(request.request_id, first_tokens, kv,
-                                                                  prompt_logprobs, pending.queue_seconds))
+                                                                  prompt_logprobs, pending.queue_seconds,
+                                                                  request.num_cached_tokens))
 
     # --- messages -----------------------------------------------------------------------------------------------
     def on_prefill(self, identity: bytes, message: protocol.PrefillRequest) -> None:
@@ -175,7 +181,7 @@ class PrefillServer(NodeServer):
 
     handlers = {protocol.PrefillRequest: on_prefill, protocol.HandshakeRequest: on_handshake,
                 protocol.ClaimKV: on_claim, protocol.ReleaseKV: on_release, protocol.Abort: on_abort,
-                protocol.Ping: NodeServer.on_ping}
+                protocol.Ping: NodeServer.on_ping, protocol.ResetPrefixCache: NodeServer.on_reset_prefix_cache}
 
     ROLE_COUNTERS = ("num_prefills", "prefill_seconds_total", "num_released_unread")
 

@@ -15,6 +15,7 @@ from router.api.clients import ClientLimits
 from router.api.errors import RequestError, error_body
 from router.api.handlers import RESPONSE_HEADERS_KEY, STATE_KEY, chat_completions, completions
 from router.api.offload import Offload
+from router.api.prefix_cache import add_prefix_cache_routes
 from router.api.state import Admission, RouterState
 from router.api.tokens import add_token_routes
 from router.generation.pipeline import GenerationError
@@ -56,6 +57,7 @@ def create_app(config: RouterConfig) -> web.Application:
     else:
         app.router.add_route("*", "/admin/{path:.*}", admin_elsewhere)
     add_token_routes(app)
+    add_prefix_cache_routes(app)
     app.on_startup.append(start_pool)
     app.on_cleanup.append(close_pool)
     return app

@@ -202,13 +202,14 @@ def pool_families(statuses: list[NodeStatus], model_name: str) -> Iterator:
     preemptions = CounterMetricFamily("vllm:num_preemptions", "Preemptions: none (admission reserves the KV)",
                                       labels=MODEL_LABEL)
     preemptions.add_metric([model_name], 0.0)
-    # NOTE: CoRun has no prefix cache yet: every prompt is prefilled in full, so both stay 0 until one exists
-    queries = CounterMetricFamily("vllm:prefix_cache_queries", "Prefix cache queries, in tokens (no prefix cache "
-                                  "yet: 0)", labels=MODEL_LABEL)
-    queries.add_metric([model_name], 0.0)
-    hits = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix cache hits, in tokens (no prefix cache yet: 0)",
+    # NOTE: the prefill and colocated nodes' prefix caches, in prompt tokens as vLLM counts them (a request asking
+    # prompt_logprobs looks nothing up and is not counted); summed over the nodes that answered
+    queries = CounterMetricFamily("vllm:prefix_cache_queries", "Prefix cache queries, in prompt tokens, over the "
+                                  "nodes", labels=MODEL_LABEL)
+    queries.add_metric([model_name], float(sum(s.pong.stats.get("prefix_cache_queries", 0) for s in answered)))
+    hits = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix cache hits, in prompt tokens, over the nodes",
                                labels=MODEL_LABEL)
-    hits.add_metric([model_name], 0.0)
+    hits.add_metric([model_name], float(sum(s.pong.stats.get("prefix_cache_hits", 0) for s in answered)))
     yield from (preemptions, queries, hits, cache_config_info(answered, model_name))
 
 
@@ -252,8 +253,9 @@ def cache_config_info(answered: list[NodeStatus], model_name: str) -> GaugeMetri
     for status in answered:
         capacity = status.pong.capacity
         if capacity is not None:
+            caching = bool(status.pong.stats.get("prefix_caching_enabled", 0))
             info.add_metric([model_name, status.pong.node_id, str(capacity.block_size), str(capacity.num_kv_blocks),
-                             "False"], 1.0)
+                             str(caching)], 1.0)
     return info
 
 

@@ -272,6 +272,13 @@ class CacheConfig:
     """Number of KV blocks; when None it is derived from memory_budget_bytes."""
     memory_budget_bytes: int = field(default=512 * MIB, metadata=flag("--kv-cache-mib", scale=MIB))
     """KV cache memory when num_blocks is not given (the flag: in MiB)."""
+    enable_prefix_caching: bool = True
+    """Keep the KV of full prompt chunks after use and prefill only the chunks after a prompt's longest cached
+    full-chunk prefix (prefill and colocated nodes, the engine; corun/prefix_cache.py). Outputs are bitwise those of
+    a cold prefill: only chunks of prefill_chunk_size tokens starting at a multiple of it are shared, whose KV a cold
+    prefill computes alike. In force only in mode fixed_shape on the native engine with prefill_chunk_size a
+    multiple of block_size (EngineConfig.resolved turns it off elsewhere: mixed steps' KV depends on the batch).
+    Requests asking prompt_logprobs look nothing up (their chunks' rows are computed for them)."""
 
     def __post_init__(self):
         if self.block_size < 1:
@@ -324,8 +331,11 @@ class EngineConfig:
         """This config with every 'auto' shape setting resolved for its device. An engine (LLMEngine, a node
         server, the vLLM engine) resolves its config once when it is built; the fingerprint hashes the result. The
         config as asked keeps 'auto', so it travels to node processes and bench variants as the user gave it."""
+        caching = self.cache.enable_prefix_caching and self.scheduler.mode == "fixed_shape" and \
+            self.backend == "native" and self.scheduler.prefill_chunk_size % self.cache.block_size == 0
         return dataclasses.replace(self, scheduler=resolve_shape_defaults(self.scheduler, self.device,
-                                                                          self.use_cuda_graph, self.backend))
+                                                                          self.use_cuda_graph, self.backend),
+                                   cache=dataclasses.replace(self.cache, enable_prefix_caching=caching))
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -534,6 +544,14 @@ class RouterSettings:
     max_client_queued_requests: int | None = None
     """Requests of one client waiting for its decode slots: one more gets 429 with Retry-After. None: as many as
     max_client_requests lets in."""
+    routing_policy: Literal["least_outstanding_work", "prefix_aware"] = "least_outstanding_work"
+    """How the router picks a prefill node (router/nodes/choice.py): least_outstanding_work, the least loaded;
+    prefix_aware, the node the prompt's longest full-chunk prefix was last sent to (it likely holds that KV in its
+    prefix cache), unless its queued prompt tokens exceed the least loaded node's by more than the prefix's tokens.
+    Changes only where a prompt is prefilled, never its outputs."""
+    enable_prompt_tokens_details: bool = False
+    """usage.prompt_tokens_details.cached_tokens in responses (prompt tokens whose KV came from the nodes' prefix
+    caches; sent only when some were), as vLLM's --enable-prompt-tokens-details."""
     parse_timeout_s: float = 30.0
     """A request body parsed in one of the router's parser processes (JSON, chat template, tokenizing) that takes
     longer gets a 413, and its process is stopped. A prompt is refused unencoded once it has more characters than

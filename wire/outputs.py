@@ -46,3 +46,6 @@ class RequestOutput:
     finished: bool
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     """SamplingParams.prompt_logprobs set: one per prompt token, None for the first."""
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (vLLM's RequestOutput.num_cached_tokens; the first
+    sample's)."""

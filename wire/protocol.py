@@ -46,6 +46,9 @@ Version history:
   15: SamplingParams.allowed_token_ids and bad_words_token_ids; seeds are any int64 (were [0, 2**63)).
   16: SamplingParams.structured (wire.structured.StructuredOutput: a JSON schema, json_object, regex, choice or
      EBNF grammar the output must follow).
+  17: the prefix cache (issue 25): PrefillResult.num_cached_tokens and TokenEvent.num_cached_tokens (prompt tokens
+     whose KV came from the node's prefix cache); ResetPrefixCache, answered with PrefixCacheReset;
+     NodeCapacity.prefix_chunk_tokens.
 
 Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
 with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
@@ -61,7 +64,7 @@ import msgspec
 from wire.outputs import TokenLogprobs
 from wire.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 
-PROTOCOL_VERSION = 16
+PROTOCOL_VERSION = 17
 
 
 class ProtocolError(ValueError):
@@ -80,6 +83,7 @@ MAX_ID_CHARS = 256
 Id = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
 """A request, node or instance id."""
 Seconds = Annotated[float, msgspec.Meta(ge=0.0)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
 # NOTE: msgpack carries integers of int64 and uint64 only, and msgspec refuses a bool for an int; NaN fails every
 # bound (wire.outputs.Logprob), so a float with a Meta bound is never NaN.
 
@@ -158,6 +162,8 @@ class PrefillResult(Message):
     """params.prompt_logprobs set: one per prompt token (the first None), from this node's isolated prefill."""
     queue_seconds: Seconds = 0.0
     """How long the request waited in this node's queue before its first chunk ran (vLLM's queue time)."""
+    num_cached_tokens: Count = 0
+    """Prompt tokens whose KV came from this node's prefix cache (usage.prompt_tokens_details.cached_tokens)."""
 
 
 # --- router -> decode -> router ------------------------------------------------------------------------------
@@ -186,6 +192,9 @@ class TokenEvent(Part):
     colocated node that prefilled the prompt."""
     index: int = 0
     """The sample (of params.n) these tokens belong to."""
+    num_cached_tokens: Count | None = None
+    """A sample's first event, from the node that prefilled the prompt (as prompt_logprobs): prompt tokens whose
+    KV came from its prefix cache."""
 
 
 class StepTokens(Message):
@@ -212,6 +221,19 @@ class Ping(Message):
     nonce: int
 
 
+class ResetPrefixCache(Message):
+    """router -> prefill and colocated nodes: forget every cached prompt chunk (vLLM's /reset_prefix_cache)."""
+
+    nonce: int
+
+
+class PrefixCacheReset(Message):
+    nonce: int
+    node_id: Id
+    num_blocks_freed: Count
+    """KV blocks freed at once (those of chunks a request still holds are freed when it ends)."""
+
+
 class ModelFacts(Part):
     """What the router validates requests against, learnt from the nodes (every node of a pool must agree)."""
 
@@ -231,6 +253,9 @@ class NodeCapacity(Part):
     """Usable KV blocks: the most one request's samples may reserve together."""
     block_size: int
     """Tokens per KV block."""
+    prefix_chunk_tokens: int = 0
+    """The prefix cache's chunk (prefill_chunk_size) on a prefill or colocated node with one; 0: none. The router's
+    prefix-aware routing hashes prompts by it."""
 
 
 class Pong(Message):
@@ -310,7 +335,8 @@ class KVReadDone(Message):
 
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.__name__: cls for cls in (
     PrefillRequest, PrefillResult, DecodeRequest, GenerateRequest, StepTokens, ErrorReply, Abort, Ping, Pong,
-    HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply, ReleaseKV, KVReadDone)}
+    HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply, ReleaseKV, KVReadDone, ResetPrefixCache,
+    PrefixCacheReset)}
 
 
 class _Envelope(msgspec.Struct):

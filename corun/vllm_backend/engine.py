@@ -108,6 +108,10 @@ class VllmEngine:
             self.vllm.abort_request([request.request_id])
             request.finish_reason = request.finish_reason or "abort"
 
+    def reset_prefix_cache(self) -> int:
+        """No prefix cache here (EngineConfig.resolved turns it off for this backend)."""
+        return 0
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 

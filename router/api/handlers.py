@@ -86,7 +86,7 @@ async def generate_response(request: web.Request, state: RouterState, request_id
     ctx = ResponseContext(generation.kind, request_id, int(time.time()), state.config.served_model_name,
                           state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer,
                           generation.output, tuple(p for p in generation.prompts for _ in range(n)), n,
-                          generation.tools)
+                          generation.tools, state.config.enable_prompt_tokens_details)
     deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i * n,
                                   node_request_id(state.config, request_id, i),
                                   list(prompt), bind_seed(generation, seed), generation.stop_strings,
@@ -201,9 +201,11 @@ async def write_events(response: web.StreamResponse, ctx: ResponseContext, gener
     try:
         num_prompt_tokens = sum(len(prompt) for prompt in generation.prompts)
         continuous = num_prompt_tokens if generation.continuous_usage else None
-        num_completion_tokens = await write_deltas(response, ctx, first_delta, deltas, continuous)
+        choice_to_cached: dict[int, int | None] = {}
+        num_completion_tokens = await write_deltas(response, ctx, first_delta, deltas, continuous, choice_to_cached)
         if generation.include_usage:
-            await send_event(response, usage_chunk(ctx, num_prompt_tokens, num_completion_tokens))
+            await send_event(response, usage_chunk(ctx, num_prompt_tokens, num_completion_tokens,
+                                                   ctx.cached_tokens(choice_to_cached)))
     except GenerationError as error:
         # NOTE: the status line is gone already; the error travels as an event, as vLLM sends it.
         logger.warning("request %s failed mid-stream: %s", ctx.request_id, error.message)
@@ -212,10 +214,11 @@ async def write_events(response: web.StreamResponse, ctx: ResponseContext, gener
 
 
 async def write_deltas(response: web.StreamResponse, ctx: ResponseContext, first_delta: ChoiceDelta,
-                       deltas: AsyncIterator[ChoiceDelta], continuous_prompt_tokens: int | None = None) -> int:
+                       deltas: AsyncIterator[ChoiceDelta], continuous_prompt_tokens: int | None = None,
+                       choice_to_cached: dict[int, int | None] | None = None) -> int:
     """Send first_delta, then each of deltas, as a chunk (a chat choice opens with its role); returns the
     completion tokens sent. continuous_prompt_tokens: every chunk carries the usage so far
-    (stream_options.continuous_usage_stats)."""
+    (stream_options.continuous_usage_stats). choice_to_cached: filled with each choice's cached prompt tokens."""
     text_offsets: dict[int, int] = {}
     num_tokens = 0
     chunks = ChunkEncoder(ctx)
@@ -223,6 +226,8 @@ async def write_deltas(response: web.StreamResponse, ctx: ResponseContext, first
     delta = first_delta
     while delta is not None:
         first = delta.index not in text_offsets
+        if choice_to_cached is not None and delta.num_cached_tokens is not None:
+            choice_to_cached[delta.index] = delta.num_cached_tokens
         if ctx.kind == "chat" and first:
             await write_chat_opening(response, ctx, chunks, delta.index, continuous_prompt_tokens)
         choice, text_offsets[delta.index] = chunk_choice(ctx, delta, text_offsets.get(delta.index, 0), first)

@@ -32,8 +32,11 @@ class ChoiceTotal:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    num_cached_tokens: int | None = None
 
     def add(self, delta: ChoiceDelta) -> None:
+        if delta.num_cached_tokens is not None:
+            self.num_cached_tokens = delta.num_cached_tokens
         self.prompt_logprobs = delta.prompt_logprobs if delta.prompt_logprobs is not None else self.prompt_logprobs
         self.text += delta.text
         self.token_ids += delta.token_ids
@@ -63,6 +66,16 @@ class ResponseContext:
     """Samples per prompt: choice index = prompt index * n + sample index."""
     tools: ToolRequest | None = None
     """Chat with tools: the output becomes tool calls (router/api/tools.py)."""
+    prompt_tokens_details: bool = False
+    """usage.prompt_tokens_details.cached_tokens, when some prompt tokens were cached (RouterSettings'
+    enable_prompt_tokens_details)."""
+
+    def cached_tokens(self, choice_to_cached: dict[int, int | None]) -> int | None:
+        """The prompt tokens served from prefix caches, each prompt's once (its first sample's), for usage; None
+        unless asked for (as vLLM: --enable-prompt-tokens-details)."""
+        if not self.prompt_tokens_details:
+            return None
+        return sum(cached or 0 for index, cached in choice_to_cached.items() if index % self.n == 0)
 
     def choice_seed(self, index: int) -> int:
         return sample_seed(self.seed, index % self.n)
@@ -90,8 +103,9 @@ def response_body(ctx: ResponseContext, totals: list[ChoiceTotal], num_prompt_to
     choices = [choice_body(ctx, total.index, total.text, total.token_ids, total.logprobs, total.finish_reason,
                            total.stop_reason, total.prompt_logprobs) for total in totals]
     num_completion_tokens = 0 if ctx.output.drop_generated else sum(len(total.token_ids) for total in totals)
+    cached = ctx.cached_tokens({total.index: total.num_cached_tokens for total in totals})
     body = {**ctx.envelope(streaming=False), "choices": choices,
-            "usage": usage(num_prompt_tokens, num_completion_tokens)}
+            "usage": usage(num_prompt_tokens, num_completion_tokens, cached)}
     if ctx.kind == "chat" and totals:  # NOTE: vLLM's chat has the prompt's keys once, beside the choices
         body.update(prompt_keys(ctx, 0, totals[0].prompt_logprobs))
     return body
@@ -207,13 +221,19 @@ def role_choice(index: int) -> dict:
     return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
 
-def usage_chunk(ctx: ResponseContext, num_prompt_tokens: int, num_completion_tokens: int) -> dict:
-    return {**ctx.envelope(streaming=True), "choices": [], "usage": usage(num_prompt_tokens, num_completion_tokens)}
+def usage_chunk(ctx: ResponseContext, num_prompt_tokens: int, num_completion_tokens: int,
+                num_cached_tokens: int | None = None) -> dict:
+    return {**ctx.envelope(streaming=True), "choices": [],
+            "usage": usage(num_prompt_tokens, num_completion_tokens, num_cached_tokens)}
 
 
-def usage(num_prompt_tokens: int, num_completion_tokens: int) -> dict:
-    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
+def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage; prompt_tokens_details only when some prompt tokens were cached, as vLLM's."""
+    body = {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
             "total_tokens": num_prompt_tokens + num_completion_tokens}
+    if num_cached_tokens:
+        body["prompt_tokens_details"] = {"cached_tokens": num_cached_tokens}
+    return body
 
 
 def format_logprobs(ctx: ResponseContext, logprobs, text_offset: int) -> tuple[dict, int]:

@@ -128,7 +128,8 @@ def to_delta(detokenizer: IncrementalDetokenizer, index: int, event: TokenEvent,
     if finish_reason == "stop" and stop_reason is None and kept and kept[-1] in stop_token_ids:
         stop_reason = kept[-1]  # NOTE: as vLLM: a stop token id names itself; EOS leaves it None
     prompt_logprobs = None if event.prompt_logprobs is None else tuple(event.prompt_logprobs)
-    return ChoiceDelta(index, text.text, tuple(kept), logprobs, finish_reason, stop_reason, prompt_logprobs)
+    return ChoiceDelta(index, text.text, tuple(kept), logprobs, finish_reason, stop_reason, prompt_logprobs,
+                       event.num_cached_tokens)
 
 
 def merge(streams: list[AsyncIterator[ChoiceDelta]]) -> AsyncIterator[ChoiceDelta]:

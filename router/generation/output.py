@@ -47,3 +47,5 @@ class ChoiceDelta:
     """What stopped it (vLLM's): the stop string, or the stop token id that is not EOS; None otherwise."""
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
     """On a prompt's first delta, when asked for (echo with logprobs, or prompt_logprobs)."""
+    num_cached_tokens: int | None = None
+    """On a sample's first delta: prompt tokens whose KV came from the prefilling node's prefix cache."""

@@ -141,7 +141,7 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
             # NOTE: finished by its first token (stop token or max_tokens == 1): nothing to decode.
             logprobs = None if first.logprobs is None else [first.logprobs]
             yield TokenEvent(request_id, [first.token_id], logprobs, first.finish_reason, prefill.prompt_logprobs,
-                             first.index)
+                             first.index, prefill.num_cached_tokens)
     if prefill.kv is not None:
         decoding = decode_prefilled(pool, prefill_node, routed, prefill, params, is_done)
         async with contextlib.aclosing(decoding) as events:
@@ -161,7 +161,7 @@ async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: Rou
     request_id, prompt_logprobs = routed.request_id, prefill.prompt_logprobs
     to_decode = [first for first in prefill.first_tokens if first.finish_reason is None]
     decode_request = DecodeRequest(request_id, routed.prompt_token_ids, params, to_decode, prefill.kv)
-    with_prompt = set() if prompt_logprobs is None else {first.index for first in to_decode}
+    with_prompt = {first.index for first in to_decode}
     kv_read = False
     try:
         # NOTE: chosen only now, so that the decode work of requests prefilled meanwhile counts in the choice.
@@ -170,10 +170,11 @@ async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: Rou
                                                   is_done)) as events:
             async for event in events:
                 kv_read = True
-                # NOTE: the prompt's logprobs travel with each sample's first event
+                # NOTE: the prompt's logprobs and cached tokens travel with each sample's first event
                 if event.index in with_prompt:
                     with_prompt.discard(event.index)
-                    event = replace(event, prompt_logprobs=prompt_logprobs)
+                    event = replace(event, prompt_logprobs=prompt_logprobs,
+                                    num_cached_tokens=prefill.num_cached_tokens)
                 yield event
     finally:
         if not kv_read:
@@ -252,7 +253,7 @@ def take_queued_tokens(event: TokenEvent, replies: ReplyQueue) -> TokenEvent:
     while event.finish_reason is None and not replies.empty():
         queued = replies.peek()
         if type(queued) is not TokenEvent or queued.index != event.index or (queued.logprobs is None) != (
-                event.logprobs is None) or queued.prompt_logprobs is not None:
+                event.logprobs is None) or queued.prompt_logprobs is not None or queued.num_cached_tokens is not None:
             break
         replies.get_nowait()
         logprobs = None if event.logprobs is None else event.logprobs + queued.logprobs

@@ -17,7 +17,17 @@ import zmq.utils.monitor
 
 from wire.config import Role
 from wire.node_auth import ClusterKey
-from wire.protocol import ErrorReply, NodeCapacity, Pong, ProtocolError, StepTokens, decode, encode
+from wire.protocol import (
+    ErrorReply,
+    NodeCapacity,
+    PrefixCacheReset,
+    Pong,
+    ProtocolError,
+    ResetPrefixCache,
+    StepTokens,
+    decode,
+    encode,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +115,8 @@ class NodeClient:
         self._context = context
         self._socket: zmq.asyncio.Socket | None = None
         self._request_queues: dict[str, ReplyQueue] = {}
+        self._resets: dict[int, asyncio.Future] = {}
+        """ResetPrefixCache nonce -> the future its PrefixCacheReset answers."""
         self._latest_pong: Pong | None = None
         self._latest_pong_time: float | None = None
         self._connected = False
@@ -181,6 +193,17 @@ class NodeClient:
         finally:
             self.outstanding_work -= work
             del self._request_queues[request_id]
+
+    async def reset_prefix_cache(self, nonce: int, timeout_s: float) -> PrefixCacheReset | None:
+        """Ask the node to forget its cached prompt chunks; its answer, or None when none came within timeout_s."""
+        answer = self._resets[nonce] = asyncio.get_running_loop().create_future()
+        try:
+            self.post(ResetPrefixCache(nonce))
+            return await asyncio.wait_for(answer, timeout_s)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            del self._resets[nonce]
 
     def status(self, now: float | None = None) -> NodeStatus:
         now = time.monotonic() if now is None else now
@@ -277,6 +300,11 @@ class NodeClient:
             return
         if isinstance(message, Pong):
             self._take_pong(message)
+            return
+        if isinstance(message, PrefixCacheReset):
+            waiting = self._resets.get(message.nonce)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(message)
             return
         queue = self._request_queues.get(getattr(message, "request_id", None))
         if queue is None:

@@ -14,11 +14,12 @@ import time
 
 import zmq.asyncio
 
-from router.nodes.choice import DEFAULT_POLICY, ChoicePolicy, RoutedRequest, UnknownNode, can_hold, holders, pick
+from router.nodes.choice import ChoicePolicy, RoutedRequest, UnknownNode, can_hold, holders, pick
 from router.nodes.client import NodeClient, NodeStatus
+from router.nodes.prefix_routing import make_policy
 from wire.config import Role, RouterConfig
 from wire.node_auth import ClusterKey
-from wire.protocol import ModelFacts, Ping, Pong
+from wire.protocol import ModelFacts, Ping, Pong, PrefixCacheReset
 
 PING_INTERVAL_S = 1.0
 FIRST_PING_INTERVAL_S = 0.1
@@ -29,9 +30,10 @@ within a fraction of a second of the nodes being up."""
 class NodePool:
     """Every node of the cluster, their ping loop and the instance choice (policy: a ChoicePolicy)."""
 
-    def __init__(self, config: RouterConfig, policy: ChoicePolicy = DEFAULT_POLICY):
+    def __init__(self, config: RouterConfig, policy: ChoicePolicy | None = None):
+        """policy: None, the one config.routing_policy names."""
         self.request_timeout_s = config.request_timeout_s
-        self.policy = policy
+        self.policy = policy if policy is not None else make_policy(config.routing_policy)
         self._context = zmq.asyncio.Context()
         self.key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
         self.by_role: dict[Role, list[NodeClient]] = {
@@ -173,6 +175,14 @@ class NodePool:
         deadline = asked + timeout_s
         while any((node.latest_pong_time or 0.0) < asked for node in nodes) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+
+    async def reset_prefix_caches(self, timeout_s: float) -> dict[NodeClient, PrefixCacheReset | None]:
+        """Every prefill and colocated node forgets its cached prompt chunks (vLLM's /reset_prefix_cache): each
+        node's answer, None for one that gave none within timeout_s."""
+        nonce = next(self._nonces)
+        nodes = self.prefill_nodes + self.colocated_nodes
+        answers = await asyncio.gather(*(node.reset_prefix_cache(nonce, timeout_s) for node in nodes))
+        return dict(zip(nodes, answers, strict=True))
 
     async def _ping_loop(self) -> None:
         while True:

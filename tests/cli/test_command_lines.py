@@ -32,7 +32,7 @@ ROUTER_SETTINGS = dict(served_model_name="served", host="0.0.0.0", port=9000, ma
                        api_key="secret-key", enable_node_pinning=True,
                        max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5, parse_timeout_s=4.5,
                        client_api_keys_file="/keys/clients", max_client_requests=6, max_client_decode_slots=7,
-                       max_client_queued_requests=8)
+                       max_client_queued_requests=8, routing_policy="prefix_aware", enable_prompt_tokens_details=True)
 CLUSTERS = [
     ClusterConfig(CUDA, num_prefill=2, num_decode=3, num_colocated=1, num_routers=2, prefill_gpus=("0", "1"),
                   decode_gpus=("2",), colocated_gpus=("3",), prefill_kv_cache_mib=100, decode_kv_cache_mib=200,

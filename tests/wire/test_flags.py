@@ -43,7 +43,8 @@ BUCKETED = dataclasses.replace(PACKED, prefill_buckets=(8, 16), prefill_pack_tok
 """NOTE: buckets and packing exclude each other: one of the two configs sets each."""
 ENGINES = [EngineConfig(model="m", dtype="bfloat16", device="cuda:1", seed=7, max_logprobs=5, use_cuda_graph=False,
                         num_threads=3, scheduler=scheduler, backend="vllm",
-                        cache=CacheConfig(block_size=32, num_blocks=7, memory_budget_bytes=3 * MIB))
+                        cache=CacheConfig(block_size=32, num_blocks=7, memory_budget_bytes=3 * MIB,
+                                          enable_prefix_caching=False))
            for scheduler in (PACKED, BUCKETED)]
 NODES = [NodeConfig(role="decode", node_id="decode-3", engine=engine, host="0.0.0.0", port=7001,
                     advertise_host="10.0.0.2", cluster_key_file="/keys/cluster.key", kv_lease_seconds=2.5,
@@ -56,7 +57,8 @@ ROUTERS = [RouterConfig(model="m", prefill_addresses=("tcp://p:1", "tcp://p:2"),
                         api_key="secret-key", enable_node_pinning=True,
                         max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5, parse_timeout_s=4.5,
                         client_api_keys_file="/keys/clients", max_client_requests=6, max_client_decode_slots=7,
-                        max_client_queued_requests=8, supervisor_pid=1234)]
+                        max_client_queued_requests=8, supervisor_pid=1234, routing_policy="prefix_aware",
+                        enable_prompt_tokens_details=True)]
 
 
 def assert_every_field_set(config_class: type, configs: list, unset: tuple[str, ...] = ()) -> None:
@@ -116,7 +118,8 @@ def test_router_flags_keep_their_spellings():
             "--cluster-key-file", "--max-request-bytes", "--header-timeout-s", "--body-timeout-s", "--reuse-port",
             "--control-port", "--instance-name", "--base-seed", "--request-timeout-s", "--parse-timeout-s",
             "--client-api-keys-file", "--max-client-requests", "--max-client-decode-slots",
-            "--max-client-queued-requests", "--supervisor-pid"} == options
+            "--max-client-queued-requests", "--supervisor-pid", "--routing-policy",
+            "--enable-prompt-tokens-details"} == options
     argv = config_argv(ROUTERS[0])
     assert "secret-key" not in argv and "/tmp/metrics" not in argv  # NOTE: they travel in the environment
     assert config_environment(ROUTERS[0]) == {"VLLM_API_KEY": "secret-key", "PROMETHEUS_MULTIPROC_DIR": "/tmp/metrics"}

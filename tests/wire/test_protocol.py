@@ -23,6 +23,7 @@ MESSAGES = [
     protocol.PrefillResult("r1", [FIRST], KV),
     protocol.PrefillResult("r2", [protocol.FirstToken(0, 7, None, "length")], None),
     protocol.PrefillResult("r3", [FIRST], KV, [None, LOGPROBS, LOGPROBS]),
+    protocol.PrefillResult("r5", [FIRST], KV, num_cached_tokens=512),
     protocol.PrefillResult("r4", [FIRST, protocol.FirstToken(1, 2, LOGPROBS, "stop"), protocol.FirstToken(2, 9, None)],
                            KV),
     protocol.DecodeRequest("r1", [1, 2, 3], PARAMS, [FIRST], KV),
@@ -34,7 +35,8 @@ MESSAGES = [
                          protocol.TokenEvent("r4", [5, 6], None, None, index=2)]),
     protocol.StepTokens([protocol.TokenEvent("r1", [5], None),
                          protocol.TokenEvent("r2", [6], [LOGPROBS], "length", index=1),
-                         protocol.TokenEvent("r3", [7], None, None, [None, LOGPROBS])]),
+                         protocol.TokenEvent("r3", [7], None, None, [None, LOGPROBS]),
+                         protocol.TokenEvent("r5", [7], None, None, None, 0, 1024)]),
     protocol.StepTokens([]),
     protocol.ErrorReply("r1", 503, "gone"),
     protocol.Abort("r1"),
@@ -47,6 +49,8 @@ MESSAGES = [
     protocol.HandshakeReply("prefill-0", {"block_size": 16}, "abc123", "nixl", b"\x85the transport's own fields",
                             "instance-1", 30.0),
     protocol.KVReadDone("r1"),
+    protocol.ResetPrefixCache(3),
+    protocol.PrefixCacheReset(3, "prefill-0", 96),
 ]
 
 

@@ -1,0 +1,66 @@
+"""prefix_aware routing: a prompt goes to the prefill node its longest full-chunk prefix went to, unless that node
+is busier than the least loaded one by more than the prefix's tokens; no chunk size known (no prefix cache on the
+nodes): least loaded, as today's policy."""
+
+import asyncio
+
+from router.nodes.choice import RoutedRequest
+from router.nodes.client import NodeStatus
+from router.nodes.pool import NodePool
+from router.nodes.prefix_routing import PrefixAffinity
+from wire.config import RouterConfig
+from wire.protocol import ModelFacts, NodeCapacity, Pong
+
+CHUNK = 16
+
+
+def pool_of(num_prefill: int, chunk_tokens: int = CHUNK) -> NodePool:
+    addresses = tuple(f"tcp://127.0.0.1:{9000 + i}" for i in range(num_prefill))
+    pool = NodePool(RouterConfig(model="unused", prefill_addresses=addresses, decode_addresses=(addresses[0],),
+                                 routing_policy="prefix_aware"))
+    for node in pool.prefill_nodes:
+        node.status = lambda now=None, node=node: NodeStatus(node.index, node.role, node.address, True, False, None,
+                                                            None)
+        # NOTE: what the node's Pong would have said
+        node._latest_pong = Pong(0, f"prefill-{node.index}", "prefill", "f", ModelFacts(256, 2048, 20),
+                                 capacity=NodeCapacity(8, 100, 16, chunk_tokens))
+    return pool
+
+
+def request(prompt) -> RoutedRequest:
+    return RoutedRequest("r", prompt, 1, max_tokens=4)
+
+
+def test_a_prompt_follows_its_prefix_unless_that_node_is_too_busy():
+    async def body():
+        pool = pool_of(2)
+        assert isinstance(pool.policy, PrefixAffinity)
+        first, second = pool.prefill_nodes
+        shared = list(range(100, 150))  # NOTE: 3 whole chunks
+        with first.open_request("busy", work=10):
+            assert pool.choose_prefill(request(shared + [1, 2])) is second  # NOTE: nothing known: least loaded
+            # NOTE: the prefix went to the second node: 48 tokens saved outweigh its 30 tokens of extra work
+            with second.open_request("a", work=40):
+                assert pool.choose_prefill(request(shared + [3])) is second
+            with second.open_request("b", work=100):  # NOTE: 90 tokens more than the first node: not worth it
+                assert pool.choose_prefill(request(shared + [4])) is first
+        # NOTE: both now hold the chain; the latest (the first node) is remembered for it
+        assert pool.choose_prefill(request(shared + [5])) is first
+        other = list(range(500, 540))
+        assert pool.choose_prefill(request(other)) is first  # NOTE: unknown prefix: least loaded, lowest index
+        await pool.close()
+
+    asyncio.run(body())
+
+
+def test_without_a_prefix_cache_on_the_nodes_it_is_least_loaded():
+    async def body():
+        pool = pool_of(2, chunk_tokens=0)
+        first, second = pool.prefill_nodes
+        with first.open_request("busy", work=1):
+            assert pool.choose_prefill(request(list(range(100, 200)))) is second
+            assert pool.choose_prefill(request(list(range(100, 200)))) is second
+        assert not pool.policy.chunk_to_address
+        await pool.close()
+
+    asyncio.run(body())
