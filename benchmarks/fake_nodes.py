@@ -210,9 +210,10 @@ def token_event_parts(request_id: str, index: int) -> tuple[bytes, bytes, bytes]
     TokenEvent(request_id, [token id], None, None, index=index) inside a StepTokens (last tail: finish_reason
     "length")."""
     pack = msgpack.packb
-    head = b"\x86" + pack("request_id") + pack(request_id) + pack("token_ids") + b"\x91"
+    head = b"\x87" + pack("request_id") + pack(request_id) + pack("token_ids") + b"\x91"
     before_finish = pack("logprobs") + pack(None) + pack("finish_reason")
-    after_finish = pack("prompt_logprobs") + pack(None) + pack("index") + pack(index)
+    after_finish = pack("prompt_logprobs") + pack(None) + pack("index") + pack(index) + pack("num_cached_tokens") + \
+        pack(None)
     return head, before_finish + pack(None) + after_finish, before_finish + pack("length") + after_finish
 
 
