@@ -28,7 +28,8 @@ class OutputOptions:
     drop_generated: bool = False
     """max_tokens 0 with echo (lm-eval's loglikelihood request): the prompt alone comes back."""
     return_token_ids: bool = False
-    """vLLM's: the prompt's token ids in prompt_token_ids (per choice on completions, per response on chat)."""
+    """vLLM's: each choice's generated token ids in token_ids, and the prompt's in prompt_token_ids (per choice on
+    completions, per response on chat); both null when false, as vLLM sends them."""
     chat_echo: str = ""
     """Chat echo (vLLM's): the last message's content, put before the reply when the last message is the
     assistant's."""

@@ -12,6 +12,8 @@ from tests.launch.cluster_client import client, node_stats, start_cluster, wait_
 
 PARAMS = {"temperature": 0.8, "seed": 11, "max_tokens": 400, "logprobs": 2}
 PROMPT = "the river reads the morning light because"
+EXTRA_BODY = {"ignore_eos": True, "return_token_ids": True}
+"""The streams compared run to max_tokens, and their token ids come back (vLLM sends them only when asked)."""
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def kill_busy_decode_node(cluster) -> str:
 def test_stream_survives_its_decode_node_dying(cluster_1p2d):
     api = client(cluster_1p2d)
     args = dict(model="corun-tiny", prompt=PROMPT, max_tokens=PARAMS["max_tokens"], temperature=PARAMS["temperature"],
-                seed=PARAMS["seed"], logprobs=PARAMS["logprobs"], extra_body={"ignore_eos": True})
+                seed=PARAMS["seed"], logprobs=PARAMS["logprobs"], extra_body=EXTRA_BODY)
     reference = api.completions.create(**args).choices[0]
     token_ids, logprobs, killed = [], [], None
     for chunk in api.completions.create(stream=True, **args):
@@ -58,14 +60,15 @@ def test_a_dead_node_is_started_again_and_serves(cluster_1p2d):
     api = client(cluster_1p2d)
     for node in ("decode-0", "decode-1"):
         response = api.completions.create(model="corun-tiny", prompt=PROMPT, max_tokens=8, temperature=0.8, seed=3,
-                                          extra_headers={"X-CoRun-Decode-Node": node})
+                                          extra_headers={"X-CoRun-Decode-Node": node},
+                                          extra_body={"return_token_ids": True})
         assert len(response.choices[0].model_extra["token_ids"]) == 8
 
 
 def stream_with_gaps(api, seed: int) -> tuple[list[int], float]:
     """(token ids, the longest wait between two chunks) of one streamed completion."""
     args = dict(model="corun-tiny", prompt=PROMPT, max_tokens=150, temperature=0.8, seed=seed,
-                extra_body={"ignore_eos": True})
+                extra_body=EXTRA_BODY)
     token_ids, last, longest = [], time.monotonic(), 0.0
     for chunk in api.completions.create(stream=True, **args):
         now = time.monotonic()
@@ -81,7 +84,7 @@ def test_a_node_restarted_in_place_at_once_fails_its_streams_over_within_a_secon
     cluster_1p2d.wait_healthy()
     api = client(cluster_1p2d)
     references = [api.completions.create(model="corun-tiny", prompt=PROMPT, max_tokens=150, temperature=0.8, seed=s,
-                                         extra_body={"ignore_eos": True}).choices[0].model_extra["token_ids"]
+                                         extra_body=EXTRA_BODY).choices[0].model_extra["token_ids"]
                   for s in range(8)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         streams = [pool.submit(stream_with_gaps, api, s) for s in range(8)]
@@ -141,7 +144,7 @@ def cluster_2p1d(tiny_model_dir):
 
 def long_completion(api, prompt: str) -> list[int]:
     return api.completions.create(model="corun-tiny", prompt=prompt, max_tokens=40, temperature=0.8, seed=5,
-                                  extra_body={"ignore_eos": True}).choices[0].model_extra["token_ids"]
+                                  extra_body=EXTRA_BODY).choices[0].model_extra["token_ids"]
 
 
 def test_a_busy_prefill_node_killed_under_long_prompts_loses_none_of_them(cluster_2p1d):

@@ -7,7 +7,7 @@ from router.generation.detokenizer import IncrementalDetokenizer
 from tests.router.test_errors import VALID, completions
 
 pytestmark = pytest.mark.timeout(30)
-LONG = {**VALID, "max_tokens": 12}
+LONG = {**VALID, "max_tokens": 12, "return_token_ids": True}
 
 
 def first_choice(router, **fields) -> dict:
