@@ -534,6 +534,10 @@ class RouterSettings:
     max_client_queued_requests: int | None = None
     """Requests of one client waiting for its decode slots: one more gets 429 with Retry-After. None: as many as
     max_client_requests lets in."""
+    enable_tokenizer_info_endpoint: bool = False
+    """Serve GET /tokenizer_info (vLLM's flag of the same name): the tokenizer's configuration as
+    tokenizer_config.json has it, chat template included. Off by default, as vLLM's: it shows the template and the
+    tokenizer's settings to every client."""
     parse_timeout_s: float = 30.0
     """A request body parsed in one of the router's parser processes (JSON, chat template, tokenizing) that takes
     longer gets a 413, and its process is stopped. A prompt is refused unencoded once it has more characters than

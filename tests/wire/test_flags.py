@@ -53,7 +53,7 @@ ROUTERS = [RouterConfig(model="m", prefill_addresses=("tcp://p:1", "tcp://p:2"),
                         reuse_port=True, control_port=9001, metrics_dir="/tmp/metrics", instance_name="r1",
                         served_model_name="served", host="0.0.0.0", port=9000, max_pending_requests=5,
                         request_timeout_s=1.5, strict_fields=True, trust_request_chat_template=True,
-                        api_key="secret-key", enable_node_pinning=True,
+                        api_key="secret-key", enable_node_pinning=True, enable_tokenizer_info_endpoint=True,
                         max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5, parse_timeout_s=4.5,
                         client_api_keys_file="/keys/clients", max_client_requests=6, max_client_decode_slots=7,
                         max_client_queued_requests=8, supervisor_pid=1234)]
@@ -112,7 +112,7 @@ def test_router_flags_keep_their_spellings():
     options = {each.option for each in config_flags(RouterConfig) if each.spec.is_flag}
     assert {"--model", "--prefill-address", "--decode-address", "--colocated-address", "--port", "--host",
             "--served-model-name", "--max-pending-requests", "--strict-fields", "--trust-request-chat-template",
-            "--api-key", "--enable-node-pinning",
+            "--api-key", "--enable-node-pinning", "--enable-tokenizer-info-endpoint",
             "--cluster-key-file", "--max-request-bytes", "--header-timeout-s", "--body-timeout-s", "--reuse-port",
             "--control-port", "--instance-name", "--base-seed", "--request-timeout-s", "--parse-timeout-s",
             "--client-api-keys-file", "--max-client-requests", "--max-client-decode-slots",
