@@ -36,6 +36,19 @@ class OutputOptions:
 
 
 @dataclass(frozen=True)
+class BeamSearch:
+    """vLLM's use_beam_search (router/generation/beam_search.py): n is the beam width."""
+
+    length_penalty: float = 1.0
+    """A beam's score is its cumulative logprob / length ** length_penalty (vLLM's)."""
+
+    @staticmethod
+    def num_step_logprobs(beam_width: int, logprobs: int | None) -> int:
+        """Logprobs each step asks for: vLLM's 2 * beam_width candidates, or more when the client wants more."""
+        return max(2 * beam_width, logprobs or 0)
+
+
+@dataclass(frozen=True)
 class ChoiceDelta:
     """What one prompt produced since its last delta."""
 

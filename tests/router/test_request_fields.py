@@ -43,7 +43,7 @@ def prompt_ids(router, body) -> list[int]:
 
 @pytest.mark.parametrize("endpoint, field, value", [
     ("completions", "structural_tag", {"type": "structural_tag"}),
-    ("completions", "use_beam_search", True),
+    ("completions", "vllm_xargs", {"a": 1}),
     ("completions", "watermarking", True),
     ("chat/completions", "spaces_between_special_tokens", False),
     ("completions", "repetition_detection", {"max_pattern_size": 4}),
