@@ -50,7 +50,9 @@ FAILURES: dict[str, tuple[str, str]] = {
     COMPLETION + "test_parallel_streaming":
         (VLLM_MODEL, "asserts samples end at different lengths: a trained model's EOS within 50 tokens"),
     OPENAI + "test_metrics.py::test_abort_metrics_reset":
-        (REAL, "kv_cache_usage_perc's first sample (the decode pool) reads 0.0 while requests run: not understood"),
+        (REAL, "intermittent (failed on this branch once, passed in cpu_vllm_openai_tests_issue24.json's run): "
+               "kv_cache_usage_perc's first sample (the decode pool) reads 0.0 0.5 s after the requests were sent: "
+               "not understood"),
     TOKENIZE + "test_tokenizer_info_consistency_with_tokenize": (
         VLLM_MODEL, "asserts the tokenizer's model_max_length (zephyr's: 1e30) >= the served max_model_len: the tiny "
                     "model's tokenizer says 2,048 and the test serves it at --max-model-len 8192, which vLLM refuses "
