@@ -73,7 +73,7 @@ async def direct_latencies(cluster: LocalCluster, model: str, prompt_ids, num: i
 async def streamed_ttfts(url: str, prompts: list[str], max_tokens: int) -> dict:
     async def one(session, prompt):
         body = {"model": "corun-tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.6, "seed": 42,
-                "ignore_eos": True, "stream": True}
+                "ignore_eos": True, "stream": True, "return_token_ids": True}
         start, ttft, num_tokens = time.perf_counter(), None, 0
         async with session.post(f"{url}/v1/completions", json=body) as response:
             async for line in response.content:

@@ -37,7 +37,7 @@ PARAMS = {"temperature": 0.7, "seed": 5, "max_tokens": 24, "logprobs": 5}
 
 
 async def complete(session: aiohttp.ClientSession, url: str, prompt: list[int], params: dict) -> dict:
-    body = {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, **params}
+    body = {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, "return_token_ids": True, **params}
     async with session.post(f"{url}/v1/completions", json=body) as response:
         choice = (await response.json())["choices"][0]
     return {"token_ids": choice["token_ids"], "logprobs": choice["logprobs"]["token_logprobs"],

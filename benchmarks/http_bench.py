@@ -89,7 +89,7 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
             records.append(record)
             body = {"model": model, "prompt": token_ids, "max_tokens": params.max_tokens,
                     "temperature": params.temperature, "seed": params.seed, "ignore_eos": params.ignore_eos,
-                    "stream": True}
+                    "stream": True, "return_token_ids": True}
             async with limit:
                 await stream_one(session, url, body, record, start)
 

@@ -144,7 +144,7 @@ def cluster_cpu(cluster: LocalCluster) -> dict[str, float]:
 
 async def send_one(session, url: str, prompt: list[int], max_tokens: int, seed: int) -> dict:
     body = {"model": "corun-tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.6, "seed": seed,
-            "ignore_eos": True, "stream": True}
+            "ignore_eos": True, "stream": True, "return_token_ids": True}
     start = time.perf_counter()
     first = last = None
     num_tokens = 0

@@ -107,7 +107,7 @@ async def drive(plan: LoadPlan, schedule: Schedule) -> Tally:
     watchdog = asyncio.create_task(exit_when_orphaned(plan.parent_pid))
     cpu = asyncio.create_task(measure_cpu(schedule, tally))
     body = json.dumps({"model": plan.model, "prompt": list(plan.prompt_token_ids), "max_tokens": plan.max_tokens,
-                       "stream": True, "ignore_eos": True, "temperature": 0}).encode()
+                       "stream": True, "ignore_eos": True, "temperature": 0, "return_token_ids": True}).encode()
     expected = expected_output(plan.max_tokens)
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:

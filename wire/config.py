@@ -552,6 +552,10 @@ class RouterSettings:
     enable_prompt_tokens_details: bool = False
     """usage.prompt_tokens_details.cached_tokens in responses (prompt tokens whose KV came from the nodes' prefix
     caches; sent only when some were), as vLLM's --enable-prompt-tokens-details."""
+    enable_tokenizer_info_endpoint: bool = False
+    """Serve GET /tokenizer_info (vLLM's flag of the same name): the tokenizer's configuration as
+    tokenizer_config.json has it, chat template included. Off by default, as vLLM's: it shows the template and the
+    tokenizer's settings to every client."""
     parse_timeout_s: float = 30.0
     """A request body parsed in one of the router's parser processes (JSON, chat template, tokenizing) that takes
     longer gets a 413, and its process is stopped. A prompt is refused unencoded once it has more characters than

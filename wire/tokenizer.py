@@ -75,6 +75,13 @@ class Tokenizer:
         return template.render({**(template_kwargs or {}), **special_tokens, "messages": messages,
                                 "add_generation_prompt": add_generation_prompt})
 
+    def added_tokens_decoder(self) -> dict[str, dict]:
+        """The added (special) tokens as tokenizer_config.json's added_tokens_decoder lists them: id (a string) ->
+        {content, lstrip, normalized, rstrip, single_word, special}."""
+        return {str(token_id): {"content": token.content, "lstrip": token.lstrip, "normalized": token.normalized,
+                                "rstrip": token.rstrip, "single_word": token.single_word, "special": token.special}
+                for token_id, token in sorted(self._backend.get_added_tokens_decoder().items())}
+
     @property
     def eos_token_id(self) -> int:
         eos_text = self._special_tokens["eos_token"]

@@ -60,7 +60,7 @@ FIELD_POLICY: dict[str, FieldRule] = {
         "frequency_penalty", "logit_bias", "include_stop_str_in_output", "skip_special_tokens",
         "return_tokens_as_token_ids", "repetition_penalty", "min_p", "min_tokens", "best_of", "prompt_logprobs",
         "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "truncation_side", "add_special_tokens",
-        "return_token_ids", "echo", "logprob_token_ids",
+        "return_token_ids", "echo", "logprob_token_ids", "use_beam_search", "length_penalty",
         # NOTE: structured outputs (router/api/structured.py); the guided_* fields are vLLM's older spelling
         "structured_outputs", "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
         "guided_decoding_backend", "guided_whitespace_pattern")},
@@ -81,8 +81,6 @@ FIELD_POLICY: dict[str, FieldRule] = {
     **{name: ignored("chat") for name in ("return_prompt_text", "include_reasoning")},
     # --- output-changing, not supported: a 400 naming the field -------------------------------------------------
     "structural_tag": refused("structural tags are not supported"),
-    "use_beam_search": refused("beam search is not supported", lambda v: v is False),
-    "length_penalty": refused("length_penalty applies to beam search, which is not supported", lambda v: v == 1),
     "spaces_between_special_tokens": refused(
         "spaces_between_special_tokens: false is not supported", lambda v: v is True),
     "repetition_detection": refused("repetition detection is not supported"),

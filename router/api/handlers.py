@@ -28,6 +28,7 @@ from router.api.responses import (
 )
 from router.api.state import RouterState
 from router.api.tools import ToolStream
+from router.generation.beam_search import beam_search_deltas
 from router.generation.deltas import merge, prompt_deltas
 from router.generation.pipeline import GenerationError
 from router.nodes.choice import Placement, UnknownNode
@@ -87,10 +88,8 @@ async def generate_response(request: web.Request, state: RouterState, request_id
                           state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer,
                           generation.output, tuple(p for p in generation.prompts for _ in range(n)), n,
                           generation.tools, state.config.enable_prompt_tokens_details)
-    deltas = merge([prompt_deltas(state.pool, state.tokenizer, state.metrics, i * n,
-                                  node_request_id(state.config, request_id, i),
-                                  list(prompt), bind_seed(generation, seed), generation.stop_strings,
-                                  placement, generation.output)
+    deltas = merge([choice_deltas(state, generation, i * n, node_request_id(state.config, request_id, i),
+                                  list(prompt), seed, placement)
                     for i, prompt in enumerate(generation.prompts)])
     try:
         if generation.stream:
@@ -98,6 +97,16 @@ async def generate_response(request: web.Request, state: RouterState, request_id
         return await full_response(request, ctx, generation, deltas)
     finally:
         await deltas.aclose()
+
+
+def choice_deltas(state: RouterState, generation: GenerationRequest, index: int, request_id: str,
+                  prompt: list[int], seed: int, placement: Placement) -> AsyncIterator[ChoiceDelta]:
+    """One prompt's n choices (index, index + 1, ...): its samples, or with beam search its best beams."""
+    if generation.beam_search is not None:
+        return beam_search_deltas(state.pool, state.tokenizer, index, request_id, prompt, generation.params,
+                                  generation.beam_search, placement, generation.output)
+    return prompt_deltas(state.pool, state.tokenizer, state.metrics, index, request_id, prompt,
+                         bind_seed(generation, seed), generation.stop_strings, placement, generation.output)
 
 
 def node_request_id(config, request_id: str, prompt_index: int) -> str:

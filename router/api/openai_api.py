@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from router.api.beam_request import read_beam_search
 from router.api.chat import echoed_content, read_template_options, render_chat
 from router.api.errors import RequestError, bad_request
 from router.api.field_policy import apply_field_policy
@@ -30,7 +31,7 @@ from router.api.model_info import ModelInfo
 from router.api.prompts import check_prompt, encode_text, read_prompt_options, read_prompts
 from router.api.structured import read_structured
 from router.api.tools import ToolRequest, read_tools
-from router.generation.output import OutputOptions
+from router.generation.output import BeamSearch, OutputOptions
 from wire.sampling_params import (
     MAX_BAD_WORDS,
     MAX_LOGIT_BIAS,
@@ -72,6 +73,8 @@ class GenerationRequest:
     output: OutputOptions = OutputOptions()
     tools: ToolRequest | None = None
     """Chat with tools (router/api/tools.py): how the output becomes tool calls."""
+    beam_search: BeamSearch | None = None
+    """vLLM's use_beam_search: params.n beams instead of n samples (router/generation/beam_search.py)."""
 
 
 def parse_body(tokenizer: Tokenizer, body: bytes, kind: Kind, model: ModelInfo) -> GenerationRequest:
@@ -182,8 +185,10 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
                            bool_field(body, "skip_special_tokens", True),
                            bool_field(body, "return_tokens_as_token_ids", False),
                            return_token_ids=bool_field(body, "return_token_ids", False), **(output_options or {}))
-    return GenerationRequest(kind, prompts, params, read_seed(body), read_stop_strings(body), stream,
-                             include_usage, continuous_usage, tuple(ignored + ignored_options), output, tools)
+    stop_strings = read_stop_strings(body)
+    beam_search = read_beam_search(body, params, stop_strings, stream, output, model.max_logprobs)
+    return GenerationRequest(kind, prompts, params, read_seed(body), stop_strings, stream, include_usage,
+                             continuous_usage, tuple(ignored + ignored_options), output, tools, beam_search)
 
 
 def read_controls(body: dict, model: ModelInfo, max_tokens: int) -> dict:

@@ -1,8 +1,8 @@
 """Response bodies and stream chunks of /v1/completions and /v1/chat/completions (OpenAI format, vLLM extras).
 
-Extras: `seed` (the request's bound seed) at the top level; in every choice its `token_ids` and its own `seed`
-(sample i of n: wire.seeding.sample_seed(seed, i); with n = 1 the request's seed). The keys vLLM always sends,
-null when not asked for (`prompt_logprobs`, `prompt_token_ids`), are always present.
+Extras: `seed` (the request's bound seed) at the top level, and in every choice its own `seed` (sample i of n:
+wire.seeding.sample_seed(seed, i); with n = 1 the request's seed). The keys vLLM always sends, null when not asked
+for (`token_ids`, `prompt_token_ids`: return_token_ids; `prompt_logprobs`), are always present.
 """
 
 from __future__ import annotations
@@ -120,12 +120,17 @@ def choice_body(ctx: ResponseContext, index: int, text: str, token_ids, logprobs
     formatted = None if logprobs is None else format_logprobs(ctx, logprobs, text_offset=0)[0]
     if ctx.kind == "completion":
         return {"index": index, "text": text, "logprobs": formatted, "finish_reason": finish_reason,
-                "stop_reason": stop_reason, "token_ids": list(token_ids), **prompt_keys(ctx, index),
+                "stop_reason": stop_reason, "token_ids": shown_token_ids(ctx, token_ids), **prompt_keys(ctx, index),
                 "seed": seed}
     message, finish_reason = chat_message(ctx.tools, ctx.request_id, index, ctx.output.chat_echo + text,
                                           finish_reason)
     return {"index": index, "message": message, "logprobs": formatted, "finish_reason": finish_reason,
-            "stop_reason": stop_reason, "token_ids": list(token_ids), "seed": seed}
+            "stop_reason": stop_reason, "token_ids": shown_token_ids(ctx, token_ids), "seed": seed}
+
+
+def shown_token_ids(ctx: ResponseContext, token_ids) -> list[int] | None:
+    """A choice's generated token ids, sent (as vLLM) only when the request asked for them (return_token_ids)."""
+    return list(token_ids) if ctx.output.return_token_ids else None
 
 
 def prompt_keys(ctx: ResponseContext, index: int, prompt_logprobs=None) -> dict:
@@ -145,7 +150,7 @@ def completion_with_prompt(ctx: ResponseContext, index: int, text: str, token_id
     prompt_ids = ctx.prompts[index]
     if ctx.output.drop_generated:
         text, token_ids, logprobs = "", (), (() if logprobs is not None else None)
-    body = {"text": text, "token_ids": list(token_ids), "logprobs": None}
+    body = {"text": text, "token_ids": shown_token_ids(ctx, token_ids), "logprobs": None}
     prompt_text = ctx.tokenizer.decode(list(prompt_ids)) if ctx.output.echo else ""
     if ctx.output.echo:
         body["text"] = prompt_text + text
@@ -205,12 +210,12 @@ def chunk_choice(ctx: ResponseContext, delta: ChoiceDelta, text_offset: int,
     if delta.logprobs is not None:
         formatted, end_offset = format_logprobs(ctx, delta.logprobs, text_offset)
     choice = {"index": delta.index, "logprobs": formatted, "finish_reason": delta.finish_reason,
-              "stop_reason": delta.stop_reason, "token_ids": list(delta.token_ids),
+              "stop_reason": delta.stop_reason, "token_ids": shown_token_ids(ctx, delta.token_ids),
               "seed": ctx.choice_seed(delta.index)}
     if ctx.kind == "completion":
         choice["text"] = delta.text
-        if first and ctx.output.return_token_ids:
-            choice["prompt_token_ids"] = list(ctx.prompts[delta.index])
+        # NOTE: as vLLM's stream, every chunk has the key; the prompt's ids come once, in the first (when asked)
+        choice["prompt_token_ids"] = list(ctx.prompts[delta.index]) if first and ctx.output.return_token_ids else None
     else:
         choice["delta"] = {"content": delta.text}
     return choice, end_offset

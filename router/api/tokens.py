@@ -1,9 +1,11 @@
-"""vLLM's /tokenize, /detokenize and /version: what clients (lm-eval, guidellm, aiperf) call besides generation."""
+"""vLLM's /tokenize, /detokenize and /version: what clients (lm-eval, guidellm, aiperf) call besides generation;
+and, when enabled (--enable-tokenizer-info-endpoint, as vLLM's), /tokenizer_info."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+from pathlib import Path
 
 from aiohttp import web
 
@@ -14,13 +16,24 @@ from router.api.errors import RequestError, bad_request
 from router.api.fields import TEXT, bool_field, decode_json, is_int_list, is_text, read_field
 from router.api.handlers import STATE_KEY, read_body
 from router.api.prompts import encode_text
-from wire.tokenizer import Tokenizer
+from wire.tokenizer import Tokenizer, find_chat_template, read_json
+
+FILE_PATH_KEYS = ("vocab_file", "merges_file")
+"""tokenizer_config.json keys that name files on the server's disk: /tokenizer_info leaves them out, as vLLM's."""
+DEFAULT_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+"""What transformers loads a tokenizer.json as when tokenizer_config.json names no class."""
+TOKENIZER_INFO_KEY = web.AppKey("corun_tokenizer_info", bytes)
 
 
 def add_token_routes(app: web.Application) -> None:
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/version", version)
+    state = app[STATE_KEY]
+    if state.config.enable_tokenizer_info_endpoint:
+        # NOTE: the files do not change while the router runs: read once
+        app[TOKENIZER_INFO_KEY] = tokenizer_info_body(state.config.model, state.tokenizer)
+        app.router.add_get("/tokenizer_info", tokenizer_info)
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -72,6 +85,30 @@ def detokenize_body(tokenizer: Tokenizer, body: bytes, served_model_name: str, v
         raise bad_request("'tokens' is required", param="tokens")
     skip = bool_field(fields, "skip_special_tokens", True)
     return json.dumps({"prompt": tokenizer.decode(tokens, skip_special_tokens=skip)}).encode()
+
+
+async def tokenizer_info(request: web.Request) -> web.Response:
+    return json_bytes_response(request.app[TOKENIZER_INFO_KEY])
+
+
+def tokenizer_info_body(model_dir: str | Path, tokenizer: Tokenizer) -> bytes:
+    """vLLM's /tokenizer_info: tokenizer_config.json's settings without file paths, the tokens the tokenizer adds
+    (added_tokens_decoder, from tokenizer.json when the config lists none) and the chat template the router renders.
+
+    NOTE: vLLM shows its loaded transformers tokenizer (init_kwargs, and its Python class as tokenizer_class, e.g.
+    CachedQwen2TokenizerFast); the router has no transformers (it never imports torch), so this is the file they
+    come from, with the file's tokenizer_class. vLLM 0.32 (transformers 5) flattens each added token to its text;
+    here each keeps its attributes, as tokenizer_config.json writes them and vLLM's own test reads them."""
+    model_dir = Path(model_dir)
+    config = read_json(model_dir / "tokenizer_config.json")
+    info = {key: value for key, value in config.items() if key not in FILE_PATH_KEYS}
+    info["added_tokens_decoder"] = config.get("added_tokens_decoder") or tokenizer.added_tokens_decoder()
+    info["tokenizer_class"] = config.get("tokenizer_class") or DEFAULT_TOKENIZER_CLASS
+    info.pop("chat_template", None)
+    template = find_chat_template(model_dir, config)
+    if template:
+        info["chat_template"] = template
+    return json.dumps(info).encode()
 
 
 async def version(request: web.Request) -> web.Response:

@@ -28,10 +28,24 @@ class OutputOptions:
     drop_generated: bool = False
     """max_tokens 0 with echo (lm-eval's loglikelihood request): the prompt alone comes back."""
     return_token_ids: bool = False
-    """vLLM's: the prompt's token ids in prompt_token_ids (per choice on completions, per response on chat)."""
+    """vLLM's: each choice's generated token ids in token_ids, and the prompt's in prompt_token_ids (per choice on
+    completions, per response on chat); both null when false, as vLLM sends them."""
     chat_echo: str = ""
     """Chat echo (vLLM's): the last message's content, put before the reply when the last message is the
     assistant's."""
+
+
+@dataclass(frozen=True)
+class BeamSearch:
+    """vLLM's use_beam_search (router/generation/beam_search.py): n is the beam width."""
+
+    length_penalty: float = 1.0
+    """A beam's score is its cumulative logprob / length ** length_penalty (vLLM's)."""
+
+    @staticmethod
+    def num_step_logprobs(beam_width: int, logprobs: int | None) -> int:
+        """Logprobs each step asks for: vLLM's 2 * beam_width candidates, or more when the client wants more."""
+        return max(2 * beam_width, logprobs or 0)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def client(cluster: LocalCluster) -> openai.OpenAI:
 
 def complete(api: openai.OpenAI, prompt: str, params: dict, headers: dict | None = None, stream: bool = False):
     """(token ids, per-step (logprob, top logprobs)) of one completion."""
-    extra_body = {"ignore_eos": params.get("ignore_eos", True)}
+    extra_body = {"ignore_eos": params.get("ignore_eos", True), "return_token_ids": True}
     args = dict(model="corun-tiny", prompt=prompt, max_tokens=params["max_tokens"], temperature=params["temperature"],
                 seed=params.get("seed"), logprobs=params.get("logprobs"), extra_body=extra_body,
                 extra_headers=headers or {})

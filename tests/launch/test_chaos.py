@@ -47,7 +47,7 @@ def cluster(tiny_model_dir):
 
 def request_args(i: int) -> dict:
     return dict(model="corun-tiny", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=24 + i % 17, temperature=0.9,
-                seed=1000 + i, logprobs=1, extra_body={"ignore_eos": True})
+                seed=1000 + i, logprobs=1, extra_body={"ignore_eos": True, "return_token_ids": True})
 
 
 def run_stream(api: openai.OpenAI, i: int) -> tuple[str, list[int], list[float]]:

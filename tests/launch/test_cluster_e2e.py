@@ -148,7 +148,8 @@ def test_bad_input_is_a_400_and_the_cluster_keeps_serving(cluster_1p1d, body, fr
 def test_an_unknown_field_is_ignored_and_named_as_vllm_does(cluster_1p1d):
     """(It was a 400 before issue 11's field policy; --strict-fields keeps that: tests/router/test_errors.py.)"""
     # NOTE: ignore_eos: without it a request's random seed sometimes samples EOS before token 4 (a flake seen once)
-    body = json.dumps({"prompt": "hi", "max_tokens": 4, "ignore_eos": True, "surprise": 1}).encode()
+    body = json.dumps({"prompt": "hi", "max_tokens": 4, "ignore_eos": True, "return_token_ids": True,
+                       "surprise": 1}).encode()
     request = urllib.request.Request(f"{cluster_1p1d.url}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -188,7 +189,7 @@ def test_incompatible_decode_node_is_refused_with_a_clear_error(cluster_1p1d, ti
 def test_a_prompt_gives_the_same_output_alone_or_inside_a_list(cluster_2p2d):
     api = client(cluster_2p2d)
     response = api.completions.create(model="corun-tiny", prompt=PROMPTS[:4], max_tokens=16, temperature=0.6,
-                                      seed=42, logprobs=5, extra_body={"ignore_eos": True})
+                                      seed=42, logprobs=5, extra_body={"ignore_eos": True, "return_token_ids": True})
     assert response.model_extra["seed"] == 42
     listed = {c.index: completion_record(c.model_extra["token_ids"], c.logprobs) for c in response.choices}
     for i, prompt in enumerate(PROMPTS[:4]):

@@ -87,7 +87,7 @@ def post(cluster, body: dict, headers: dict | None = None) -> dict:
 
 def test_n_samples_and_prompt_logprobs_are_those_of_the_p_d_path(mixed):
     body = {"model": "corun-tiny", "prompt": PROMPTS[2], "max_tokens": 6, "temperature": 0.9, "seed": 5, "n": 3,
-            "logprobs": 2, "echo": True, "ignore_eos": True}
+            "logprobs": 2, "echo": True, "ignore_eos": True, "return_token_ids": True}
     via_colocated = post(mixed, body, {"X-CoRun-Decode-Node": "colocated-0"})
     via_pd = post(mixed, body, {"X-CoRun-Prefill-Node": "prefill-0"})
     assert via_colocated["choices"] == via_pd["choices"]

@@ -50,7 +50,7 @@ class LongStream(threading.Thread):
         try:
             for chunk in self.api.completions.create(
                     model="corun-tiny", prompt="the river", max_tokens=LONG_TOKENS, temperature=0.9, seed=5,
-                    stream=True, extra_body={"ignore_eos": True},
+                    stream=True, extra_body={"ignore_eos": True, "return_token_ids": True},
                     extra_headers={"X-CoRun-Decode-Node": self.decode_node}):
                 self.num_tokens += sum(len(choice.model_extra.get("token_ids") or []) for choice in chunk.choices)
         except openai.APIError as error:

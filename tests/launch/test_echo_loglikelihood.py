@@ -41,9 +41,10 @@ def post(cluster, body: dict) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-def loglikelihood(cluster, prompt: str) -> dict:
+def loglikelihood(cluster, prompt: str, **fields) -> dict:
+    """lm-eval's request (fields: more of them)."""
     status, body = post(cluster, {"model": "corun-tiny", "prompt": prompt, "echo": True, "logprobs": 1,
-                                  "max_tokens": 0, "temperature": 0.0})
+                                  "max_tokens": 0, "temperature": 0.0, **fields})
     assert status == 200, body
     return body
 
@@ -52,7 +53,8 @@ def test_echo_with_max_tokens_0_returns_the_prompt_and_its_logprobs(cluster, col
     for prompt, (ids, expected) in zip(PROMPTS, colocated, strict=True):
         body = loglikelihood(cluster, prompt)
         choice = body["choices"][0]
-        assert choice["text"] == prompt and choice["token_ids"] == [] and body["usage"]["completion_tokens"] == 0
+        assert choice["text"] == prompt and choice["token_ids"] is None and body["usage"]["completion_tokens"] == 0
+        assert loglikelihood(cluster, prompt, return_token_ids=True)["choices"][0]["token_ids"] == []
         logprobs = choice["logprobs"]
         assert len(logprobs["tokens"]) == len(ids) and logprobs["token_logprobs"][0] is None
         assert logprobs["top_logprobs"][0] is None and logprobs["text_offset"][0] == 0
@@ -68,7 +70,7 @@ def test_the_same_alone_and_among_concurrent_requests(cluster):
 
 def test_vllm_s_prompt_logprobs_field_leaves_the_completion_as_it_was(cluster):
     base = {"model": "corun-tiny", "prompt": PROMPTS[1], "max_tokens": 5, "temperature": 0.7, "seed": 3,
-            "ignore_eos": True}
+            "ignore_eos": True, "return_token_ids": True}
     _, plain = post(cluster, base)
     _, asked = post(cluster, {**base, "prompt_logprobs": 2})
     choice = asked["choices"][0]
@@ -106,6 +108,6 @@ def test_the_openai_client_sends_echo_and_the_new_fields(cluster, colocated):
     assert choice.logprobs.token_logprobs[1:] == [lp.logprob for lp in colocated[2][1][1:]]
     named = api.completions.create(model="corun-tiny", prompt=PROMPTS[2], max_tokens=3, logprobs=1, seed=2,
                                    extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True,
-                                               "unknown_field": 1})
+                                               "return_token_ids": True, "unknown_field": 1})
     assert named.choices[0].logprobs.tokens == [f"token_id:{t}" for t in named.choices[0].model_extra["token_ids"]]
     assert named.choices[0].model_extra["stop_reason"] is None

@@ -4,6 +4,7 @@ deterministic, the client's stream continues with exactly the tokens an undistur
 import concurrent.futures
 import signal
 import time
+import urllib.request
 
 import pytest
 
@@ -12,6 +13,8 @@ from tests.launch.cluster_client import client, node_stats, start_cluster, wait_
 
 PARAMS = {"temperature": 0.8, "seed": 11, "max_tokens": 400, "logprobs": 2}
 PROMPT = "the river reads the morning light because"
+EXTRA_BODY = {"ignore_eos": True, "return_token_ids": True}
+"""The streams compared run to max_tokens, and their token ids come back (vLLM sends them only when asked)."""
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,7 @@ def kill_busy_decode_node(cluster) -> str:
 def test_stream_survives_its_decode_node_dying(cluster_1p2d):
     api = client(cluster_1p2d)
     args = dict(model="corun-tiny", prompt=PROMPT, max_tokens=PARAMS["max_tokens"], temperature=PARAMS["temperature"],
-                seed=PARAMS["seed"], logprobs=PARAMS["logprobs"], extra_body={"ignore_eos": True})
+                seed=PARAMS["seed"], logprobs=PARAMS["logprobs"], extra_body=EXTRA_BODY)
     reference = api.completions.create(**args).choices[0]
     token_ids, logprobs, killed = [], [], None
     for chunk in api.completions.create(stream=True, **args):
@@ -58,14 +61,15 @@ def test_a_dead_node_is_started_again_and_serves(cluster_1p2d):
     api = client(cluster_1p2d)
     for node in ("decode-0", "decode-1"):
         response = api.completions.create(model="corun-tiny", prompt=PROMPT, max_tokens=8, temperature=0.8, seed=3,
-                                          extra_headers={"X-CoRun-Decode-Node": node})
+                                          extra_headers={"X-CoRun-Decode-Node": node},
+                                          extra_body={"return_token_ids": True})
         assert len(response.choices[0].model_extra["token_ids"]) == 8
 
 
 def stream_with_gaps(api, seed: int) -> tuple[list[int], float]:
     """(token ids, the longest wait between two chunks) of one streamed completion."""
     args = dict(model="corun-tiny", prompt=PROMPT, max_tokens=150, temperature=0.8, seed=seed,
-                extra_body={"ignore_eos": True})
+                extra_body=EXTRA_BODY)
     token_ids, last, longest = [], time.monotonic(), 0.0
     for chunk in api.completions.create(stream=True, **args):
         now = time.monotonic()
@@ -81,7 +85,7 @@ def test_a_node_restarted_in_place_at_once_fails_its_streams_over_within_a_secon
     cluster_1p2d.wait_healthy()
     api = client(cluster_1p2d)
     references = [api.completions.create(model="corun-tiny", prompt=PROMPT, max_tokens=150, temperature=0.8, seed=s,
-                                         extra_body={"ignore_eos": True}).choices[0].model_extra["token_ids"]
+                                         extra_body=EXTRA_BODY).choices[0].model_extra["token_ids"]
                   for s in range(8)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         streams = [pool.submit(stream_with_gaps, api, s) for s in range(8)]
@@ -141,7 +145,13 @@ def cluster_2p1d(tiny_model_dir):
 
 def long_completion(api, prompt: str) -> list[int]:
     return api.completions.create(model="corun-tiny", prompt=prompt, max_tokens=40, temperature=0.8, seed=5,
-                                  extra_body={"ignore_eos": True}).choices[0].model_extra["token_ids"]
+                                  extra_body=EXTRA_BODY).choices[0].model_extra["token_ids"]
+
+
+def reset_prefix_caches(cluster) -> None:
+    request = urllib.request.Request(f"{cluster.url}/reset_prefix_cache", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
 
 
 def test_a_busy_prefill_node_killed_under_long_prompts_loses_none_of_them(cluster_2p1d):
@@ -149,6 +159,8 @@ def test_a_busy_prefill_node_killed_under_long_prompts_loses_none_of_them(cluste
     queued prompts and restarted in place at once: every request completes, bitwise as undisturbed."""
     api = client(cluster_2p1d)
     references = [long_completion(api, prompt) for prompt in LONG_PROMPTS]
+    # NOTE: cold again, so that the prompts queue on the prefill nodes (cached, only their last chunks would run)
+    reset_prefix_caches(cluster_2p1d)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         outputs = [pool.submit(long_completion, api, prompt) for prompt in LONG_PROMPTS]
         stats = wait_for_stats(cluster_2p1d, lambda stats: stats["prefill-0"]["num_waiting"] > 0)

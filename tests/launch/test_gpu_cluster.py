@@ -17,6 +17,8 @@ pytestmark = pytest.mark.gpu
 
 PROMPTS = [list(range(10, 10 + n)) for n in (5, 40, 130, 300)]
 PARAMS = {"temperature": 0.7, "seed": 21, "max_tokens": 10, "logprobs": 3}
+IDS = {"return_token_ids": True}
+"""The choices' token ids, compared with the engine's (vLLM sends them only when asked)."""
 CONTROLS = {"n": 3, "presence_penalty": 0.8, "frequency_penalty": 0.3, "repetition_penalty": 1.3, "min_p": 0.05}
 BIAS = {12: 2.0, 40: -100.0}
 
@@ -50,11 +52,11 @@ def test_one_gpu_1p1d_serves_the_colocated_bits_over_cuda_ipc(tiny_model_dir, dt
     config = ClusterConfig(engine(tiny_model_dir, dtype), port=free_port("127.0.0.1"), prefill_gpus=("0",),
                            decode_gpus=("0",), transfer=TransferConfig())
     with LocalCluster(config) as cluster:
-        served = [post(cluster.url, {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, **PARAMS})
+        served = [post(cluster.url, {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, **PARAMS, **IDS})
                   for prompt in PROMPTS]
         decode = decode_stats_once(cluster.url, len(PROMPTS))
         # NOTE: n samples (the KV copied on the GPU to each sample's blocks) and the sampling controls
-        sampled = [post(cluster.url, {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, **PARAMS,
+        sampled = [post(cluster.url, {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, **PARAMS, **IDS,
                                       **CONTROLS, "logit_bias": {str(t): b for t, b in BIAS.items()}})
                    for prompt in PROMPTS]
     llm = LLM.from_config(dataclasses.replace(config.engine))

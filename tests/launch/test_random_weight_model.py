@@ -41,7 +41,8 @@ def test_cluster_serves_it_bitwise_like_the_colocated_engine(random_model_dir):
     try:
         api = client(cluster)
         for prompt, want in zip(PROMPTS, expected, strict=True):
-            choice = api.completions.create(model="corun-tiny", prompt=prompt, extra_body={"ignore_eos": True},
+            choice = api.completions.create(model="corun-tiny", prompt=prompt,
+                                            extra_body={"ignore_eos": True, "return_token_ids": True},
                                             **params).choices[0]
             assert choice.model_extra["token_ids"] == want.outputs[0].token_ids
             assert choice.logprobs.token_logprobs == [lp.logprob for lp in want.outputs[0].logprobs]

@@ -14,7 +14,8 @@ from tests.conftest import varied_prompts
 from tests.launch.cluster_client import CHUNK, MAX_MODEL_LEN, N, client, start_cluster
 
 PROMPTS = varied_prompts(3, seed=31, max_words=40)
-BASE = {"model": "corun-tiny", "max_tokens": 8, "temperature": 0.9, "logprobs": 2, "ignore_eos": True}
+BASE = {"model": "corun-tiny", "max_tokens": 8, "temperature": 0.9, "logprobs": 2, "ignore_eos": True,
+        "return_token_ids": True}
 PATHS = ({"X-CoRun-Prefill-Node": "prefill-0", "X-CoRun-Decode-Node": "decode-0"},
          {"X-CoRun-Decode-Node": "colocated-0"})
 

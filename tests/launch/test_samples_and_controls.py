@@ -54,7 +54,7 @@ def create(cluster, prompt, n=1, stream=False, **controls):
         model="corun-tiny", prompt=prompt, max_tokens=10, temperature=0.9, seed=SEED, logprobs=2, n=n,
         stream=stream, presence_penalty=controls.pop("presence_penalty", None),
         frequency_penalty=controls.pop("frequency_penalty", None), logit_bias=controls.pop("logit_bias", None),
-        extra_body={"ignore_eos": True, **controls})
+        extra_body={"ignore_eos": True, "return_token_ids": True, **controls})
 
 
 def streamed_choices(stream) -> dict[int, tuple[list[int], list[float]]]:

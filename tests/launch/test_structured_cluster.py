@@ -45,8 +45,8 @@ def mixed(tiny_model_dir):
 
 
 def complete(api: openai.OpenAI, extra: dict, headers: dict | None = None, prompt: str = PROMPT, **params):
-    choice = api.completions.create(model="corun-tiny", prompt=prompt, extra_body=extra, extra_headers=headers or {},
-                                    **{**PARAMS, **params}).choices[0]
+    choice = api.completions.create(model="corun-tiny", prompt=prompt, extra_body={**extra, "return_token_ids": True},
+                                    extra_headers=headers or {}, **{**PARAMS, **params}).choices[0]
     return choice.text, choice.model_extra["token_ids"], choice.logprobs.token_logprobs, choice.finish_reason
 
 
@@ -72,7 +72,8 @@ def test_p_d_colocated_and_engine_give_the_same_constrained_bits(mixed, tiny_mod
 def test_n_samples_and_streams_keep_the_constraint_and_the_bits(mixed):
     """n = 2: the prefill node samples both first tokens from one matcher state, the decode node continues each."""
     api = client(mixed)
-    args = dict(model="corun-tiny", prompt=PROMPT, n=2, extra_body={"structured_outputs": STRUCTURED}, **PARAMS)
+    args = dict(model="corun-tiny", prompt=PROMPT, n=2, extra_body={"structured_outputs": STRUCTURED,
+                                                                    "return_token_ids": True}, **PARAMS)
     via_pd = api.completions.create(**args, extra_headers=PD).choices
     via_colocated = api.completions.create(**args, extra_headers=COLOCATED).choices
     assert [c.model_extra["token_ids"] for c in via_pd] == [c.model_extra["token_ids"] for c in via_colocated]
@@ -112,7 +113,8 @@ def test_response_format_on_both_endpoints(mixed, tiny_model_dir):
     response_format = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}}
     _, completion_ids, _, completion_finish = complete(api, {"response_format": response_format}, max_tokens=64)
     chat = api.chat.completions.create(model="corun-tiny", messages=[{"role": "user", "content": "trip?"}],
-                                       response_format=response_format, max_tokens=64, seed=3)
+                                       response_format=response_format, max_tokens=64, seed=3,
+                                       extra_body={"return_token_ids": True})
     chat_ids, chat_finish = chat.choices[0].model_extra["token_ids"], chat.choices[0].finish_reason
     spec = StructuredOutput("json", json.dumps(SCHEMA))
     for token_ids, finish_reason in ((completion_ids, completion_finish), (chat_ids, chat_finish)):

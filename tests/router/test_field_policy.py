@@ -8,7 +8,8 @@ from tests.router.harness import post, sse_events
 from tests.router.test_errors import VALID, assert_error, completions
 
 pytestmark = pytest.mark.timeout(30)
-CHAT = {"model": "corun-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "seed": 4}
+CHAT = {"model": "corun-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "seed": 4,
+        "return_token_ids": True}
 
 
 def chat(router, body):
@@ -16,8 +17,8 @@ def chat(router, body):
 
 
 def test_unknown_fields_are_ignored_named_in_a_header_and_change_nothing(router):
-    plain = completions(router, VALID)
-    extra = completions(router, {**VALID, "temprature": 1, "foo": {"bar": 2}})
+    plain = completions(router, {**VALID, "return_token_ids": True})
+    extra = completions(router, {**VALID, "return_token_ids": True, "temprature": 1, "foo": {"bar": 2}})
     assert extra.status == 200 and extra.headers["X-CoRun-Ignored-Fields"] == "foo, temprature"
     assert extra.body["choices"][0]["token_ids"] == plain.body["choices"][0]["token_ids"]
     assert "X-CoRun-Ignored-Fields" not in plain.headers  # NOTE: the inverse: nothing to name, no header
@@ -44,7 +45,7 @@ def test_an_unknown_stream_option_is_ignored_and_named(router):
 
 
 def test_max_completion_tokens_on_completions_wins_over_max_tokens(router):
-    reply = completions(router, {**VALID, "max_tokens": 8, "max_completion_tokens": 3})
+    reply = completions(router, {**VALID, "max_tokens": 8, "max_completion_tokens": 3, "return_token_ids": True})
     assert reply.status == 200 and len(reply.body["choices"][0]["token_ids"]) == 3
     assert_error(completions(router, {**VALID, "max_completion_tokens": 0}), 400, "'max_completion_tokens'")
 

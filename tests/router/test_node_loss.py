@@ -11,7 +11,7 @@ from wire.protocol import DecodeRequest
 from wire.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)  # NOTE: a hang guard with room for a loaded host
-BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2}
+BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2, "return_token_ids": True}
 
 
 def test_a_pong_from_another_instance_fails_the_open_requests_over(tiny_model_dir, word_token_ids):

@@ -13,6 +13,8 @@ from wire.seeding import sample_seed, seed_from_request_id
 pytestmark = pytest.mark.timeout(30)
 MODEL = "corun-tiny"
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
+IDS = {"return_token_ids": True}
+"""vLLM's field: the choices' token_ids (null unless asked), which these tests compare."""
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,8 @@ def expected(word_token_ids, tokenizer, prompt, seed, **params) -> list[int]:
 
 
 def test_completion_returns_the_nodes_tokens_and_their_text(client, tokenizer, word_token_ids):
-    response = client.completions.create(model=MODEL, prompt="the cat sat on the mat", max_tokens=10, seed=7)
+    response = client.completions.create(model=MODEL, prompt="the cat sat on the mat", max_tokens=10, seed=7,
+                                         extra_body=IDS)
     choice = response.choices[0]
     assert choice.token_ids == expected(word_token_ids, tokenizer, "the cat sat on the mat", 7, max_tokens=10)
     assert choice.text == tokenizer.decode(choice.token_ids)
@@ -41,25 +44,26 @@ def test_completion_returns_the_nodes_tokens_and_their_text(client, tokenizer, w
 
 def test_a_prompt_gives_the_same_output_alone_or_in_a_list(client):
     prompts = ["one small step", "the river runs", "seven numbers people"]
-    batch = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, seed=11)
+    batch = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, seed=11, extra_body=IDS)
     assert [c.index for c in batch.choices] == [0, 1, 2]
     for prompt, choice in zip(prompts, batch.choices, strict=True):
-        alone = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, seed=11).choices[0]
+        alone = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, seed=11, extra_body=IDS).choices[0]
         assert (choice.text, choice.token_ids) == (alone.text, alone.token_ids)
 
 
 def test_token_id_prompts(client, tokenizer, word_token_ids):
     ids = tokenizer.encode("a blue house")
-    single = client.completions.create(model=MODEL, prompt=ids, max_tokens=5, seed=3)
+    single = client.completions.create(model=MODEL, prompt=ids, max_tokens=5, seed=3, extra_body=IDS)
     assert single.choices[0].token_ids == expected(word_token_ids, tokenizer, ids, 3, max_tokens=5)
-    double = client.completions.create(model=MODEL, prompt=[ids, ids[:2]], max_tokens=5, seed=3)
+    double = client.completions.create(model=MODEL, prompt=[ids, ids[:2]], max_tokens=5, seed=3, extra_body=IDS)
     assert double.choices[0].token_ids == single.choices[0].token_ids
     assert double.choices[1].token_ids == expected(word_token_ids, tokenizer, ids[:2], 3, max_tokens=5)
     assert double.usage.prompt_tokens == len(ids) + 2
 
 
 def test_streaming_equals_non_streaming_for_every_prompt(client):
-    kwargs = dict(model=MODEL, prompt=["light and sound", "water reads"], max_tokens=12, seed=5, logprobs=2)
+    kwargs = dict(model=MODEL, prompt=["light and sound", "water reads"], max_tokens=12, seed=5, logprobs=2,
+                  extra_body=IDS)
     full = client.completions.create(**kwargs)
     chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
     for choice in full.choices:
@@ -86,7 +90,7 @@ def test_completion_logprobs_shape(client):
 def test_chat_completion_and_its_stream(client):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "why is the river blue"}]
     full = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, seed=9, logprobs=True,
-                                          top_logprobs=2)
+                                          top_logprobs=2, extra_body=IDS)
     choice = full.choices[0]
     assert full.id.startswith("chatcmpl-") and choice.message.role == "assistant"
     assert len(choice.token_ids) == 8 and choice.finish_reason == "length"
@@ -104,20 +108,21 @@ def test_chat_completion_and_its_stream(client):
 def test_chat_content_parts_render_like_a_string(client):
     as_parts = [{"role": "user", "content": [{"type": "text", "text": "the dog"}, {"type": "text", "text": "ran"}]}]
     as_text = [{"role": "user", "content": "the dog\nran"}]
-    first = client.chat.completions.create(model=MODEL, messages=as_parts, max_tokens=4, seed=2)
-    second = client.chat.completions.create(model=MODEL, messages=as_text, max_tokens=4, seed=2)
+    first = client.chat.completions.create(model=MODEL, messages=as_parts, max_tokens=4, seed=2, extra_body=IDS)
+    second = client.chat.completions.create(model=MODEL, messages=as_text, max_tokens=4, seed=2, extra_body=IDS)
     assert first.choices[0].token_ids == second.choices[0].token_ids
     assert first.usage.prompt_tokens == second.usage.prompt_tokens
 
 
 def test_request_id_is_echoed_and_seeds_the_request(client):
     raw = client.completions.with_raw_response.create(model=MODEL, prompt="morning light", max_tokens=6,
-                                                      extra_headers={"X-Request-Id": "req-abc"})
+                                                      extra_headers={"X-Request-Id": "req-abc"}, extra_body=IDS)
     response = raw.parse()
     derived = seed_from_request_id("req-abc", 0)
     assert raw.headers["X-Request-Id"] == "req-abc" and response.id == "cmpl-req-abc"
     assert int(raw.headers["X-CoRun-Seed"]) == response.seed == derived
-    with_seed = client.completions.create(model=MODEL, prompt="morning light", max_tokens=6, seed=derived)
+    with_seed = client.completions.create(model=MODEL, prompt="morning light", max_tokens=6, seed=derived,
+                                          extra_body=IDS)
     assert with_seed.choices[0].token_ids == response.choices[0].token_ids
 
 
@@ -129,10 +134,10 @@ def test_a_generated_request_id_also_derives_the_seed(client):
 
 
 def test_stop_token_ids_end_the_output_with_that_token(client, tokenizer, word_token_ids):
-    reference = client.completions.create(model=MODEL, prompt="people city", max_tokens=10, seed=4)
+    reference = client.completions.create(model=MODEL, prompt="people city", max_tokens=10, seed=4, extra_body=IDS)
     stop_id = reference.choices[0].token_ids[3]
     stopped = client.completions.create(model=MODEL, prompt="people city", max_tokens=10, seed=4,
-                                        extra_body={"stop_token_ids": [stop_id]})
+                                        extra_body={"stop_token_ids": [stop_id], **IDS})
     cut = reference.choices[0].token_ids.index(stop_id) + 1
     assert stopped.choices[0].token_ids == reference.choices[0].token_ids[:cut]
     assert stopped.choices[0].finish_reason == "stop"
@@ -201,7 +206,8 @@ def test_n_choices_streamed_and_not_are_the_same_and_carry_their_seeds(client):
 
 def test_chat_length_limits(client):
     messages = [{"role": "user", "content": "count"}]
-    limited = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=3, seed=1)
+    limited = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=3, seed=1,
+                                             extra_body=IDS)
     assert len(limited.choices[0].token_ids) == 3
     unlimited = client.chat.completions.create(model=MODEL, messages=messages, seed=1)
     assert unlimited.usage.prompt_tokens + unlimited.usage.completion_tokens == 1024

@@ -1,5 +1,10 @@
 """vLLM's output fields: stop_reason filled, include_stop_str_in_output, skip_special_tokens and
-return_tokens_as_token_ids; none changes the tokens."""
+return_tokens_as_token_ids; none changes the tokens. vLLM's tokenizer endpoints (/tokenize, /detokenize, /version,
+/tokenizer_info)."""
+
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -7,7 +12,7 @@ from router.generation.detokenizer import IncrementalDetokenizer
 from tests.router.test_errors import VALID, completions
 
 pytestmark = pytest.mark.timeout(30)
-LONG = {**VALID, "max_tokens": 12}
+LONG = {**VALID, "max_tokens": 12, "return_token_ids": True}
 
 
 def first_choice(router, **fields) -> dict:
@@ -66,3 +71,29 @@ def test_tokenize_detokenize_and_version_answer_as_vllm(router, tokenizer):
     assert post(router.base_url + "/tokenize", {}).status == 400
     version = get(router.base_url + "/version")
     assert version.status == 200 and version.body["version"]
+
+
+def test_tokenizer_info_is_served_only_when_enabled_as_vllm_s(router, tiny_model_dir, word_token_ids, tokenizer):
+    from tests.router.harness import RouterHarness, get
+
+    assert get(router.base_url + "/tokenizer_info").status == 404  # NOTE: off by default, as vLLM's
+    config = json.loads((Path(tiny_model_dir) / "tokenizer_config.json").read_text())
+    with RouterHarness(tiny_model_dir, word_token_ids, enable_tokenizer_info_endpoint=True) as enabled:
+        info = get(enabled.base_url + "/tokenizer_info")
+    assert info.status == 200 and info.body["tokenizer_class"] == config["tokenizer_class"]
+    assert info.body["eos_token"] == config["eos_token"] and info.body["chat_template"] == config["chat_template"]
+    assert info.body["model_max_length"] == config["model_max_length"]
+    eos = info.body["added_tokens_decoder"][str(tokenizer.eos_token_id)]
+    assert eos["content"] == config["eos_token"] and eos["special"] is True
+
+
+
+def test_tokenizer_info_leaves_out_the_server_s_file_paths(tiny_model_dir, tokenizer, tmp_path):
+    from router.api.tokens import tokenizer_info_body
+
+    shutil.copy(Path(tiny_model_dir) / "tokenizer.json", tmp_path)
+    config = json.loads((Path(tiny_model_dir) / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "vocab_file": "/srv/vocab.json",
+                                                                "merges_file": "/srv/merges.txt"}))
+    info = json.loads(tokenizer_info_body(tmp_path, tokenizer))
+    assert "vocab_file" not in info and "merges_file" not in info and info["pad_token"] == config["pad_token"]

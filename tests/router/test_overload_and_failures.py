@@ -11,7 +11,7 @@ from wire.protocol import Abort, DecodeRequest, PrefillRequest
 from wire.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(30)
-BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2}
+BODY = {"prompt": "slow river", "max_tokens": 4, "seed": 2, "return_token_ids": True}
 
 
 def test_requests_beyond_max_pending_get_429_with_retry_after(tiny_model_dir, word_token_ids):

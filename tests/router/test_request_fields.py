@@ -43,7 +43,7 @@ def prompt_ids(router, body) -> list[int]:
 
 @pytest.mark.parametrize("endpoint, field, value", [
     ("completions", "structural_tag", {"type": "structural_tag"}),
-    ("completions", "use_beam_search", True),
+    ("completions", "vllm_xargs", {"a": 1}),
     ("completions", "watermarking", True),
     ("chat/completions", "spaces_between_special_tokens", False),
     ("completions", "repetition_detection", {"max_pattern_size": 4}),
@@ -63,8 +63,8 @@ def test_harmless_fields_are_ignored_and_named_even_with_strict_fields(tiny_mode
                 "kv_transfer_params": {"do_remote_decode": False}}
     with RouterHarness(tiny_model_dir, word_token_ids, strict_fields=True) as strict:
         strict.wait_until_healthy()
-        plain = completions(strict, VALID)
-        reply = completions(strict, {**VALID, **harmless})
+        plain = completions(strict, {**VALID, "return_token_ids": True})
+        reply = completions(strict, {**VALID, "return_token_ids": True, **harmless})
         assert reply.status == 200 and reply.headers["X-CoRun-Ignored-Fields"] == ", ".join(sorted(harmless))
         assert reply.body["choices"][0]["token_ids"] == plain.body["choices"][0]["token_ids"]
         assert_error(completions(strict, {**VALID, "priorty": 3}), 400, "'priorty'")  # NOTE: unknown: strict
@@ -89,27 +89,40 @@ def test_five_stop_strings_and_up_to_the_documented_bound_are_accepted(router):
 
 
 def test_int64_seeds_are_accepted_and_minus_one_means_none(router):
-    negative = completions(router, {**VALID, "seed": -3})
+    negative = completions(router, {**VALID, "seed": -3, "return_token_ids": True})
     assert negative.status == 200 and negative.body["seed"] == -3
     assert completions(router, {**VALID, "seed": -2**63}).status == 200
     unseeded = [completions(router, {**VALID, "seed": -1}).body["seed"] for _ in range(2)]
     assert unseeded[0] != unseeded[1] and min(unseeded) >= 0  # NOTE: as no seed: one derived per request id
-    assert negative.body["choices"][0]["token_ids"] != completions(router, {**VALID, "seed": 3}).body[
+    assert negative.body["choices"][0]["token_ids"] != completions(router, {**VALID, "seed": 3,
+                                                                             "return_token_ids": True}).body[
         "choices"][0]["token_ids"]
 
 
 # ---- token ids and the null keys -------------------------------------------------------------------------------
 
 
-def test_return_token_ids_adds_the_prompt_s_ids_and_the_null_keys_are_always_there(router, tokenizer):
+def test_return_token_ids_adds_the_prompt_s_and_the_output_s_ids_and_the_null_keys_are_always_there(router,
+                                                                                                    tokenizer):
     plain = completions(router, VALID).body["choices"][0]
-    assert plain["prompt_token_ids"] is None and plain["prompt_logprobs"] is None
+    assert plain["prompt_token_ids"] is None and plain["prompt_logprobs"] is None and plain["token_ids"] is None
     asked = completions(router, {**VALID, "return_token_ids": True}).body["choices"][0]
-    assert asked["prompt_token_ids"] == tokenizer.encode("the cat") and asked["token_ids"] == plain["token_ids"]
+    assert asked["prompt_token_ids"] == tokenizer.encode("the cat") and asked["text"] == plain["text"]
+    assert tokenizer.decode(asked["token_ids"]) == plain["text"] and len(asked["token_ids"]) == VALID["max_tokens"]
     stream = sse_events(completions(router, {**VALID, "return_token_ids": True, "stream": True}).body)
     assert stream[0]["choices"][0]["prompt_token_ids"] == tokenizer.encode("the cat")
+    assert [t for e in stream[:-1] for t in e["choices"][0]["token_ids"]] == asked["token_ids"]
+    assert all(e["choices"][0]["prompt_token_ids"] is None for e in stream[1:-1])  # NOTE: once, as vLLM's
+    plain_stream = sse_events(completions(router, {**VALID, "stream": True}).body)
+    assert all(e["choices"][0]["token_ids"] is None and e["choices"][0]["prompt_token_ids"] is None
+               for e in plain_stream[:-1])
     chat_plain = chat(router, CHAT).body
     assert chat_plain["prompt_token_ids"] is None and chat_plain["prompt_logprobs"] is None
+    assert chat_plain["choices"][0]["token_ids"] is None
+    chat_asked = chat(router, {**CHAT, "return_token_ids": True}).body["choices"][0]
+    assert len(chat_asked["token_ids"]) == CHAT["max_tokens"]
+    plain_chat_stream = sse_events(chat(router, {**CHAT, "stream": True}).body)
+    assert all(c.get("token_ids") is None for e in plain_chat_stream[:-1] for c in e["choices"])
     assert len(prompt_ids(router, CHAT)) == chat_plain["usage"]["prompt_tokens"]
     chat_stream = sse_events(chat(router, {**CHAT, "stream": True, "return_token_ids": True}).body)
     assert chat_stream[0]["prompt_token_ids"] == prompt_ids(router, CHAT)

@@ -10,7 +10,7 @@ from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, post, sse_eve
 from wire.protocol import Abort, DecodeRequest
 
 pytestmark = pytest.mark.timeout(30)
-BODY = {"prompt": "the green city", "max_tokens": 24, "seed": 21}
+BODY = {"prompt": "the green city", "max_tokens": 24, "seed": 21, "return_token_ids": True}
 
 
 def completions(router, body, request_id: str):

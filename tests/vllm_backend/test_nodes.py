@@ -59,7 +59,8 @@ def complete(url: str, prompt: list[int], params: dict, n: int = 1) -> list[tupl
     response = api.completions.create(
         model="corun-tiny", prompt=prompt, max_tokens=params["max_tokens"], temperature=params["temperature"],
         seed=params["seed"], logprobs=params["logprobs"], n=n, top_p=params.get("top_p", 1.0),
-        frequency_penalty=params.get("frequency_penalty", 0.0), extra_body={"ignore_eos": True})
+        frequency_penalty=params.get("frequency_penalty", 0.0),
+        extra_body={"ignore_eos": True, "return_token_ids": True})
     return [(choice.model_extra["token_ids"], choice.logprobs.token_logprobs) for choice in response.choices]
 
 

@@ -10,6 +10,10 @@ OPTIONAL = "optional endpoint"
 
 OPENAI = "tests/entrypoints/openai/"
 EXCLUDED: dict[str, str] = {
+    OPENAI + "test_metrics.py::test_abort_metrics_reset":
+        "a race with the model's speed: it reads the running requests 0.5 s after sending 3 x 100 tokens, which the "
+        "tiny model on CPU finishes in 0.4-0.6 s through `corun serve` (0.6 s measured on a loaded host): it passed "
+        "or failed by the host's load (running 0, kv usage 0.0 once they had finished)",
     OPENAI + "test_metrics.py::test_metrics_exist_run_batch":
         "vLLM's batch runner (python -m vllm.entrypoints.openai.run_batch) with an embedding model: not a server test",
 }
@@ -33,58 +37,27 @@ def excluded(nodeid: str) -> str | None:
 BASIC, COMPLETION, TOOLS = OPENAI + "basic/", OPENAI + "completion/test_completion.py::", \
     OPENAI + "chat_completion/test_completion_with_function_calling.py::"
 TOKENIZE = OPENAI + "test_tokenization.py::"
-NO_TOOLS = "tools/tool_choice other than none are refused (issue 24: tool calling)"
-FORCED = ("a forced call (required or named) gets no tool_calls: the random-weight model's constrained JSON runs to "
-          "the length limit, seen in the named test; not checked further")
+FORCED = ("a forced call (required or named; compact JSON, as vLLM's disable_any_whitespace) gets no tool_calls: "
+          "the random-weight tiny model writes one JSON string value until the length limit (seen: 932 tokens "
+          "inside \"city\"). vLLM 0.32 (.venv-vllm) on the tiny model with the named call's schema does the same "
+          "(4 seeds of 4 run to 932 tokens): string values are unbounded in vLLM's schema too; a trained model "
+          "closes them")
 FAILURES: dict[str, tuple[str, str]] = {
-    BASIC + "test_chat_echo.py::test_chat_session_with_echo_and_continue_final_message[True]":
-        (REAL, "chat echo / continue_final_message / add_generation_prompt ignored (issue 24 item 1)"),
-    BASIC + "test_return_token_ids.py::test_basic_completion_with_emoji":
-        (REAL, "token_ids sent though return_token_ids is false (a CoRun extra; vLLM sends null)"),
-    BASIC + "test_return_token_ids.py::test_comparison_with_prompt_logprobs_and_logprobs":
-        (REAL, "return_token_ids ignored: no prompt_token_ids key (issue 24 item 4)"),
-    BASIC + "test_return_token_ids.py::test_chat_completion_with_emoji_and_token_ids":
-        (REAL, "return_token_ids ignored: no prompt_token_ids key (issue 24 item 4)"),
-    BASIC + "test_return_token_ids.py::test_chat_completion_with_tool_use":
-        (REAL, "token_ids sent though return_token_ids is false (a CoRun extra; vLLM sends null)"),
-    TOOLS + "test_no_args_tool_call": (REAL, NO_TOOLS + " (passes on any model: no call means content)"),
     TOOLS + "test_named_tool_use": (
         VLLM_MODEL, "asks 1,000 tokens past a 63-token prompt: beyond the 1,024-token context `corun serve` gives "
-                    "the tiny model (vLLM serves Qwen3-0.6B at 40k); at 2,048 it gets further, but "
-                    "test_abort_metrics_reset then fails"),
-    TOOLS + "test_max_tokens_with_tool_choice_required": (REAL, NO_TOOLS + " (passes since: a cut call is no call)"),
+                    "the tiny model (vLLM serves Qwen3-0.6B at 40k)"),
     COMPLETION + "test_single_completion":
         (VLLM_MODEL, "prompt_tokens == 6 is opt-125m's tokenizer (the tiny model's gives 7)"),
-    COMPLETION + "test_completion_truncation_side_controls_prompt_truncation":
-        (REAL, "truncate_prompt_tokens/truncation_side and return_token_ids ignored (issue 24)"),
-    COMPLETION + "test_prompt_logprobs_completion[facebook/opt-125m-None]":
-        (REAL, "prompt_logprobs key missing where vLLM sends null (issue 24 item 4)"),
     COMPLETION + "test_parallel_no_streaming":
         (VLLM_MODEL, "asserts samples end at different lengths: a trained model's EOS within 50 tokens"),
     COMPLETION + "test_parallel_streaming":
         (VLLM_MODEL, "asserts samples end at different lengths: a trained model's EOS within 50 tokens"),
-    COMPLETION + "test_batch_completions":
-        (REAL, "use_beam_search is a 400 (beam search is not built)"),
-    COMPLETION + "test_invalid_json_schema": (REAL, "structured_outputs ignored, so no 400 (issue 24)"),
-    COMPLETION + "test_invalid_regex": (REAL, "structured_outputs ignored, so no 400 (issue 24)"),
-    COMPLETION + "test_invalid_grammar": (REAL, "structured_outputs ignored, so no 400 (issue 24)"),
-    TOKENIZE + "test_tokenize_completions": (REAL, "/tokenize has no token_strs key (issue 24 item 4)"),
-    TOKENIZE + "test_tokenize_with_return_token_strs": (REAL, "/tokenize ignores return_token_strs (issue 24)"),
-    TOKENIZE + "test_tokenize_chat":
-        (REAL, "/tokenize ignores add_special_tokens/add_generation_prompt/continue_final_message (issue 24)"),
-    TOKENIZE + "test_tokenize_chat_with_tools":
-        (REAL, "/tokenize ignores add_special_tokens/add_generation_prompt/continue_final_message (issue 24)"),
-    **{OPENAI + f"test_metrics.py::{name}": (REAL, "vLLM's metric families missing (issue 24 item 5; built on "
-                                                 "branch vtests)")
-       for name in ("test_metrics_counts", "test_metrics_exist")},
-    OPENAI + "test_metrics.py::test_abort_metrics_reset":
-        (REAL, "kv_cache_usage_perc's first sample (the decode pool) reads 0.0 while requests run: not understood"),
-    **{TOKENIZE + name: (OPTIONAL, "/tokenizer_info (vLLM's --enable-tokenizer-info-endpoint)")
-       for name in ("test_tokenizer_info_basic", "test_tokenizer_info_schema",
-                    "test_tokenizer_info_added_tokens_structure", "test_tokenizer_info_consistency_with_tokenize",
-                    "test_tokenizer_info_chat_template")},
+    TOKENIZE + "test_tokenizer_info_consistency_with_tokenize": (
+        VLLM_MODEL, "asserts the tokenizer's model_max_length (zephyr's: 1e30) >= the served max_model_len: the tiny "
+                    "model's tokenizer says 2,048 and the test serves it at --max-model-len 8192, which vLLM refuses "
+                    "for that model (its limit is min(positions, model_max_length)); corun serve does not refuse it"),
 }
-"""nodeid (or without parameters) -> (kind, one-line reason) of a failure seen on main."""
+"""nodeid (or without parameters) -> (kind, one-line reason) of a failure seen on this branch."""
 
 
 def tool_use_kind(thinking: str, choice: str) -> tuple[str, str]:
@@ -93,7 +66,7 @@ def tool_use_kind(thinking: str, choice: str) -> tuple[str, str]:
         return VLLM_MODEL, "asserts reasoning text: a trained thinking model and vLLM's --reasoning-parser qwen3"
     if choice == "auto":
         return VLLM_MODEL, "asserts the model chose to call a tool (tool_choice auto): a trained model"
-    return REAL, FORCED
+    return VLLM_MODEL, FORCED
 
 
 FAILURES.update({f"{TOOLS}test_function_tool_use[{thinking}-{choice}-{stream}-Qwen/Qwen3-0.6B]":

@@ -3,7 +3,8 @@
 
 The cluster serves the model under the name the test asked for (--served-model-name), so request bodies and
 assertions stay vLLM's. vLLM's flags are mapped where CoRun has the same setting (--max-model-len,
---max-logprobs); the others are recorded in `ignored_args` (the exclusions name the tests that need them).
+--max-logprobs, --enable-tokenizer-info-endpoint); the others are recorded in `ignored_args` (the exclusions name
+the tests that need them).
 A server is shared by every test module asking for the same model name and settings (a cluster starts in
 seconds, but CI has 2 cores); a module that reads counters from a fresh server (test_metrics) gets its own.
 """
@@ -25,6 +26,9 @@ SERVER_REPO = Path(os.environ.get("CORUN_SERVER_REPO") or os.environ["CORUN_REPO
 """The checkout whose `corun serve` runs (run.py --server-repo: main's, to record where main stands)."""
 STARTUP_S = 120.0
 MAPPED_FLAGS = {"--max-model-len": "--max-model-len", "--max-logprobs": "--max-logprobs"}
+"""vLLM's flags that take a value -> corun serve's."""
+MAPPED_SWITCHES = {"--enable-tokenizer-info-endpoint": "--enable-tokenizer-info-endpoint"}
+"""vLLM's flags without a value -> corun serve's."""
 FRESH_SERVER_MODULES = ("test_metrics",)
 """Modules whose assertions count what one server did since it started (vLLM starts one per parameter)."""
 ROCM_EXTRA_ARGS: list[str] = []
@@ -52,6 +56,8 @@ def corun_flags(vllm_args: list[str]) -> tuple[list[str], list[str]]:
         name = arg.split("=", 1)[0]
         if name in MAPPED_FLAGS:
             mapped += [MAPPED_FLAGS[name], arg.split("=", 1)[1] if "=" in arg else value]
+        elif arg in MAPPED_SWITCHES:
+            mapped.append(MAPPED_SWITCHES[arg])
         elif arg.startswith("--"):
             ignored.append(arg)
         i += 1 if value is None or "=" in arg else 2
