@@ -95,7 +95,7 @@ def main() -> None:
               "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
               "vocabulary": "synthetic (structured_mask_cost.synthetic_vocab)" if is_random_spec(args.model)
               else "the model's tokenizer", "arms": arms,
-              "added_fraction_p50": (statistics.median(bound) / statistics.median(free) - 1) if free and bound else None}
+              "added_fraction_p50": statistics.median(bound) / statistics.median(free) - 1 if free and bound else None}
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -20,8 +20,8 @@ from wire.node_auth import ClusterKey
 from wire.protocol import (
     ErrorReply,
     NodeCapacity,
-    PrefixCacheReset,
     Pong,
+    PrefixCacheReset,
     ProtocolError,
     ResetPrefixCache,
     StepTokens,

@@ -62,7 +62,8 @@ def complete_ids(api, prompt: list[int], node: str, params: dict = PARAMS, **ext
     header = "X-CoRun-Decode-Node" if node.startswith("colocated") else "X-CoRun-Prefill-Node"
     response = api.completions.create(model="corun-tiny", prompt=prompt, max_tokens=params["max_tokens"],
                                       temperature=params["temperature"], seed=params["seed"],
-                                      logprobs=params["logprobs"], extra_body={"ignore_eos": True, "return_token_ids": True, **extra},
+                                      logprobs=params["logprobs"],
+                                      extra_body={"ignore_eos": True, "return_token_ids": True, **extra},
                                       extra_headers={header: node})
     choice = response.choices[0]
     details = response.usage.prompt_tokens_details
