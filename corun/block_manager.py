@@ -73,8 +73,9 @@ class BlockManager:
     def allocate_request(self, request: Request, num_tokens: int) -> bool:
         """Blocks for the request's first num_tokens tokens: its longest cached full-chunk prefix (held), then new
         ones; request.num_computed_tokens starts past the prefix. False (nothing held) when they do not fit now.
-        NOTE: a request asking prompt_logprobs looks nothing up: each chunk's rows must be computed for them."""
-        hits = self.cached_prefix(request) if request.params.prompt_logprobs is None else []
+        NOTE: a request asking prompt_logprobs is served only chunks that kept the prompt logprobs it asks (see
+        CachedChunk.prompt_logprobs); they become the start of its own."""
+        hits = self.cached_prefix(request)
         for chunk in hits:
             self.prefix_cache.hold(chunk)
         num_cached_tokens = len(hits) * self.prefix_cache.chunk_size if hits else 0
@@ -82,27 +83,44 @@ class BlockManager:
         if block_ids is None:
             self.let_go(hits)
             return False
-        if self.prefix_cache is not None and request.params.prompt_logprobs is None:
+        if self.prefix_cache is not None:
             self.prefix_cache.num_queried_tokens += request.num_prompt_tokens
             self.prefix_cache.num_hit_tokens += num_cached_tokens
         request.block_ids = [b for chunk in hits for b in chunk.block_ids] + block_ids
         request.cached_chunks = list(hits)
         request.num_chunks_offered = len(hits)
         request.num_cached_tokens = request.num_computed_tokens = num_cached_tokens
+        if hits and request.params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None] + [entry for k, chunk in enumerate(hits)
+                                                for entry in chunk.prompt_logprobs[self.logprobs_key(request, k)]]
         return True
 
     def cached_prefix(self, request: Request) -> list[CachedChunk]:
-        """The cached chunks that start the prompt, all but the last chunk at most (it gives token 1)."""
+        """The cached chunks that start the prompt, all but the last chunk at most (it gives token 1); for a
+        request asking prompt_logprobs, only as far as each kept the prompt logprobs it asks."""
         cache = self.prefix_cache
         if cache is None:
             return []
         if request.chunk_keys is None:
             request.chunk_keys = chunk_hash_chain(request.prompt_token_ids, cache.chunk_size, cache.salt)
-        return cache.longest_prefix(request.chunk_keys, (request.num_prompt_tokens - 1) // cache.chunk_size)
+        hits = cache.longest_prefix(request.chunk_keys, (request.num_prompt_tokens - 1) // cache.chunk_size)
+        if request.params.prompt_logprobs is None:
+            return hits
+        with_logprobs = 0
+        while with_logprobs < len(hits) and self.logprobs_key(request, with_logprobs) in \
+                hits[with_logprobs].prompt_logprobs:
+            with_logprobs += 1
+        return hits[:with_logprobs]
+
+    def logprobs_key(self, request: Request, chunk_index: int) -> tuple[int, int]:
+        """CachedChunk.prompt_logprobs' key for the request's chunk: the count asked, the prompt token after it."""
+        next_token = request.prompt_token_ids[(chunk_index + 1) * self.prefix_cache.chunk_size]
+        return request.params.prompt_logprobs, next_token
 
     def cache_prefilled(self, request: Request) -> None:
         """Offer the cache the request's full prompt chunks whose KV its prefill forwards have written; each one no
-        other request cached first becomes a cached chunk, held by this request until it ends."""
+        other request cached first becomes a cached chunk, held by this request until it ends. A request asking
+        prompt_logprobs leaves its chunks' with them (cached by it or by another)."""
         cache = self.prefix_cache
         if cache is None:
             return
@@ -116,7 +134,19 @@ class BlockManager:
             if chunk is not None:
                 self.allocated_block_ids.difference_update(block_ids)
                 request.cached_chunks.append(chunk)
+            self.store_prompt_logprobs(request, k, chunk or cache.chunks.get(request.chunk_keys[k]))
         request.num_chunks_offered = max(request.num_chunks_offered, num_done)
+
+    def store_prompt_logprobs(self, request: Request, chunk_index: int, chunk: CachedChunk | None) -> None:
+        """The chunk's rows' prompt logprobs (targets: the prompt tokens after each row), when the request computed
+        them and the chunk is not the prompt's end (its last row predicts no prompt token then)."""
+        size = self.prefix_cache.chunk_size
+        end = (chunk_index + 1) * size
+        if chunk is None or request.params.prompt_logprobs is None or end >= request.num_prompt_tokens:
+            return
+        entries = tuple(request.prompt_logprobs[chunk_index * size + 1:end + 1])
+        if len(entries) == size and all(entry is not None for entry in entries):
+            chunk.store_prompt_logprobs(self.logprobs_key(request, chunk_index), entries)
 
     def release(self, request: Request) -> None:
         """The request ends: its private blocks are freed, its cached chunks let go (the last chunk first, so that a

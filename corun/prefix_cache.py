@@ -27,6 +27,14 @@ from dataclasses import dataclass
 
 from wire.config import EngineConfig
 
+MAX_PROMPT_LOGPROB_VARIANTS = 8
+"""Prompt logprobs kept per cached chunk: one entry per (alternatives asked, next prompt token), least recently
+stored dropped first."""
+
+PromptLogprobsKey = tuple[int, int]
+"""(params.prompt_logprobs, the prompt token after the chunk): the chunk's last row predicts that token, so its
+logprob entry depends on it; the alternatives shown depend on the count asked."""
+
 
 @dataclass(eq=False)
 class CachedChunk:
@@ -35,6 +43,17 @@ class CachedChunk:
     num_holders: int = 0
     detached: bool = False
     """Removed by a reset while held: its blocks are freed when the last holder ends, and nobody finds it again."""
+    prompt_logprobs: OrderedDict[PromptLogprobsKey, tuple] = dataclasses.field(default_factory=OrderedDict)
+    """The prompt logprobs the chunk's rows gave (each row predicts the next prompt token), as a prefill computed
+    them: at the chunk's shape, a function of the prompt up to the chunk's end and the key, so a request asking the
+    same is served them bit for bit."""
+
+    def store_prompt_logprobs(self, key: PromptLogprobsKey, entries: tuple) -> None:
+        if key in self.prompt_logprobs:
+            return
+        self.prompt_logprobs[key] = entries
+        if len(self.prompt_logprobs) > MAX_PROMPT_LOGPROB_VARIANTS:
+            self.prompt_logprobs.popitem(last=False)
 
 
 class PrefixCache:

@@ -41,3 +41,13 @@ def test_loglikelihood_and_generate_until_are_identical_alone_and_under_load(clu
     assert loaded == alone
     scores = [resp for _, resps, _ in alone["corun_tiny_mc"] for resp in resps]
     assert len(scores) == 6 * 3 and all(isinstance(r[0][0], float) for r in scores)  # NOTE: real loglikelihoods
+
+
+def test_multiple_choice_with_a_shared_passage_is_identical_with_the_prefix_cache_on_and_off(tiny_model_dir):
+    """Issue 25: lm-eval's loglikelihood requests (echo + logprobs) sharing a passage hit the prefix cache (their
+    prompt logprobs kept with the chunks) and log the samples the cache-off cluster logs."""
+    from benchmarks.lm_eval_prefix_cache import run
+
+    result = run(tiny_model_dir, num_questions=3, passage_words=80)
+    assert result["samples_identical"] and len(result["samples"]) == 3
+    assert result["runs"]["cache_on"]["hit_rate"] > 0.5 and result["runs"]["cache_off"]["hit_rate"] == 0

@@ -3,6 +3,7 @@ cold prefill gives (token ids, logprobs, prompt logprobs), warm, after eviction 
 leaks; and the inverse: serving a hit from KV computed at another shape (decode steps, a partial last chunk)
 changes bits, so the full-chunk rule is needed."""
 
+import dataclasses
 import random
 
 import pytest
@@ -94,13 +95,36 @@ def test_prompts_after_eviction_and_after_a_reset_are_bitwise_cold(tiny_model_di
 
 
 @pytest.mark.numerics
-def test_prompt_logprobs_requests_are_recomputed_and_bitwise_cold(tiny_model_dir, cold):
+def test_prompt_logprobs_are_served_with_their_chunks_bitwise_cold(tiny_model_dir, cold):
     prompts, _, expected = cold
     llm = LLM(tiny_model_dir, **ENGINE)
-    outputs(llm, prompts)  # NOTE: every full chunk cached
-    got, cached = outputs(llm, prompts, WITH_PROMPT_LOGPROBS)
-    assert got == expected and cached == [0] * len(prompts)
-    assert all(lps is not None and len(lps) == len(p) for (_, _, lps), p in zip(got, prompts, strict=True))
+    outputs(llm, prompts)  # NOTE: every full chunk cached, without prompt logprobs: none served to those asking them
+    first, cached_first = outputs(llm, prompts, WITH_PROMPT_LOGPROBS)
+    again, cached_again = outputs(llm, prompts, WITH_PROMPT_LOGPROBS)
+    assert first == expected and again == expected
+    assert all(lps is not None and len(lps) == len(p) for (_, _, lps), p in zip(again, prompts, strict=True))
+    # NOTE: the first pass is served only what an earlier prompt asking the same left (the family's first prompt
+    # nothing); on the second every prompt hits as far as its own chunks go
+    assert cached_first[:2] == [0, 0] and sum(cached_first) > 0
+    assert cached_again == [CHUNK * ((len(p) - 1) // CHUNK) for p in prompts]
+    _, cached_other = outputs(llm, prompts[:1], dataclasses.replace(WITH_PROMPT_LOGPROBS, prompt_logprobs=1))
+    assert cached_other == [0], "prompt logprobs kept for 2 alternatives were served to a request asking 1"
+    assert_no_leak(llm)
+
+
+@pytest.mark.numerics
+def test_a_chunk_s_prompt_logprobs_are_served_only_before_the_same_next_token(tiny_model_dir):
+    """The last row of a chunk predicts the prompt token after it: a prompt that differs there is served the chunks
+    before only, and gets its own bits (the inverse: the stored entry's target token is another one)."""
+    llm = LLM(tiny_model_dir, **ENGINE)
+    base = list(range(300, 340))  # NOTE: 2 whole chunks, then 8 tokens
+    other = base[:CHUNK * 2] + [7] + base[CHUNK * 2 + 1:]
+    [stored] = llm.generate([base], WITH_PROMPT_LOGPROBS)
+    [served] = llm.generate([other], WITH_PROMPT_LOGPROBS)
+    cold = LLM(tiny_model_dir, enable_prefix_caching=False, **ENGINE)
+    [expected] = cold.generate([other], WITH_PROMPT_LOGPROBS)
+    assert served.num_cached_tokens == CHUNK and served.prompt_logprobs == expected.prompt_logprobs
+    assert stored.prompt_logprobs[CHUNK * 2] != expected.prompt_logprobs[CHUNK * 2]
     assert_no_leak(llm)
 
 
