@@ -78,7 +78,7 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
                                      headers=bearer_headers(api_key)) as session:
         model = await served_model_name(session, url)
-        cpu_before = await router_cpu_seconds(session, url)
+        metrics_before = await scrape(session, url)
         records: list[StreamedRequest] = []
         start = time.perf_counter()
 
@@ -99,30 +99,49 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         elapsed = time.perf_counter() - start
-        cpu_after = await router_cpu_seconds(session, url)
+        metrics_after = await scrape(session, url)
     result = summarize_http(records, len(prompts), elapsed, arrivals, slo, truncated=bool(pending))
-    return result | router_cpu(cpu_before, cpu_after, sum(r.num_tokens for r in records),
-                               sum(len(r.chunk_at) for r in records))
+    cpu = router_cpu(router_cpu_seconds(metrics_before), router_cpu_seconds(metrics_after),
+                     sum(r.num_tokens for r in records), sum(len(r.chunk_at) for r in records))
+    return result | cpu | prefix_cache_hit_rate(metrics_before, metrics_after)
 
 
-async def router_cpu_seconds(session: aiohttp.ClientSession, url: str) -> float | None:
-    """The router's CPU seconds from its /metrics: corun_router_process_cpu_seconds summed over its router
-    processes (several on one port: one series each), else process_cpu_seconds_total (one process: vLLM's);
-    None when it has neither (another server behind the URL)."""
+async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, list[float]]:
+    """Every sample of the server's /metrics by name ({} when it has none)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     async with session.get(f"{url}/metrics") as response:
         if response.status != 200:
-            return None
+            return {}
         text = await response.text()
     samples: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples.setdefault(sample.name, []).append(sample.value)
+    return samples
+
+
+def router_cpu_seconds(samples: dict[str, list[float]]) -> float | None:
+    """The router's CPU seconds: corun_router_process_cpu_seconds summed over its router processes (several on one
+    port: one series each), else process_cpu_seconds_total (one process: vLLM's); None when it has neither
+    (another server behind the URL)."""
     for name in ("corun_router_process_cpu_seconds", "process_cpu_seconds_total"):
         if name in samples:
             return sum(samples[name])
     return None
+
+
+def prefix_cache_hit_rate(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict:
+    """Prompt tokens served from the nodes' prefix caches over those looked up during the run (vLLM's
+    vllm:prefix_cache_hits/queries counters); None where the server has no such counters."""
+    def delta(name: str) -> float | None:
+        full = f"vllm:prefix_cache_{name}_total"
+        return sum(after[full]) - sum(before[full]) if full in after and full in before else None
+
+    hits, queries = delta("hits"), delta("queries")
+    if hits is None or queries is None:
+        return {"hit_rate": None}
+    return {"prefix_cache_hit_tokens": int(hits), "hit_rate": round(hits / queries, 4) if queries else 0.0}
 
 
 def router_cpu(before: float | None, after: float | None, num_tokens: int, num_chunks: int) -> dict:

@@ -43,6 +43,17 @@ def test_every_request_streams_to_its_end_with_the_engine_schema(cluster, tiny_m
     assert shared <= colocated.keys() and shared <= served["short"].keys()  # NOTE: side by side in one report
 
 
+def test_a_shared_prefix_workload_reports_the_cluster_s_prefix_cache_hit_rate(cluster):
+    # NOTE: 4 prompts sharing 128 tokens (2 of the cluster's 64-token chunks), one at a time: the 3 after the first
+    # are served those chunks from the prefill node's cache
+    shared = Workload("shared", ((150, 2),) * 4, ((0, 128),) * 4)
+    report = run_http_bench(cluster.url, [shared], 2048, 512, arrivals=Arrivals(request_rate=50),
+                            slo=SLOTargets(ttft_ms=60_000), max_concurrency=1, label="cluster")
+    result = report["modes"]["cluster"]["shared"]
+    assert result["num_finished"] == 4 and result["prefix_cache_hit_tokens"] == 3 * 128
+    assert result["hit_rate"] == round(3 * 128 / (4 * 150), 4)
+
+
 def test_a_run_cut_short_is_marked_truncated(cluster):
     slow = Workload("long", ((30, 200),) * 4)
     report = run_http_bench(cluster.url, [slow], 2048, 512, arrivals=Arrivals(), slo=SLOTargets(), max_seconds=0.3)
