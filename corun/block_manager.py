@@ -101,9 +101,7 @@ class BlockManager:
         cache = self.prefix_cache
         if cache is None:
             return []
-        if request.chunk_keys is None:
-            request.chunk_keys = chunk_hash_chain(request.prompt_token_ids, cache.chunk_size, cache.salt)
-        hits = cache.longest_prefix(request.chunk_keys, (request.num_prompt_tokens - 1) // cache.chunk_size)
+        hits = cache.longest_prefix(self.chunk_keys(request), (request.num_prompt_tokens - 1) // cache.chunk_size)
         if request.params.prompt_logprobs is None:
             return hits
         with_logprobs = 0
@@ -111,6 +109,13 @@ class BlockManager:
                 hits[with_logprobs].prompt_logprobs:
             with_logprobs += 1
         return hits[:with_logprobs]
+
+    def chunk_keys(self, request: Request) -> list[bytes]:
+        """The hash chain of the request's full prompt chunks (computed once per request)."""
+        if request.chunk_keys is None:
+            request.chunk_keys = chunk_hash_chain(request.prompt_token_ids, self.prefix_cache.chunk_size,
+                                                  self.prefix_cache.salt)
+        return request.chunk_keys
 
     def logprobs_key(self, request: Request, chunk_index: int) -> tuple[int, int]:
         """CachedChunk.prompt_logprobs' key for the request's chunk: the count asked, the prompt token after it."""
@@ -124,17 +129,16 @@ class BlockManager:
         cache = self.prefix_cache
         if cache is None:
             return
-        if request.chunk_keys is None:
-            request.chunk_keys = chunk_hash_chain(request.prompt_token_ids, cache.chunk_size, cache.salt)
+        keys = self.chunk_keys(request)
         num_done = min(request.num_computed_tokens, request.num_prompt_tokens) // cache.chunk_size
         blocks_per_chunk = cache.chunk_size // self.block_size
         for k in range(request.num_chunks_offered, num_done):
             block_ids = tuple(request.block_ids[k * blocks_per_chunk:(k + 1) * blocks_per_chunk])
-            chunk = cache.insert(request.chunk_keys[k], block_ids)
+            chunk = cache.insert(keys[k], block_ids)
             if chunk is not None:
                 self.allocated_block_ids.difference_update(block_ids)
                 request.cached_chunks.append(chunk)
-            self.store_prompt_logprobs(request, k, chunk or cache.chunks.get(request.chunk_keys[k]))
+            self.store_prompt_logprobs(request, k, chunk or cache.chunks.get(keys[k]))
         request.num_chunks_offered = max(request.num_chunks_offered, num_done)
 
     def store_prompt_logprobs(self, request: Request, chunk_index: int, chunk: CachedChunk | None) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -167,3 +169,11 @@ def api_step(tokenizer, logprobs, num_top: int) -> tuple:
     top = {token_text(tokenizer, logprobs.token_id): logprobs.logprob,
            **{token_text(tokenizer, t): json_logprob(v) for t, v in logprobs.top[:num_top]}}
     return logprobs.logprob, sorted(top.items())
+
+
+def reset_prefix_cache(cluster: LocalCluster) -> dict:
+    """POST /reset_prefix_cache (vLLM's): -> the router's answer (the blocks each node freed)."""
+    request = urllib.request.Request(f"{cluster.url}/reset_prefix_cache", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+        return json.loads(response.read())

@@ -4,12 +4,11 @@ deterministic, the client's stream continues with exactly the tokens an undistur
 import concurrent.futures
 import signal
 import time
-import urllib.request
 
 import pytest
 
 from tests.conftest import varied_prompts
-from tests.launch.cluster_client import client, node_stats, start_cluster, wait_for_stats
+from tests.launch.cluster_client import client, node_stats, reset_prefix_cache, start_cluster, wait_for_stats
 
 PARAMS = {"temperature": 0.8, "seed": 11, "max_tokens": 400, "logprobs": 2}
 PROMPT = "the river reads the morning light because"
@@ -148,19 +147,13 @@ def long_completion(api, prompt: str) -> list[int]:
                                   extra_body=EXTRA_BODY).choices[0].model_extra["token_ids"]
 
 
-def reset_prefix_caches(cluster) -> None:
-    request = urllib.request.Request(f"{cluster.url}/reset_prefix_cache", data=b"", method="POST")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status == 200
-
-
 def test_a_busy_prefill_node_killed_under_long_prompts_loses_none_of_them(cluster_2p1d):
     """Issue 23 (finding 6's run): a prefill SIGKILL under 16 long prompts failed 8 of them. Killed while it holds
     queued prompts and restarted in place at once: every request completes, bitwise as undisturbed."""
     api = client(cluster_2p1d)
     references = [long_completion(api, prompt) for prompt in LONG_PROMPTS]
     # NOTE: cold again, so that the prompts queue on the prefill nodes (cached, only their last chunks would run)
-    reset_prefix_caches(cluster_2p1d)
+    reset_prefix_cache(cluster_2p1d)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         outputs = [pool.submit(long_completion, api, prompt) for prompt in LONG_PROMPTS]
         stats = wait_for_stats(cluster_2p1d, lambda stats: stats["prefill-0"]["num_waiting"] > 0)

@@ -21,6 +21,7 @@ from tests.launch.cluster_client import (
     completion_record,
     engine_config,
     node_stats,
+    reset_prefix_cache,
     wait_for_stats,
 )
 
@@ -71,13 +72,6 @@ def complete_ids(api, prompt: list[int], node: str, params: dict = PARAMS, **ext
     return completion_record(choice.model_extra["token_ids"], choice.logprobs), cached, choice
 
 
-def reset(cluster) -> dict:
-    request = urllib.request.Request(f"{cluster.url}/reset_prefix_cache", data=b"", method="POST")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status == 200
-        return json.loads(response.read())
-
-
 def assert_nothing_held(cluster) -> None:
     """Once the decode node read the leases, every prefill and colocated block is free or an unheld cached one."""
     stats = wait_for_stats(cluster, lambda s: all(s[n]["num_leased"] == 0 for n in ("prefill-0", "prefill-1")))
@@ -99,7 +93,7 @@ def test_cold_warm_other_node_colocated_and_after_reset_are_bitwise_cold(cluster
     for i, expected_cached in ((1, 0), (1, CHUNK * ((len(PROMPTS[1]) - 1) // CHUNK))):
         got, cached, _ = complete_ids(api, PROMPTS[i], "colocated-0")
         assert got == cold[i] and cached == expected_cached, "colocated"
-    freed = reset(cluster)["nodes"]
+    freed = reset_prefix_cache(cluster)["nodes"]
     assert set(freed) == {"prefill-0", "prefill-1", "colocated-0"} and all(n > 0 for n in freed.values())
     for i, node in ((0, "prefill-0"), (3, "colocated-0")):
         got, cached, _ = complete_ids(api, PROMPTS[i], node)
@@ -143,7 +137,7 @@ def test_sglang_radix_cache_check_one_unique_sample(cluster):
         samples.append(record)
         cached_counts.append(cached)
         complete_ids(api, prompt + record[0], node, {**params, "max_tokens": 4})  # NOTE: the next chat turn
-    reset(cluster)
+    reset_prefix_cache(cluster)
     for node in ("prefill-0", "colocated-0"):
         record, cached, _ = complete_ids(api, prompt, node, params)
         samples.append(record)
