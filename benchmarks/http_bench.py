@@ -108,12 +108,16 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, list[float]]:
     """Every sample of the server's /metrics by name ({} when it has none)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     async with session.get(f"{url}/metrics") as response:
         if response.status != 200:
             return {}
-        text = await response.text()
+        return metric_samples(await response.text())
+
+
+def metric_samples(text: str) -> dict[str, list[float]]:
+    """Prometheus text -> every sample's value by sample name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     samples: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

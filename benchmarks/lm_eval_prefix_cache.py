@@ -21,6 +21,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from benchmarks.http_bench import metric_samples, prefix_cache_hit_rate
+from benchmarks.report import emit
 from launch.cluster import free_port
 from launch.local import LocalCluster, LocalClusterConfig
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -73,11 +75,9 @@ def evaluate(url: str, model_dir: str, task_dir: Path, num_concurrent: int) -> t
     return [(s["doc_id"], s["resps"], s["filtered_resps"]) for s in results["samples"][TASK]], seconds
 
 
-def prefix_counters(url: str) -> dict[str, float]:
+def metrics(url: str) -> dict[str, list[float]]:
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
-        lines = response.read().decode().splitlines()
-    return {name: sum(float(line.split()[-1]) for line in lines if line.startswith(f"vllm:prefix_cache_{name}_total"))
-            for name in ("queries", "hits")}
+        return metric_samples(response.read().decode())
 
 
 def run(model_dir: str, num_questions: int = 16, passage_words: int = 120, chunk: int = 64,
@@ -93,14 +93,12 @@ def run(model_dir: str, num_questions: int = 16, passage_words: int = 120, chunk
                 if cache_on:  # NOTE: measured cold: the passage enters the cache during the measured run
                     urllib.request.urlopen(urllib.request.Request(f"{cluster.url}/reset_prefix_cache", data=b"",
                                                                   method="POST"), timeout=30).close()
-                before = prefix_counters(cluster.url)
+                before = metrics(cluster.url)
                 samples[name], seconds = evaluate(cluster.url, model_dir, Path(task_dir), num_concurrent)
-                after = prefix_counters(cluster.url)
+                hit_rate = prefix_cache_hit_rate(before, metrics(cluster.url))["hit_rate"]
             finally:
                 cluster.stop()
-            hits, queries = after["hits"] - before["hits"], after["queries"] - before["queries"]
-            runs[name] = {"seconds": round(seconds, 3), "requests": 4 * num_questions,
-                          "hit_rate": round(hits / queries, 3) if queries else 0.0}
+            runs[name] = {"seconds": round(seconds, 3), "requests": 4 * num_questions, "hit_rate": hit_rate}
     return {"benchmark": "lm_eval_prefix_cache", "task": TASK, "questions": num_questions, "choices": 4,
             "passage_words": passage_words, "prefill_chunk_size": chunk, "num_concurrent": num_concurrent,
             "host": platform.node(), "cpu_count": os.cpu_count(), "runs": runs,
@@ -121,10 +119,7 @@ def main() -> None:
     result["command"] = ("python -m benchmarks.lm_eval_prefix_cache --model DIR " + " ".join(
         f"--{flag} {value}" for flag, value in (("questions", args.questions), ("passage-words", args.passage_words),
                                                 ("chunk", args.chunk), ("num-concurrent", args.num_concurrent))))
-    text = json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit({k: v for k, v in result.items() if k != "samples"}, args.out)
 
 
 if __name__ == "__main__":

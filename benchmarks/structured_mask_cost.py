@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from benchmarks.report import emit
 from corun.structured import apply_token_bitmask
 
 SCHEMA = {"type": "object", "properties": {
@@ -168,11 +169,7 @@ def main() -> None:
               "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
               "xgrammar": getattr(xgrammar, "__version__", "0.2.8"),
               "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "runs": runs}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

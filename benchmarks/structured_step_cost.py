@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from benchmarks.report import emit
 from benchmarks.structured_mask_cost import SCHEMA, summary, synthetic_vocab
 from corun.llm import LLM
 from corun.models.presets import is_random_spec
@@ -96,11 +97,7 @@ def main() -> None:
               "vocabulary": "synthetic (structured_mask_cost.synthetic_vocab)" if is_random_spec(args.model)
               else "the model's tokenizer", "arms": arms,
               "added_fraction_p50": statistics.median(bound) / statistics.median(free) - 1 if free and bound else None}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
