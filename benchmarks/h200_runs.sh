@@ -30,6 +30,9 @@ fi
 # issue 20 (fast by default): `corun` is now the defaults as a user gets them (auto buckets and decode sizes, prefill
 # token budget 2048); corun:prefill_token_budget=0 is the previous best variant (buckets + verified decode sizes,
 # Algorithm 1); standard's mixed steps run as piecewise CUDA graphs, standard:piecewise_graphs=off is the old eager one
+PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256 --max-model-len 6144
+  --kv-cache-mib 60000 --num-requests 256 --max-seconds 15
+  --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
   issue20_probe)  # issue 20, third round, as run in one session (each line was its own device call): which GEMM
@@ -114,6 +117,16 @@ case $part in
         --goodput ttft:500 tpot:50 --modes "corun,corun:prefill_token_budget=8192,standard" \
         --out "$out/h200_budget_poisson_$rate.json" > "$out/poisson_$rate.log" 2>&1
     done ;;
+  issue25_engine)  # issue 25: the prefix cache on the GPU at the CUDA defaults (packed prefill, graphs): its GPU tests
+    # (tiny model: warm, batched, eviction, reset bitwise cold; decode-written KV as a hit changes bits), the 8B shape
+    # cold vs warm bitwise, then the engine with the cache on and off at the default chunk (512) and at 256
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_prefix_cache_gpu.py \
+      > "$out/gpu_tests_prefix_cache.log" 2>&1
+    timeout 420 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --variants fixed_shape:prefill_chunk_size=256 \
+      --determinism --out "$out/h200_prefix_cache.json" > "$out/prefix_cache.log" 2>&1 ;;
+  issue25_http)  # issue 25: the same workloads through HTTP (a colocated node on the GPU, cache on then off)
+    timeout 560 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --paths http --out "$out/h200_prefix_cache_http.json" \
+      > "$out/prefix_cache_http.log" 2>&1 ;;
   issue24_gpu)  # issue 24: the sampler's new per-row controls and structured outputs on the GPU (xgrammar and
     # apache-tvm-ffi wheels for Python 3.12 carried in .whl), then the JSON-schema mask cost per decode step at N = 256
     timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_sampling_controls.py \

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from corun import LLM, SamplingParams
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 from wire.prefix_hash import chunk_hash_chain
 
 CHUNK = 16
@@ -238,3 +239,23 @@ def test_serving_partial_chunk_kv_as_a_hit_changes_bits(tiny_model_dir, written_
     partial[2, :, :, :3] = written[2, :, :, :3]  # NOTE: positions 32-34, prefilled as a 3-token last chunk
     assert not torch.equal(partial[2], cold_kv[2])
     assert served_from(tiny_model_dir, sequence, partial) != expected
+
+
+@pytest.mark.numerics
+def test_packed_prefill_serves_hits_bitwise_cold(tiny_model_dir):
+    """Packed prefill (the CUDA default): a prompt's chunks after its cached prefix are packed with other prompts'
+    chunks, and must give the bits of the same engine with the cache off."""
+    def packed(enable_prefix_caching: bool) -> LLM:
+        return LLM.from_config(EngineConfig(model=tiny_model_dir, num_threads=1, scheduler=SchedulerConfig(
+            max_model_len=256, prefill_chunk_size=CHUNK, prefill_pack_tokens=64, prefill_pack_seqs=4),
+            cache=CacheConfig(enable_prefix_caching=enable_prefix_caching)))
+
+    prompts = shared_prefix_prompts()
+    expected, _ = outputs(packed(False), prompts, together=True)
+    llm = packed(True)
+    first, _ = outputs(llm, prompts, together=True)
+    again, cached_again = outputs(llm, prompts, together=True)
+    assert llm.engine.runner.prefill_path.startswith("packed") and llm.engine.stats.max_prefill_batch > 1
+    assert first == expected and again == expected
+    assert cached_again == [CHUNK * ((len(p) - 1) // CHUNK) for p in prompts]
+    assert_no_leak(llm)
