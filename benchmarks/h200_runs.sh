@@ -127,6 +127,17 @@ case $part in
   issue25_http)  # issue 25: the same workloads through HTTP (a colocated node on the GPU, cache on then off)
     timeout 560 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --paths http --out "$out/h200_prefix_cache_http.json" \
       > "$out/prefix_cache_http.log" 2>&1 ;;
+  issue25_waiting)  # issue 25, after issue25_engine (MC and multi-turn hit little at t = 0: the prompts sharing a chunk
+    # were packed together and each computed it): waiting prompts now wait for a shared chunk in flight. The engine
+    # on and off at chunk 512 and 256 again; the chunk sizes on workloads without shared prefixes (defaults against
+    # prefill_chunk_size=256, t = 0, cut at 10 s); a colocated node through HTTP at chunk 256, cache on and off
+    timeout 200 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --variants fixed_shape:prefill_chunk_size=256 \
+      --out "$out/h200_prefix_cache.json" > "$out/prefix_cache.log" 2>&1
+    timeout 130 $BENCH --workloads sharegpt,burstgpt,1024x2048 --max-seconds 10 \
+      --modes "corun,corun:prefill_chunk_size=256" --out "$out/h200_chunk_size.json" > "$out/chunk_size.log" 2>&1
+    timeout 250 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --prefill-chunk-size 256 --paths http \
+      --workloads few_shot,multiple_choice,multi_turn,256x32 --out "$out/h200_prefix_cache_http.json" \
+      > "$out/prefix_cache_http.log" 2>&1 ;;
   issue24_gpu)  # issue 24: the sampler's new per-row controls and structured outputs on the GPU (xgrammar and
     # apache-tvm-ffi wheels for Python 3.12 carried in .whl), then the JSON-schema mask cost per decode step at N = 256
     timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_sampling_controls.py \

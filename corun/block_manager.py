@@ -110,6 +110,22 @@ class BlockManager:
             with_logprobs += 1
         return hits[:with_logprobs]
 
+    def chunks_in_flight(self, requests: list[Request]) -> set[bytes]:
+        """The keys of the full prompt chunks these admitted requests are yet to compute (each is cached as its
+        forward ends)."""
+        if self.prefix_cache is None:
+            return set()
+        return {key for request in requests for key in self.chunk_keys(request)[request.num_chunks_offered:]}
+
+    def waits_for_chunk_in_flight(self, request: Request, in_flight: set[bytes]) -> bool:
+        """The first chunk the waiting request would compute is one an admitted request is computing: admitted
+        later, it is served that chunk from the cache."""
+        if not in_flight:
+            return False
+        num_hits = len(self.cached_prefix(request))
+        return num_hits < (request.num_prompt_tokens - 1) // self.prefix_cache.chunk_size and \
+            self.chunk_keys(request)[num_hits] in in_flight
+
     def chunk_keys(self, request: Request) -> list[bytes]:
         """The hash chain of the request's full prompt chunks (computed once per request)."""
         if request.chunk_keys is None:

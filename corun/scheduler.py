@@ -15,8 +15,9 @@ running decodes, then running chunked prefills, then newly admitted prompts, all
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from corun.block_manager import BlockManager
@@ -169,14 +170,19 @@ class Scheduler:
     def admit_head(self) -> Request | None:
         """Move the head of waiting to running if a slot and blocks for its whole sequence are free (its prompt's
         cached chunks among them: its prefill starts after them)."""
-        if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
-            return None
-        if not self.block_manager.allocate_request(self.waiting[0], self.waiting[0].max_num_tokens):
-            return None
-        request = self.waiting.popleft()
+        head = self.waiting[0] if self.waiting else None
+        return head if head is not None and self.admit(head) else None
+
+    def admit(self, request: Request) -> bool:
+        """Move a waiting request to running (admit_head's rule, for any request of waiting)."""
+        if len(self.running) >= self.cfg.max_num_seqs:
+            return False
+        if not self.block_manager.allocate_request(request, request.max_num_tokens):
+            return False
+        self.waiting.remove(request)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
-        return request
+        return True
 
     def schedule(self) -> ScheduledBatch | None:
         raise NotImplementedError
@@ -216,8 +222,7 @@ class FixedShapeScheduler(Scheduler):
     def prefill_chunks(self, max_rows: int | None = None) -> list[PrefillChunk]:
         """Algorithm 1 (and packed prefill): the chunk in progress, else an admissible waiting request's."""
         prefilling = [r for r in self.running if r.is_prefilling]
-        return pack_prefill_chunks(self.cfg, prefilling, lambda: self.waiting[0] if self.waiting else None,
-                                   self.admit_head, max_rows)
+        return pack_prefill_chunks(self.cfg, self.block_manager, prefilling, self.waiting, self.admit, max_rows)
 
 
 class MixedScheduler(Scheduler):
@@ -241,14 +246,23 @@ def next_chunk(request: Request, max_tokens: int) -> PrefillChunk:
     return PrefillChunk(request, start, min(request.num_prompt_tokens - start, max_tokens))
 
 
-def pack_prefill_chunks(cfg: SchedulerConfig, prefilling: list[Request], waiting_head: Callable[[], Request | None],
-                        admit_head: Callable[[], Request | None], max_rows: int | None = None) -> list[PrefillChunk]:
+PREFIX_WAIT_SCAN = 1024
+"""Waiting requests looked at per prefill forward: past those that wait for a chunk in flight (see below)."""
+
+
+def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefilling: list[Request],
+                        waiting: Iterable[Request], admit: Callable[[Request], bool],
+                        max_rows: int | None = None) -> list[PrefillChunk]:
     """The prefill forward of a fixed_shape engine and of a prefill node: the next chunk of every prompt being
-    prefilled, then of newly admitted ones (FIFO: waiting_head peeks, admit_head admits or answers None when the
-    head does not fit), while they fit one forward: one chunk alone (isolated), or prefill_pack_tokens rows and
+    prefilled, then of newly admitted ones (waiting in FIFO order; admit answers False when a request does not fit,
+    which stops admission), while they fit one forward: one chunk alone (isolated), or prefill_pack_tokens rows and
     prefill_pack_seqs prompts (packed). Chunks are cut at multiples of prefill_chunk_size whatever else is packed,
     so a prompt's cuts depend on the prompt alone. max_rows caps the pack's rows (the engine's budget while it
-    decodes); the forward then runs at the smallest verified pack size that holds them."""
+    decodes); the forward then runs at the smallest verified pack size that holds them.
+    With a prefix cache, a waiting prompt whose next chunk an admitted prompt is computing now waits for it (the
+    requests behind it go first): it will be served that chunk from the cache instead of computing it again (the 4
+    continuations of a multiple-choice question, arriving together). Only when a prompt starts changes: a hit gives
+    the bits a cold prefill computes."""
     rows_left, max_prompts = cfg.prefill_pack_tokens or cfg.prefill_chunk_size, cfg.prefill_seqs_per_forward
     rows_left = rows_left if max_rows is None else min(rows_left, max_rows)
     chunks = []
@@ -257,13 +271,17 @@ def pack_prefill_chunks(cfg: SchedulerConfig, prefilling: list[Request], waiting
         if len(chunks) < max_prompts and chunk.num_tokens <= rows_left:
             chunks.append(chunk)
             rows_left -= chunk.num_tokens
-    while len(chunks) < max_prompts and (head := waiting_head()) is not None and \
-            min(head.num_prompt_tokens, cfg.prefill_chunk_size) <= rows_left:
-        request = admit_head()
-        if request is None:
+    in_flight = block_manager.chunks_in_flight(prefilling)
+    for request in list(itertools.islice(waiting, PREFIX_WAIT_SCAN)):
+        if len(chunks) >= max_prompts or min(request.num_prompt_tokens, cfg.prefill_chunk_size) > rows_left:
+            break
+        if block_manager.waits_for_chunk_in_flight(request, in_flight):
+            continue
+        if not admit(request):
             break
         chunks.append(next_chunk(request, cfg.prefill_chunk_size))
         rows_left -= chunks[-1].num_tokens
+        in_flight |= block_manager.chunks_in_flight([request])
     return chunks
 
 

@@ -85,19 +85,19 @@ class PrefillServer(NodeServer):
     def schedule(self) -> list[PrefillChunk]:
         """The engine's prefill forward (corun.scheduler.pack_prefill_chunks): the next chunk of the prompts being
         prefilled, then of newly admitted ones (the head of waiting, if its prompt's blocks fit)."""
-        return pack_prefill_chunks(self.config.engine.scheduler, [p.request for p in self.prefilling],
-                                   lambda: self.waiting[0].request if self.waiting else None, self.admit_head)
+        return pack_prefill_chunks(self.config.engine.scheduler, self.block_manager,
+                                   [p.request for p in self.prefilling], (p.request for p in self.waiting), self.admit)
 
-    def admit_head(self) -> Request | None:
+    def admit(self, request: Request) -> bool:
         """NOTE: KV for the prompt alone (its longest cached full-chunk prefix held, the rest new): the decode node
         reserves the rest of the sequence."""
-        head = self.waiting[0].request
-        if not self.block_manager.allocate_request(head, head.num_prompt_tokens):
-            return None
-        pending = self.waiting.popleft()
+        if not self.block_manager.allocate_request(request, request.num_prompt_tokens):
+            return False
+        pending = next(p for p in self.waiting if p.request is request)
+        self.waiting.remove(pending)
         pending.queue_seconds = time.monotonic() - pending.arrived
         self.prefilling.append(pending)
-        return pending.request
+        return True
 
     def postprocess(self, chunks: list[PrefillChunk], sampled: list[SampledToken]) -> None:
         """The full chunks the forward completed go to the prefix cache; every prompt whose last chunk ran has token 1

@@ -245,17 +245,34 @@ def test_serving_partial_chunk_kv_as_a_hit_changes_bits(tiny_model_dir, written_
 def test_packed_prefill_serves_hits_bitwise_cold(tiny_model_dir):
     """Packed prefill (the CUDA default): a prompt's chunks after its cached prefix are packed with other prompts'
     chunks, and must give the bits of the same engine with the cache off."""
-    def packed(enable_prefix_caching: bool) -> LLM:
-        return LLM.from_config(EngineConfig(model=tiny_model_dir, num_threads=1, scheduler=SchedulerConfig(
-            max_model_len=256, prefill_chunk_size=CHUNK, prefill_pack_tokens=64, prefill_pack_seqs=4),
-            cache=CacheConfig(enable_prefix_caching=enable_prefix_caching)))
-
     prompts = shared_prefix_prompts()
-    expected, _ = outputs(packed(False), prompts, together=True)
-    llm = packed(True)
+    expected, _ = outputs(packed(tiny_model_dir, False), prompts, together=True)
+    llm = packed(tiny_model_dir, True)
     first, _ = outputs(llm, prompts, together=True)
     again, cached_again = outputs(llm, prompts, together=True)
     assert llm.engine.runner.prefill_path.startswith("packed") and llm.engine.stats.max_prefill_batch > 1
     assert first == expected and again == expected
     assert cached_again == [CHUNK * ((len(p) - 1) // CHUNK) for p in prompts]
     assert_no_leak(llm)
+
+
+@pytest.mark.numerics
+def test_prompts_arriving_together_wait_for_a_shared_chunk_in_flight(tiny_model_dir):
+    """lm-eval's multiple-choice shape: 4 continuations of one context sent at once. The first computes the
+    context's chunks; the others wait for each and are served it from the cache, while a prompt sharing nothing
+    is packed beside the first. Outputs stay those of the cache off."""
+    context = list(range(400, 450))  # NOTE: 3 whole chunks, then 2 tokens
+    prompts = [context + [7 + i, 8 + i] for i in range(4)] + [list(range(600, 620))]
+    expected, _ = outputs(packed(tiny_model_dir, False), prompts, together=True)
+    llm = packed(tiny_model_dir, True)
+    served, cached = outputs(llm, prompts, together=True)
+    assert served == expected
+    assert cached == [0, 3 * CHUNK, 3 * CHUNK, 3 * CHUNK, 0]
+    assert_no_leak(llm)
+
+
+def packed(model: str, enable_prefix_caching: bool) -> LLM:
+    """Packed prefill (the CUDA default): up to 4 prompts' chunks in one 64-row forward."""
+    return LLM.from_config(EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
+        max_model_len=256, prefill_chunk_size=CHUNK, prefill_pack_tokens=64, prefill_pack_seqs=4),
+        cache=CacheConfig(enable_prefix_caching=enable_prefix_caching)))
