@@ -1,6 +1,7 @@
-"""prefix_aware routing (RouterSettings.routing_policy): a prompt goes to the prefill node its longest full-chunk
-prefix was last sent to, which likely holds that prefix's KV in its prefix cache (corun/prefix_cache.py), unless
-that node is busier than the least loaded one by more than the prefill the hit would save.
+"""prefix_aware routing (RouterSettings.routing_policy): a prompt goes to the prefill (or colocated) node its
+longest full-chunk prefix was last sent to, which likely holds that prefix's KV in its prefix cache
+(corun/prefix_cache.py), unless that node is busier than the least loaded one by more than the prefill the hit
+would save.
 
 The router holds no KV and asks no node what it caches: it remembers, in a bounded LRU map, the hash chain of each
 prompt's full chunks (wire/prefix_hash.py, at the nodes' chunk size from their Pongs) -> the node it sent the
@@ -28,7 +29,18 @@ class PrefixAffinity(LeastOutstandingWork):
         self.chunk_to_address: OrderedDict[bytes, str] = OrderedDict()
 
     def choose_prefill(self, nodes: list[NodeClient], request: RoutedRequest) -> NodeClient:
-        fallback = least_loaded(nodes)
+        return self.follow_prefix(nodes, least_loaded(nodes), request)
+
+    def choose_colocated(self, prefill: list[NodeClient], decode: list[NodeClient], colocated: list[NodeClient],
+                         request: RoutedRequest) -> NodeClient | None:
+        """The colocated node the prompt's prefix went to, by the same rule, where the default policy would take
+        the colocated path at all."""
+        chosen = super().choose_colocated(prefill, decode, colocated, request)
+        return None if chosen is None else self.follow_prefix(colocated, chosen, request)
+
+    def follow_prefix(self, nodes: list[NodeClient], fallback: NodeClient, request: RoutedRequest) -> NodeClient:
+        """The node the prompt's longest known prefix went to, unless it has more outstanding work than fallback by
+        more than that prefix's tokens; remembers the choice for the prompt's chunks."""
         chunk_size = next((n.capacity.prefix_chunk_tokens for n in nodes
                            if n.capacity is not None and n.capacity.prefix_chunk_tokens), 0)
         if not chunk_size:

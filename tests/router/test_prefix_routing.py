@@ -4,7 +4,7 @@ nodes): least loaded, as today's policy."""
 
 import asyncio
 
-from router.nodes.choice import RoutedRequest
+from router.nodes.choice import LeastOutstandingWork, RoutedRequest
 from router.nodes.client import NodeStatus
 from router.nodes.pool import NodePool
 from router.nodes.prefix_routing import PrefixAffinity
@@ -62,5 +62,42 @@ def test_without_a_prefix_cache_on_the_nodes_it_is_least_loaded():
             assert pool.choose_prefill(request(list(range(100, 200)))) is second
         assert not pool.policy.chunk_to_address
         await pool.close()
+
+    asyncio.run(body())
+
+
+def colocated_pool_of(num_nodes: int) -> NodePool:
+    addresses = tuple(f"tcp://127.0.0.1:{9100 + i}" for i in range(num_nodes))
+    pool = NodePool(RouterConfig(model="unused", prefill_addresses=(), decode_addresses=(),
+                                 colocated_addresses=addresses, routing_policy="prefix_aware"))
+    for node in pool.colocated_nodes:
+        node.status = lambda now=None, node=node: NodeStatus(node.index, node.role, node.address, True, False, None,
+                                                            None)
+        node._latest_pong = Pong(0, f"colocated-{node.index}", "colocated", "f", ModelFacts(256, 2048, 20),
+                                 capacity=NodeCapacity(8, 100, 16, CHUNK))
+    return pool
+
+
+def test_among_colocated_nodes_a_prompt_follows_its_prefix_too():
+    async def body():
+        pool = colocated_pool_of(2)
+        first, second = pool.colocated_nodes
+        shared = list(range(100, 150))  # NOTE: 3 whole chunks
+        with first.open_request("busy", work=10):
+            assert pool.choose_colocated(request(shared + [1])) is second  # NOTE: nothing known: least loaded
+            with second.open_request("a", work=40):
+                assert pool.choose_colocated(request(shared + [2])) is second
+            with second.open_request("b", work=100):
+                assert pool.choose_colocated(request(shared + [3])) is first
+        # NOTE: the inverse: the default policy, at the same loads, goes by load alone
+        plain = colocated_pool_of(2)
+        plain.policy = LeastOutstandingWork()
+        plain_first, plain_second = plain.colocated_nodes
+        with plain_first.open_request("busy", work=10):
+            plain.choose_colocated(request(shared + [1]))
+            with plain_second.open_request("a", work=40):
+                assert plain.choose_colocated(request(shared + [2])) is plain_first
+        await pool.close()
+        await plain.close()
 
     asyncio.run(body())
