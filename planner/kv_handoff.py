@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from planner.perf_profile import KVHandoff, fit_nonnegative
+from wire.config import TransferConfig
 
 PREFILL_AGENT = "profile-prefill"
 DECODE_AGENT = "profile-decode"
@@ -36,6 +37,9 @@ STEP_TIMEOUT_S = 120.0
 """How long either side waits for the other (the holder's start includes importing torch and NIXL, and a CUDA
 context on a GPU)."""
 DEFAULT_REPEATS = 5
+TRANSFER = TransferConfig(ucx_devices=("lo",))
+"""Both sides' settings: the defaults, on loopback, as the nodes of one host run them (node_core.server's
+transfer_for_host)."""
 
 
 def measure_kv_handoff(block_shape: Sequence[int], dtype: torch.dtype, device: str, block_size: int,
@@ -86,7 +90,7 @@ def read_medians(pool_shape: tuple[int, ...], dtype: torch.dtype, device: str, n
     holder = context.Process(target=hold_blocks, args=(child_conn, pool_shape, dtype, device), daemon=True)
     holder.start()
     pool = torch.zeros(pool_shape, dtype=dtype, device=device)
-    agent = KVTransferAgent(DECODE_AGENT, pool)
+    agent = KVTransferAgent(DECODE_AGENT, pool, TRANSFER)
     try:
         agent.add_peer(**received(conn, agent.new_notifications))
         medians = []
@@ -125,7 +129,7 @@ def hold_blocks(conn, pool_shape: tuple[int, ...], dtype: torch.dtype, device: s
         quiet_nixl_logs()
         pool = torch.empty(pool_shape, dtype=dtype, device=device)
         pool.view(torch.uint8).fill_(FILL_BYTE)
-        agent = KVTransferAgent(PREFILL_AGENT, pool)
+        agent = KVTransferAgent(PREFILL_AGENT, pool, TRANSFER)
         conn.send({"node_id": agent.name, "agent_metadata": agent.metadata(),
                    "kv_base_addresses": agent.kv_base_addresses, "num_blocks": agent.num_blocks,
                    "block_nbytes": agent.block_nbytes, "memory_type": agent.memory_type,
