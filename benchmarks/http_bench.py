@@ -32,6 +32,8 @@ class StreamedRequest:
     arrived_at: float
     chunk_at: list[float] = field(default_factory=list)
     """When each chunk carrying tokens arrived."""
+    chunk_tokens: list[int] = field(default_factory=list)
+    """How many tokens each of those chunks carried (more than one when the router fell behind the steps)."""
     num_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
@@ -62,6 +64,7 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: dict, recor
                     token_ids = choice.get("token_ids") or []
                     if token_ids:
                         record.chunk_at.append(time.perf_counter() - start)
+                        record.chunk_tokens.append(len(token_ids))
                         record.num_tokens += len(token_ids)
                     record.finish_reason = choice.get("finish_reason") or record.finish_reason
     except (aiohttp.ClientError, asyncio.TimeoutError) as error:
@@ -71,39 +74,48 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: dict, recor
 async def run_http_workload_async(url: str, workload: Workload, vocab_size: int, arrivals: Arrivals,
                                   slo: SLOTargets, seed: int, max_seconds: float | None,
                                   max_concurrency: int | None, api_key: str | None = None) -> dict:
-    prompts = make_prompts(workload, vocab_size, seed)
-    times = arrivals.times(len(prompts))
-    limit = asyncio.Semaphore(max_concurrency or len(prompts))
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
                                      headers=bearer_headers(api_key)) as session:
-        model = await served_model_name(session, url)
         metrics_before = await scrape(session, url)
-        records: list[StreamedRequest] = []
-        start = time.perf_counter()
-
-        async def send(prompt, arrive_at: float) -> None:
-            await asyncio.sleep(max(0.0, arrive_at - (time.perf_counter() - start)))
-            _, token_ids, params = prompt
-            record = StreamedRequest(time.perf_counter() - start)
-            records.append(record)
-            body = {"model": model, "prompt": token_ids, "max_tokens": params.max_tokens,
-                    "temperature": params.temperature, "seed": params.seed, "ignore_eos": params.ignore_eos,
-                    "stream": True, "return_token_ids": True}
-            async with limit:
-                await stream_one(session, url, body, record, start)
-
-        tasks = [asyncio.ensure_future(send(prompt, at)) for prompt, at in zip(prompts, times, strict=True)]
-        done, pending = await asyncio.wait(tasks, timeout=max_seconds)
-        for task in pending:  # NOTE: cut at max_seconds: what is still streaming counts as unfinished
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        elapsed = time.perf_counter() - start
+        records, elapsed, truncated = await stream_workload(session, url, workload, vocab_size, arrivals, seed,
+                                                            max_seconds, max_concurrency)
         metrics_after = await scrape(session, url)
-    result = summarize_http(records, len(prompts), elapsed, arrivals, slo, truncated=bool(pending))
+    result = summarize_http(records, len(workload.lengths), elapsed, arrivals, slo, truncated)
     cpu = router_cpu(router_cpu_seconds(metrics_before), router_cpu_seconds(metrics_after),
                      sum(r.num_tokens for r in records), sum(len(r.chunk_at) for r in records))
     return result | cpu | prefix_cache_hit_rate(metrics_before, metrics_after)
+
+
+async def stream_workload(session: aiohttp.ClientSession, url: str, workload: Workload, vocab_size: int,
+                          arrivals: Arrivals, seed: int, max_seconds: float | None,
+                          max_concurrency: int | None) -> tuple[list[StreamedRequest], float, bool]:
+    """Every request of the workload streamed at its arrival time -> (what each saw, seconds, whether the run was
+    cut at max_seconds)."""
+    prompts = make_prompts(workload, vocab_size, seed)
+    times = arrivals.times(len(prompts))
+    limit = asyncio.Semaphore(max_concurrency or len(prompts))
+    model = await served_model_name(session, url)
+    records: list[StreamedRequest] = []
+    start = time.perf_counter()
+
+    async def send(prompt, arrive_at: float) -> None:
+        await asyncio.sleep(max(0.0, arrive_at - (time.perf_counter() - start)))
+        _, token_ids, params = prompt
+        record = StreamedRequest(time.perf_counter() - start)
+        records.append(record)
+        body = {"model": model, "prompt": token_ids, "max_tokens": params.max_tokens,
+                "temperature": params.temperature, "seed": params.seed, "ignore_eos": params.ignore_eos,
+                "stream": True, "return_token_ids": True}
+        async with limit:
+            await stream_one(session, url, body, record, start)
+
+    tasks = [asyncio.ensure_future(send(prompt, at)) for prompt, at in zip(prompts, times, strict=True)]
+    done, pending = await asyncio.wait(tasks, timeout=max_seconds)
+    for task in pending:  # NOTE: cut at max_seconds: what is still streaming counts as unfinished
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return records, time.perf_counter() - start, bool(pending)
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, list[float]]:

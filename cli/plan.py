@@ -71,7 +71,8 @@ def add_profiling_flags(cmd) -> None:
 
 
 def add_profile(commands) -> None:
-    cmd = commands.add_parser("profile", help="measure a fixed_shape engine's prefill and decode-step costs for `plan`")
+    cmd = commands.add_parser("profile", help="measure a fixed_shape engine's prefill and decode-step costs and the KV "
+                              "hand-off (a NIXL READ between two processes on --device) for `plan`")
     cmd.add_argument("--model", required=True, help="checkpoint to profile (or a random: preset)")
     cmd.add_argument("--out", dest="profile_out", required=True, help="where to write the profile JSON")
     add_profiling_flags(cmd)
@@ -84,8 +85,10 @@ def run_plan(args) -> int:
 
 def run_profile(args) -> int:
     profile = measure_profile(args)
+    handoff = profile.kv_handoff
     print(f"profile of {args.model} written to {args.profile_out} ({len(profile.prefill_points)} prefill points, "
-          f"{len(profile.decode_points)} decode points)")
+          f"{len(profile.decode_points)} decode points; KV hand-off {1e3 * handoff.per_request_s:.3g} ms + "
+          f"{1e6 * handoff.per_token_s:.3g} us per prompt token, {handoff.source})")
     return 0
 
 

@@ -1,5 +1,7 @@
 """Measuring a PerformanceProfile on a real corun engine: isolated prefills by prompt length (on whatever prefill path
-the engine's config resolves to: bucketed, packed or natural) and N-row decode steps by active rows and context."""
+the engine's config resolves to: bucketed, packed or natural; the profile's source names it), N-row decode steps by
+active rows and context, and the KV hand-off of a P/D request by prompt length (planner/kv_handoff.py: a NIXL READ
+of the engine's KV blocks between two processes on its device)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import random
 import statistics
 import time
 
-from planner.perf_profile import DecodePoint, PerformanceProfile, PrefillPoint
+from planner.kv_handoff import measure_kv_handoff
+from planner.perf_profile import DecodePoint, KVHandoff, PerformanceProfile, PrefillPoint
 
 
 def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_rows=None, num_decode_steps: int = 8,
-                   repeats: int = 3, seed: int = 0, progress=None) -> PerformanceProfile:
+                   repeats: int = 3, seed: int = 0, progress=None, measure_handoff: bool = True) -> PerformanceProfile:
     """Measure isolated prefills and N-row decode steps on a real corun LLMEngine built from `config`.
 
     prefill_lengths: prompt lengths to prefill alone (default: powers of 4 from 16, up to max_model_len - 1).
@@ -20,6 +23,7 @@ def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_ro
     of the prefill lengths x {1, N/2, N}); combinations whose KV does not fit are skipped. A decode context leaves
     room for the steps it is timed over: at most max_model_len - num_decode_steps - 3.
     progress: called with one line per measurement (they can take minutes on a large model).
+    measure_handoff: time the KV hand-off at the prefill lengths (False: the profile takes it as zero, and says so).
     """
     from corun.engine import LLMEngine
 
@@ -56,13 +60,26 @@ def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_ro
                f"{decode_points[-1].seconds * 1e3:.1f} ms")
     if not decode_points:
         raise ValueError("no decode measurement fits the KV cache; lower decode_rows or decode_contexts")
+    kv_handoff = engine_kv_handoff(engine, prefill_lengths, seed, report) if measure_handoff else \
+        KVHandoff(source="not measured (profile_engine asked not to); taken as zero")
+    resolved = engine.config.scheduler  # NOTE: 'auto' settings as the engine resolved them on its device
     return PerformanceProfile(
         max_num_seqs=sched.max_num_seqs, prefill_chunk_size=sched.prefill_chunk_size,
         prefill_points=tuple(prefill_points), decode_points=tuple(decode_points),
         kv_capacity_tokens=engine.block_manager.num_usable_blocks * config.cache.block_size,
         max_model_len=sched.max_model_len, block_size=config.cache.block_size,
-        source=f"profile_engine: {config.model} {config.dtype} on {config.device}",
-        prefill_token_budget=sched.decode_wait_tokens)
+        source=f"profile_engine: {config.model} {config.dtype} on {config.device}, prefill path "
+               f"{engine.runner.prefill_path}",
+        prefill_token_budget=resolved.decode_wait_tokens, kv_handoff=kv_handoff)
+
+
+def engine_kv_handoff(engine, prompt_lens: list[int], seed: int, report) -> KVHandoff:
+    """The hand-off of the engine's KV blocks (its cache's block shape and dtype, on its device)."""
+    kv = engine.runner.kv_cache.data  # [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]
+    handoff = measure_kv_handoff(kv.shape[1:], kv.dtype, engine.config.device, engine.config.cache.block_size,
+                                 prompt_lens, seed=seed, progress=report)
+    report(f"KV hand-off: {handoff.source}")
+    return handoff
 
 
 def default_lengths(max_model_len: int) -> list[int]:
