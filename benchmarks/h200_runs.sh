@@ -138,6 +138,10 @@ case $part in
     timeout 250 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --prefill-chunk-size 256 --paths http \
       --workloads few_shot,multiple_choice,multi_turn,256x32 --out "$out/h200_prefix_cache_http.json" \
       > "$out/prefix_cache_http.log" 2>&1 ;;
+  issue26_validation)  # issue 26: the planner's profile measured on GPU 0 (KV hand-off included), then a colocated node
+    # and 1P1D on GPU 0 at 0.3/0.6/0.9 of each one's predicted capacity, BurstGPT- and ShareGPT-like, over HTTP
+    timeout 570 python3 -m benchmarks.planner_validation --device cuda --preset qwen3-8b \
+      --out "$out/h200_planner_validation.json" > "$out/planner_validation.log" 2>&1 ;;
   issue24_gpu)  # issue 24: the sampler's new per-row controls and structured outputs on the GPU (xgrammar and
     # apache-tvm-ffi wheels for Python 3.12 carried in .whl), then the JSON-schema mask cost per decode step at N = 256
     timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_sampling_controls.py \
