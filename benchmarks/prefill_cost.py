@@ -91,7 +91,8 @@ def main() -> None:
     for spec in map(canonical_mode_spec, args.paths.split(",")):
         config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                               scheduler=scheduler_for(base, spec),
-                              cache=CacheConfig(memory_budget_bytes=args.kv_cache_mib * 2**20))
+                              cache=CacheConfig(memory_budget_bytes=args.kv_cache_mib * 2**20,
+                                                enable_prefix_caching=False))  # NOTE: prompts repeat: no hits
         engine = LLMEngine(config)
         weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
         report["paths"][spec] = {"prefill_path": engine.runner.prefill_path,
