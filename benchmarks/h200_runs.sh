@@ -141,10 +141,10 @@ case $part in
   issue25_chunks)  # issue 25, after issue25_waiting (multiple choice 2.15x and multi-turn 1.18x at chunk 256: a hit
     # stops at the last whole chunk of the shared context): the cache on and off at chunks 64 and 128 beside the
     # default (256), and what a smaller chunk costs a lone prompt (prefill alone, by length and chunk)
-    timeout 300 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads few_shot,multiple_choice,multi_turn,256x32 \
+    timeout 250 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,multi_turn,256x32 \
       --variants fixed_shape:prefill_chunk_size=128,fixed_shape:prefill_chunk_size=64 \
       --out "$out/h200_prefix_cache_small_chunks.json" > "$out/prefix_cache_small_chunks.log" 2>&1
-    timeout 200 python3 -m benchmarks.prefill_cost --lengths 64,1024,4096 --repeats 2 --paths \
+    timeout 170 python3 -m benchmarks.prefill_cost --lengths 64,1024,4096 --repeats 2 --paths \
       fixed_shape:prefill_chunk_size=64,fixed_shape:prefill_chunk_size=128,fixed_shape:prefill_chunk_size=256,fixed_shape:prefill_chunk_size=512 \
       --out "$out/h200_prefill_cost_by_chunk.json" > "$out/prefill_cost_by_chunk.log" 2>&1 ;;
   issue26_validation)  # issue 26: the planner's profile measured on GPU 0 (KV hand-off included), then a colocated node
