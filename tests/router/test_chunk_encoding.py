@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from router.api.handlers import JSON_ENCODER, ChunkEncoder
 from router.api.responses import ResponseContext, chunk_choice, role_choice, usage
+from router.api.streaming import JSON_ENCODER, ChunkEncoder
 from router.generation.output import ChoiceDelta
 from wire.outputs import TokenLogprobs
 
