@@ -46,8 +46,8 @@ async def stream_response(request: web.Request, ctx: ResponseContext, generation
         writer.open_fast_path(request)
         outlet.sink = writer
     try:
-        await write_events(writer, generation, first_delta, deltas)
-        await response.write_eof()
+        ending = await write_events(writer, generation, first_delta, deltas)
+        await response.write_eof(ending)
     except ConnectionResetError:
         logger.info("the client of request %s went away", ctx.request_id)
     finally:
@@ -61,29 +61,36 @@ def continuous_prompt_tokens(generation: GenerationRequest) -> int | None:
 
 
 async def write_events(writer: ChunkWriter, generation: GenerationRequest, first_delta: ChoiceDelta,
-                       deltas: AsyncIterator[ChoiceDelta]) -> None:
-    response, ctx = writer.response, writer.ctx
+                       deltas: AsyncIterator[ChoiceDelta]) -> bytes:
+    """Write the choices' chunks; returns the stream's ending (the last choice's last chunk, usage or the error,
+    [DONE]), for the response's last write. NOTE: one write, one syscall, where there were three."""
+    ctx = writer.ctx
     try:
-        await write_deltas(writer, first_delta, deltas)
+        ending = [await write_deltas(writer, first_delta, deltas)]
         if generation.include_usage:
             num_prompt_tokens = sum(len(prompt) for prompt in generation.prompts)
-            await send_event(response, usage_chunk(ctx, num_prompt_tokens, writer.num_tokens,
-                                                   ctx.cached_tokens(writer.choice_to_cached)))
+            ending.append(sse_event(usage_chunk(ctx, num_prompt_tokens, writer.num_tokens,
+                                                ctx.cached_tokens(writer.choice_to_cached))))
     except GenerationError as error:
         # NOTE: the status line is gone already; the error travels as an event, as vLLM sends it.
         logger.warning("request %s failed mid-stream: %s", ctx.request_id, error.message)
-        await send_event(response, error_body(error.status, error.message))
-    await response.write(b"data: [DONE]\n\n")
+        ending = [sse_event(error_body(error.status, error.message))]
+    return b"".join([*ending, b"data: [DONE]\n\n"])
 
 
-async def write_deltas(writer: ChunkWriter, first_delta: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta]) -> None:
-    """Send first_delta, then each of deltas the fast path did not send, as chunks."""
-    delta = first_delta
+async def write_deltas(writer: ChunkWriter, first_delta: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta]) -> bytes:
+    """Send first_delta, then each of deltas the fast path did not send, as chunks (a delta's in one write); the
+    chunks of the delta that ends the last open choice are returned instead, for the stream's last write."""
+    delta, held = first_delta, b""
     while delta is not None:
-        for event in writer.events(delta):
-            await writer.response.write(event)
+        events = b"".join(writer.events(delta))
+        if writer.all_finished:
+            held = events
+        else:
+            await writer.response.write(events)
         delta = await anext(deltas, None)
     writer.close_fast_path()  # NOTE: nothing more may follow the choices' chunks but usage and [DONE]
+    return held
 
 
 class ChunkWriter:
@@ -97,10 +104,14 @@ class ChunkWriter:
         self.continuous_prompt_tokens = continuous_prompt_tokens
         self.num_tokens = 0
         """Completion tokens sent."""
+        self._num_finished = 0
         self.choice_to_cached: dict[int, int | None] = {}
         self._text_offsets: dict[int, int] = {}
         self._tool_streams: dict[int, ToolStream] = {}
         self._chunks = ChunkEncoder(ctx)
+        self._plain_chunks: dict[int, PlainChunk] = {}
+        """Per choice: its chunks for plain deltas, when they can be written from a template (not with tool calls or
+        continuous usage stats, which rewrite or add to every chunk)."""
         self._transport: asyncio.Transport | None = None
         """Where the fast path writes (HTTP chunked framing its own); None while it is closed."""
 
@@ -131,6 +142,12 @@ class ChunkWriter:
         first delta."""
         ctx = self.ctx
         first = delta.index not in self._text_offsets
+        plain = self._plain_chunks.get(delta.index)
+        if plain is not None and is_plain(delta):
+            self.num_tokens += 0 if ctx.output.drop_generated else len(delta.token_ids)
+            return [plain.event(delta)]
+        if first and ctx.tools is None and self.continuous_prompt_tokens is None:
+            self._plain_chunks[delta.index] = PlainChunk(ctx, self._chunks, delta.index)
         if delta.num_cached_tokens is not None:
             self.choice_to_cached[delta.index] = delta.num_cached_tokens
         events = self.chat_opening(delta.index) if ctx.kind == "chat" and first else []
@@ -140,8 +157,14 @@ class ChunkWriter:
             stream = self._tool_streams.setdefault(delta.index, ToolStream(ctx.tools, ctx.request_id, delta.index))
             choice = stream.rewrite(choice)
         self.num_tokens += 0 if ctx.output.drop_generated else len(delta.token_ids)
+        self._num_finished += delta.finish_reason is not None
         events.append(self._chunks.event(choice, self.usage_so_far()))
         return events
+
+    @property
+    def all_finished(self) -> bool:
+        """Every choice's last chunk is made (NOTE: ctx.prompts has one entry per choice)."""
+        return self._num_finished == len(self.ctx.prompts)
 
     def usage_so_far(self) -> dict | None:
         if self.continuous_prompt_tokens is None:
@@ -166,6 +189,43 @@ class ChunkWriter:
         return events
 
 
+def is_plain(delta: ChoiceDelta) -> bool:
+    """Nothing but text and token ids: neither a choice's first delta (the writer knows) nor its last."""
+    return (delta.logprobs is None and delta.finish_reason is None and delta.stop_reason is None
+            and delta.prompt_logprobs is None and delta.num_cached_tokens is None)
+
+
+class PlainChunk:
+    """One choice's chunk for a plain delta (is_plain, after the first) as bytes around its text and token ids: the
+    bytes of chunk_choice's chunk, written without building and encoding its dict per token."""
+
+    def __init__(self, ctx: ResponseContext, chunks: ChunkEncoder, index: int):
+        choice, _ = chunk_choice(ctx, ChoiceDelta(index, "", (), None, None), 0)
+        if ctx.kind == "completion":
+            choice["text"] = msgspec.Raw(TEXT_MARK)
+        else:
+            choice["delta"]["content"] = msgspec.Raw(TEXT_MARK)
+        self._with_ids = choice["token_ids"] is not None
+        if self._with_ids:
+            choice["token_ids"] = msgspec.Raw(IDS_MARK)
+        # NOTE: JSON escapes every control character inside strings: the marks' bytes occur nowhere else. The ids
+        # come before the text in both kinds of chunk (chunk_choice's key order).
+        encoded = chunks.event(choice)
+        self._before_ids, rest = encoded.split(IDS_MARK) if self._with_ids else (b"", encoded)
+        self._before_text, self._after_text = rest.split(TEXT_MARK)
+
+    def event(self, delta: ChoiceDelta) -> bytes:
+        text = JSON_ENCODER.encode(delta.text)
+        if not self._with_ids:
+            return self._before_text + text + self._after_text
+        ids = JSON_ENCODER.encode(delta.token_ids)
+        return self._before_ids + ids + self._before_text + text + self._after_text
+
+
+TEXT_MARK = b"\x01"
+IDS_MARK = b"\x02"
+
+
 class ChunkEncoder:
     """A response's stream chunks as server-sent events: {envelope, "choices": [choice], "usage": usage}, the
     envelope every chunk repeats encoded once. NOTE: the bytes of send_event's encoding of that dict (msgspec keeps
@@ -185,10 +245,6 @@ def sse_event(body: dict) -> bytes:
     # NOTE: msgspec's JSON, in C (one is built per streamed chunk): the values json.dumps(ensure_ascii=False) writes
     # (UTF-8, the same key order and floats), without its spaces; logprobs are finite (LOWEST_LOGPROB is -inf's)
     return b"data: " + JSON_ENCODER.encode(body) + b"\n\n"
-
-
-async def send_event(response: web.StreamResponse, body: dict) -> None:
-    await response.write(sse_event(body))
 
 
 JSON_ENCODER = msgspec.json.Encoder()

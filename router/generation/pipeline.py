@@ -310,8 +310,11 @@ async def send_within(node: NodeClient, message, timeout_s: float) -> None:
     """Send; a 503 once the node has been unhealthy (down, restarting) for UNREACHABLE_AFTER_S of the wait, or
     at timeout_s. NOTE: a send to a node with no connection waits (zmq IMMEDIATE): without this bound, a request
     sent while its only node of a role restarts waited the whole request timeout, in silence."""
+    sending = node.send(message)
+    if sending.done():  # NOTE: the common case, a connected node: no task, no timer
+        sending.result()
+        return
     loop = asyncio.get_running_loop()
-    sending = asyncio.ensure_future(node.send(message))
     deadline, unhealthy_since = loop.time() + timeout_s, None
     try:
         while not (await asyncio.wait({sending}, timeout=NODE_CHECK_INTERVAL_S))[0]:

@@ -190,9 +190,10 @@ class NodeClient:
             self._socket.disable_monitor()
             self._socket.close()
 
-    async def send(self, message) -> None:
-        """Send, waiting while the node is unreachable (callers bound the wait)."""
-        await self._socket.send(encode(message))
+    def send(self, message) -> asyncio.Future:
+        """Send; the future is done once the node's connection took the message: at once, unless the node is
+        unreachable (callers bound the wait)."""
+        return self._socket.send(encode(message))
 
     def post(self, message) -> None:
         """Send without waiting (pings, aborts; usable in `finally` of a cancelled task); dropped if the node
