@@ -84,15 +84,15 @@ async def generate_response(request: web.Request, state: RouterState, request_id
     try:
         if generation.stream:
             return await stream_response(request, ctx, generation, deltas, request[RESPONSE_HEADERS_KEY], outlet)
-        return await full_response(request, ctx, generation, deltas)
+        return await full_response(request, ctx, generation, deltas, outlet)
     finally:
         await deltas.aclose()
 
 
 def fast_path_outlet(generation: GenerationRequest) -> DeltaOutlet | None:
-    """Where a streamed prompt's plain deltas may skip its coroutine (router/api/streaming.py). NOTE: one prompt
-    only: several are merged through a queue, whose deltas the fast path could overtake."""
-    if not generation.stream or len(generation.prompts) != 1 or generation.beam_search is not None:
+    """Where a prompt's plain deltas may skip its coroutine (router/api/streaming.py; ChoiceTotals). NOTE: one
+    prompt only: several are merged through a queue, whose deltas the fast path could overtake."""
+    if len(generation.prompts) != 1 or generation.beam_search is not None:
         return None
     return DeltaOutlet()
 
@@ -180,9 +180,25 @@ def body_too_large(max_request_bytes: int) -> RequestError:
 
 
 async def full_response(request: web.Request, ctx: ResponseContext, generation: GenerationRequest,
-                        deltas: AsyncIterator[ChoiceDelta]) -> web.Response:
-    totals = [ChoiceTotal(index) for index in range(len(generation.prompts) * generation.params.n)]
+                        deltas: AsyncIterator[ChoiceDelta], outlet: DeltaOutlet | None = None) -> web.Response:
+    totals = ChoiceTotals(len(generation.prompts) * generation.params.n)
+    if outlet is not None:
+        outlet.sink = totals
     async for delta in deltas:
-        totals[delta.index].add(delta)
-    body = response_body(ctx, totals, sum(len(prompt) for prompt in generation.prompts))
+        totals.take(delta)
+    body = response_body(ctx, totals.choices, sum(len(prompt) for prompt in generation.prompts))
     return web.json_response(body, headers=request[RESPONSE_HEADERS_KEY])
+
+
+class ChoiceTotals:
+    """A full response's choices, added up from their deltas: through the request's coroutine, or from the node's
+    receive loop (a DeltaSink: the fast path of router/api/streaming.py, for a response that is not streamed)."""
+
+    def __init__(self, num_choices: int):
+        self.choices = [ChoiceTotal(index) for index in range(num_choices)]
+
+    def accepts(self, index: int) -> bool:
+        return True  # NOTE: nothing to wait for: the fast path only ever hands over deltas in order
+
+    def take(self, delta: ChoiceDelta) -> None:
+        self.choices[delta.index].add(delta)

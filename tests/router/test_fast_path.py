@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from router.api.handlers import ChoiceTotals
 from router.api.streaming import PUSH_BUFFER_LIMIT_BYTES, ChunkWriter
 from router.generation.output import ChoiceDelta
 from router.generation.pipeline import generate
@@ -58,9 +59,11 @@ def test_a_push_that_declines_leaves_every_event_to_the_generator(word_token_ids
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_a_fast_streamed_response_matches_the_full_one(tiny_model_dir, word_token_ids, monkeypatch, path):
-    taken = []
-    take = ChunkWriter.take
+    taken, added = [], []
+    take, accepts = ChunkWriter.take, ChoiceTotals.accepts
     monkeypatch.setattr(ChunkWriter, "take", lambda writer, delta: taken.append(delta) or take(writer, delta))
+    # NOTE: only the fast path asks a full response's totals whether they accept a delta
+    monkeypatch.setattr(ChoiceTotals, "accepts", lambda totals, index: added.append(index) or accepts(totals, index))
     body = {"max_tokens": 16, "n": 2, "seed": 7, "return_token_ids": True, "ignore_eos": True}
     body |= {"prompt": "the river"} if path == "/v1/completions" else {
         "messages": [{"role": "user", "content": "the river"}]}
@@ -76,7 +79,8 @@ def test_a_fast_streamed_response_matches_the_full_one(tiny_model_dir, word_toke
         assert text == choice.get("text", choice.get("message", {}).get("content"))
         assert [t for c in parts for t in c.get("token_ids") or []] == choice["token_ids"]
         assert parts[-1]["finish_reason"] == choice["finish_reason"]
-    assert taken, "no token took the fast path"
+    assert taken, "no streamed token took the fast path"
+    assert added, "no token of the full response took the fast path"
 
 
 class StubTransport:
