@@ -60,8 +60,7 @@ class Tokenizer:
         """step(token_id) -> the text this token adds to the output so far, or None while it ends in an incomplete
         character (tokenizers' DecodeStream, in Rust: one call per token, as vLLM's fast detokenizer does)."""
         stream = tokenizers.decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
-        backend = self._backend
-        return lambda token_id: stream.step(backend, token_id)
+        return functools.partial(stream.step, self._backend)  # NOTE: a call per streamed token: no Python frame
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             chat_template: str | None = None, template_kwargs: dict | None = None) -> str:

@@ -9,28 +9,17 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
-import msgspec
 from aiohttp import web
 
 from router.api.auth import CLIENT_KEY
 from router.api.clients import DEFAULT_CLIENT
-from router.api.errors import RequestError, bad_request, error_body
+from router.api.errors import RequestError, bad_request
 from router.api.openai_api import GenerationRequest, Kind, bind_seed, parse_body
-from router.api.responses import (
-    ChoiceDelta,
-    ChoiceTotal,
-    ResponseContext,
-    chunk_choice,
-    response_body,
-    role_choice,
-    usage,
-    usage_chunk,
-)
+from router.api.responses import ChoiceDelta, ChoiceTotal, ResponseContext, response_body
 from router.api.state import RouterState
-from router.api.tools import ToolStream
+from router.api.streaming import stream_response
 from router.generation.beam_search import beam_search_deltas
-from router.generation.deltas import merge, prompt_deltas
-from router.generation.pipeline import GenerationError
+from router.generation.deltas import DeltaOutlet, merge, prompt_deltas
 from router.nodes.choice import Placement, UnknownNode
 from wire.seeding import seed_from_request_id
 
@@ -88,25 +77,35 @@ async def generate_response(request: web.Request, state: RouterState, request_id
                           state.system_fingerprint(), seed, generation.params.logprobs, state.tokenizer,
                           generation.output, tuple(p for p in generation.prompts for _ in range(n)), n,
                           generation.tools, state.config.enable_prompt_tokens_details)
+    outlet = fast_path_outlet(generation)
     deltas = merge([choice_deltas(state, generation, i * n, node_request_id(state.config, request_id, i),
-                                  list(prompt), seed, placement)
+                                  list(prompt), seed, placement, outlet)
                     for i, prompt in enumerate(generation.prompts)])
     try:
         if generation.stream:
-            return await stream_response(request, ctx, generation, deltas)
-        return await full_response(request, ctx, generation, deltas)
+            return await stream_response(request, ctx, generation, deltas, request[RESPONSE_HEADERS_KEY], outlet)
+        return await full_response(request, ctx, generation, deltas, outlet)
     finally:
         await deltas.aclose()
 
 
+def fast_path_outlet(generation: GenerationRequest) -> DeltaOutlet | None:
+    """Where a prompt's plain deltas may skip its coroutine (router/api/streaming.py; ChoiceTotals). NOTE: one
+    prompt only: several are merged through a queue, whose deltas the fast path could overtake."""
+    if len(generation.prompts) != 1 or generation.beam_search is not None:
+        return None
+    return DeltaOutlet()
+
+
 def choice_deltas(state: RouterState, generation: GenerationRequest, index: int, request_id: str,
-                  prompt: list[int], seed: int, placement: Placement) -> AsyncIterator[ChoiceDelta]:
+                  prompt: list[int], seed: int, placement: Placement,
+                  outlet: DeltaOutlet | None = None) -> AsyncIterator[ChoiceDelta]:
     """One prompt's n choices (index, index + 1, ...): its samples, or with beam search its best beams."""
     if generation.beam_search is not None:
         return beam_search_deltas(state.pool, state.tokenizer, index, request_id, prompt, generation.params,
                                   generation.beam_search, placement, generation.output)
     return prompt_deltas(state.pool, state.tokenizer, state.metrics, index, request_id, prompt,
-                         bind_seed(generation, seed), generation.stop_strings, placement, generation.output)
+                         bind_seed(generation, seed), generation.stop_strings, placement, generation.output, outlet)
 
 
 def node_request_id(config, request_id: str, prompt_index: int) -> str:
@@ -181,110 +180,25 @@ def body_too_large(max_request_bytes: int) -> RequestError:
 
 
 async def full_response(request: web.Request, ctx: ResponseContext, generation: GenerationRequest,
-                        deltas: AsyncIterator[ChoiceDelta]) -> web.Response:
-    totals = [ChoiceTotal(index) for index in range(len(generation.prompts) * generation.params.n)]
+                        deltas: AsyncIterator[ChoiceDelta], outlet: DeltaOutlet | None = None) -> web.Response:
+    totals = ChoiceTotals(len(generation.prompts) * generation.params.n)
+    if outlet is not None:
+        outlet.sink = totals
     async for delta in deltas:
-        totals[delta.index].add(delta)
-    body = response_body(ctx, totals, sum(len(prompt) for prompt in generation.prompts))
+        totals.take(delta)
+    body = response_body(ctx, totals.choices, sum(len(prompt) for prompt in generation.prompts))
     return web.json_response(body, headers=request[RESPONSE_HEADERS_KEY])
 
 
-async def stream_response(request: web.Request, ctx: ResponseContext, generation: GenerationRequest,
-                          deltas: AsyncIterator[ChoiceDelta]) -> web.StreamResponse:
-    """Server-sent events. The response starts with the first delta, so that a request failing before any
-    token still gets its real HTTP status."""
-    first_delta = await anext(deltas)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           **request[RESPONSE_HEADERS_KEY]})
-    await response.prepare(request)
-    try:
-        await write_events(response, ctx, generation, first_delta, deltas)
-        await response.write_eof()
-    except ConnectionResetError:
-        logger.info("the client of request %s went away", ctx.request_id)
-    return response
+class ChoiceTotals:
+    """A full response's choices, added up from their deltas: through the request's coroutine, or from the node's
+    receive loop (a DeltaSink: the fast path of router/api/streaming.py, for a response that is not streamed)."""
 
+    def __init__(self, num_choices: int):
+        self.choices = [ChoiceTotal(index) for index in range(num_choices)]
 
-async def write_events(response: web.StreamResponse, ctx: ResponseContext, generation: GenerationRequest,
-                       first_delta: ChoiceDelta, deltas: AsyncIterator[ChoiceDelta]) -> None:
-    try:
-        num_prompt_tokens = sum(len(prompt) for prompt in generation.prompts)
-        continuous = num_prompt_tokens if generation.continuous_usage else None
-        choice_to_cached: dict[int, int | None] = {}
-        num_completion_tokens = await write_deltas(response, ctx, first_delta, deltas, continuous, choice_to_cached)
-        if generation.include_usage:
-            await send_event(response, usage_chunk(ctx, num_prompt_tokens, num_completion_tokens,
-                                                   ctx.cached_tokens(choice_to_cached)))
-    except GenerationError as error:
-        # NOTE: the status line is gone already; the error travels as an event, as vLLM sends it.
-        logger.warning("request %s failed mid-stream: %s", ctx.request_id, error.message)
-        await send_event(response, error_body(error.status, error.message))
-    await response.write(b"data: [DONE]\n\n")
+    def accepts(self, index: int) -> bool:
+        return True  # NOTE: nothing to wait for: the fast path only ever hands over deltas in order
 
-
-async def write_deltas(response: web.StreamResponse, ctx: ResponseContext, first_delta: ChoiceDelta,
-                       deltas: AsyncIterator[ChoiceDelta], continuous_prompt_tokens: int | None = None,
-                       choice_to_cached: dict[int, int | None] | None = None) -> int:
-    """Send first_delta, then each of deltas, as a chunk (a chat choice opens with its role); returns the
-    completion tokens sent. continuous_prompt_tokens: every chunk carries the usage so far
-    (stream_options.continuous_usage_stats). choice_to_cached: filled with each choice's cached prompt tokens."""
-    text_offsets: dict[int, int] = {}
-    num_tokens = 0
-    chunks = ChunkEncoder(ctx)
-    tool_streams: dict[int, ToolStream] = {}
-    delta = first_delta
-    while delta is not None:
-        first = delta.index not in text_offsets
-        if choice_to_cached is not None and delta.num_cached_tokens is not None:
-            choice_to_cached[delta.index] = delta.num_cached_tokens
-        if ctx.kind == "chat" and first:
-            await write_chat_opening(response, ctx, chunks, delta.index, continuous_prompt_tokens)
-        choice, text_offsets[delta.index] = chunk_choice(ctx, delta, text_offsets.get(delta.index, 0), first)
-        if ctx.tools is not None:
-            stream = tool_streams.setdefault(delta.index, ToolStream(ctx.tools, ctx.request_id, delta.index))
-            choice = stream.rewrite(choice)
-        num_tokens += 0 if ctx.output.drop_generated else len(delta.token_ids)
-        chunk_usage = None if continuous_prompt_tokens is None else usage(continuous_prompt_tokens, num_tokens)
-        await response.write(chunks.event(choice, chunk_usage))
-        delta = await anext(deltas, None)
-    return num_tokens
-
-
-async def write_chat_opening(response: web.StreamResponse, ctx: ResponseContext, chunks: ChunkEncoder, index: int,
-                             continuous_prompt_tokens: int | None) -> None:
-    """A chat choice's first chunks, as vLLM's: the role (with the prompt's token ids when asked: return_token_ids),
-    then the echoed last message (echo). NOTE: with continuous usage stats these carry usage so far (0 completion
-    tokens), not null."""
-    opening_usage = None if continuous_prompt_tokens is None else usage(continuous_prompt_tokens, 0)
-    if ctx.output.return_token_ids:
-        await send_event(response, {**ctx.envelope(streaming=True), "choices": [role_choice(index)],
-                                    "usage": opening_usage, "prompt_token_ids": list(ctx.prompts[index])})
-    else:
-        await response.write(chunks.event(role_choice(index), opening_usage))
-    if ctx.output.chat_echo:
-        echo = {"index": index, "delta": {"content": ctx.output.chat_echo}, "logprobs": None, "finish_reason": None}
-        await response.write(chunks.event(echo, opening_usage))
-
-
-class ChunkEncoder:
-    """A response's stream chunks as server-sent events: {envelope, "choices": [choice], "usage": usage}, the
-    envelope every chunk repeats encoded once. NOTE: the bytes of send_event's encoding of that dict (msgspec keeps
-    a dict's key order); one chunk is encoded per streamed token."""
-
-    def __init__(self, ctx: ResponseContext):
-        envelope = JSON_ENCODER.encode(ctx.envelope(streaming=True))
-        self._head = b"data: " + envelope[:-1] + b',"choices":['
-
-    def event(self, choice: dict, chunk_usage: dict | None = None) -> bytes:
-        if chunk_usage is None:
-            return self._head + JSON_ENCODER.encode(choice) + b'],"usage":null}\n\n'
-        return self._head + JSON_ENCODER.encode(choice) + b'],"usage":' + JSON_ENCODER.encode(chunk_usage) + b"}\n\n"
-
-
-async def send_event(response: web.StreamResponse, body: dict) -> None:
-    # NOTE: msgspec's JSON, in C (one is built per streamed chunk): the values json.dumps(ensure_ascii=False) writes
-    # (UTF-8, the same key order and floats), without its spaces; logprobs are finite (LOWEST_LOGPROB is -inf's)
-    await response.write(b"data: " + JSON_ENCODER.encode(body) + b"\n\n")
-
-
-JSON_ENCODER = msgspec.json.Encoder()
+    def take(self, delta: ChoiceDelta) -> None:
+        self.choices[delta.index].add(delta)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from router.generation.detokenizer import IncrementalDetokenizer
 from router.generation.output import ChoiceDelta, OutputOptions
-from router.generation.pipeline import generate
+from router.generation.pipeline import TokenPush, generate
 from router.metrics import RouterMetrics
 from router.nodes.choice import Placement
 from router.nodes.pool import NodePool, PoolMismatch
@@ -17,12 +19,31 @@ from wire.sampling_params import SamplingParams
 from wire.tokenizer import Tokenizer
 
 
+class DeltaSink(Protocol):
+    """Takes a prompt's deltas without its consumer's coroutine (router/api/streaming.py, ChunkWriter)."""
+
+    def accepts(self, index: int) -> bool:
+        """Whether take may have choice index's next delta now (no side effect)."""
+
+    def take(self, delta: ChoiceDelta) -> None:
+        """The delta, delivered as the consumer would have delivered it."""
+
+
+@dataclass
+class DeltaOutlet:
+    """Where a prompt's plain deltas may go straight from the node's receive loop: the consumer attaches its sink
+    once it can take them (a streamed response, once open); until then, and whenever the sink declines, deltas go
+    through the consumer, as every first and last delta of a choice does."""
+
+    sink: DeltaSink | None = None
+
+
 async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMetrics, index: int, request_id: str,
                         prompt_token_ids: list[int], params: SamplingParams, stop_strings: tuple[str, ...],
-                        placement: Placement = Placement(),
-                        output: OutputOptions = OutputOptions()) -> AsyncIterator[ChoiceDelta]:
+                        placement: Placement = Placement(), output: OutputOptions = OutputOptions(),
+                        outlet: DeltaOutlet | None = None) -> AsyncIterator[ChoiceDelta]:
     """One prompt's choices (index, index + 1, ... for its n samples): detokenised, each cut at a stop string
-    (which aborts that sample's decode), timed for metrics."""
+    (which aborts that sample's decode), timed for metrics. outlet: where plain deltas may skip this generator."""
     start = time.monotonic()
     samples = [SampleTiming(start, IncrementalDetokenizer(tokenizer, stop_strings, output.include_stop_str_in_output,
                                                           output.skip_special_tokens, params.min_tokens))
@@ -30,8 +51,10 @@ async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMet
     stopped: set[int] = set()
     metrics.prompt_tokens.inc(len(prompt_token_ids))
     request = RequestTiming(start, len(prompt_token_ids), params.max_tokens, agreed_facts(pool))
+    # NOTE: a stop string may end a choice at any token: such a choice's deltas all go through the loop below
+    push = None if outlet is None or stop_strings else delta_push(outlet, samples, index, params, metrics)
     events = generate(pool, request_id, prompt_token_ids, params, params.seed, placement, stopped,
-                      request.on_queue_time(metrics))
+                      request.on_queue_time(metrics), push)
     num_events = num_finished = 0
     try:
         async for event in events:
@@ -56,6 +79,22 @@ async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMet
     finally:
         # NOTE: closing the event stream early is what sends the decode node an Abort.
         await events.aclose()
+
+
+def delta_push(outlet: DeltaOutlet, samples: list[SampleTiming], index: int, params: SamplingParams,
+               metrics: RouterMetrics) -> TokenPush:
+    """What prompt_deltas does for a token event that neither starts nor ends its sample, done for the receive loop
+    (router/generation/pipeline.py, TokenPush) when the outlet's sink accepts its delta."""
+    def push(event: TokenEvent) -> bool:
+        sample, sink = samples[event.index], outlet.sink
+        if sample.first is None or sink is None or not sink.accepts(index + event.index):
+            return False
+        sample.observe_arrival(time.monotonic(), metrics)
+        delta = to_delta(sample.detokenizer, index + event.index, event, params.stop_token_ids)
+        metrics.generated_tokens.inc(len(delta.token_ids))
+        sink.take(delta)
+        return True
+    return push
 
 
 def agreed_facts(pool: NodePool) -> ModelFacts | None:

@@ -6,7 +6,7 @@ grouped tokens into events: streaming and non-streaming, fast and slow nodes, al
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from wire.tokenizer import Tokenizer
 
@@ -14,8 +14,7 @@ REPLACEMENT_CHAR = "\ufffd"
 """What decoding yields for an incomplete UTF-8 sequence: the next token may complete it."""
 
 
-@dataclass(frozen=True)
-class TextDelta:
+class TextDelta(msgspec.Struct, frozen=True):  # NOTE: one per streamed token: built in C
     text: str
     """Newly visible text (may be empty while an incomplete character or a possible stop string is held back)."""
     num_tokens: int
@@ -80,6 +79,8 @@ class IncrementalDetokenizer:
         self._token_ids += token_ids
         if finished:
             self._text = self._tokenizer.decode(self._token_ids, skip_special_tokens=self._skip_special_tokens)
+        elif len(token_ids) == 1:  # NOTE: a streamed token's (a router keeping up gets them one by one)
+            self._text += self._step(token_ids[0]) or ""
         else:
             self._text += "".join(filter(None, map(self._step, token_ids)))
         self._emitted = self._text

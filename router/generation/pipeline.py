@@ -43,6 +43,12 @@ UNREACHABLE_AFTER_S = 3.0
 """How long a send waits on a node that is down before the attempt fails over (a restart may be that quick)."""
 RETRYABLE_STATUSES = frozenset({503})
 
+TokenPush = Callable[[TokenEvent], bool]
+"""Takes a token event straight from the node's receive loop (router/nodes/client.py, ReplyQueue.push) the whole
+way to the client, doing what each generator below would have done with it: True once delivered; False, having
+changed nothing, for an event that needs the request's coroutine (a sample's first or last, one a retry replays, one
+its consumer cannot take now), which then queues for it as every event did before. Each layer adds its own check."""
+
 
 class GenerationError(Exception):
     """A request the cluster could not serve; `status` is the HTTP status to answer with."""
@@ -55,10 +61,12 @@ class GenerationError(Exception):
 
 async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                    seed: int, placement: Placement = Placement(), stopped: set[int] | None = None,
-                   on_queue_time: Callable[[float], None] = lambda seconds: None) -> AsyncIterator[TokenEvent]:
+                   on_queue_time: Callable[[float], None] = lambda seconds: None,
+                   push: TokenPush | None = None) -> AsyncIterator[TokenEvent]:
     """Prefill then decode; yields token events (event.index: the sample), each sample's last one with its
     finish_reason. stopped: samples the consumer has ended (a stop string): the nodes stop decoding them.
-    on_queue_time: told how long the prompt waited in the prefill node's queue (each attempt's).
+    on_queue_time: told how long the prompt waited in the prefill node's queue (each attempt's). push: takes what
+    events it can instead of this generator (they are not yielded).
 
     Closing the iterator early (or cancelling its consumer) aborts the work on the nodes. Raises GenerationError.
     """
@@ -66,13 +74,14 @@ async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int],
     if params.seed != seed:  # NOTE: the request's seed travels once, as params.seed
         params = dataclasses.replace(params, seed=seed)
     progress = SampleProgress()
+    push = None if push is None else progress.pushing(push)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         # NOTE: a fresh id per attempt: a late reply to a failed attempt can never mix into the next one.
         attempt_id = request_id if attempt == 1 else f"{request_id}:retry{attempt - 1}"
         try:
             attempt_events = generate_once(pool, attempt_id, prompt_token_ids, params, placement,
                                            lambda index: index in stopped or index in progress.finished,
-                                           on_queue_time)
+                                           on_queue_time, push)
             async with contextlib.aclosing(attempt_events) as events:
                 progress.start_attempt()
                 async for event in events:
@@ -99,6 +108,19 @@ class SampleProgress:
     def start_attempt(self) -> None:
         self.seen = {}
 
+    def pushing(self, push: TokenPush) -> TokenPush:
+        """push for the events new_part would pass unchanged (nothing to skip, not finishing), counted as it
+        counts them."""
+        def push_new(event: TokenEvent) -> bool:
+            index, num_tokens = event.index, len(event.token_ids)
+            num_seen = self.seen.get(index, 0)
+            if index in self.finished or self.delivered.get(index, 0) > num_seen or not push(event):
+                return False
+            self.seen[index] = num_seen + num_tokens
+            self.delivered[index] = self.delivered.get(index, 0) + num_tokens
+            return True
+        return push_new
+
     def new_part(self, event: TokenEvent) -> TokenEvent | None:
         index = event.index
         if index in self.finished:
@@ -120,7 +142,8 @@ class SampleProgress:
 async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                         placement: Placement,
                         is_done: Callable[[int], bool] = lambda index: False,
-                        on_queue_time: Callable[[float], None] = lambda seconds: None) -> AsyncIterator[TokenEvent]:
+                        on_queue_time: Callable[[float], None] = lambda seconds: None,
+                        push: TokenPush | None = None) -> AsyncIterator[TokenEvent]:
     # NOTE: the choice is given the request (its prompt, its samples), so that a policy may route on the prompt
     routed = RoutedRequest(request_id, prompt_token_ids, params.n, placement, params.max_tokens)
     choose(pool.check_placeable, routed)  # NOTE: an n no node can hold is refused here, before any prefill
@@ -128,7 +151,8 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
     if colocated is not None:
         # NOTE: the node prefills and decodes; its events are a decode node's, the prompt's logprobs included
         request = GenerateRequest(request_id, prompt_token_ids, params)
-        async with contextlib.aclosing(run_decode(colocated, request, pool.request_timeout_s, is_done)) as events:
+        decoding = run_decode(colocated, request, pool.request_timeout_s, is_done, push)
+        async with contextlib.aclosing(decoding) as events:
             async for event in events:
                 yield event
         return
@@ -143,15 +167,15 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
             yield TokenEvent(request_id, [first.token_id], logprobs, first.finish_reason, prefill.prompt_logprobs,
                              first.index, prefill.num_cached_tokens)
     if prefill.kv is not None:
-        decoding = decode_prefilled(pool, prefill_node, routed, prefill, params, is_done)
+        decoding = decode_prefilled(pool, prefill_node, routed, prefill, params, is_done, push)
         async with contextlib.aclosing(decoding) as events:
             async for event in events:
                 yield event
 
 
 async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: RoutedRequest, prefill: PrefillResult,
-                           params: SamplingParams,
-                           is_done: Callable[[int], bool]) -> AsyncIterator[TokenEvent]:
+                           params: SamplingParams, is_done: Callable[[int], bool],
+                           push: TokenPush | None = None) -> AsyncIterator[TokenEvent]:
     """The samples the prefill left to decode, on a decode node that reads the prompt's KV from prefill_node.
 
     NOTE: a decode node streams only once it has read the KV (the prefill node freed it then). If this ends before
@@ -163,11 +187,13 @@ async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: Rou
     decode_request = DecodeRequest(request_id, routed.prompt_token_ids, params, to_decode, prefill.kv)
     with_prompt = {first.index for first in to_decode}
     kv_read = False
+    if push is not None:
+        push = after_first_events(push, with_prompt)
     try:
         # NOTE: chosen only now, so that the decode work of requests prefilled meanwhile counts in the choice.
         decode_node = choose(pool.choose_decode, routed)
         async with contextlib.aclosing(run_decode(decode_node, decode_request, pool.request_timeout_s,
-                                                  is_done)) as events:
+                                                  is_done, push)) as events:
             async for event in events:
                 kv_read = True
                 # NOTE: the prompt's logprobs and cached tokens travel with each sample's first event
@@ -179,6 +205,11 @@ async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: Rou
     finally:
         if not kv_read:
             prefill_node.post(Abort(request_id))
+
+
+def after_first_events(push: TokenPush, with_prompt: set[int]) -> TokenPush:
+    """push for every event but a sample's first (decode_prefilled gives it the prompt's logprobs)."""
+    return lambda event: event.index not in with_prompt and push(event)
 
 
 def choose(choose_node: Callable[[RoutedRequest], NodeClient | None], request: RoutedRequest) -> NodeClient | None:
@@ -212,16 +243,20 @@ async def run_prefill(node: NodeClient, request: PrefillRequest, num_samples: in
 
 
 async def run_decode(node: NodeClient, request: DecodeRequest | GenerateRequest, timeout_s: float,
-                     is_done: Callable[[int], bool] = lambda index: False) -> AsyncIterator[TokenEvent]:
+                     is_done: Callable[[int], bool] = lambda index: False,
+                     push: TokenPush | None = None) -> AsyncIterator[TokenEvent]:
     """The samples' token events until each finished; a sample is_done says the consumer ended is aborted on
     the node at its next event (which is dropped). A decode node decodes request.first_tokens' samples, a
-    colocated node every sample of the GenerateRequest."""
+    colocated node every sample of the GenerateRequest. push: takes the events it can of running samples, not
+    their last (the node's receive loop hands it them)."""
     if isinstance(request, GenerateRequest):
         running = set(range(request.params.n))
     else:
         running = {first.index for first in request.first_tokens}
     aborted: set[int] = set()
     with node.open_request(request.request_id, work=len(running)) as replies:
+        if push is not None:
+            replies.push = running_push(push, running, is_done)
         try:
             await send_within(node, request, timeout_s)
             while running:
@@ -246,6 +281,15 @@ async def run_decode(node: NodeClient, request: DecodeRequest | GenerateRequest,
                 node.post(Abort(request.request_id))
 
 
+def running_push(push: TokenPush, running: set[int], is_done: Callable[[int], bool]) -> Callable[[object], bool]:
+    """push for the replies run_decode would yield as they are: token events of running samples, not their last,
+    nor one of a sample its consumer has ended (run_decode aborts it)."""
+    def push_running(reply) -> bool:
+        return (type(reply) is TokenEvent and reply.finish_reason is None and reply.index in running
+                and not is_done(reply.index) and push(reply))
+    return push_running
+
+
 def take_queued_tokens(event: TokenEvent, replies: ReplyQueue) -> TokenEvent:
     """event with the same sample's tokens that queued up behind it (the consumer fell behind the decode steps):
     one delta, one SSE chunk and one write for them all, as vLLM's output processor merges what it finds queued;
@@ -266,8 +310,11 @@ async def send_within(node: NodeClient, message, timeout_s: float) -> None:
     """Send; a 503 once the node has been unhealthy (down, restarting) for UNREACHABLE_AFTER_S of the wait, or
     at timeout_s. NOTE: a send to a node with no connection waits (zmq IMMEDIATE): without this bound, a request
     sent while its only node of a role restarts waited the whole request timeout, in silence."""
+    sending = node.send(message)
+    if sending.done():  # NOTE: the common case, a connected node: no task, no timer
+        sending.result()
+        return
     loop = asyncio.get_running_loop()
-    sending = asyncio.ensure_future(node.send(message))
     deadline, unhealthy_since = loop.time() + timeout_s, None
     try:
         while not (await asyncio.wait({sending}, timeout=NODE_CHECK_INTERVAL_S))[0]:

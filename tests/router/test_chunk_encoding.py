@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from router.api.handlers import JSON_ENCODER, ChunkEncoder
 from router.api.responses import ResponseContext, chunk_choice, role_choice, usage
+from router.api.streaming import JSON_ENCODER, ChunkEncoder
 from router.generation.output import ChoiceDelta
 from wire.outputs import TokenLogprobs
 
@@ -32,3 +32,20 @@ def test_a_chunk_is_the_bytes_of_its_whole_encoding_with_and_without_usage(token
     other, _ = chunk_choice(ctx, deltas[0], 0)
     assert chunks.event(role_choice(0)) != whole_chunk(ctx, other, None)
     assert chunks.event(role_choice(0)) == whole_chunk(ctx, role_choice(0), None)
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+@pytest.mark.parametrize("return_token_ids", [False, True])
+def test_a_plain_chunk_from_its_template_is_the_chunk_encoded_whole(tokenizer, kind, return_token_ids):
+    from router.api.streaming import PlainChunk
+    from router.generation.output import OutputOptions
+
+    ctx = ResponseContext(kind, "req-\u00e9\"1", 1700000000, "model \u2603", "fp_1", 2**62 + 1, None, tokenizer,
+                          OutputOptions(return_token_ids=return_token_ids), ((1, 2),) * 3, n=3)
+    chunks = ChunkEncoder(ctx)
+    for index in range(3):
+        plain = PlainChunk(ctx, chunks, index)
+        for text, token_ids in ((" h\u00e9llo \"q\"\n\x01\x02", (17, 18)), ("", (19,)), ("\ufffd", ())):
+            delta = ChoiceDelta(index, text, token_ids, None, None)
+            choice, _ = chunk_choice(ctx, delta, 5)
+            assert plain.event(delta) == chunks.event(choice)
