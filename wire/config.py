@@ -97,7 +97,10 @@ class SchedulerConfig:
     shared-prefix workloads and, against 4096, 1.00x/1.02x/1.05x on ShareGPT-/BurstGPT-like and 1024x2048
     (benchmarks/results/h200_prefix_cache.json, h200_chunk_size.json), while its cache hits went from 0.63 to 0.95 of
     the few-shot prompt tokens (2.6x -> 8.7x); on the 2-core CPU host (tiny model, isolated prefill) 1.01-1.02x on
-    prompts of 256 and 768 tokens (cpu_chunk_size.json). Smaller first chunks were not needed for these shapes."""
+    prompts of 256 and 768 tokens (cpu_chunk_size.json). The price: a prompt's chunks run one forward after another,
+    so a lone 4096-token prompt prefills in 188 ms against 128 at 512 (h200_prefill_cost_by_chunk.json); 64 or 128
+    (multiple choice 3.25x / 2.9x) cost it 608 / 305 ms. Smaller first chunks would not help: what a shared context
+    loses is its tail after the last whole chunk."""
     max_num_batched_tokens: int = 2048
     """mixed mode: token budget of one mixed prefill+decode step; fixed_shape on CUDA: the packed prefill forward's
     rows (T) when prefill_pack_tokens is auto."""
