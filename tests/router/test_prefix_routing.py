@@ -18,11 +18,15 @@ def pool_of(num_prefill: int, chunk_tokens: int = CHUNK) -> NodePool:
     addresses = tuple(f"tcp://127.0.0.1:{9000 + i}" for i in range(num_prefill))
     pool = NodePool(RouterConfig(model="unused", prefill_addresses=addresses, decode_addresses=(addresses[0],),
                                  routing_policy="prefix_aware"))
-    for node in pool.prefill_nodes:
+    return healthy_with_capacity(pool, pool.prefill_nodes, chunk_tokens)
+
+
+def healthy_with_capacity(pool: NodePool, nodes, chunk_tokens: int) -> NodePool:
+    """The nodes healthy, their Pongs what a node with a prefix cache of chunk_tokens would have said."""
+    for node in nodes:
         node.status = lambda now=None, node=node: NodeStatus(node.index, node.role, node.address, True, False, None,
                                                             None)
-        # NOTE: what the node's Pong would have said
-        node._latest_pong = Pong(0, f"prefill-{node.index}", "prefill", "f", ModelFacts(256, 2048, 20),
+        node._latest_pong = Pong(0, f"{node.role}-{node.index}", node.role, "f", ModelFacts(256, 2048, 20),
                                  capacity=NodeCapacity(8, 100, 16, chunk_tokens))
     return pool
 
@@ -70,12 +74,7 @@ def colocated_pool_of(num_nodes: int) -> NodePool:
     addresses = tuple(f"tcp://127.0.0.1:{9100 + i}" for i in range(num_nodes))
     pool = NodePool(RouterConfig(model="unused", prefill_addresses=(), decode_addresses=(),
                                  colocated_addresses=addresses, routing_policy="prefix_aware"))
-    for node in pool.colocated_nodes:
-        node.status = lambda now=None, node=node: NodeStatus(node.index, node.role, node.address, True, False, None,
-                                                            None)
-        node._latest_pong = Pong(0, f"colocated-{node.index}", "colocated", "f", ModelFacts(256, 2048, 20),
-                                 capacity=NodeCapacity(8, 100, 16, CHUNK))
-    return pool
+    return healthy_with_capacity(pool, pool.colocated_nodes, CHUNK)
 
 
 def test_among_colocated_nodes_a_prompt_follows_its_prefix_too():
