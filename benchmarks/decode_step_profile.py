@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--modes", default="fixed_shape")
     parser.add_argument("--kernel-profile", action="store_true",
                         help="also run one eager step under torch.profiler and total the GPU time per kernel")
+    parser.add_argument("--step-profile", action="store_true",
+                        help="also run engine steps under torch.profiler: GPU busy time per step against its wall time")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -78,6 +80,8 @@ def main() -> None:
         }
         if args.kernel_profile:
             result["eager_kernels"] = kernel_profile(runner, inputs)
+        if args.step_profile:
+            result["engine_steps"] = step_profile(engine)
         result["floor_ms"] = round(1e3 * step_floor(engine, [r.num_tokens for r in requests], rows,
                                                     measure_hardware(device)), 3) if device == "cuda" else None
         report[mode] = result
@@ -106,6 +110,29 @@ def kernel_profile(runner, inputs, top: int = 25) -> dict:
     ranked = sorted(totals.items(), key=lambda kv: -kv[1])
     return {"total_ms": round(sum(totals.values()), 3),
             "top_ms": {name[:120]: round(ms, 3) for name, ms in ranked[:top]}}
+
+
+def step_profile(engine: LLMEngine, num_steps: int = 10) -> dict:
+    """Whole engine steps (schedule, inputs, graph, sampler, postprocess): how much of a step's wall time the GPU
+    computes, so a slower step shows whether the host or the kernels cost the difference."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(num_steps):
+            engine.step()
+        sync()
+        wall_ms = 1e3 * (time.perf_counter() - start) / num_steps
+    gpu: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            gpu[event.name] = gpu.get(event.name, 0.0) + event.time_range.elapsed_us() / 1e3 / num_steps
+    busy = sum(gpu.values())
+    ranked = sorted(gpu.items(), key=lambda kv: -kv[1])[:12]
+    return {"wall_ms": round(wall_ms, 3), "gpu_busy_ms": round(busy, 3), "gpu_idle_ms": round(wall_ms - busy, 3),
+            "top_gpu_ms": {name[:100]: round(ms, 3) for name, ms in ranked}}
 
 
 if __name__ == "__main__":

@@ -35,6 +35,13 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_gap)  # issue 20, fifth round: why corun's full decode step (13.99 ms median) ran slower than standard's
+    # (13.24) at t = 0 in h200_defaults.json, though both replay the same decode graph: each step profiled whole
+    # (GPU busy against wall), standard first this time, and the two rows that missed with the mode order swapped
+    timeout 220 python3 -m benchmarks.decode_step_profile --model random:qwen3-8b --modes standard,corun \
+      --kernel-profile --step-profile --out "$out/h200_decode_step_gap.json" > "$out/profile.log" 2>&1
+    timeout 330 $BENCH --workloads rl_rollout,sharegpt --max-seconds 10 --modes standard,corun \
+      --out "$out/h200_gap_t0.json" > "$out/bench.log" 2>&1 ;;
   issue20_probe)  # issue 20, third round, as run in one session (each line was its own device call): which GEMM
     # row counts give a row the same bits, the two prefill figures at the bench's chunk size (4096), packed prefill
     # at T = 8192 next to the defaults and standard at t = 0, the GEMMs' speed by library, and a kernel profile of
