@@ -1,12 +1,14 @@
-"""Prefill server: fixed_shape prefill, FIFO; token 1 sampled here; KV leased to decode.
+"""Prefill server: fixed_shape prefill, tenants in turn (each one's prompts FIFO); token 1 sampled here; KV leased
+to decode.
 
 Isolated (the paper, and bucketed): one prompt's chunk per forward. Packed (prefill_pack_tokens): the next chunk
 of several prompts in one forward of exactly T rows; a prompt's bits do not depend on its company (see
 corun/model_runner.py), so the cluster gives what the colocated engine gives with the same settings.
 
 Lifecycle of a request (queues; the leases are the KV transport's sender, self.transport: transfer/leases.py):
-  waiting (FIFO) --KV blocks for the prompt free--> prefilling (one chunk per loop turn; alone unless packed; from
-      the end of the prompt's longest cached full-chunk prefix, whose chunks it holds: corun/prefix_cache.py)
+  waiting (tenant by tenant: fair_order) --KV blocks for the prompt free--> prefilling (one chunk per loop turn;
+      alone unless packed; from the end of the prompt's longest cached full-chunk prefix, whose chunks it holds:
+      corun/prefix_cache.py)
   prefilling --last chunk: token 1 of each of the n samples sampled, PrefillResult to the router--> leased
       (blocks kept until a deadline)
   leased --ClaimKV from a decode node--> claimed (a new deadline, kv_lease_seconds on: decode nodes end their READ
@@ -48,6 +50,8 @@ class PendingPrefill:
     arrived: float = field(default_factory=time.monotonic)
     queue_seconds: float = 0.0
     """From arrival to admission (its first chunk scheduled)."""
+    tenant: str = ""
+    """The router's client of the request (PrefillRequest.tenant)."""
     aborted: bool = False
     """Aborted mid-prefill: its blocks are freed when its last chunk ran, and nobody is answered."""
 
@@ -61,6 +65,9 @@ class PrefillServer(NodeServer):
         self.waiting: deque[PendingPrefill] = deque()
         self.prefilling: list[PendingPrefill] = []
         self.num_prefills = 0
+        self.num_admitted = 0
+        self.last_admitted: dict[str, int] = {}
+        """Tenant -> the admission number of its latest admitted prompt, kept while it has prompts here."""
         self.prefill_seconds_total = 0.0
         """Seconds of prefill forwards (token 1 sampled included), summed: / num_prefills = per prompt."""
 
@@ -84,9 +91,30 @@ class PrefillServer(NodeServer):
 
     def schedule(self) -> list[PrefillChunk]:
         """The engine's prefill forward (corun.scheduler.pack_prefill_chunks): the next chunk of the prompts being
-        prefilled, then of newly admitted ones (the head of waiting, if its prompt's blocks fit)."""
+        prefilled, then of newly admitted ones (waiting in fair_order, while their prompts' blocks fit)."""
         return pack_prefill_chunks(self.config.engine.scheduler, self.block_manager,
-                                   [p.request for p in self.prefilling], (p.request for p in self.waiting), self.admit)
+                                   [p.request for p in self.prefilling], (p.request for p in self.fair_order()),
+                                   self.admit)
+
+    def fair_order(self) -> list[PendingPrefill]:
+        """The waiting prompts in the order they may start: each tenant's first waiting prompt, then each one's
+        second, ...; within a round, the tenant admitted longest ago first (one never admitted, or with nothing left
+        here, before all), then arrival. One tenant (every request of a router without client keys) is FIFO.
+        NOTE: order only moves when a prompt starts; its outputs depend on the prompt alone (corun/model_runner.py)."""
+        self.forget_idle_tenants()
+        rounds: dict[str, int] = {}
+        keyed = []
+        for arrival, pending in enumerate(self.waiting):
+            round_ = rounds[pending.tenant] = rounds.get(pending.tenant, -1) + 1
+            keyed.append(((round_, self.last_admitted.get(pending.tenant, -1), arrival), pending))
+        return [pending for _, pending in sorted(keyed, key=lambda item: item[0])]
+
+    def forget_idle_tenants(self) -> None:
+        """A tenant with no prompt waiting or prefilling is new again when its next one arrives (and the map holds
+        only the tenants with work here)."""
+        active = {p.tenant for p in self.waiting} | {p.tenant for p in self.prefilling}
+        for tenant in self.last_admitted.keys() - active:
+            del self.last_admitted[tenant]
 
     def admit(self, request: Request) -> bool:
         """NOTE: KV for the prompt alone (its longest cached full-chunk prefix held, the rest new): the decode node
@@ -96,6 +124,8 @@ class PrefillServer(NodeServer):
         pending = next(p for p in self.waiting if p.request is request)
         self.waiting.remove(pending)
         pending.queue_seconds = time.monotonic() - pending.arrived
+        self.last_admitted[pending.tenant] = self.num_admitted
+        self.num_admitted += 1
         self.prefilling.append(pending)
         return True
 
@@ -141,7 +171,7 @@ class PrefillServer(NodeServer):
         except RequestRejected as error:
             self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, str(error)))
             return
-        self.waiting.append(PendingPrefill(identity, request))
+        self.waiting.append(PendingPrefill(identity, request, tenant=message.tenant))
 
     def check_admissible(self, request: Request) -> None:
         check_request(request.request_id, request.prompt_token_ids, request.params, self.config.engine,

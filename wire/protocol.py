@@ -49,6 +49,8 @@ Version history:
   17: the prefix cache (issue 25): PrefillResult.num_cached_tokens and TokenEvent.num_cached_tokens (prompt tokens
      whose KV came from the node's prefix cache); ResetPrefixCache, answered with PrefixCacheReset;
      NodeCapacity.prefix_chunk_tokens.
+  18: PrefillRequest.tenant (the router's client of the request): a prefill node takes the waiting prompts of its
+     tenants in turn instead of first come, first served (issue 23: fairness across clients).
 
 Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
 with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
@@ -64,7 +66,7 @@ import msgspec
 from wire.outputs import TokenLogprobs
 from wire.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 
-PROTOCOL_VERSION = 17
+PROTOCOL_VERSION = 18
 
 
 class ProtocolError(ValueError):
@@ -149,7 +151,10 @@ class SeededRequest(Message):
 
 # --- router -> prefill -> router -----------------------------------------------------------------------------
 class PrefillRequest(SeededRequest):
-    pass
+    tenant: Id = ""
+    """The client the prompt is for (router/api/clients.py: a hash of its API key, never the key): the node takes
+    its waiting prompts tenant by tenant (prefill_node/server.py), so that one client's burst does not queue
+    another's prompt behind all of it. Changes only when a prompt is prefilled, never its outputs."""
 
 
 class PrefillResult(Message):

@@ -57,11 +57,12 @@ async def serve_generation(request: web.Request, kind: Kind) -> web.StreamRespon
         num_samples = len(generation.prompts) * generation.params.n
         async with state.clients.decode_slots(client, num_samples):
             with state.admission.admit(request_id, num_samples):
-                return await generate_response(request, state, request_id, generation, placement)
+                return await generate_response(request, state, request_id, generation, placement, client.name)
 
 
 async def generate_response(request: web.Request, state: RouterState, request_id: str,
-                            generation: GenerationRequest, placement: Placement) -> web.StreamResponse:
+                            generation: GenerationRequest, placement: Placement,
+                            tenant: str = DEFAULT_CLIENT) -> web.StreamResponse:
     if generation.ignored_fields:
         names = field_names_header(generation.ignored_fields)
         logger.warning("request %s: ignored unknown field(s) %s", request_id, names)
@@ -79,7 +80,7 @@ async def generate_response(request: web.Request, state: RouterState, request_id
                           generation.tools, state.config.enable_prompt_tokens_details)
     outlet = fast_path_outlet(generation)
     deltas = merge([choice_deltas(state, generation, i * n, node_request_id(state.config, request_id, i),
-                                  list(prompt), seed, placement, outlet)
+                                  list(prompt), seed, placement, outlet, tenant)
                     for i, prompt in enumerate(generation.prompts)])
     try:
         if generation.stream:
@@ -99,13 +100,15 @@ def fast_path_outlet(generation: GenerationRequest) -> DeltaOutlet | None:
 
 def choice_deltas(state: RouterState, generation: GenerationRequest, index: int, request_id: str,
                   prompt: list[int], seed: int, placement: Placement,
-                  outlet: DeltaOutlet | None = None) -> AsyncIterator[ChoiceDelta]:
-    """One prompt's n choices (index, index + 1, ...): its samples, or with beam search its best beams."""
+                  outlet: DeltaOutlet | None = None, tenant: str = DEFAULT_CLIENT) -> AsyncIterator[ChoiceDelta]:
+    """One prompt's n choices (index, index + 1, ...): its samples, or with beam search its best beams; tenant:
+    its client (router/api/clients.py), whose prompts the prefill nodes take in turn with other clients'."""
     if generation.beam_search is not None:
         return beam_search_deltas(state.pool, state.tokenizer, index, request_id, prompt, generation.params,
-                                  generation.beam_search, placement, generation.output)
+                                  generation.beam_search, placement, generation.output, tenant)
     return prompt_deltas(state.pool, state.tokenizer, state.metrics, index, request_id, prompt,
-                         bind_seed(generation, seed), generation.stop_strings, placement, generation.output, outlet)
+                         bind_seed(generation, seed), generation.stop_strings, placement, generation.output, outlet,
+                         tenant)
 
 
 def node_request_id(config, request_id: str, prompt_index: int) -> str:

@@ -43,8 +43,9 @@ class Beam:
 async def beam_search_deltas(pool: NodePool, tokenizer: Tokenizer, index: int, request_id: str,
                              prompt_token_ids: list[int], params: SamplingParams, beam_search: BeamSearch,
                              placement: Placement = Placement(),
-                             output: OutputOptions = OutputOptions()) -> AsyncIterator[ChoiceDelta]:
-    """One prompt's params.n best beams as choices index, index + 1, ... (one delta each, at the end)."""
+                             output: OutputOptions = OutputOptions(), tenant: str = "") -> AsyncIterator[ChoiceDelta]:
+    """One prompt's params.n best beams as choices index, index + 1, ... (one delta each, at the end); tenant: the
+    request's client (router/generation/pipeline.py, generate)."""
     width, eos = params.n, tokenizer.eos_token_id
     step_params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
                                  logprobs=BeamSearch.num_step_logprobs(width, params.logprobs))
@@ -52,7 +53,7 @@ async def beam_search_deltas(pool: NodePool, tokenizer: Tokenizer, index: int, r
     for step in range(params.max_tokens):
         tops = await asyncio.gather(*(
             next_token_logprobs(pool, f"{request_id}.beam{step}.{i}", [*prompt_token_ids, *beam.token_ids],
-                                step_params, placement)
+                                step_params, placement, tenant)
             for i, beam in enumerate(running)))
         candidates = []
         for beam, top in zip(running, tops, strict=True):
@@ -74,9 +75,10 @@ async def beam_search_deltas(pool: NodePool, tokenizer: Tokenizer, index: int, r
 
 
 async def next_token_logprobs(pool: NodePool, request_id: str, token_ids: list[int], params: SamplingParams,
-                              placement: Placement) -> TokenLogprobs:
+                              placement: Placement, tenant: str = "") -> TokenLogprobs:
     """The logprobs of the token after token_ids: one max_tokens 1 request."""
-    async with contextlib.aclosing(generate(pool, request_id, token_ids, params, STEP_SEED, placement)) as events:
+    async with contextlib.aclosing(generate(pool, request_id, token_ids, params, STEP_SEED, placement,
+                                            tenant=tenant)) as events:
         async for event in events:
             if event.logprobs:
                 return event.logprobs[0]

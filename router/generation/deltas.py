@@ -41,9 +41,10 @@ class DeltaOutlet:
 async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMetrics, index: int, request_id: str,
                         prompt_token_ids: list[int], params: SamplingParams, stop_strings: tuple[str, ...],
                         placement: Placement = Placement(), output: OutputOptions = OutputOptions(),
-                        outlet: DeltaOutlet | None = None) -> AsyncIterator[ChoiceDelta]:
+                        outlet: DeltaOutlet | None = None, tenant: str = "") -> AsyncIterator[ChoiceDelta]:
     """One prompt's choices (index, index + 1, ... for its n samples): detokenised, each cut at a stop string
-    (which aborts that sample's decode), timed for metrics. outlet: where plain deltas may skip this generator."""
+    (which aborts that sample's decode), timed for metrics. outlet: where plain deltas may skip this generator.
+    tenant: the request's client (router/generation/pipeline.py, generate)."""
     start = time.monotonic()
     samples = [SampleTiming(start, IncrementalDetokenizer(tokenizer, stop_strings, output.include_stop_str_in_output,
                                                           output.skip_special_tokens, params.min_tokens))
@@ -54,7 +55,7 @@ async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMet
     # NOTE: a stop string may end a choice at any token: such a choice's deltas all go through the loop below
     push = None if outlet is None or stop_strings else delta_push(outlet, samples, index, params, metrics)
     events = generate(pool, request_id, prompt_token_ids, params, params.seed, placement, stopped,
-                      request.on_queue_time(metrics), push)
+                      request.on_queue_time(metrics), push, tenant)
     num_events = num_finished = 0
     try:
         async for event in events:

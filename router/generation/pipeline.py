@@ -62,11 +62,12 @@ class GenerationError(Exception):
 async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                    seed: int, placement: Placement = Placement(), stopped: set[int] | None = None,
                    on_queue_time: Callable[[float], None] = lambda seconds: None,
-                   push: TokenPush | None = None) -> AsyncIterator[TokenEvent]:
+                   push: TokenPush | None = None, tenant: str = "") -> AsyncIterator[TokenEvent]:
     """Prefill then decode; yields token events (event.index: the sample), each sample's last one with its
     finish_reason. stopped: samples the consumer has ended (a stop string): the nodes stop decoding them.
     on_queue_time: told how long the prompt waited in the prefill node's queue (each attempt's). push: takes what
-    events it can instead of this generator (they are not yielded).
+    events it can instead of this generator (they are not yielded). tenant: the request's client, whose prompts a
+    prefill node takes in turn with other clients' (PrefillRequest.tenant).
 
     Closing the iterator early (or cancelling its consumer) aborts the work on the nodes. Raises GenerationError.
     """
@@ -81,7 +82,7 @@ async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int],
         try:
             attempt_events = generate_once(pool, attempt_id, prompt_token_ids, params, placement,
                                            lambda index: index in stopped or index in progress.finished,
-                                           on_queue_time, push)
+                                           on_queue_time, push, tenant)
             async with contextlib.aclosing(attempt_events) as events:
                 progress.start_attempt()
                 async for event in events:
@@ -143,7 +144,7 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
                         placement: Placement,
                         is_done: Callable[[int], bool] = lambda index: False,
                         on_queue_time: Callable[[float], None] = lambda seconds: None,
-                        push: TokenPush | None = None) -> AsyncIterator[TokenEvent]:
+                        push: TokenPush | None = None, tenant: str = "") -> AsyncIterator[TokenEvent]:
     # NOTE: the choice is given the request (its prompt, its samples), so that a policy may route on the prompt
     routed = RoutedRequest(request_id, prompt_token_ids, params.n, placement, params.max_tokens)
     choose(pool.check_placeable, routed)  # NOTE: an n no node can hold is refused here, before any prefill
@@ -157,7 +158,7 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
                 yield event
         return
     prefill_node = choose(pool.choose_prefill, routed)
-    prefill = await run_prefill(prefill_node, PrefillRequest(request_id, prompt_token_ids, params),
+    prefill = await run_prefill(prefill_node, PrefillRequest(request_id, prompt_token_ids, params, tenant=tenant),
                                 params.n, pool.request_timeout_s)
     on_queue_time(prefill.queue_seconds)
     for first in prefill.first_tokens:

@@ -1,4 +1,5 @@
-"""The prefill server in-process: isolated FIFO prefill, KV leases (claim, expiry), refusal of bad peers."""
+"""The prefill server in-process: isolated prefill (tenants in turn, each one FIFO), KV leases (claim, expiry), refusal
+of bad peers."""
 
 import dataclasses
 import time
@@ -153,3 +154,47 @@ def test_packed_prefill_shares_forwards_and_keeps_every_prompts_bits(tiny_model_
     finally:
         socket.close()
         packed.close()
+
+
+def tenant_prefill(request_id: str, tenant: str) -> protocol.PrefillRequest:
+    """A one-chunk prompt (one forward each on the isolated node: results come back in admission order)."""
+    return msgspec.structs.replace(prefill(request_id, 12), tenant=tenant)
+
+
+def results_in_order(server, router, requests: list[protocol.PrefillRequest]) -> list[protocol.PrefillResult]:
+    """Every request waiting on the node before its first forward (as a burst finds it), then their PrefillResults
+    in the order they came back."""
+    for request in requests:
+        router.send(protocol.encode(request))
+    deadline = time.monotonic() + 10
+    while len(server.waiting) < len(requests):
+        server.receive(timeout_ms=10)
+        assert time.monotonic() < deadline, f"{len(server.waiting)} of {len(requests)} arrived"
+    return [reply for reply in exchange(server, router, protocol.Ping(1), len(requests) + 1)
+            if isinstance(reply, protocol.PrefillResult)]
+
+
+def ids(results: list[protocol.PrefillResult]) -> list[str]:
+    return [result.request_id for result in results]
+
+
+def test_a_second_tenants_prompt_is_not_queued_behind_a_first_tenants_burst(server, router):
+    """Issue 23: client a's four prompts arrive, then client b's one; b's starts right after the a prompt admitted
+    first, not after all four (first come, first served put it fifth). Its token 1 is the one it gets alone."""
+    [alone] = exchange(server, router, tenant_prefill("b-alone", "client-b"))
+    burst = [tenant_prefill(f"a{i}", "client-a") for i in range(1, 5)] + [tenant_prefill("b1", "client-b")]
+    results = results_in_order(server, router, burst)
+    assert ids(results) == ["a1", "b1", "a2", "a3", "a4"]
+    assert results[1].first_tokens == alone.first_tokens
+
+
+def test_tenants_bursts_interleave_and_one_tenant_stays_first_come_first_served(server, router):
+    """Control: the prompts of one tenant (a router without client keys sends every prompt as one) keep their
+    arrival order; two tenants' bursts take turns, the tenant admitted longest ago first."""
+    one = [tenant_prefill(f"d{i}", "default") for i in range(1, 5)]
+    assert ids(results_in_order(server, router, one)) == ["d1", "d2", "d3", "d4"]
+    two = [tenant_prefill(f"a{i}", "client-a") for i in range(1, 4)] + [tenant_prefill(f"b{i}", "client-b")
+                                                                         for i in range(1, 4)]
+    assert ids(results_in_order(server, router, two)) == ["a1", "b1", "a2", "b2", "a3", "b3"]
+    server.step()
+    assert not server.last_admitted  # NOTE: tenants with nothing left on the node are forgotten

@@ -14,6 +14,7 @@ from tests.router.fake_nodes import FakeBehaviour
 from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, http_request, wait_for
 from tests.router.test_errors import assert_error
 from wire.config import RouterConfig
+from wire.protocol import PrefillRequest
 
 pytestmark = pytest.mark.timeout(60)
 FIRST, SECOND, OPERATOR_KEY = "sk-first-client", "sk-second-client", "sk-operator"
@@ -137,6 +138,24 @@ def test_a_waiting_request_gets_its_slots_when_an_earlier_one_of_its_client_ends
         router.wait_until_healthy()
         router.call(lambda: scenario(router))
         wait_for(lambda: not router.state.clients.clients)  # NOTE: nothing held once every request has ended
+
+
+def test_each_clients_prompts_reach_the_prefill_node_as_its_tenant(tiny_model_dir, word_token_ids, keys_file):
+    """The prefill node takes tenants in turn (tests/prefill_node): it must be told each prompt's client, by the
+    name the limits use (a hash of the key: the key itself never leaves the router); without keys, one tenant."""
+    with limited_router(tiny_model_dir, word_token_ids, keys_file) as router:
+        router.wait_until_healthy()
+        for key, request_id in ((FIRST, "first"), (SECOND, "second")):
+            router.call(lambda: http_request("POST", router.base_url + "/v1/completions", SHORT,
+                                             headers={**bearer(key), "X-Request-Id": request_id}))
+        tenants = {m.request_id: m.tenant for m in router.prefill_nodes[0].received if isinstance(m, PrefillRequest)}
+        assert tenants == {"first-0": client_name(FIRST), "second-0": client_name(SECOND)}
+        assert FIRST not in str(router.prefill_nodes[0].received)
+    with limited_router(tiny_model_dir, word_token_ids, None) as router:
+        router.wait_until_healthy()
+        router.call(lambda: http_request("POST", router.base_url + "/v1/completions", SHORT))
+        assert {m.tenant for m in router.prefill_nodes[0].received if isinstance(m, PrefillRequest)} == {
+            DEFAULT_CLIENT}
 
 
 def test_client_keys_are_each_accepted_and_others_refused(tiny_model_dir, word_token_ids, keys_file):
