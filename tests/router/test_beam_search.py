@@ -70,7 +70,7 @@ class ScriptedModel:
         self.prompt, self.first = prompt, ((a, -0.1), (eos, -0.2), (b, -3.0), (c, -3.1))
         self.later = ((a, -1.0), (b, -1.1), (c, -5.0), (eos, -6.0))
 
-    async def __call__(self, pool, request_id, token_ids, params, placement) -> TokenLogprobs:
+    async def __call__(self, pool, request_id, token_ids, params, placement, tenant="") -> TokenLogprobs:
         top = self.first if token_ids == self.prompt else self.later
         return TokenLogprobs(top[0][0], top[0][1], top[:params.logprobs])
 
