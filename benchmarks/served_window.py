@@ -7,8 +7,9 @@ TPOT p99 and output tokens per second, over HTTP (benchmarks/http_bench.py's str
   gaps of a cut request is one or two inter-token gaps, not the per-request mean the planner predicts).
 - Throughput: output tokens streamed in the second half of the arrivals (from half the last arrival's time to it),
   per second: the first half is the ramp (a run starts with nothing decoding) and after the last arrival the load
-  falls. The planner predicts the steady state, rate * mean output; requests longer than the run still ramp up
-  inside the window, so long outputs (BurstGPT-like) read low here.
+  falls. Requests longer than the run still ramp up inside the window, so long outputs (BurstGPT-like) read below
+  the steady state (rate * mean output): benchmarks/planner_validation.py predicts the tokens of this window
+  (window_tok_per_s) rather than the steady state.
 """
 
 from __future__ import annotations

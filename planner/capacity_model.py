@@ -109,28 +109,96 @@ class DecodeLoad:
     mean_context: float = 0.0
     """Mean tokens attended by an instance's step."""
     gpu_share: float = 1.0
+    interference: PrefillInterference | None = None
 
     @property
     def limited_by(self) -> str:
         return "kv_capacity" if self.kv_utilization >= self.slot_utilization else "decode_slots"
 
 
-def decode_load(stats: WorkloadStats, model, decode, num_decode: int, gpu_share: float = 1.0) -> DecodeLoad:
-    """gpu_share: the fraction of its GPU's time the decode steps get: 1 on a decode node's own GPU, less where the
-    same GPU also prefills (a colocated node between its steps, or a prefill process time-slicing the GPU). A row
-    then waits step / share between two tokens, and holds its slot and KV that much longer."""
-    if not 0 < gpu_share <= 1:
-        raise ValueError(f"gpu_share must be in (0, 1], got {gpu_share}")
+@dataclass(frozen=True)
+class PrefillInterference:
+    """Prefill forwards that hold back the decode steps of the same GPU. A decoding row's TPOT is its steps plus the
+    decode time lost to the prefills that run during its decode, over its steps. Prefills come as a Poisson stream,
+    so a short request that catches one long prompt's prefill sees its TPOT jump: the p99 is set by that jump, which
+    a mean share of the GPU (the steps slowed by the average prefill load) hides."""
+
+    rate: float
+    """Prefills per second on this GPU."""
+    prefill_s: np.ndarray
+    """Isolated prefill seconds, one per workload sample (the prompts' distribution)."""
+    delay_per_prefill_s: float
+    """Decode seconds lost per isolated prefill second: 1 on a colocated node (its prefills run between its steps),
+    less for a prefill process time-slicing the GPU with the decode process (shared_gpu_delay)."""
+    max_delay_per_step_s: float = math.inf
+    """The most decode time lost between two steps (a colocated node's prefill token budget bounds it)."""
+
+    def __post_init__(self):
+        if not (self.rate >= 0 and self.delay_per_prefill_s >= 0 and self.max_delay_per_step_s > 0):
+            raise ValueError("a prefill interference needs rate >= 0, delay_per_prefill_s >= 0 and "
+                             f"max_delay_per_step_s > 0, got {self.rate}, {self.delay_per_prefill_s} and "
+                             f"{self.max_delay_per_step_s}")
+        if len(self.prefill_s) == 0 or not (np.asarray(self.prefill_s) > 0).all():
+            raise ValueError("a prefill interference needs prefill seconds > 0 for at least one sample")
+
+    @property
+    def lost_fraction(self) -> float:
+        """The fraction of the GPU's time the decode steps lose to prefills, on average."""
+        return self.rate * self.delay_per_prefill_s * float(np.mean(self.prefill_s))
+
+    def delays(self, windows: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Decode seconds lost by each request during its window (seconds it decodes for) over its steps: DELAY_DRAWS
+        seeded draws per request, [n, DELAY_DRAWS]. The prefills in a window are a Poisson count of workload
+        samples, summed exactly up to EXACT_PREFILLS of them and as a normal beyond (many prefills: the sum is
+        near normal)."""
+        rng = np.random.default_rng(DELAY_SEED)
+        shape = (len(windows), DELAY_DRAWS)
+        counts = rng.poisson(self.rate * np.asarray(windows, dtype=float)[:, None], size=shape)
+        picked = rng.choice(np.asarray(self.prefill_s, dtype=float), size=(*shape, EXACT_PREFILLS))
+        exact = np.where(np.arange(EXACT_PREFILLS) < counts[..., None], picked, 0.0).sum(axis=-1)
+        mean, variance = float(np.mean(self.prefill_s)), float(np.var(self.prefill_s))
+        approximate = np.maximum(counts * mean + np.sqrt(counts * variance) * rng.standard_normal(shape), 0.0)
+        work = np.where(counts <= EXACT_PREFILLS, exact, approximate)
+        return np.minimum(self.delay_per_prefill_s * work, np.asarray(steps, dtype=float)[:, None] *
+                          self.max_delay_per_step_s)
+
+
+DELAY_DRAWS = 16
+"""Draws of the prefill delay per request (the TPOT mixture is over requests and draws)."""
+EXACT_PREFILLS = 12
+DELAY_SEED = 0
+"""The draws are seeded: a prediction is a function of its inputs."""
+
+
+def shared_gpu_delay(decode_stretch: float, prefill_stretch: float) -> float:
+    """Decode seconds lost per isolated prefill second when a prefill process time-slices the GPU with the decode
+    process: the prefill runs prefill_stretch times as long, and while it runs the steps go decode_stretch times
+    slower (they lose 1 - 1 / decode_stretch of that time)."""
+    if not (decode_stretch >= 1 and prefill_stretch >= 1):
+        raise ValueError(f"the stretches must be >= 1, got {decode_stretch} and {prefill_stretch}")
+    return prefill_stretch * (1 - 1 / decode_stretch)
+
+
+def decode_load(stats: WorkloadStats, model, decode, num_decode: int,
+                interference: PrefillInterference | None = None) -> DecodeLoad:
+    """interference: the prefills that share the GPU with the decode steps (a colocated node between its steps, or
+    a prefill process time-slicing the GPU); None on a decode node's own GPU. The steps get gpu_share = 1 - the
+    fraction of the time they lose: a row waits step / share between two tokens on average, and holds its slot and
+    KV that much longer; the TPOT p99 counts the prefills each request's own window catches (tpot_exceed)."""
+    gpu_share = 1.0 - (interference.lost_fraction if interference else 0.0)
     step = model.decode
+    if gpu_share <= 0:  # NOTE: the prefills take the whole GPU: no step ever runs
+        return DecodeLoad(False, math.inf, math.inf, math.inf, math.inf, decode.max_num_seqs, WaitTail(1.0, math.inf),
+                          math.inf, math.inf, 0.0, interference)
     busy = stats.decodes
     fraction = float(busy.mean())
     steps, reserved = stats.decode_steps[busy], stats.reserved[busy]
     if not fraction:  # NOTE: every request ends with token 1 from prefill: decode only streams it
         return DecodeLoad(True, step.a, step.a / gpu_share, 0.0, 0.0, decode.max_num_seqs, WaitTail.none(),
-                          step.a / gpu_share, 0.0, gpu_share)
+                          step.a / gpu_share, 0.0, gpu_share, interference)
     instance_rate = stats.rate * fraction / num_decode
     context_per_request = float(stats.context_sum[busy].mean())
-    max_context = min(decode.kv_capacity_tokens, decode.max_num_seqs * decode.max_model_len)
+    max_context = max_decode_context(decode)
     # NOTE: s = a + b * mean context and mean context = rate * (s / share) * context per request; past a coupling
     # of 1 (or the KV's most context) the pool saturates at the full step.
     coupling = step.b * instance_rate * context_per_request / gpu_share
@@ -141,25 +209,31 @@ def decode_load(stats: WorkloadStats, model, decode, num_decode: int, gpu_share:
     wait = queue_wait(num_decode * slots, stats.rate * fraction, cycle_s * float(steps.mean()),
                       float(steps.var() / steps.mean() ** 2))
     stable = wait is not None and mean_context < max_context
-    tpot_p99 = min(bisect_quantile(tpot_exceed(stats, model, instance_rate, cycle_s, mean_context, num_decode,
-                                               gpu_share), 0.0, max(cycle_s, 1e-9)),
-                   float(step.seconds(max_context)) / gpu_share)
+    tpot_p99 = bisect_quantile(tpot_exceed(stats, model, instance_rate, cycle_s, mean_context, num_decode,
+                                           interference, max_context), 0.0, max(cycle_s, 1e-9))
     return DecodeLoad(stable, step_s, tpot_p99 if stable else math.inf,
                       instance_rate * cycle_s * float(steps.mean()) / decode.max_num_seqs,
                       instance_rate * cycle_s * float((steps * reserved).mean()) / decode.kv_capacity_tokens,
-                      slots, wait if stable else WaitTail(1.0, math.inf), cycle_s, mean_context, gpu_share)
+                      slots, wait if stable else WaitTail(1.0, math.inf), cycle_s, mean_context, gpu_share,
+                      interference)
+
+
+def max_decode_context(decode) -> int:
+    """The most tokens an instance's step can attend: its KV, or every slot at max_model_len."""
+    return min(decode.kv_capacity_tokens, decode.max_num_seqs * decode.max_model_len)
 
 
 def tpot_exceed(stats: WorkloadStats, model, instance_rate: float, cycle_s: float, mean_context: float,
-                num_decode: int, gpu_share: float = 1.0):
+                num_decode: int, interference: PrefillInterference | None = None, max_context: float = math.inf):
     """P(a request's TPOT > t), as a function of t. A request's TPOT is the step time averaged over its own
-    H = steps * cycle seconds, over the GPU share: (a + b * (its own mean context + the others' context averaged
-    over H)) / share. The others are shot noise (M/G/inf, arrivals seen as the time average): mean `mean_context`,
+    H = steps * cycle seconds, a + b * (its own mean context + the others' context averaged over H) (at most the
+    step at max_context), plus the decode time the prefills during H take from it (interference), over its steps.
+    The others are shot noise (M/G/inf, arrivals seen as the time average): mean `mean_context`,
     and over a window T the variance rate / T^2 * E[c^2 * f(H, T)], with c a request's mean context and
     f(H, T) = int over its arrival time of (its overlap with the window)^2 = H^2 T - H^3 / 3 (H <= T) or
     T^2 H - T^3 / 3. The router sends each request to the instance with the fewest unfinished ones, which evens out
     the counts: the part of the variance that comes from the count (E[c]^2 of E[c^2]) shrinks D-fold. Normal within
-    a request; the mixture is over the workload's requests."""
+    a request and a draw of its prefill delay; the mixture is over the workload's requests and the draws."""
     busy = stats.decodes
     steps = stats.decode_steps[busy]
     own_context = stats.context_sum[busy] / steps  # [n]
@@ -171,8 +245,10 @@ def tpot_exceed(stats: WorkloadStats, model, instance_rate: float, cycle_s: floa
     mean_c, mean_c2 = (float(np.average(own_context**k, weights=steps)) for k in (1, 2))
     balanced = (mean_c2 - mean_c**2 + mean_c**2 / num_decode) / mean_c2
     variance = balanced * instance_rate / window**2 * (context**2 * overlap_sq).mean(axis=1)  # [n]
-    mean = model.decode.seconds(mean_context + own_context) / gpu_share
-    spread = model.decode.b * np.sqrt(variance) / gpu_share
+    mean = model.decode.seconds(np.minimum(mean_context + own_context, max_context))[:, None]  # [n, 1]
+    if interference is not None:
+        mean = mean + interference.delays(window, steps) / steps[:, None]  # [n, draws]
+    spread = np.broadcast_to((model.decode.b * np.sqrt(variance))[:, None], mean.shape)
 
     def exceed(t: float) -> float:
         z = (t - mean) / np.maximum(spread, 1e-300)
@@ -182,7 +258,16 @@ def tpot_exceed(stats: WorkloadStats, model, instance_rate: float, cycle_s: floa
 
 
 def normal_survival(z: np.ndarray) -> np.ndarray:
-    return 0.5 * np.frompyfunc(math.erfc, 1, 1)(z / math.sqrt(2)).astype(float)
+    """P(N(0, 1) > z), vectorized: erfc by Numerical Recipes' Chebyshev fit (relative error < 1.2e-7), as the
+    TPOT mixture evaluates it over every request and draw at each step of a bisection."""
+    x = np.abs(np.asarray(z, dtype=float)) / math.sqrt(2)
+    t = 1 / (1 + 0.5 * x)
+    polynomial = 0.17087277
+    for coefficient in (-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196,
+                        1.00002368, -1.26551223):
+        polynomial = coefficient + t * polynomial
+    upper = 0.5 * t * np.exp(-x * x + polynomial)
+    return np.where(np.asarray(z) >= 0, upper, 1 - upper)
 
 
 def bisect_quantile(exceed, low: float, high: float) -> float:

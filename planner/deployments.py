@@ -7,7 +7,9 @@ added to the TTFT of every request that decodes. The other two are modelled here
   the prefill token budget B since the last decode step, then runs one N-row decode step. So:
   - its GPU spends rho = lambda * E[prefill] of its time prefilling (lambda = rate / K: the router sends to the
     least loaded node), and the decode steps get the rest: a decoding row waits step / (1 - rho) between tokens
-    (capacity_model.decode_load with gpu_share 1 - rho);
+    on average; its TPOT is its steps plus the prefills that land among them, over its steps (a Poisson count of
+    prefills in its window, at most one pack of max(B, chunk) tokens between two steps): a short request that
+    catches one long prefill sets the p99 (capacity_model.PrefillInterference);
   - a prompt of L tokens waits for L / B decode steps while it is prefilled, if any request is decoding (B = 0: it
     waits for none, Algorithm 1): its prefill service is prefill(L) + P(decoding) * L / B * step, an M/G/K queue
     over the K nodes (prefill wait), after its admission (a slot and KV for the whole sequence, as a decode
@@ -16,11 +18,14 @@ added to the TTFT of every request that decodes. The other two are modelled here
   The budget also bounds the prefill done between two steps, but the prefill queue is unstable first (with
   lambda * E[prefill service] < 1 the mean prefill between two steps stays under the budget's).
 - P/D sharing GPUs (K GPUs, each with a prefill and a decode process; the H200's 1P1D on one GPU): the GPU
-  time-slices between the two CUDA contexts (profile.shared_gpu, measured with both processes busy): a decode step
-  stretches by 1 + (decode_stretch - 1) * the prefill process's busy fraction (from the unstretched prefills), a
-  prefill by 1 + (prefill_stretch - 1) * P(a request decoding), and the hand-off is the one measured under load
-  there. NOTE: its decode node is given the whole node's KV capacity, as a decode node on a GPU of its own; on one
-  GPU the two processes split the memory (the H200 runs: 16 GB prefill, 60 GB decode), which is not modelled.
+  time-slices between the two CUDA contexts (profile.shared_gpu, measured with both processes busy): a prefill runs
+  prefill_stretch times as long while requests decode, and the decode steps run decode_stretch times slower while
+  it runs, so each isolated prefill second costs the decode prefill_stretch * (1 - 1 / decode_stretch) seconds
+  (capacity_model.shared_gpu_delay): the colocated node's TPOT model with that delay per prefill second instead of
+  1. A prefill stretches by 1 + (prefill_stretch - 1) * P(a request decoding), and the hand-off is the one measured
+  under load there. NOTE: its decode node is given the whole node's KV capacity, as a decode node on a GPU of its
+  own; on one GPU the two processes split the memory (the H200 runs: 16 GB prefill, 60 GB decode),
+  which is not modelled.
 Goodput: requests per second that meet both targets, rate * (1 - P(TTFT > target)) * (1 - P(TPOT > target)) (the two
 taken as independent); 0 when a queue is unstable.
 """
@@ -33,11 +38,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from planner.capacity_model import (
+    PrefillInterference,
     WorkloadStats,
     bisect_quantile,
     decode_load,
+    max_decode_context,
     prefill_wait,
     queue_wait,
+    shared_gpu_delay,
     tpot_exceed,
     ttft_exceed,
 )
@@ -134,6 +142,8 @@ class Outlook:
     """Output tokens per second (every request finishes when the queues are stable)."""
     max_utilization: float
     """The busiest pool: prefill servers, decode slots or KV (colocated: its prefill queue, slots or KV)."""
+    token_interval_s: float = math.inf
+    """Mean time between two tokens of a decoding row (the step over the share of the GPU it gets)."""
 
     def meets(self, slo: SLO, max_utilization: float) -> bool:
         return self.ttft_p99_s <= slo.ttft_p99_s and self.tpot_p99_s <= slo.tpot_p99_s and \
@@ -156,12 +166,13 @@ def predict(cluster: ClusterModel, deployment: Deployment, stats: WorkloadStats,
 
 def predict_disaggregated(cluster: ClusterModel, deployment: Deployment, stats: WorkloadStats, slo: SLO) -> Outlook:
     num_prefill, num_decode = deployment.num_prefill, deployment.num_decode
-    prefill_s, decode_share, handoff = stats.prefill_s, 1.0, cluster.kv_handoff
+    prefill_s, handoff, interference = stats.prefill_s, cluster.kv_handoff, None
     shared = cluster.shared_gpu if deployment.kind == "shared_gpu" else None
     if shared is not None:
-        prefill_busy = min(1.0, stats.rate * float(stats.prefill_s.mean()) / num_prefill)
-        decode_share, handoff = 1 / (1 + (shared.decode_stretch - 1) * prefill_busy), shared.kv_handoff
-    load = decode_load(stats, cluster.performance, cluster.node, num_decode, decode_share)
+        interference = PrefillInterference(stats.rate / num_prefill, stats.prefill_s,
+                                           shared_gpu_delay(shared.decode_stretch, shared.prefill_stretch))
+        handoff = shared.kv_handoff
+    load = decode_load(stats, cluster.performance, cluster.node, num_decode, interference)
     if shared is not None:
         prefill_s = prefill_s * (1 + (shared.prefill_stretch - 1) * decoding_probability(load, cluster.node))
     stretched = dataclasses.replace(stats, prefill_s=prefill_s)
@@ -177,7 +188,8 @@ def predict_colocated(cluster: ClusterModel, deployment: Deployment, stats: Work
     prefill_fraction = stats.rate * float(stats.prefill_s.mean()) / num_nodes
     if prefill_fraction >= 1:
         return unstable(deployment, stats)
-    load = decode_load(stats, cluster.performance, cluster.node, num_nodes, 1 - prefill_fraction)
+    load = decode_load(stats, cluster.performance, cluster.node, num_nodes, colocated_interference(cluster, stats,
+                                                                                                   num_nodes))
     steps_per_token = 1 / cluster.prefill_token_budget if cluster.prefill_token_budget else 0.0
     service = stats.prefill_s + decoding_probability(load, cluster.node) * steps_per_token * stats.input_lens * \
         load.mean_step_s  # [n]
@@ -187,6 +199,16 @@ def predict_colocated(cluster: ClusterModel, deployment: Deployment, stats: Work
     prefill_busy = stats.rate * mean_service / num_nodes
     return outlook(deployment, stats, slo, cluster, load, num_nodes, exceed,
                    max(prefill_busy, load.slot_utilization, load.kv_utilization))
+
+
+def colocated_interference(cluster: ClusterModel, stats: WorkloadStats, num_nodes: int) -> PrefillInterference:
+    """A colocated node's prefills stall its decode steps for their whole time. Between two steps it prefills at
+    most one pack of max(budget, chunk) tokens (the scheduler's pack_rows_left), which bounds a row's loss per
+    step; with no budget (0) a row waits for every queued prefill."""
+    budget = cluster.prefill_token_budget
+    most_per_step = float(cluster.performance.prefill.seconds(max(budget, cluster.performance.prefill.chunk_size))) \
+        if budget else math.inf
+    return PrefillInterference(stats.rate / num_nodes, stats.prefill_s, 1.0, most_per_step)
 
 
 def decoding_probability(load, node: DecodeConfig) -> float:
@@ -204,11 +226,11 @@ def outlook(deployment: Deployment, stats: WorkloadStats, slo: SLO, cluster: Clu
     if decodes.any():
         instance_rate = stats.rate * float(decodes.mean()) / num_decode
         tpot_at = tpot_exceed(stats, cluster.performance, instance_rate, load.cycle_s, load.mean_context, num_decode,
-                              load.gpu_share)
+                              load.interference, max_decode_context(cluster.node))
         tpot_miss = float(decodes.mean()) * tpot_at(slo.tpot_p99_s)
     good = (1 - ttft_exceed_at(slo.ttft_p99_s)) * (1 - tpot_miss)
     return Outlook(deployment, stats.rate, ttft_p99, load.tpot_p99_s, stats.rate * good,
-                   stats.rate * float(stats.output_lens.mean()), max_utilization)
+                   stats.rate * float(stats.output_lens.mean()), max_utilization, load.cycle_s)
 
 
 def unstable(deployment: Deployment, stats: WorkloadStats) -> Outlook:

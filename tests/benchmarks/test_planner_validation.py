@@ -7,7 +7,11 @@ import json
 
 import pytest
 
-from benchmarks.planner_validation import main
+from benchmarks.planner_validation import RESULTS, main, repredict, window_tok_per_s
+from planner.deployments import ClusterModel
+from planner.perf_profile import PerformanceModel, PerformanceProfile
+from planner.plan import DecodeConfig
+from planner.workloads import Arrivals, Workload
 
 FIGURES = {"ttft_p99_s", "tpot_p99_s", "tok_per_s"}
 
@@ -33,3 +37,29 @@ def test_smoke_run_writes_the_validation_rows(tmp_path):
         verdict = report["recommendation_one_gpu"][workload]
         assert verdict["recommended"] == "colocated"  # NOTE: on CPU 1P1D is planned with a device per node
         assert verdict["measured_best"]["deployment"] in ("colocated", "1p1d")
+
+
+def test_the_committed_h200_rows_are_predicted_again_from_their_own_profile():
+    report = repredict(RESULTS / "h200_planner_validation.json")
+    committed = json.loads((RESULTS / "h200_planner_validation.json").read_text())
+    assert len(report["rows"]) == len(committed["rows"])  # NOTE: repredicted_row rebuilds each run's requests
+    for row in report["rows"]:
+        now = row["predicted_now"]
+        assert now["at_rate_req_per_s"] == pytest.approx(row["realized_rate_req_per_s"], rel=0.01)
+        assert FIGURES <= set(now) and set(row["now"]) == FIGURES | {"all_within"}
+
+
+def test_the_window_s_tokens_approach_the_steady_state_as_the_run_outlasts_the_outputs():
+    report = json.loads((RESULTS / "h200_planner_validation.json").read_text())
+    profile = PerformanceProfile.from_dict(report["profile"])
+    node = DecodeConfig(profile.max_num_seqs, profile.kv_capacity_tokens, profile.max_model_len, profile.block_size)
+    cluster = ClusterModel.of(PerformanceModel.fit(profile), profile, node)
+    workload = Workload("fixed", ((100, 50),) * 4000)
+    rate, interval = 20.0, 0.01
+    times = Arrivals(rate, 1.0, 0).times(len(workload.lengths))
+    steady = (len(times) - 1) / times[-1] * 50
+    assert window_tok_per_s(cluster, workload, times, interval) == pytest.approx(steady, rel=0.05)
+    # a short run whose requests outlast half of it: its window still ramps up
+    short = Workload("fixed", ((100, 2000),) * 100)
+    short_times = Arrivals(rate, 1.0, 0).times(100)
+    assert window_tok_per_s(cluster, short, short_times, interval) < 0.8 * rate * 2000

@@ -2,12 +2,14 @@
 summary, the plot, and the SLO flags' unit: milliseconds everywhere, old spellings and implausible values refused."""
 
 import json
+import math
 
+import numpy as np
 import pytest
 
 from benchmarks.harness import parse_goodput
 from cli.main import main
-from planner.capacity_model import WorkloadStats
+from planner.capacity_model import PrefillInterference, WorkloadStats, normal_survival, shared_gpu_delay
 from planner.deployments import ClusterModel, Deployment, candidates, predict
 from planner.perf_profile import KVHandoff, PerformanceProfile, SharedGPU
 from planner.plan import SLO, named_workload, plan, split_too_long
@@ -168,3 +170,55 @@ def test_the_h200_profile_says_where_its_handoff_numbers_come_from():
     assert "h200_kv_transfer.json" in profile.kv_handoff.source
     assert "h200_front_door.json" in profile.shared_gpu.kv_handoff.source
     assert 1.2 < profile.shared_gpu.decode_stretch < 1.3 and 1.8 < profile.shared_gpu.prefill_stretch < 2.0
+
+
+# --- a decoding row's TPOT under the prefills of its GPU ----------------------------------------------------------
+
+def test_a_colocated_row_s_tpot_p99_counts_the_prefills_its_own_decode_catches():
+    slo, colocated = SLO.from_ms(5000, 50), Deployment.colocated(1)
+    outlooks = [predict(cluster_model(), colocated, stats_at(rate, "burstgpt"), slo) for rate in (2.0, 8.0, 16.0)]
+    # the mean interval hides the jumps: a short request that catches a long prompt's prefill sets the p99
+    assert all(o.tpot_p99_s > 1.15 * o.token_interval_s for o in outlooks[1:])
+    assert outlooks[0].tpot_p99_s < outlooks[1].tpot_p99_s < outlooks[2].tpot_p99_s
+
+
+def test_1p1d_on_one_gpu_stretches_the_decode_by_the_profile_s_factor_while_the_prefill_runs():
+    stats, slo, shared = stats_at(15.0), SLO.from_ms(5000, 50), Deployment.shared_gpu(1)
+    prefill_busy = stats.rate * float(stats.prefill_s.mean())
+    for decode_stretch, prefill_stretch in ((1.25, 1.9), (2.0, 2.0)):
+        profile = SharedGPU(decode_stretch, prefill_stretch, KVHandoff(0.021, 0.0, "test"), "test")
+        outlook = predict(cluster_model(shared=profile), shared, stats, slo)
+        lost = prefill_busy * shared_gpu_delay(decode_stretch, prefill_stretch)
+        unshared = predict(cluster_model(shared=profile), Deployment.disaggregated(1, 1), stats, slo)
+        assert outlook.token_interval_s == pytest.approx(unshared.token_interval_s / (1 - lost), rel=0.02)
+    assert shared_gpu_delay(2.0, 2.0) == 1.0 and shared_gpu_delay(1.0, 1.9) == 0.0
+    stretched = [predict(cluster_model(shared=SharedGPU(s, 1.9, KVHandoff(), "test")), shared, stats, slo).tpot_p99_s
+                 for s in (1.1, 1.5, 2.0)]
+    assert stretched == sorted(stretched) and stretched[-1] > 1.2 * stretched[0]
+
+
+def test_prefill_interference_refuses_what_cannot_be_one():
+    with pytest.raises(ValueError, match="rate >= 0"):
+        PrefillInterference(-1.0, np.array([0.01]), 1.0)
+    with pytest.raises(ValueError, match="max_delay_per_step_s > 0"):
+        PrefillInterference(1.0, np.array([0.01]), 1.0, 0.0)
+    with pytest.raises(ValueError, match="prefill seconds > 0"):
+        PrefillInterference(1.0, np.array([]), 1.0)
+    with pytest.raises(ValueError, match="stretches must be >= 1"):
+        shared_gpu_delay(0.9, 1.5)
+
+
+def test_the_prefill_delays_are_seeded_and_average_to_the_lost_fraction():
+    interference = PrefillInterference(20.0, np.array([0.01, 0.02, 0.09]), 1.0)
+    windows, steps = np.full(500, 2.0), np.full(500, 100.0)
+    delays = interference.delays(windows, steps)
+    assert np.array_equal(delays, interference.delays(windows, steps))
+    assert delays.mean() == pytest.approx(interference.lost_fraction * 2.0, rel=0.05)
+    capped = PrefillInterference(20.0, np.array([0.01, 0.02, 0.09]), 1.0, max_delay_per_step_s=0.001)
+    assert (capped.delays(windows, steps) <= 0.1 + 1e-12).all()
+
+
+def test_normal_survival_matches_erfc():
+    z = np.linspace(-6, 6, 241)
+    expected = np.array([0.5 * math.erfc(x / math.sqrt(2)) for x in z])
+    assert np.allclose(normal_survival(z), expected, rtol=1e-6, atol=1e-12)
