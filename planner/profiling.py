@@ -52,7 +52,7 @@ def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_ro
         prefill_points.append(measure.prefill(length, repeats))
         report(f"prefill {i}/{len(prefill_lengths)}: {length} tokens, {prefill_points[-1].seconds * 1e3:.1f} ms")
     shapes = [(rows, context) for context in decode_contexts for rows in decode_rows
-              if measure.fits(rows, context + num_decode_steps + 3)]
+              if measure.fits(rows, context + measure.decode_max_tokens(rows, context, num_decode_steps))]
     decode_points = []
     for i, (rows, context) in enumerate(shapes, 1):
         decode_points.append(measure.decode_step(rows, context, num_decode_steps))
@@ -119,10 +119,21 @@ class EngineMeasurer:
             samples.append(time.perf_counter() - start)
         return PrefillPoint(prompt_len, statistics.median(samples))
 
+    def decode_max_tokens(self, num_rows: int, prompt_len: int, num_steps: int) -> int:
+        """max_tokens that keeps every row alive until its timed steps end: token 1, a warm-up step, num_steps timed
+        steps, and the decode steps the engine runs while the rows are still being prefilled (with a prefill token
+        budget it decodes the rows prefilled first between packs: one step per budget's worth of prompt tokens),
+        capped by the context left."""
+        budget = self.engine.config.scheduler.decode_wait_tokens
+        fill_steps = -(-num_rows * prompt_len // budget) if budget else 0
+        longest = self.engine.config.scheduler.max_model_len - prompt_len
+        return min(longest, num_steps + 3 + fill_steps)
+
     def decode_step(self, num_rows: int, prompt_len: int, num_steps: int) -> DecodePoint:
-        """Median time of the N-row decode step with num_rows active rows of about prompt_len context."""
-        # NOTE: token 1 from prefill, a warm-up step, num_steps timed steps: none finishes inside a timed step
-        requests = [self.add(prompt_len, max_tokens=num_steps + 3) for _ in range(num_rows)]
+        """Median time of the N-row decode step with num_rows active rows of about prompt_len context (sum_context:
+        what they held when timed, the tokens decoded while the later rows were prefilled included)."""
+        max_tokens = self.decode_max_tokens(num_rows, prompt_len, num_steps)
+        requests = [self.add(prompt_len, max_tokens) for _ in range(num_rows)]
         while any(r.is_prefilling or not r.output_token_ids for r in requests):
             self.engine.step()
         self.engine.step()  # NOTE: warm-up step (first use of this context window)
@@ -130,8 +141,11 @@ class EngineMeasurer:
         for _ in range(num_steps):
             contexts.append(sum(r.num_tokens for r in requests))
             start = time.perf_counter()
-            self.engine.step()
+            sampled = self.engine.step()
             samples.append(time.perf_counter() - start)
+            if len(sampled) != num_rows:  # NOTE: a row that ended early would time a smaller step under this name
+                raise RuntimeError(f"a decode step meant for {num_rows} rows of {prompt_len} tokens sampled "
+                                   f"{len(sampled)} (max_tokens {max_tokens})")
         for request in requests:
             self.engine.abort_request(request)
         return DecodePoint(num_rows, round(statistics.mean(contexts)), statistics.median(samples))
