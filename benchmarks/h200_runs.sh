@@ -35,6 +35,13 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue23_fairness_gpu)  # issue 23: the fairness run with the nodes on the H200 (8B shape, bf16, 1P1D on GPU 0, N = 64):
+    # the first client holds 192 never-read streams of 900 tokens against its 32 decode slots and 64 queued requests
+    python3 -c "from corun.models.presets import make_random_model_dir; make_random_model_dir('qwen3-8b', '/tmp/q8b')"
+    timeout 420 python3 -m benchmarks.router_request_cost --model /tmp/q8b --fairness --client-keys sk-a sk-b \
+      --max-num-seqs 64 --serve-args "--device cuda --dtype bfloat16 --served-model-name corun-tiny --prefill-gpus 0
+      --decode-gpus 0 --prefill-kv-cache-mib 16000 --decode-kv-cache-mib 30000 --max-model-len 6144
+      --max-client-decode-slots 32 --max-client-queued-requests 64" > "$out/h200_fairness_gpu.json" 2> "$out/fairness.log" ;;
   issue20_gap)  # issue 20, fifth round: why corun's full decode step (13.99 ms median) ran slower than standard's
     # (13.24) at t = 0 in h200_defaults.json, though both replay the same decode graph: each step profiled whole
     # (GPU busy against wall), standard first this time, and the two rows that missed with the mode order swapped
