@@ -19,8 +19,8 @@ added to the TTFT of every request that decodes. The other two are modelled here
   lambda * E[prefill service] < 1 the mean prefill between two steps stays under the budget's).
 - P/D sharing GPUs (K GPUs, each with a prefill and a decode process; the H200's 1P1D on one GPU): the GPU
   time-slices between the two CUDA contexts (profile.shared_gpu, measured with both processes busy): a prefill runs
-  prefill_stretch times as long while requests decode, and the decode steps run decode_stretch times slower while
-  it runs, so each isolated prefill second costs the decode prefill_stretch * (1 - 1 / decode_stretch) seconds
+  prefill_stretch times as long while requests decode, and in equal time slices the decode steps run as many times
+  slower while it runs, so each isolated prefill second costs the decode prefill_stretch - 1 seconds
   (capacity_model.shared_gpu_delay): the colocated node's TPOT model with that delay per prefill second instead of
   1. A prefill stretches by 1 + (prefill_stretch - 1) * P(a request decoding), and the hand-off is the one measured
   under load there. NOTE: its decode node is given the whole node's KV capacity, as a decode node on a GPU of its
@@ -170,7 +170,7 @@ def predict_disaggregated(cluster: ClusterModel, deployment: Deployment, stats: 
     shared = cluster.shared_gpu if deployment.kind == "shared_gpu" else None
     if shared is not None:
         interference = PrefillInterference(stats.rate / num_prefill, stats.prefill_s,
-                                           shared_gpu_delay(shared.decode_stretch, shared.prefill_stretch))
+                                           shared_gpu_delay(shared.prefill_stretch))
         handoff = shared.kv_handoff
     load = decode_load(stats, cluster.performance, cluster.node, num_decode, interference)
     if shared is not None:

@@ -182,19 +182,24 @@ def test_a_colocated_row_s_tpot_p99_counts_the_prefills_its_own_decode_catches()
     assert outlooks[0].tpot_p99_s < outlooks[1].tpot_p99_s < outlooks[2].tpot_p99_s
 
 
-def test_1p1d_on_one_gpu_stretches_the_decode_by_the_profile_s_factor_while_the_prefill_runs():
+def test_1p1d_on_one_gpu_stretches_the_decode_by_the_prefill_s_stretch_while_the_prefill_runs():
+    """Two contexts time-slice in equal slices: while a prefill runs (prefill_stretch times as long), the decode
+    steps go as many times slower; the whole-run decode_stretch plays no part."""
     stats, slo, shared = stats_at(15.0), SLO.from_ms(5000, 50), Deployment.shared_gpu(1)
     prefill_busy = stats.rate * float(stats.prefill_s.mean())
     for decode_stretch, prefill_stretch in ((1.25, 1.9), (2.0, 2.0)):
         profile = SharedGPU(decode_stretch, prefill_stretch, KVHandoff(0.021, 0.0, "test"), "test")
         outlook = predict(cluster_model(shared=profile), shared, stats, slo)
-        lost = prefill_busy * shared_gpu_delay(decode_stretch, prefill_stretch)
+        lost = prefill_busy * shared_gpu_delay(prefill_stretch)
         unshared = predict(cluster_model(shared=profile), Deployment.disaggregated(1, 1), stats, slo)
         assert outlook.token_interval_s == pytest.approx(unshared.token_interval_s / (1 - lost), rel=0.02)
-    assert shared_gpu_delay(2.0, 2.0) == 1.0 and shared_gpu_delay(1.0, 1.9) == 0.0
-    stretched = [predict(cluster_model(shared=SharedGPU(s, 1.9, KVHandoff(), "test")), shared, stats, slo).tpot_p99_s
-                 for s in (1.1, 1.5, 2.0)]
+    assert shared_gpu_delay(2.0) == 1.0 and shared_gpu_delay(1.0) == 0.0
+    stretched = [predict(cluster_model(shared=SharedGPU(1.25, s, KVHandoff(), "test")), shared, stats, slo).tpot_p99_s
+                 for s in (1.1, 1.5, 1.9)]
     assert stretched == sorted(stretched) and stretched[-1] > 1.2 * stretched[0]
+    by_decode_stretch = {predict(cluster_model(shared=SharedGPU(s, 1.9, KVHandoff(), "test")), shared, stats,
+                                 slo).tpot_p99_s for s in (1.1, 2.0)}
+    assert len(by_decode_stretch) == 1
 
 
 def test_prefill_interference_refuses_what_cannot_be_one():
@@ -204,8 +209,8 @@ def test_prefill_interference_refuses_what_cannot_be_one():
         PrefillInterference(1.0, np.array([0.01]), 1.0, 0.0)
     with pytest.raises(ValueError, match="prefill seconds > 0"):
         PrefillInterference(1.0, np.array([]), 1.0)
-    with pytest.raises(ValueError, match="stretches must be >= 1"):
-        shared_gpu_delay(0.9, 1.5)
+    with pytest.raises(ValueError, match="prefill stretch must be >= 1"):
+        shared_gpu_delay(0.9)
 
 
 def test_the_prefill_delays_are_seeded_and_average_to_the_lost_fraction():
