@@ -3,7 +3,7 @@
 Lifecycle of a request (queues; the KV moves by the transport's receiver, self.transport: transfer/transport.py):
   waiting (FIFO DecodeRequests) --a slot and KV blocks for prompt + max_tokens free--> claiming
   claiming (handshake with the prefill node first, if new: the receiver adds the peer from its payload and times a
-      probe READ; ClaimKV) --ClaimReply ok--> transferring
+      probe READ; ClaimKV, naming this process) --ClaimReply ok--> transferring
   transferring (READ of its blocks into ours, polled each turn) --DONE; the transport notifies the prefill node,
       which frees its copy; token 1 (sampled by prefill) streamed--> running
   running (the N-row decode step; one StepTokens per router per step, a TokenEvent per request in it)
@@ -165,9 +165,13 @@ class DecodeServer(NodeServer):
             peer = self.peers[job.kv.node_id] = PrefillPeer(job.kv.address)
             self.sockets.send_peer(peer.address, protocol.HandshakeRequest(self.config.node_id, self.compat))
         if peer.ready:
-            self.sockets.send_peer(peer.address, protocol.ClaimKV(job.request_id))
+            self.sockets.send_peer(peer.address, self.claim_message(job))
         else:
             peer.jobs_waiting.append(job)
+
+    def claim_message(self, job: DecodeJob) -> protocol.ClaimKV:
+        """The claim names this process: the prefill node ends its leases at once if it is known to be gone."""
+        return protocol.ClaimKV(job.request_id, self.config.node_id, self.instance_id)
 
     def on_handshake_reply(self, address: str, reply: protocol.HandshakeReply) -> None:
         peer = self.peers.get(reply.node_id)
@@ -185,7 +189,7 @@ class DecodeServer(NodeServer):
                 self.claiming.pop(job.request_id, None)
                 self.fail(job, f"prefill node {reply.node_id} restarted: the KV of {job.request_id} is gone")
             else:
-                self.sockets.send_peer(address, protocol.ClaimKV(job.request_id))
+                self.sockets.send_peer(address, self.claim_message(job))
         peer.jobs_waiting.clear()
 
     def on_claim_reply(self, address: str, reply: protocol.ClaimReply) -> None:
@@ -392,7 +396,8 @@ class DecodeServer(NodeServer):
     def role_stats(self) -> dict:
         graph = self.runner.decode_graph
         return {"num_running": len(self.running), "num_waiting": len(self.waiting),
-                "num_transferring": len(self.transferring), "num_decode_steps": self.num_decode_steps,
+                "num_claiming": len(self.claiming), "num_transferring": len(self.transferring),
+                "num_decode_steps": self.num_decode_steps,
                 "num_decoded_rows": self.num_decoded_rows, "num_finished": self.num_finished,
                 "num_graph_replays": 0 if graph is None else graph.num_replays,
                 "num_blocks_quarantined": self.num_blocks_quarantined,

@@ -16,10 +16,13 @@ Lifecycle of a request (queues; the leases are the KV transport's sender, self.t
   claimed --the transport's done notification (protocol.KVReadDone) from the reading decode node-->
       freed (kv_released += 1)
   claimed --ReleaseKV from the claimer (its READ failed, timed out or was aborted)--> freed (num_released_unread += 1)
+  claimed --InstanceGone from a router naming the claimer's process (ClaimKV's node id and instance id: the decode
+      node was replaced on its address, so that process left its loop or died and reads nothing more)-->
+      freed (num_released_unread += 1); leases claimed by any other process are left alone
   leased or claimed --deadline passes--> freed (lease_expiries += 1); a later claim is refused, the router re-prefills
   Abort from the router (the client left, or the decode ended before its decode node read the KV: a refusal, a
       failure, a lost node): waiting -> dropped; prefilling -> freed when its last chunk ran; leased -> freed;
-      claimed -> left to the claimer (it may be reading the blocks right now) and to the deadline.
+      claimed -> left to the claimer (it may be reading the blocks right now), to InstanceGone and to the deadline.
   A request every sample of which token 1 finished (stop token or max_tokens == 1) is freed at once, kv=None.
 A decode node's handshake gets this node's compat facts and the transport's own fields (its handshake payload).
 """
@@ -36,6 +39,7 @@ from corun.request import Request
 from corun.scheduler import PrefillChunk, RequestRejected, check_fits_cache, check_request, pack_prefill_chunks
 from node_core.server import NodeServer
 from transfer.compat import IncompatiblePeer, check_compatible
+from transfer.leases import Claimer
 from transfer.transport import KVSender
 from wire import protocol
 from wire.config import NodeConfig
@@ -190,12 +194,20 @@ class PrefillServer(NodeServer):
             self.transport.handshake_payload(), self.instance_id, self.config.kv_lease_seconds))
 
     def on_claim(self, identity: bytes, message: protocol.ClaimKV) -> None:
-        claim = self.transport.claim(message.request_id)
+        claim = self.transport.claim(message.request_id, Claimer(message.node_id, message.instance_id))
         self.sockets.reply(identity, protocol.ClaimReply(message.request_id, claim.ok, claim.block_ids, claim.reason))
 
     def on_release(self, identity: bytes, message: protocol.ReleaseKV) -> None:
         lease = self.transport.release(message.request_id, message.reason)
         if lease is not None:
+            self.free(lease.holder)
+
+    def on_instance_gone(self, identity: bytes, message: protocol.InstanceGone) -> None:
+        """A decode process is gone (a router saw another instance answer on its address): none of the leases it
+        claimed will be read, and their blocks come back now rather than at their deadline."""
+        claimer = Claimer(message.node_id, message.instance_id)
+        reason = f"its claimer {message.node_id} (instance {message.instance_id[:8]}) is gone"
+        for lease in self.transport.release_claims_of(claimer, reason):
             self.free(lease.holder)
 
     def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
@@ -211,7 +223,8 @@ class PrefillServer(NodeServer):
 
     handlers = {protocol.PrefillRequest: on_prefill, protocol.HandshakeRequest: on_handshake,
                 protocol.ClaimKV: on_claim, protocol.ReleaseKV: on_release, protocol.Abort: on_abort,
-                protocol.Ping: NodeServer.on_ping, protocol.ResetPrefixCache: NodeServer.on_reset_prefix_cache}
+                protocol.InstanceGone: on_instance_gone, protocol.Ping: NodeServer.on_ping,
+                protocol.ResetPrefixCache: NodeServer.on_reset_prefix_cache}
 
     ROLE_COUNTERS = ("num_prefills", "prefill_seconds_total", "num_released_unread")
 

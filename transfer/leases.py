@@ -4,7 +4,8 @@ A lease keeps a prefilled request's blocks for a decode node: lease_seconds to b
 again from the claim (decode nodes end their READ within half of it, so a lease that outlives it has a dead or lost
 claimer). It ends once, in one of four ways:
   read: the reader's done notification (wire.protocol.KVReadDone) arrives (counters.kv_released += 1)
-  released unread: its claimer's ReleaseKV, the READ failed, timed out or was aborted (num_released_unread += 1)
+  released unread: its claimer's ReleaseKV (the READ failed, timed out or was aborted), or its claimer's process is
+    known to be gone (wire.protocol.InstanceGone: it will never read) (num_released_unread += 1)
   expired: its deadline passed, claimed or not (counters.lease_expiries += 1); a later claim is refused
   aborted: the router gave the request up before any claim (not counted)
 """
@@ -23,6 +24,14 @@ from wire.protocol import ProtocolError, kv_done_request_id
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Claimer:
+    """The decode process that claimed a lease (wire.protocol.ClaimKV's node_id and instance_id)."""
+
+    node_id: str
+    instance_id: str
+
+
 @dataclass
 class Lease:
     request_id: str
@@ -31,7 +40,12 @@ class Lease:
     block_ids: tuple[int, ...]
     deadline: float
     """time.monotonic() past which the lease expires."""
-    claimed: bool = False
+    claimer: Claimer | None = None
+    """Who claimed it (None: nobody yet); while that process lives it may be reading the blocks."""
+
+    @property
+    def claimed(self) -> bool:
+        return self.claimer is not None
 
 
 @dataclass(frozen=True)
@@ -60,11 +74,11 @@ class LeasingSender:
     def lease(self, request_id: str, holder: Any, block_ids: Sequence[int]) -> None:
         self.leases[request_id] = Lease(request_id, holder, tuple(block_ids), time.monotonic() + self.lease_seconds)
 
-    def claim(self, request_id: str) -> Claim:
+    def claim(self, request_id: str, claimer: Claimer) -> Claim:
         lease = self.leases.get(request_id)
         if lease is None or lease.claimed:
             return Claim(False, reason="KV lease already claimed" if lease else "unknown or expired KV lease")
-        lease.claimed, lease.deadline = True, time.monotonic() + self.lease_seconds
+        lease.claimer, lease.deadline = claimer, time.monotonic() + self.lease_seconds
         return Claim(True, lease.block_ids)
 
     def release(self, request_id: str, reason: str) -> Lease | None:
@@ -73,6 +87,12 @@ class LeasingSender:
             logger.info("prefill %s: lease of %s released unread: %s", self.name, request_id, reason)
             self.num_released_unread += 1
         return lease
+
+    def release_claims_of(self, claimer: Claimer, reason: str) -> list[Lease]:
+        """Every lease this process claimed, ended now: it is gone (InstanceGone), so it reads none of them. Leases of
+        any other process, another instance of the same node included, are left alone."""
+        gone = [request_id for request_id, lease in self.leases.items() if lease.claimer == claimer]
+        return [self.release(request_id, reason) for request_id in gone]
 
     def abort(self, request_id: str) -> Lease | None:
         lease = self.leases.get(request_id)

@@ -13,7 +13,8 @@ One request's KV (the nodes' messages in between are wire/protocol.py's):
   decode:  start_read() -> poll() each turn until "DONE" (the transport tells the sender) or "ERR"; cancel() gives
       up a read that takes too long
   prefill: poll() each turn -> the leases now free: read, or past their deadline; release() ends a claimed lease its
-      claimer will not read (ReleaseKV), abort() an unclaimed one (the router gave up)
+      claimer will not read (ReleaseKV), release_claims_of() every lease of a claimer that is gone (InstanceGone),
+      abort() an unclaimed one (the router gave up)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
-from transfer.leases import Claim, Lease
+from transfer.leases import Claim, Claimer, Lease
 from transfer.reads import KVData, ReadHandle, XferState
 from wire.config import KV_TRANSPORTS, TransferConfig
 
@@ -43,7 +44,7 @@ class KVSender(Protocol):
     leases: dict[str, Lease]
     """Request id -> its lease, claimed or not."""
     num_released_unread: int
-    """Leases a claimer gave back unread (ReleaseKV)."""
+    """Leases a claimer gave back unread (ReleaseKV), or ended unread as their claimer was gone (InstanceGone)."""
 
     def handshake_payload(self) -> bytes:
         """What this transport's receiver needs to read this node's blocks (HandshakeReply.transport_payload)."""
@@ -54,13 +55,17 @@ class KVSender(Protocol):
         release() and abort() hand back when the lease ends (the node frees it)."""
         ...
 
-    def claim(self, request_id: str) -> Claim:
+    def claim(self, request_id: str, claimer: Claimer) -> Claim:
         """A decode node's ClaimKV: the blocks, once, and a new deadline for the READ; refused with the reason when
         the lease is claimed already, expired or unknown."""
         ...
 
     def release(self, request_id: str, reason: str) -> Lease | None:
         """The claimer's ReleaseKV: it will not read (or finish reading) the blocks; the lease ends now."""
+        ...
+
+    def release_claims_of(self, claimer: Claimer, reason: str) -> list[Lease]:
+        """The claimer's process is gone (InstanceGone): every lease it claimed ends now, released unread."""
         ...
 
     def abort(self, request_id: str) -> Lease | None:

@@ -51,6 +51,9 @@ Version history:
      NodeCapacity.prefix_chunk_tokens.
   18: PrefillRequest.tenant (the router's client of the request): a prefill node takes the waiting prompts of its
      tenants in turn instead of first come, first served (issue 23: fairness across clients).
+  19: ClaimKV.node_id and instance_id (the claiming decode process); InstanceGone, router -> prefill nodes: a decode
+     node's process is gone (another instance answered on its address), so the leases it claimed end at once
+     instead of at their deadline (issue 23: a killed decode node held prefill KV for kv_lease_seconds).
 
 Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
 with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
@@ -66,7 +69,7 @@ import msgspec
 from wire.outputs import TokenLogprobs
 from wire.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 
-PROTOCOL_VERSION = 18
+PROTOCOL_VERSION = 19
 
 
 class ProtocolError(ValueError):
@@ -84,6 +87,8 @@ ZMQ_ADDRESS = re.compile(r"tcp://[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}")
 MAX_ID_CHARS = 256
 Id = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
 """A request, node or instance id."""
+InstanceId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+"""A node process' instance id where one must be named (an empty one would match every process that has none)."""
 Seconds = Annotated[float, msgspec.Meta(ge=0.0)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 # NOTE: msgpack carries integers of int64 and uint64 only, and msgspec refuses a bool for an int; NaN fails every
@@ -314,6 +319,10 @@ class ClaimKV(Message):
     """Decode asks to pull a request's KV; the prefill node pins the lease so it cannot expire mid-transfer."""
 
     request_id: Id
+    node_id: Id
+    """The claiming decode node."""
+    instance_id: InstanceId
+    """The claiming decode process: its leases end at once when it is known to be gone (InstanceGone)."""
 
 
 class ReleaseKV(Message):
@@ -330,6 +339,19 @@ class ClaimReply(Message):
     reason: str = ""
 
 
+# --- router -> prefill ---------------------------------------------------------------------------------------
+class InstanceGone(Message):
+    """router -> prefill nodes: this process of a decode node has ended: the leases it claimed (ClaimKV's node_id and
+    instance_id) will never be read, and end now instead of at their deadline.
+
+    Sent only on proof, never on silence (a stopped process misses pings but may resume and read): another instance
+    of the node answered on its address, which it binds only once this one closed its sockets, i.e. left its loop
+    for good or died (router/nodes/client.py)."""
+
+    node_id: Id
+    instance_id: InstanceId
+
+
 # --- decode -> prefill, by the KV transport ------------------------------------------------------------------
 class KVReadDone(Message):
     """The notification a decode node's READ of a request's KV ends with, delivered by the KV transport (not zmq)
@@ -341,7 +363,7 @@ class KVReadDone(Message):
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.__name__: cls for cls in (
     PrefillRequest, PrefillResult, DecodeRequest, GenerateRequest, StepTokens, ErrorReply, Abort, Ping, Pong,
     HandshakeRequest, HandshakeReply, HandshakeRefused, ClaimKV, ClaimReply, ReleaseKV, KVReadDone, ResetPrefixCache,
-    PrefixCacheReset)}
+    PrefixCacheReset, InstanceGone)}
 
 
 class _Envelope(msgspec.Struct):

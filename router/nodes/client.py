@@ -127,9 +127,12 @@ class NodeClient:
     """One node: a DEALER socket, a receive loop routing replies to per-request queues, and a work count."""
 
     def __init__(self, context: zmq.asyncio.Context, role: Role, index: int, address: str,
-                 key: ClusterKey | None = None):
+                 key: ClusterKey | None = None, instance_gone: Callable[[NodeClient, Pong], None] | None = None):
+        """instance_gone(this client, the gone process' latest Pong): called when a process of this node is known to
+        be gone (_take_pong)."""
         self.role, self.index, self.address = role, index, address
         self.key = key
+        self.instance_gone = instance_gone
         self.outstanding_work = 0
         self.draining = False
         """No new requests: it is being removed (router/admin.py)."""
@@ -306,13 +309,25 @@ class NodeClient:
         previous instance are gone. If its connection closed since the previous Pong, they were failed over then,
         and every request open now was sent after that close, to the new instance: nothing more fails (issue 23:
         the new instance's first Pong failed the retries just sent to it). Else the restart went unseen, and every
-        open request fails over."""
+        open request fails over.
+
+        The previous instance is then known to be gone (instance_gone): the new one could bind this address only once
+        that one had closed its sockets, which a node does only as it leaves its loop for good (or the kernel does,
+        as it dies), and a launcher starts a node again only once its process ended (launch/local.py,
+        launch/ray_node.py). NOTE: silence proves nothing: a stopped process misses pings, then resumes."""
         previous, disconnects_then = self._latest_pong, self._disconnects_at_pong
+        if previous is not None and pong.nonce < previous.nonce:
+            # NOTE: an answer to an older ping than the latest answer taken: stale (a process answers pings in the
+            # order sent, and one started on this address receives only pings sent after those its predecessor
+            # answered). Taken, a late Pong of a replaced process would read as the live one being gone.
+            return
         self._latest_pong, self._latest_pong_time = pong, time.monotonic()
         self._disconnects_at_pong = self._num_disconnects
         restarted = previous is not None and previous.instance_id != pong.instance_id
         if restarted and self._num_disconnects == disconnects_then:
             self.fail_open_requests(f"it restarted (instance {pong.instance_id[:8]}) with its connection open")
+        if restarted and previous.instance_id and self.instance_gone is not None:
+            self.instance_gone(self, previous)
 
     def _dispatch(self, message) -> None:
         if type(message) is StepTokens:

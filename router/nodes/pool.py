@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 
 import zmq.asyncio
@@ -19,7 +20,9 @@ from router.nodes.client import NodeClient, NodeStatus
 from router.nodes.prefix_routing import make_policy
 from wire.config import Role, RouterConfig
 from wire.node_auth import ClusterKey
-from wire.protocol import ModelFacts, Ping, Pong, PrefixCacheReset
+from wire.protocol import InstanceGone, ModelFacts, Ping, Pong, PrefixCacheReset
+
+logger = logging.getLogger(__name__)
 
 PING_INTERVAL_S = 1.0
 FIRST_PING_INTERVAL_S = 0.1
@@ -37,7 +40,7 @@ class NodePool:
         self._context = zmq.asyncio.Context()
         self.key = None if config.cluster_key_file is None else ClusterKey.load(config.cluster_key_file)
         self.by_role: dict[Role, list[NodeClient]] = {
-            role: [NodeClient(self._context, role, index, address, self.key) for index, address in enumerate(addresses)]
+            role: [self._client(role, index, address) for index, address in enumerate(addresses)]
             for role, addresses in (("prefill", config.prefill_addresses), ("decode", config.decode_addresses),
                                     ("colocated", config.colocated_addresses))}
         self._ping_task: asyncio.Task | None = None
@@ -76,10 +79,24 @@ class NodePool:
         nodes = self.by_role[role]
         if any(node.address == address for node in self.nodes):
             raise ValueError(f"{address} is already a node of this pool")
-        node = NodeClient(self._context, role, max((n.index for n in nodes), default=-1) + 1, address, self.key)
+        node = self._client(role, max((n.index for n in nodes), default=-1) + 1, address)
         node.start()
         nodes.append(node)
         return node
+
+    def _client(self, role: Role, index: int, address: str) -> NodeClient:
+        return NodeClient(self._context, role, index, address, self.key, instance_gone=self._instance_gone)
+
+    def _instance_gone(self, node: NodeClient, gone: Pong) -> None:
+        """A decode node's process is gone (NodeClient._take_pong): every prefill node ends the leases it claimed
+        now, not at their deadline (kv_lease_seconds after the claim). NOTE: a prefill node unreachable now misses
+        the notice; its leases of that process then end by their deadline, as before."""
+        if node.role != "decode":
+            return  # NOTE: only decode nodes claim leases
+        logger.info("%s node %s: instance %s is gone (another answered on %s): its claimed KV leases are released",
+                    node.role, gone.node_id, gone.instance_id[:8], node.address)
+        for prefill in self.prefill_nodes:
+            prefill.post(InstanceGone(gone.node_id, gone.instance_id))
 
     def find(self, address: str) -> NodeClient:
         for node in self.nodes:

@@ -71,11 +71,14 @@ def complete_all_concurrently(api, prompts, params) -> list:
         return list(pool.map(lambda p: complete(api, p, params), prompts))
 
 
-def node_stats(cluster: LocalCluster) -> dict[str, dict]:
-    """node id -> its stats right now, asked of every node directly (the router's copy can be a second old)."""
+def node_stats(cluster: LocalCluster, addresses: list[str] | None = None) -> dict[str, dict]:
+    """node id -> its stats right now, asked of every node (or those at addresses) directly (the router's copy can
+    be a second old)."""
     context = zmq.Context.instance()
     stats = {}
-    for address in [*cluster.prefill_addresses, *cluster.decode_addresses, *cluster.colocated_addresses]:
+    if addresses is None:
+        addresses = [*cluster.prefill_addresses, *cluster.decode_addresses, *cluster.colocated_addresses]
+    for address in addresses:
         with context.socket(zmq.DEALER) as socket:
             socket.setsockopt(zmq.LINGER, 0)
             cluster.cluster_key.connect(socket)  # NOTE: a cluster member's key: nodes admit nobody else

@@ -25,7 +25,8 @@ FIRST = protocol.FirstToken(0, 5, TokenLogprobs(5, -0.5, ((5, -0.5),)))
 VALID = [
     protocol.PrefillRequest("p", list(range(10, 30)), PARAMS),
     protocol.DecodeRequest("d", list(range(10, 30)), PARAMS, [FIRST], KV),
-    protocol.ClaimKV("c"), protocol.ReleaseKV("c", "why"), protocol.Abort("p", 0), protocol.Ping(1),
+    protocol.ClaimKV("c", "decode-f", "instance-f"), protocol.ReleaseKV("c", "why"), protocol.Abort("p", 0),
+    protocol.Ping(1), protocol.InstanceGone("decode-f", "instance-f"),
     protocol.HandshakeRequest("decode-x", {"a": 1}),
     protocol.ClaimReply("c", True, (1, 2)), protocol.HandshakeRefused("prefill-f", "no"),
     protocol.StepTokens([protocol.TokenEvent("t", [1], None)]), protocol.KVReadDone("c"),

@@ -16,11 +16,12 @@ from wire.sampling_params import SamplingParams
 
 
 @pytest.fixture
-def server(tiny_model_dir):
+def server(tiny_model_dir, request):
+    """kv_lease_seconds 0.3 (leases expire within a test), or the test's indirect parameter."""
     engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
                           scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=256, prefill_chunk_size=16))
     node = PrefillServer(NodeConfig("prefill", "prefill-t", engine, port=free_port("127.0.0.1"),
-                                    kv_lease_seconds=0.3))
+                                    kv_lease_seconds=getattr(request, "param", 0.3)))
     yield node
     node.close()
 
@@ -45,9 +46,14 @@ def exchange(server, socket, message, num_replies: int = 1, timeout_s: float = 1
     return replies
 
 
-def prefill(request_id: str, num_tokens: int, max_tokens: int = 8) -> protocol.PrefillRequest:
+def prefill(request_id: str, num_tokens: int, max_tokens: int = 8, first_token_id: int = 10) -> protocol.PrefillRequest:
     params = SamplingParams(temperature=0.6, seed=3, max_tokens=max_tokens, ignore_eos=True)
-    return protocol.PrefillRequest(request_id, list(range(10, 10 + num_tokens)), params)
+    return protocol.PrefillRequest(request_id, list(range(first_token_id, first_token_id + num_tokens)), params)
+
+
+def claim_kv(request_id: str, node_id: str = "decode-t", instance_id: str = "decode-t-1") -> protocol.ClaimKV:
+    """A decode node's claim (node_id's process instance_id)."""
+    return protocol.ClaimKV(request_id, node_id, instance_id)
 
 
 def test_prefill_leases_kv_then_frees_it_when_the_lease_expires(server, router):
@@ -59,7 +65,7 @@ def test_prefill_leases_kv_then_frees_it_when_the_lease_expires(server, router):
     time.sleep(0.35)
     server.step()
     assert server.transport.counters.lease_expiries == 1 and server.block_manager.num_free_blocks == free_before
-    [claim] = exchange(server, router, protocol.ClaimKV("a"))
+    [claim] = exchange(server, router, claim_kv("a"))
     assert not claim.ok and "expired" in claim.reason
 
 
@@ -67,9 +73,9 @@ def test_a_claimed_lease_is_not_aborted_but_expires_a_lease_after_its_claim(serv
     free_before = server.block_manager.num_free_blocks
     [result] = exchange(server, router, prefill("b", 20))
     time.sleep(0.2)  # NOTE: most of the unclaimed lease's life: the claim must give it a new one
-    [claim] = exchange(server, router, protocol.ClaimKV("b"))
+    [claim] = exchange(server, router, claim_kv("b"))
     assert claim.ok and claim.block_ids == result.kv.block_ids
-    [again] = exchange(server, router, protocol.ClaimKV("b"))
+    [again] = exchange(server, router, claim_kv("b"))
     assert not again.ok and "already claimed" in again.reason
     time.sleep(0.2)
     router.send(protocol.encode(protocol.Abort("b")))
@@ -85,12 +91,46 @@ def test_a_claimed_lease_is_not_aborted_but_expires_a_lease_after_its_claim(serv
 def test_a_released_claim_frees_the_lease_at_once(server, router):
     free_before = server.block_manager.num_free_blocks
     exchange(server, router, prefill("r", 20))
-    [claim] = exchange(server, router, protocol.ClaimKV("r"))
+    [claim] = exchange(server, router, claim_kv("r"))
     assert claim.ok
     router.send(protocol.encode(protocol.ReleaseKV("r", "the READ failed")))
     server.step()
     assert "r" not in server.transport.leases and server.block_manager.num_free_blocks == free_before
     assert server.stats()["num_released_unread"] == 1 and server.transport.counters.lease_expiries == 0
+
+
+@pytest.mark.parametrize("server", [60.0], indirect=True)  # NOTE: the default lease: none may end by its deadline
+def test_the_leases_a_gone_decode_process_claimed_end_at_once_and_no_other(server, router):
+    """Issue 23: a decode node killed in the hand-off held the KV it had claimed until the claimed lease's deadline
+    (kv_lease_seconds, 60 s by default). Once the router knows that process is gone (InstanceGone), its leases end at
+    once, released unread; a lease another decode node claimed, or its restarted instance, stays (it may be being
+    read), so does an unclaimed one; a notice naming an older or unknown instance, or another node, frees nothing."""
+    free_before = server.block_manager.num_free_blocks
+    # NOTE: prompts apart (no shared cached chunk): each lease holds blocks of its own
+    prompts = {"gone-1": 20, "gone-2": 40, "other-node": 20, "restarted": 20, "unclaimed": 20}
+    for i, (request_id, num_tokens) in enumerate(prompts.items()):
+        exchange(server, router, prefill(request_id, num_tokens, first_token_id=10 + 50 * i))
+    blocks = {request_id: len(lease.block_ids) for request_id, lease in server.transport.leases.items()}
+    for request_id, node_id, instance_id in (("gone-1", "decode-0", "decode-0-a"), ("gone-2", "decode-0", "decode-0-a"),
+                                             ("other-node", "decode-1", "decode-0-a"),
+                                             ("restarted", "decode-0", "decode-0-b")):
+        [reply] = exchange(server, router, claim_kv(request_id, node_id, instance_id))
+        assert reply.ok
+    for node_id, instance_id in (("decode-0", "decode-0-older"), ("decode-0", "unknown"), ("decode-2", "decode-0-a")):
+        router.send(protocol.encode(protocol.InstanceGone(node_id, instance_id)))
+        server.step()
+    assert server.transport.leases.keys() == prompts.keys() and server.stats()["num_released_unread"] == 0
+    router.send(protocol.encode(protocol.InstanceGone("decode-0", "decode-0-a")))
+    server.step()
+    assert server.transport.leases.keys() == {"other-node", "restarted", "unclaimed"}
+    assert server.block_manager.num_free_blocks == free_before - sum(blocks[r] for r in server.transport.leases)
+    stats = server.stats()
+    assert stats["num_released_unread"] == 2 and stats["num_claimed"] == 2 and stats["num_leased"] == 3
+    assert server.transport.counters.lease_expiries == 0 and server.transport.counters.kv_released == 0
+    [late] = exchange(server, router, claim_kv("gone-1", "decode-1", "decode-1-a"))
+    assert not late.ok  # NOTE: its KV is gone: the router prefills it again
+    [fresh] = exchange(server, router, claim_kv("unclaimed", "decode-0", "decode-0-b"))
+    assert fresh.ok
 
 
 def test_an_abort_during_prefill_frees_the_blocks_when_it_ends(server, router):

@@ -4,10 +4,12 @@ import concurrent.futures
 import time
 
 import pytest
+import zmq.asyncio
 
+from router.nodes.client import NodeClient
 from tests.router.fake_nodes import FakeBehaviour, FakeDecode, expected_token_ids
-from tests.router.harness import RouterHarness, post, wait_for
-from wire.protocol import DecodeRequest
+from tests.router.harness import RouterHarness, model_facts, post, wait_for
+from wire.protocol import DecodeRequest, InstanceGone, Pong
 from wire.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)  # NOTE: a hang guard with room for a loaded host
@@ -83,3 +85,49 @@ def test_a_request_for_a_role_whose_every_node_is_down_ends_with_a_503_not_silen
         elapsed = time.monotonic() - start
         assert reply.status == 503 and "unreachable" in reply.body["error"]["message"]
         assert 2.5 < elapsed < 60  # NOTE: three attempts of ~1 s each, far below the 120 s request timeout
+
+
+def instance_gone_notices(router) -> list[list[InstanceGone]]:
+    """What each fake prefill node was told of gone decode processes."""
+    return [[m for m in prefill.received if isinstance(m, InstanceGone)] for prefill in router.prefill_nodes]
+
+
+def test_a_decode_node_restarted_in_place_has_every_prefill_node_told_its_previous_process_is_gone(tiny_model_dir,
+                                                                                                word_token_ids):
+    """Issue 23: a killed decode process's claimed leases held prefill KV until their deadline. Its connection
+    closing and its silence prove nothing (a stopped process does both, then resumes and reads): no notice. Another
+    instance answering on its address does (it bound the address only once the old process let it go): every prefill
+    node is told which process is gone, once. A prefill node restarting tells nobody (only decode nodes claim)."""
+    with RouterHarness(tiny_model_dir, word_token_ids, num_prefill=2, num_decode=1) as router:
+        router.wait_until_healthy()
+        [old] = router.decode_nodes
+        router.call(old.close)
+        wait_for(lambda: not router.state.pool.decode_nodes[0].healthy, timeout_s=10)
+        time.sleep(1.5)  # NOTE: a ping interval and more
+        assert instance_gone_notices(router) == [[], []]
+        new = FakeDecode("decode", old.node_id, word_token_ids, FakeBehaviour(), old.model_facts)
+        new.instance_id = "instance-2"
+        router.decode_nodes[0] = new
+        router.call(lambda: new.start(router._context, old.address))
+        wait_for(lambda: all(instance_gone_notices(router)), timeout_s=10)
+        router.prefill_nodes[0].instance_id = "instance-2"  # NOTE: a prefill node restarted unseen
+        wait_for(lambda: router.state.pool.prefill_nodes[0].status().pong.instance_id == "instance-2", timeout_s=10)
+        time.sleep(1.5)
+        assert instance_gone_notices(router) == [[InstanceGone("fake-decode-0", "instance-1")]] * 2
+
+
+def test_a_late_pong_of_a_replaced_process_is_not_taken_for_the_live_one_being_gone(tiny_model_dir):
+    """A Pong answering an older ping than the latest one taken is stale: taken, the replaced process' late Pong
+    would read as a restart, and the live process would be declared gone (its leases freed while it reads them)."""
+    gone = []
+    node = NodeClient(zmq.asyncio.Context(), "decode", 0, "tcp://127.0.0.1:1",
+                      instance_gone=lambda client, pong: gone.append(pong.instance_id))
+    facts = model_facts(tiny_model_dir)
+
+    def pong(nonce: int, instance_id: str) -> Pong:
+        return Pong(nonce, "decode-0", "decode", "fingerprint", facts, instance_id=instance_id)
+
+    for nonce, instance_id in ((4, "instance-1"), (5, "instance-1"), (7, "instance-2"), (6, "instance-1"),
+                               (8, "instance-2")):
+        node._take_pong(pong(nonce, instance_id))
+    assert gone == ["instance-1"] and node.status().pong == pong(8, "instance-2") and node.num_lost == 1

@@ -16,6 +16,7 @@ import pytest
 from corun.block_manager import BlockManager
 from tests.transfer import scenario
 from transfer.compat import IncompatiblePeer
+from transfer.leases import Claimer
 from transfer.transport import make_transport, transport_module
 from wire.config import KV_TRANSPORTS, TransferConfig
 from wire.engine_args import add_transfer_args, transfer_config_from_args
@@ -23,6 +24,7 @@ from wire.engine_args import add_transfer_args, transfer_config_from_args
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = TransferConfig(transport="fake")
 BLOCK_SIZE = scenario.KV_SHAPE[3]
+CLAIMER = Claimer(scenario.DECODE_NAME, "decode-instance-1")
 
 
 def open_pair(lease_seconds: float = 30.0):
@@ -96,9 +98,9 @@ def test_a_lease_is_claimed_read_and_freed_by_the_done_notification(pair):
     assert receiver.add_peer(sender.name, sender.transport, sender.handshake_payload()) == prefill_kv.shape[0]
     assert receiver.has_peer(sender.name) and receiver.read_gbps[sender.name] > 0
     assert decode_blocks.num_free_blocks == decode_blocks.num_usable_blocks  # NOTE: the probe's blocks came back
-    claim = sender.claim("r")
+    claim = sender.claim("r", CLAIMER)
     assert claim.ok and claim.block_ids == tuple(scenario.REMOTE_BLOCK_IDS)
-    again = sender.claim("r")
+    again = sender.claim("r", CLAIMER)
     assert not again.ok and again.reason == "KV lease already claimed"
     handle = receiver.start_read(sender.name, "r", claim.block_ids, scenario.LOCAL_BLOCK_IDS)
     assert sender.poll() == [] and "r" in sender.leases  # NOTE: nothing read yet
@@ -119,7 +121,7 @@ def test_leases_expire_claimed_or_not_and_a_released_one_ends_at_once():
         sender.lease("unclaimed", unclaimed, [1, 2])
         sender.lease("claimed", claimed, [3])
         sender.lease("released", released, [4])
-        assert sender.claim("claimed").ok and sender.claim("released").ok
+        assert sender.claim("claimed", CLAIMER).ok and sender.claim("released", CLAIMER).ok
         assert sender.release("released", "the READ failed").holder is released
         assert sender.release("released", "again") is None  # NOTE: counted once
         assert sender.abort("claimed") is None and "claimed" in sender.leases  # NOTE: its claimer may be reading
@@ -127,11 +129,26 @@ def test_leases_expire_claimed_or_not_and_a_released_one_ends_at_once():
         assert {lease.holder for lease in sender.poll()} == {unclaimed, claimed}
         assert sender.counters.lease_expiries == 2 and sender.counters.kv_released == 0
         assert sender.num_released_unread == 1 and not sender.leases
-        refused = sender.claim("unclaimed")
+        refused = sender.claim("unclaimed", CLAIMER)
         assert not refused.ok and refused.reason == "unknown or expired KV lease"
     finally:
         receiver.close()
         sender.close()
+
+
+def test_the_leases_of_a_gone_claimer_end_released_unread_and_no_other(pair):
+    sender, *_ = pair
+    restarted = Claimer(CLAIMER.node_id, "decode-instance-2")
+    holders = {request_id: object() for request_id in ("gone-1", "gone-2", "restarted", "unclaimed")}
+    for request_id, holder in holders.items():
+        sender.lease(request_id, holder, [len(request_id)])
+    for request_id, claimer in (("gone-1", CLAIMER), ("gone-2", CLAIMER), ("restarted", restarted)):
+        assert sender.claim(request_id, claimer).ok
+    ended = sender.release_claims_of(CLAIMER, "its claimer is gone")
+    assert {lease.holder for lease in ended} == {holders["gone-1"], holders["gone-2"]}
+    assert sender.leases.keys() == {"restarted", "unclaimed"} and sender.num_released_unread == 2
+    assert sender.release_claims_of(CLAIMER, "again") == [] and sender.num_released_unread == 2
+    assert sender.poll() == [] and sender.counters.lease_expiries == 0 and sender.counters.kv_released == 0
 
 
 def test_an_unclaimed_lease_is_aborted_uncounted(pair):

@@ -43,7 +43,7 @@ MESSAGES = [
     protocol.Abort("r4", 1),
     protocol.Ping(9),
     protocol.HandshakeRefused("prefill-0", "block_size 16 != 32"),
-    protocol.ClaimKV("r1"),
+    protocol.ClaimKV("r1", "decode-0", "instance-1"),
     protocol.ClaimReply("r1", True, (3, 4, 9)),
     protocol.ReleaseKV("r1", "read failed"),
     protocol.HandshakeReply("prefill-0", {"block_size": 16}, "abc123", "nixl", b"\x85the transport's own fields",
@@ -51,6 +51,7 @@ MESSAGES = [
     protocol.KVReadDone("r1"),
     protocol.ResetPrefixCache(3),
     protocol.PrefixCacheReset(3, "prefill-0", 96),
+    protocol.InstanceGone("decode-0", "instance-1"),
 ]
 
 
@@ -196,13 +197,38 @@ def test_a_handshake_reply_carries_its_transport_fields_as_one_checked_payload(f
         protocol.decode(msgpack.packb(body, use_bin_type=True))
 
 
+@pytest.mark.parametrize("message, field, value, error", [
+    (protocol.InstanceGone("decode-0", "instance-1"), "instance_id", "",
+     r"Expected `str` of length >= 1 - at `InstanceGone.instance_id`"),
+    (protocol.InstanceGone("decode-0", "instance-1"), "instance_id", "i" * 257,
+     r"Expected `str` of length <= 256 - at `InstanceGone.instance_id`"),
+    (protocol.InstanceGone("decode-0", "instance-1"), "node_id", 7,
+     r"Expected `str`, got `int` - at `InstanceGone.node_id`"),
+    (protocol.ClaimKV("r1", "decode-0", "instance-1"), "instance_id", "",
+     r"Expected `str` of length >= 1 - at `ClaimKV.instance_id`"),
+])
+def test_a_process_is_named_by_a_non_empty_instance_id(message, field, value, error):
+    """InstanceGone ends the leases a process claimed, matched on ClaimKV's node and instance ids: an empty instance
+    id would name no process in particular, and is refused on either message."""
+    body = msgpack.unpackb(protocol.encode(message), raw=False)
+    body[field] = value
+    with pytest.raises(protocol.ProtocolError, match=error):
+        protocol.decode(msgpack.packb(body, use_bin_type=True))
+    for missing in ("node_id", "instance_id"):  # NOTE: a claim of version 18 named no claimer
+        body = msgpack.unpackb(protocol.encode(message), raw=False)
+        del body[missing]
+        with pytest.raises(protocol.ProtocolError, match=f"missing required field `{missing}`"):
+            protocol.decode(msgpack.packb(body, use_bin_type=True))
+
+
 def test_kv_done_notification_is_a_versioned_message_naming_its_request_and_nothing_else():
     notification = protocol.kv_done_notification("r-9")
     assert protocol.decode(notification) == protocol.KVReadDone("r-9")
     assert msgpack.unpackb(notification) == {"type": "KVReadDone", "request_id": "r-9", "v": protocol.PROTOCOL_VERSION}
     assert protocol.kv_done_request_id(notification) == "r-9"
     for other, error in ((b"something else", "undecodable"), (b"done:r-9", "undecodable"),
-                         (protocol.encode(protocol.ClaimKV("r-9")), "ClaimKV is not a KV-done notification"),
+                         (protocol.encode(protocol.ClaimKV("r-9", "decode-0", "i")),
+                          "ClaimKV is not a KV-done notification"),
                          (msgpack.packb({"type": "KVReadDone", "request_id": "r-9", "v": VERSION - 1}), OTHER_VERSION),
                          (msgpack.packb({"type": "KVReadDone", "request_id": 9, "v": VERSION}),
                           "malformed KVReadDone")):
