@@ -19,8 +19,8 @@ request's adjacent blocks between two idle processes on GPU 0 (h200_kv_transfer.
 thread; 1024, 4096 and 16384 tokens: 0.24, 0.58 and 1.9 ms). NOTE: a read between two GPUs was not measured; the
 idle same-GPU READ stands in for it.
 Shared GPU (1P1D on one GPU): the hand-off is the mean READ, post to poll, under the ShareGPT-like load of the front
-door bench (h200_front_door.json: 256 requests at t = 0, 21 ms; BurstGPT-like 27 ms). The stretches come from
-h200_cluster_1p1d.json, where the 1P1D cluster and the colocated engine (prefill token budget 0: every prompt
+door bench (h200_front_door_before_push.json: 256 requests at t = 0, 21 ms; BurstGPT-like 27 ms). The stretches come
+from h200_cluster_1p1d.json, where the 1P1D cluster and the colocated engine (prefill token budget 0: every prompt
 prefilled back to back) ran the same 256 requests at t = 0 on GPU 0: the decode step is the ratio of the TPOT p50s on
 1024x2048 (every row decoding in both), the prefill the mean ratio of the TTFT p50s (half the prefills queued ahead
 in both; the 1P1D's hand-off is milliseconds of seconds).
@@ -133,10 +133,10 @@ def idle_kv_handoff() -> KVHandoff:
 
 
 def shared_gpu() -> SharedGPU:
-    front_door = load("h200_front_door.json")["kv_handoff"]
+    front_door = load("h200_front_door_before_push.json")["kv_handoff"]
     handoff = KVHandoff(front_door["sharegpt"]["kv_handoff_ms_mean"] / 1e3, 0.0,
-                        "h200_front_door.json: mean READ (post to poll) of 1P1D on one H200 under the ShareGPT-like "
-                        f"load; BurstGPT-like {front_door['burstgpt']['kv_handoff_ms_mean']:.1f} ms")
+                        "h200_front_door_before_push.json: mean READ (post to poll) of 1P1D on one H200 under the "
+                        f"ShareGPT-like load; BurstGPT-like {front_door['burstgpt']['kv_handoff_ms_mean']:.1f} ms")
     modes = load("h200_cluster_1p1d.json")["modes"]
     cluster = modes["cluster_1p1d"]
     engine = next(runs for name, runs in modes.items() if name.startswith("colocated_corun"))

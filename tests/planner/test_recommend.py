@@ -168,7 +168,7 @@ def test_the_h200_profile_says_where_its_handoff_numbers_come_from():
     assert 0.0001 < profile.kv_handoff.seconds(4096) < 0.001  # 0.58 ms measured for 604 MB, idle
     assert 0.020 < profile.shared_gpu.kv_handoff.per_request_s < 0.022  # 21 ms under ShareGPT-like load
     assert "h200_kv_transfer.json" in profile.kv_handoff.source
-    assert "h200_front_door.json" in profile.shared_gpu.kv_handoff.source
+    assert "h200_front_door_before_push.json" in profile.shared_gpu.kv_handoff.source
     assert 1.2 < profile.shared_gpu.decode_stretch < 1.3 and 1.8 < profile.shared_gpu.prefill_stretch < 2.0
 
 
