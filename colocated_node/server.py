@@ -6,7 +6,8 @@ hand-off.
 
 Lifecycle of a request (queues; each of its n samples is a request of its own, seed sample_seed(seed, i), as
 LLM.generate splits them):
-  waiting (the scheduler's FIFO) --a slot and KV blocks for prompt + max_tokens free--> prefilling (alone, one
+  waiting (tenant by tenant, each one's FIFO: node_core/tenant_turns.py) --a slot and KV blocks for prompt +
+      max_tokens free--> prefilling (alone, one
       chunk per forward, as the engine's fixed_shape mode: bucketed, packed or natural; from the end of the prompt's
       longest cached full-chunk prefix, corun/prefix_cache.py)
   prefilling --last chunk: token 1 sampled, streamed (with the prompt's logprobs)--> decoding
@@ -25,6 +26,7 @@ from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, check_samples_fit, make_scheduler
 from node_core.server import NodeServer
+from node_core.tenant_turns import TenantTurns
 from wire import protocol
 from wire.config import NodeConfig
 from wire.seeding import sample_seed
@@ -41,6 +43,8 @@ class Sample:
     index: int
     request: Request
     """The scheduler's request for it (its own id: request_id#index)."""
+    tenant: str = ""
+    """The router's client of the request (GenerateRequest.tenant)."""
 
 
 class ColocatedServer(NodeServer):
@@ -54,6 +58,7 @@ class ColocatedServer(NodeServer):
         self.scheduler = make_scheduler(self.config.engine.scheduler, self.block_manager)
         self.samples: dict[int, Sample] = {}
         """id(request) -> its sample, while the scheduler holds it."""
+        self.turns = TenantTurns()
         self.num_prefill_forwards = 0
         self.num_decode_steps = 0
         self.num_decoded_rows = 0
@@ -64,7 +69,25 @@ class ColocatedServer(NodeServer):
         return self.scheduler.has_unfinished()
 
     def schedule(self) -> ScheduledBatch | None:
-        return self.scheduler.schedule()
+        """The engine's schedule, its waiting prompts put in their tenants' turns first."""
+        self.take_turns()
+        waiting = set(map(id, self.scheduler.waiting))
+        batch = self.scheduler.schedule()
+        for chunk in batch.prefill_chunks if batch is not None else ():
+            if id(chunk.request) in waiting:  # NOTE: admitted by this schedule
+                self.turns.admitted(self.samples[id(chunk.request)].tenant)
+        return batch
+
+    def take_turns(self) -> None:
+        waiting = self.scheduler.waiting
+        tenants = {self.samples[id(r)].tenant for r in waiting}
+        if len(tenants) < 2:  # NOTE: one tenant's turns are its arrival order
+            return
+        prefilling = {self.samples[id(r)].tenant for r in self.scheduler.running if r.is_prefilling}
+        ordered = self.turns.order(list(waiting), lambda request: self.samples[id(request)].tenant,
+                                   tenants | prefilling)
+        waiting.clear()
+        waiting.extend(ordered)
 
     def run(self, batch: ScheduledBatch) -> list[SampledToken]:
         if batch.prefill_chunks:
@@ -111,7 +134,7 @@ class ColocatedServer(NodeServer):
             return
         for index, request in enumerate(requests):
             self.scheduler.add(request)
-            self.samples[id(request)] = Sample(identity, message.request_id, index, request)
+            self.samples[id(request)] = Sample(identity, message.request_id, index, request, message.tenant)
 
     def check_fits(self, request_id: str, requests: list[Request]) -> None:
         """Each sample fits the model and the cache alone, and all of them the slots (they may run together)."""

@@ -38,6 +38,7 @@ from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import PrefillChunk, RequestRejected, check_fits_cache, check_request, pack_prefill_chunks
 from node_core.server import NodeServer
+from node_core.tenant_turns import TenantTurns
 from transfer.compat import IncompatiblePeer, check_compatible
 from transfer.leases import Claimer
 from transfer.transport import KVSender
@@ -69,9 +70,7 @@ class PrefillServer(NodeServer):
         self.waiting: deque[PendingPrefill] = deque()
         self.prefilling: list[PendingPrefill] = []
         self.num_prefills = 0
-        self.num_admitted = 0
-        self.last_admitted: dict[str, int] = {}
-        """Tenant -> the admission number of its latest admitted prompt, kept while it has prompts here."""
+        self.turns = TenantTurns()
         self.prefill_seconds_total = 0.0
         """Seconds of prefill forwards (token 1 sampled included), summed: / num_prefills = per prompt."""
 
@@ -101,24 +100,9 @@ class PrefillServer(NodeServer):
                                    self.admit)
 
     def fair_order(self) -> list[PendingPrefill]:
-        """The waiting prompts in the order they may start: each tenant's first waiting prompt, then each one's
-        second, ...; within a round, the tenant admitted longest ago first (one never admitted, or with nothing left
-        here, before all), then arrival. One tenant (every request of a router without client keys) is FIFO.
-        NOTE: order only moves when a prompt starts; its outputs depend on the prompt alone (corun/model_runner.py)."""
-        self.forget_idle_tenants()
-        rounds: dict[str, int] = {}
-        keyed = []
-        for arrival, pending in enumerate(self.waiting):
-            round_ = rounds[pending.tenant] = rounds.get(pending.tenant, -1) + 1
-            keyed.append(((round_, self.last_admitted.get(pending.tenant, -1), arrival), pending))
-        return [pending for _, pending in sorted(keyed, key=lambda item: item[0])]
-
-    def forget_idle_tenants(self) -> None:
-        """A tenant with no prompt waiting or prefilling is new again when its next one arrives (and the map holds
-        only the tenants with work here)."""
+        """The waiting prompts in the order they may start: tenant by tenant (node_core/tenant_turns.py)."""
         active = {p.tenant for p in self.waiting} | {p.tenant for p in self.prefilling}
-        for tenant in self.last_admitted.keys() - active:
-            del self.last_admitted[tenant]
+        return self.turns.order(list(self.waiting), lambda pending: pending.tenant, active)
 
     def admit(self, request: Request) -> bool:
         """NOTE: KV for the prompt alone (its longest cached full-chunk prefix held, the rest new): the decode node
@@ -128,8 +112,7 @@ class PrefillServer(NodeServer):
         pending = next(p for p in self.waiting if p.request is request)
         self.waiting.remove(pending)
         pending.queue_seconds = time.monotonic() - pending.arrived
-        self.last_admitted[pending.tenant] = self.num_admitted
-        self.num_admitted += 1
+        self.turns.admitted(pending.tenant)
         self.prefilling.append(pending)
         return True
 

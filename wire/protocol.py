@@ -54,6 +54,7 @@ Version history:
   19: ClaimKV.node_id and instance_id (the claiming decode process); InstanceGone, router -> prefill nodes: a decode
      node's process is gone (another instance answered on its address), so the leases it claimed end at once
      instead of at their deadline (issue 23: a killed decode node held prefill KV for kv_lease_seconds).
+  20: GenerateRequest.tenant: a colocated node takes its tenants' waiting prompts in turn, as prefill nodes do.
 
 Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
 with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
@@ -69,7 +70,7 @@ import msgspec
 from wire.outputs import TokenLogprobs
 from wire.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 
-PROTOCOL_VERSION = 19
+PROTOCOL_VERSION = 20
 
 
 class ProtocolError(ValueError):
@@ -188,6 +189,9 @@ class DecodeRequest(SeededRequest):
 # --- router -> colocated -> router ---------------------------------------------------------------------------
 class GenerateRequest(SeededRequest):
     """A whole request to a colocated node: it prefills the prompt and decodes every sample itself."""
+
+    tenant: Id = ""
+    """The client the prompt is for, as PrefillRequest.tenant: the node takes its waiting prompts tenant by tenant."""
 
 
 class TokenEvent(Part):

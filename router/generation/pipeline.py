@@ -67,7 +67,7 @@ async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int],
     finish_reason. stopped: samples the consumer has ended (a stop string): the nodes stop decoding them.
     on_queue_time: told how long the prompt waited in the prefill node's queue (each attempt's). push: takes what
     events it can instead of this generator (they are not yielded). tenant: the request's client, whose prompts a
-    prefill node takes in turn with other clients' (PrefillRequest.tenant).
+    prefill or colocated node takes in turn with other clients' (PrefillRequest.tenant, GenerateRequest.tenant).
 
     Closing the iterator early (or cancelling its consumer) aborts the work on the nodes. Raises GenerationError.
     """
@@ -151,7 +151,7 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
     colocated = choose(pool.choose_colocated, routed)
     if colocated is not None:
         # NOTE: the node prefills and decodes; its events are a decode node's, the prompt's logprobs included
-        request = GenerateRequest(request_id, prompt_token_ids, params)
+        request = GenerateRequest(request_id, prompt_token_ids, params, tenant=tenant)
         decoding = run_decode(colocated, request, pool.request_timeout_s, is_done, push)
         async with contextlib.aclosing(decoding) as events:
             async for event in events:

@@ -237,4 +237,4 @@ def test_tenants_bursts_interleave_and_one_tenant_stays_first_come_first_served(
                                                                          for i in range(1, 4)]
     assert ids(results_in_order(server, router, two)) == ["a1", "b1", "a2", "b2", "a3", "b3"]
     server.step()
-    assert not server.last_admitted  # NOTE: tenants with nothing left on the node are forgotten
+    assert not server.turns.last_admitted  # NOTE: tenants with nothing left on the node are forgotten

@@ -1,0 +1,77 @@
+"""The colocated server in-process: its waiting prompts start tenant by tenant (each tenant's in arrival order)."""
+
+import time
+
+import pytest
+import zmq
+
+from colocated_node.server import ColocatedServer
+from launch.local import free_port
+from wire import protocol
+from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
+
+
+@pytest.fixture
+def server(tiny_model_dir):
+    engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
+                          scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=256, prefill_chunk_size=16))
+    node = ColocatedServer(NodeConfig("colocated", "colocated-t", engine, port=free_port("127.0.0.1")))
+    yield node
+    node.close()
+
+
+@pytest.fixture
+def router(server):
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(server.config.address)
+    yield socket
+    socket.close()
+
+
+def generate(request_id: str, tenant: str) -> protocol.GenerateRequest:
+    """A one-chunk prompt (one prefill forward each: first tokens come back in admission order)."""
+    params = SamplingParams(temperature=0.6, seed=3, max_tokens=2, ignore_eos=True)
+    return protocol.GenerateRequest(request_id, list(range(10, 22)), params, tenant=tenant)
+
+
+def first_tokens_in_order(server, router, requests: list[protocol.GenerateRequest]) -> list[protocol.TokenEvent]:
+    """Every request waiting on the node before its first forward (as a burst finds it), then each one's first
+    TokenEvent in the order they came back."""
+    for request in requests:
+        router.send(protocol.encode(request))
+    deadline = time.monotonic() + 10
+    while len(server.scheduler.waiting) < len(requests):
+        server.receive(timeout_ms=10)
+        assert time.monotonic() < deadline, f"{len(server.scheduler.waiting)} of {len(requests)} arrived"
+    firsts: dict[str, protocol.TokenEvent] = {}
+    while len(firsts) < len(requests) or server.busy():
+        server.step()
+        while router.poll(0):
+            for event in protocol.decode(router.recv_multipart()[-1]).events:
+                firsts.setdefault(event.request_id, event)
+        assert time.monotonic() < deadline, f"first tokens of {sorted(firsts)} only"
+    return list(firsts.values())
+
+
+def ids(events: list[protocol.TokenEvent]) -> list[str]:
+    return [event.request_id for event in events]
+
+
+def test_a_second_tenants_prompt_is_not_queued_behind_a_first_tenants_burst(server, router):
+    """Issue 23, on a colocated node: client a's four prompts arrive, then client b's one; b's starts right after
+    the a prompt admitted first (first come, first served put it fifth). Its first token is the one it gets alone."""
+    [alone] = first_tokens_in_order(server, router, [generate("b-alone", "client-b")])
+    burst = [generate(f"a{i}", "client-a") for i in range(1, 5)] + [generate("b1", "client-b")]
+    events = first_tokens_in_order(server, router, burst)
+    assert ids(events) == ["a1", "b1", "a2", "a3", "a4"]
+    assert (events[1].token_ids, events[1].logprobs) == (alone.token_ids, alone.logprobs)
+
+
+def test_one_tenant_stays_first_come_first_served_and_two_take_turns(server, router):
+    """Control: one tenant's prompts keep their arrival order; two tenants' bursts take turns."""
+    one = [generate(f"d{i}", "default") for i in range(1, 5)]
+    assert ids(first_tokens_in_order(server, router, one)) == ["d1", "d2", "d3", "d4"]
+    two = [generate(f"a{i}", "client-a") for i in range(1, 4)] + [generate(f"b{i}", "client-b") for i in range(1, 4)]
+    assert ids(first_tokens_in_order(server, router, two)) == ["a1", "b1", "a2", "b2", "a3", "b3"]
