@@ -163,8 +163,9 @@ case $part in
       --out "$out/h200_prefill_cost_by_chunk.json" > "$out/prefill_cost_by_chunk.log" 2>&1 ;;
   issue26_validation)  # issue 26: the planner's profile measured on GPU 0 (KV hand-off included), then a colocated node
     # and 1P1D on GPU 0 at 0.3/0.6/0.9 of each one's predicted capacity, BurstGPT- and ShareGPT-like, over HTTP, each
-    # row predicted at its realized rate and for its throughput window (the last run took 285 s). As run the second
-    # time: after profile_engine's decode points stopped timing steps whose early rows had ended during the fill
+    # row predicted at its realized rate and for its throughput window (~300 s). Stop 34 ran it twice: after
+    # profile_engine's decode points stopped timing steps whose early rows had ended during the fill
+    # (h200_planner_validation_profile_fix.json), then after the equal-slices 1P1D model (h200_planner_validation.json)
     timeout 560 python3 -m benchmarks.planner_validation --device cuda --preset qwen3-8b \
       --out "$out/h200_planner_validation.json" > "$out/planner_validation.log" 2>&1 ;;
   issue24_gpu)  # issue 24: the sampler's new per-row controls and structured outputs on the GPU (xgrammar and
