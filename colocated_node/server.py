@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from corun.model_runner import SampledToken
@@ -59,6 +60,8 @@ class ColocatedServer(NodeServer):
         self.samples: dict[int, Sample] = {}
         """id(request) -> its sample, while the scheduler holds it."""
         self.turns = TenantTurns()
+        self.scheduler.waiting_order = self.waiting_in_turns
+        self.scheduler.on_admit = lambda request: self.turns.admitted(self.tenant_of(request))
         self.num_prefill_forwards = 0
         self.num_decode_steps = 0
         self.num_decoded_rows = 0
@@ -69,25 +72,19 @@ class ColocatedServer(NodeServer):
         return self.scheduler.has_unfinished()
 
     def schedule(self) -> ScheduledBatch | None:
-        """The engine's schedule, its waiting prompts put in their tenants' turns first."""
-        self.take_turns()
-        waiting = set(map(id, self.scheduler.waiting))
-        batch = self.scheduler.schedule()
-        for chunk in batch.prefill_chunks if batch is not None else ():
-            if id(chunk.request) in waiting:  # NOTE: admitted by this schedule
-                self.turns.admitted(self.samples[id(chunk.request)].tenant)
-        return batch
+        return self.scheduler.schedule()
 
-    def take_turns(self) -> None:
+    def waiting_in_turns(self) -> Iterable[Request]:
+        """The scheduler's waiting requests in their tenants' turns (node_core/tenant_turns.py)."""
         waiting = self.scheduler.waiting
         tenants = {self.samples[id(r)].tenant for r in waiting}
         if len(tenants) < 2:  # NOTE: one tenant's turns are its arrival order
-            return
+            return waiting
         prefilling = {self.samples[id(r)].tenant for r in self.scheduler.running if r.is_prefilling}
-        ordered = self.turns.order(list(waiting), lambda request: self.samples[id(request)].tenant,
-                                   tenants | prefilling)
-        waiting.clear()
-        waiting.extend(ordered)
+        return self.turns.order(list(waiting), self.tenant_of, tenants | prefilling)
+
+    def tenant_of(self, request: Request) -> str:
+        return self.samples[id(request)].tenant
 
     def run(self, batch: ScheduledBatch) -> list[SampledToken]:
         if batch.prefill_chunks:

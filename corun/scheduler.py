@@ -141,6 +141,11 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.waiting_order: Callable[[], Iterable[Request]] = lambda: self.waiting
+        """Waiting in the order its prompts may start (fixed_shape's prefill): arrival order, unless the owner
+        (a colocated node: its tenants in turn) sets another."""
+        self.on_admit: Callable[[Request], None] = lambda request: None
+        """Told of each request admitted (a colocated node's tenant turns)."""
 
     def add(self, request: Request) -> None:
         self.check_fits_ever(request)
@@ -182,6 +187,7 @@ class Scheduler:
         self.waiting.remove(request)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+        self.on_admit(request)
         return True
 
     def schedule(self) -> ScheduledBatch | None:
@@ -222,7 +228,7 @@ class FixedShapeScheduler(Scheduler):
     def prefill_chunks(self, max_rows: int | None = None) -> list[PrefillChunk]:
         """Algorithm 1 (and packed prefill): the chunk in progress, else an admissible waiting request's."""
         prefilling = [r for r in self.running if r.is_prefilling]
-        return pack_prefill_chunks(self.cfg, self.block_manager, prefilling, self.waiting, self.admit, max_rows)
+        return pack_prefill_chunks(self.cfg, self.block_manager, prefilling, self.waiting_order(), self.admit, max_rows)
 
 
 class MixedScheduler(Scheduler):
