@@ -13,11 +13,11 @@ import time
 
 import torch
 
-from benchmarks.harness import measure_hardware, step_floor
+from benchmarks.harness import measure_hardware, scheduler_for, step_floor
 from benchmarks.report import emit
 from corun.engine import LLMEngine
 from corun.step_inputs import build_window_decode
-from wire.config import CacheConfig, EngineConfig, SchedulerConfig, canonical_mode
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig, canonical_mode_spec
 from wire.sampling_params import SamplingParams
 
 
@@ -52,10 +52,10 @@ def main() -> None:
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {}
-    for mode in map(canonical_mode, args.modes.split(",")):
-        config = EngineConfig(model=args.model, dtype=args.dtype, device=device, scheduler=SchedulerConfig(
-            mode=mode, max_num_seqs=args.max_num_seqs, max_model_len=args.prompt_len + 256,
-            prefill_chunk_size=args.prompt_len, max_num_batched_tokens=args.prompt_len * 4),
+    for mode in map(canonical_mode_spec, args.modes.split(",")):
+        base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.prompt_len + 256,
+                               prefill_chunk_size=args.prompt_len, max_num_batched_tokens=args.prompt_len * 4)
+        config = EngineConfig(model=args.model, dtype=args.dtype, device=device, scheduler=scheduler_for(base, mode),
             cache=CacheConfig(num_blocks=args.max_num_seqs * (args.prompt_len + 256) // CacheConfig.block_size + 64))
         engine = LLMEngine(config)
         rng = random.Random(0)

@@ -96,6 +96,8 @@ def main() -> None:
     parser.add_argument("--workloads", default="sharegpt,burstgpt,1024x2048")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--max-seconds", type=float, default=20.0)
+    parser.add_argument("--async-scheduling", default="on", choices=("on", "off"),
+                        help="the engine's and every node's (SchedulerConfig.async_scheduling)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     model_dir = str(make_random_model_dir(args.preset, tempfile.mkdtemp(prefix=f"random-{args.preset}-")))
@@ -103,7 +105,7 @@ def main() -> None:
     base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                            prefill_chunk_size=args.prefill_chunk_size)
     engine = EngineConfig(model=model_dir, dtype=args.dtype, device=args.device, num_threads=1,
-                          scheduler=scheduler_for(base, "fixed_shape"),
+                          scheduler=scheduler_for(base, f"fixed_shape:async_scheduling={args.async_scheduling}"),
                           cache=CacheConfig(memory_budget_bytes=args.kv_cache_mib * 2**20))
     prompts = token_prompts(args.num_prompts, vocab - 1, 1, args.prompt_len)  # NOTE: never the EOS id (the last)
     workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]

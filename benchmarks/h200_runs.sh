@@ -35,6 +35,29 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_async_a)  # issue 20, sixth round: async scheduling (a decode step launched before the previous one's tokens
+    # are read). Its GPU tests (both modes' graphs, on = off bitwise), the 8B determinism suite with it on (the
+    # default), t = 0 ShareGPT- and RL-rollout-like with it on and off in both modes, and the whole-step profile (GPU
+    # idle per step) with it on and off
+    timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_async_scheduling.py \
+      > "$out/async_tests.log" 2>&1
+    timeout 90 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun,standard --out "$out/h200_determinism_async.json" > "$out/det.log" 2>&1
+    timeout 240 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 \
+      --modes standard,corun,corun:async_scheduling=off,standard:async_scheduling=off \
+      --out "$out/h200_async_t0_a.json" > "$out/bench.log" 2>&1
+    timeout 140 python3 -m benchmarks.decode_step_profile --model random:qwen3-8b --step-profile \
+      --modes standard,corun,corun:async_scheduling=off \
+      --out "$out/h200_async_step_profile.json" > "$out/profile.log" 2>&1 ;;
+  issue20_async_b)  # the other two t = 0 workloads, and Poisson ShareGPT-like at 16 and 32 req/s, with it on and off
+    timeout 280 $BENCH --workloads burstgpt,1024x2048 --max-seconds 10 \
+      --modes standard,corun,corun:async_scheduling=off,standard:async_scheduling=off \
+      --out "$out/h200_async_t0_b.json" > "$out/bench.log" 2>&1
+    for rate in 16 32; do
+      timeout 140 $BENCH --workloads sharegpt --num-requests 300 --request-rate $rate --max-seconds 22 \
+        --goodput ttft:500 tpot:50 --modes corun,standard \
+        --out "$out/h200_async_poisson_$rate.json" > "$out/poisson_$rate.log" 2>&1
+    done ;;
   issue23_fairness_gpu)  # issue 23: the fairness run with the nodes on the H200 (8B shape, bf16, 1P1D on GPU 0, N = 64):
     # the first client holds 192 never-read streams of 900 tokens against its 32 decode slots and 64 queued requests
     python3 -c "from corun.models.presets import make_random_model_dir; make_random_model_dir('qwen3-8b', '/tmp/q8b')"

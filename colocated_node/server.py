@@ -14,6 +14,8 @@ LLM.generate splits them):
   decoding (the N-row decode step; one StepTokens per router per step, a TokenEvent per sample in it)
       --stop / length / Abort--> finished: slot + blocks free
   with prefill_token_budget, a decode step runs once that many prompt tokens were prefilled since the last one.
+  async scheduling (corun/decode_ahead.py): a decode step is launched before the previous one's tokens are read and
+      streamed, so a sample learns it finished (or is aborted) one step late; that step's token of it is dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from corun.engine import without_finished
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, check_samples_fit, make_scheduler
@@ -69,10 +72,18 @@ class ColocatedServer(NodeServer):
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
     def busy(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.runner.decode_in_flight is not None
 
     def schedule(self) -> ScheduledBatch | None:
-        return self.scheduler.schedule()
+        batch = self.scheduler.schedule()
+        if self.runner.decode_in_flight is not None and not self.overlaps(batch):
+            # NOTE: what runs next needs the tokens in flight on the host (or nothing runs): read and stream them
+            self.postprocess(ScheduledBatch(), self.runner.finish_decode_in_flight())
+            batch = without_finished(batch)
+        return batch
+
+    def overlaps(self, batch: ScheduledBatch | None) -> bool:
+        return batch is not None and not batch.prefill_chunks and self.runner.overlaps(batch.decode_requests)
 
     def waiting_in_turns(self) -> Iterable[Request]:
         """The scheduler's waiting requests in their tenants' turns (node_core/tenant_turns.py)."""
@@ -90,9 +101,18 @@ class ColocatedServer(NodeServer):
         if batch.prefill_chunks:
             self.num_prefill_forwards += 1
             return self.runner.run_prefill(batch.prefill_chunks)
-        self.num_decode_steps += 1
-        self.num_decoded_rows += len(batch.decode_requests)
+        if self.overlaps(batch):
+            sampled = self.runner.run_decode_ahead(batch.decode_requests)
+            launched = self.runner.decode_in_flight
+            self.count_decode_step(0 if launched is None else len(launched.requests))
+            return sampled
+        self.count_decode_step(len(batch.decode_requests))
         return self.runner.run_decode(batch.decode_requests)
+
+    def count_decode_step(self, num_rows: int) -> None:
+        """A decode step launched with num_rows requests (none when 0: every row had its last token in flight)."""
+        self.num_decode_steps += num_rows > 0
+        self.num_decoded_rows += num_rows
 
     def num_prompt_tokens(self, batch: ScheduledBatch) -> int:
         return sum(chunk.num_tokens for chunk in batch.prefill_chunks)
@@ -101,7 +121,9 @@ class ColocatedServer(NodeServer):
         self.scheduler.update_from_output(batch)  # NOTE: before a request that ends here lets its blocks go
         step_events: dict[bytes, list[protocol.TokenEvent]] = {}
         for item in sampled:
-            sample = self.samples[id(item.request)]
+            sample = self.samples.get(id(item.request))
+            if sample is None:  # NOTE: ended or aborted while its step ran ahead
+                continue
             request = item.request
             finish_reason = request.append_token(item.token_id, item.logprobs)
             first = len(request.output_token_ids) == 1

@@ -5,6 +5,8 @@ Lifecycle of a request (queues of the scheduler):
   (admission holds the prompt's longest cached full-chunk prefix, corun/prefix_cache.py; prefill starts after it,
   and each full chunk a prefill forward completes is offered to the cache)
   running (prefilled; token 1 sampled) --decode steps--> finished (stop token or max_tokens) -> blocks freed
+  (async scheduling, corun/decode_ahead.py: a decode step is launched before the previous one's tokens are read, so a
+  request learns it finished one step late; that step's token of it is dropped)
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from corun.block_manager import make_block_manager
 from corun.model_runner import ModelRunner, SampledToken
-from corun.request import Request
+from corun.request import Request, RequestStatus
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, make_scheduler
 from wire.config import EngineConfig
 from wire.sampling_params import SamplingParams
@@ -59,31 +61,57 @@ class LLMEngine:
         return self.block_manager.reset_prefix_cache()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.runner.decode_in_flight is not None
 
     def step(self) -> list[SampledToken]:
+        """-> the tokens read this step: with async scheduling, those of the decode step launched the step before."""
         batch = self.scheduler.schedule()
-        if batch is None:
-            return []
-        sampled = self.run(batch)
-        self.postprocess(batch, sampled)
+        if batch is not None and not batch.prefill_chunks and self.runner.overlaps(batch.decode_requests):
+            sampled = self.runner.run_decode_ahead(batch.decode_requests)
+            if self.runner.decode_in_flight is not None:  # NOTE: none launched when every row had its last token
+                self.count(batch)
+            self.postprocess(ScheduledBatch(), sampled)
+            return sampled
+        sampled = self.runner.finish_decode_in_flight()
+        self.postprocess(ScheduledBatch(), sampled)
+        batch = without_finished(batch)  # NOTE: scheduled before the tokens just read ended some of its requests
+        if batch is not None:
+            ran = self.run(batch)
+            self.postprocess(batch, ran)
+            sampled += ran
         return sampled
 
-    def run(self, batch: ScheduledBatch) -> list[SampledToken]:
+    def count(self, batch: ScheduledBatch) -> None:
         self.stats.max_prefill_batch = max(self.stats.max_prefill_batch, len(batch.prefill_chunks))
         if self.config.scheduler.mode != "fixed_shape":
             self.stats.num_mixed_steps += 1
+        elif batch.prefill_chunks:
+            self.stats.num_prefill_forwards += 1
+        else:
+            self.stats.num_decode_steps += 1
+
+    def run(self, batch: ScheduledBatch) -> list[SampledToken]:
+        self.count(batch)
+        if self.config.scheduler.mode != "fixed_shape":
             return self.runner.run_mixed(batch)
         if batch.prefill_chunks:
-            self.stats.num_prefill_forwards += 1
             return self.runner.run_prefill(batch.prefill_chunks)
-        self.stats.num_decode_steps += 1
         return self.runner.run_decode(batch.decode_requests)
 
     def postprocess(self, batch: ScheduledBatch, sampled: list[SampledToken]) -> None:
         self.scheduler.update_from_output(batch)  # NOTE: before a request that ends here lets its blocks go
         for item in sampled:
+            if item.request.status is not RequestStatus.RUNNING:  # NOTE: ended while its step ran ahead
+                continue
             finish_reason = item.request.append_token(item.token_id, item.logprobs)
             self.stats.num_generated_tokens += 1
             if finish_reason is not None:
                 self.scheduler.finish(item.request, finish_reason)
+
+
+def without_finished(batch: ScheduledBatch | None) -> ScheduledBatch | None:
+    """batch less the decode requests that have ended since it was scheduled (None if nothing is left)."""
+    if batch is None:
+        return None
+    decodes = [r for r in batch.decode_requests if r.status is RequestStatus.RUNNING]
+    return ScheduledBatch(decodes, batch.prefill_chunks) if decodes or batch.prefill_chunks else None

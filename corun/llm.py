@@ -27,7 +27,8 @@ class LLM:
                  dtype: str = EngineConfig.dtype, device: str = EngineConfig.device, seed: int = EngineConfig.seed,
                  use_cuda_graph: bool = EngineConfig.use_cuda_graph,
                  num_threads: int | None = EngineConfig.num_threads, backend: str = EngineConfig.backend,
-                 enable_prefix_caching: bool = CacheConfig.enable_prefix_caching):
+                 enable_prefix_caching: bool = CacheConfig.enable_prefix_caching,
+                 async_scheduling: bool = SchedulerConfig.async_scheduling):
         """The common engine settings as keywords (defaults: the config dataclasses'); LLM.from_config takes
         any EngineConfig."""
         self.config = EngineConfig(
@@ -35,7 +36,8 @@ class LLM:
             backend=backend,
             scheduler=SchedulerConfig(mode=mode, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       prefill_chunk_size=prefill_chunk_size,
-                                      max_num_batched_tokens=max_num_batched_tokens),
+                                      max_num_batched_tokens=max_num_batched_tokens,
+                                      async_scheduling=async_scheduling),
             cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
                               enable_prefix_caching=enable_prefix_caching))
         self._start()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from corun.cuda_graphs import CapturedGraphs
+from corun.decode_ahead import DecodeInFlight, continues, copy_to_host, input_ids_with_tokens_ahead, tokens_ahead
 from corun.decode_sizes import equivalent_decode_sizes
 from corun.kv_cache import PagedKVCache
 from corun.models.config import ModelArchConfig
@@ -82,6 +83,8 @@ class ModelRunner:
         """fixed_shape prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
         self.num_piecewise_forwards = 0
         """Mixed steps that ran through the piecewise graphs (the rest ran eagerly)."""
+        self.num_forwards_ahead = 0
+        """Decode steps launched before the host had read the tokens of the step before (async scheduling)."""
         self.decode_rows_histogram: dict[int, int] = {}
         """fixed_shape decode steps per row count they ran at."""
         self.prefill_rows_histogram: dict[int, int] = {}
@@ -102,6 +105,8 @@ class ModelRunner:
         self.pack_sizes = [config.scheduler.prefill_pack_tokens] if config.scheduler.prefill_pack_tokens else []
         """Row counts a packed prefill forward may run at (ascending, T last): T and the verified smaller ones."""
         self.set_up_fixed_shapes(capture_decode_graph, runs_mixed_steps)
+        self.decode_in_flight: DecodeInFlight | None = None
+        """The decode step launched ahead of the host (async scheduling, corun/decode_ahead.py), until read."""
 
     def load_model_and_sampler(self):
         """The checkpoint, with the kernels this mode and device run."""
@@ -178,6 +183,7 @@ class ModelRunner:
         """fixed_shape prefill of one chunk (isolated) or several prompts' chunks (packed) in one forward; samples
         token 1 of every prompt whose last chunk this is."""
         sched = self.config.scheduler
+        assert self.decode_in_flight is None, "read the decode step in flight first (finish_decode_in_flight)"
         self.num_prefill_forwards += 1
         num_rows = self.pack_rows(chunks) if sched.prefill_pack_tokens else sched.prefill_rows(chunks[0].num_tokens)
         assert len(chunks) <= sched.prefill_seqs_per_forward, "isolated prefill runs one chunk per forward"
@@ -301,19 +307,78 @@ class ModelRunner:
     def run_decode(self, requests: list[Request]) -> list[SampledToken]:
         """The fixed-shape step: N rows whatever len(requests) is, or the smallest verified size that holds
         them (decode_step_sizes), which gives each row the same bits."""
+        assert self.decode_in_flight is None, "read the decode step in flight first (finish_decode_in_flight)"
+        return self.sample(self.fixed_decode_logits(requests), requests)
+
+    def fixed_decode_logits(self, requests: list[Request], previous: DecodeInFlight | None = None) -> torch.Tensor:
         self.num_decode_forwards += 1
         num_rows = next(size for size in self.decode_sizes if size >= len(requests))
         self.decode_rows_histogram[num_rows] = self.decode_rows_histogram.get(num_rows, 0) + 1
-        return self.sample(self.decode_logits(requests, num_rows), requests)
+        return self.decode_logits(requests, num_rows, previous)
 
-    def decode_logits(self, requests: list[Request], num_rows: int) -> torch.Tensor:
+    def decode_logits(self, requests: list[Request], num_rows: int,
+                      previous: DecodeInFlight | None = None) -> torch.Tensor:
+        """previous: the step in flight, whose sampled tokens are the inputs of the requests that ran in it."""
+        ahead = tokens_ahead(requests, previous)
         if self.decode_graph is not None:
-            inputs = build_window_decode(requests, num_rows, self.window_blocks, self.block_size, self.table_rows)
+            inputs = build_window_decode(requests, num_rows, self.window_blocks, self.block_size, self.table_rows,
+                                         ahead)
+            inputs.input_ids = input_ids_with_tokens_ahead(inputs.input_ids, requests, previous, self.device)
             return self.decode_graph.replay(num_rows, inputs)
-        return self.model.compute_logits(self.forward(self.mixed_inputs(requests, num_rows, [])))
+        inputs = self.mixed_inputs(requests, num_rows, [], ahead)
+        inputs.input_ids = input_ids_with_tokens_ahead(inputs.input_ids, requests, previous, self.device)
+        return self.model.compute_logits(self.forward(inputs))
+
+    # --- async scheduling (corun/decode_ahead.py) ---------------------------------------------------------------
+    def overlaps(self, requests: list[Request]) -> bool:
+        """Whether a decode step of these requests may run ahead of the host: async scheduling on, a decode step
+        this runner launches without a host round trip, and no row whose logits depend on its tokens so far."""
+        if not (self.config.scheduler.async_scheduling and requests):
+            return False
+        if self.mode != "fixed_shape" and self.decode_graph is None:
+            return False
+        return not any(r.params.adjusts_logits or r.params.structured is not None or r.params.n != 1
+                       for r in requests)
+
+    def run_decode_ahead(self, requests: list[Request]) -> list[SampledToken]:
+        """Launch the decode step of requests (those whose token in flight ends them by length left out), then read
+        the step launched before it: -> that step's tokens (the caller drops those of requests that ended since)."""
+        previous, self.decode_in_flight = self.decode_in_flight, None
+        running = [r for r in requests if continues(r, previous)]
+        if running:
+            if self.mode == "fixed_shape":
+                logits = self.fixed_decode_logits(running, previous)
+            else:
+                self.num_mixed_forwards += 1
+                logits = self.decode_logits(running, self.decode_graph.size_for(len(running)), previous)
+                logits = logits[:len(running)]
+            ahead = tokens_ahead(running, previous)
+            self.num_forwards_ahead += any(ahead)
+            self.decode_in_flight = self.launch_sample(logits, running, ahead)
+        return [] if previous is None else self.read_sampled(previous)
+
+    def finish_decode_in_flight(self) -> list[SampledToken]:
+        """Read the decode step in flight, if any: -> its tokens."""
+        previous, self.decode_in_flight = self.decode_in_flight, None
+        return [] if previous is None else self.read_sampled(previous)
+
+    @torch.inference_mode()
+    def launch_sample(self, logits: torch.Tensor, requests: list[Request], ahead: list[int]) -> DecodeInFlight:
+        positions = [r.num_tokens + a for r, a in zip(requests, ahead, strict=True)]
+        wanted = any(r.params.logprobs is not None for r in requests)
+        batch = SamplingBatch.build([r.params for r in requests], [r.seed for r in requests], positions,
+                                    logits.shape[0], logits.device)
+        out = self.sampler(logits, batch, self.config.max_logprobs if wanted else None)
+        host, ready = copy_to_host(out, len(requests))
+        return DecodeInFlight(requests, out.token_ids, host, ready)
+
+    def read_sampled(self, step: DecodeInFlight) -> list[SampledToken]:
+        token_ids, logprobs = to_host(step.wait(), step.requests)
+        return [SampledToken(r, tok, lp) for r, tok, lp in zip(step.requests, token_ids, logprobs, strict=True)]
 
     def run_mixed(self, batch: ScheduledBatch) -> list[SampledToken]:
         """mixed-step modes: decodes and prompt chunks of several requests in one forward, no padding."""
+        assert self.decode_in_flight is None, "read the decode step in flight first (finish_decode_in_flight)"
         decodes, chunks = batch.decode_requests, batch.prefill_chunks
         self.num_mixed_forwards += 1
         if not chunks and self.decode_graph is not None:
@@ -339,13 +404,14 @@ class ModelRunner:
         self.num_piecewise_forwards += 1
         return graph.forward(inputs.input_ids, inputs.positions, inputs.meta)
 
-    def mixed_inputs(self, decodes: list[Request], num_decode_rows: int, chunks) -> StepInputs:
+    def mixed_inputs(self, decodes: list[Request], num_decode_rows: int, chunks,
+                     ahead: list[int] | None = None) -> StepInputs:
         if not self.batched_decode_rows:  # NOTE: CPU: per-request attention for every row
-            return build_step(decodes, num_decode_rows, chunks, self.block_size, self.device)
+            return build_step(decodes, num_decode_rows, chunks, self.block_size, self.device, ahead)
         return build_windowed_step(decodes, num_decode_rows, chunks, self.block_size, self.device,
                                    self.window_blocks, self.kv_splits(num_decode_rows),
                                    chunk_invariant_prefill=self.mode == "batch_invariant", table_rows=self.table_rows,
-                                   varlen_prompts=self.varlen_prompt_kernel)
+                                   varlen_prompts=self.varlen_prompt_kernel, ahead=ahead)
 
     @property
     def arch(self) -> ModelArchConfig:
@@ -356,7 +422,8 @@ class ModelRunner:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards,
                 "num_mixed_forwards": self.num_mixed_forwards,
                 "num_padded_prefill_forwards": self.num_padded_prefill_forwards,
-                "num_piecewise_forwards": self.num_piecewise_forwards}
+                "num_piecewise_forwards": self.num_piecewise_forwards,
+                "num_forwards_ahead": self.num_forwards_ahead}
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:

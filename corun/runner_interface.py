@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 
+from corun.decode_ahead import DecodeInFlight
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import PrefillChunk
@@ -50,5 +51,18 @@ class NodeRunner(Protocol):
     def run_prefill(self, chunks: list[PrefillChunk]) -> list[SampledToken]: ...
 
     def run_decode(self, requests: list[Request]) -> list[SampledToken]: ...
+
+    decode_in_flight: DecodeInFlight | None
+    """The decode step launched ahead of the host (async scheduling, corun/decode_ahead.py), until it is read."""
+
+    def overlaps(self, requests: list[Request]) -> bool:
+        """Whether the decode step of requests may run ahead of the host (run_decode_ahead)."""
+        ...
+
+    def run_decode_ahead(self, requests: list[Request]) -> list[SampledToken]:
+        """Launch this decode step, then read the one launched before it: -> that step's tokens."""
+        ...
+
+    def finish_decode_in_flight(self) -> list[SampledToken]: ...
 
     def forward_counts(self) -> dict[str, int]: ...

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from corun.device_copies import to_device
 from corun.structured import apply_token_bitmask
 from wire.sampling_params import SamplingParams
 
@@ -257,7 +258,7 @@ class SamplingBatch:
         sampled = [p for p in params if not p.is_greedy]
 
         def column(values: list, dtype: torch.dtype, pad_value) -> Tensor:
-            return torch.tensor(values + [pad_value] * num_padding, dtype=dtype, device=device)
+            return to_device(torch.tensor(values + [pad_value] * num_padding, dtype=dtype), device)
 
         adjustments = None
         if any(p.adjusts_logits for p in params):
@@ -285,7 +286,7 @@ def chosen_logprob_entries(params: Sequence[SamplingParams], device) -> tuple[Te
     entries = [(row, rank, t) for row, p in enumerate(params) for rank, t in enumerate(p.logprob_token_ids or ())]
     if not entries:
         return None
-    return tuple(torch.tensor([e[i] for e in entries], dtype=torch.int64, device=device) for i in range(3))
+    return tuple(to_device(torch.tensor([e[i] for e in entries], dtype=torch.int64), device) for i in range(3))
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,14 @@ chunks. Padding rows hold token 0 at position 0 and point at the null block.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
 from corun.attention import AttentionMetadata, RequestSegment, VarlenPrompts
+from corun.device_copies import copy_into
 from corun.packed_prefill import PackedPrefillMeta, max_prefill_tiles, packed_prefill_tiles
 from corun.request import Request
 from corun.scheduler import PrefillChunk
@@ -43,16 +45,18 @@ class WindowDecodeInputs:
 
     def copy_to(self, static: WindowDecodeInputs) -> None:
         for f in fields(self):
-            getattr(static, f.name).copy_(getattr(self, f.name), non_blocking=True)
+            copy_into(getattr(static, f.name), getattr(self, f.name))
 
     def to(self, device) -> WindowDecodeInputs:
         return WindowDecodeInputs(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
-def decode_slot(request: Request, block_size: int) -> tuple[int, int, int, int]:
-    """(input token, position, KV block, offset) of a request's next decode token."""
-    position = request.num_tokens - 1
-    return request.last_token_id, position, request.block_ids[position // block_size], position % block_size
+def decode_slot(request: Request, block_size: int, ahead: int = 0) -> tuple[int, int, int, int]:
+    """(input token, position, KV block, offset) of a request's next decode token; ahead: tokens sampled that the
+    host has not read yet (the input token is then a placeholder, 0)."""
+    position = request.num_tokens - 1 + ahead
+    token = 0 if ahead else request.last_token_id
+    return token, position, request.block_ids[position // block_size], position % block_size
 
 
 class BlockTableRows:
@@ -80,12 +84,16 @@ class BlockTableRows:
 
 
 def build_window_decode(requests: list[Request], num_rows: int, window_blocks: int, block_size: int,
-                        table_rows: BlockTableRows | None = None) -> WindowDecodeInputs:
-    """table_rows: the caller's cache of block-table rows (the engine keeps one); None builds them afresh."""
-    rows = [decode_slot(r, block_size) for r in requests]
+                        table_rows: BlockTableRows | None = None,
+                        ahead: Sequence[int] | None = None) -> WindowDecodeInputs:
+    """table_rows: the caller's cache of block-table rows (the engine keeps one); None builds them afresh. ahead: per
+    request, tokens sampled on the device that the host has not read yet (0 or 1, async scheduling); such a row's
+    input token is a placeholder the caller replaces on the device."""
+    ahead = ahead or [0] * len(requests)
+    rows = [decode_slot(r, block_size, a) for r, a in zip(requests, ahead, strict=True)]
     rows += [(0, 0, NULL_BLOCK, 0)] * (num_rows - len(requests))
     tables = (table_rows or BlockTableRows(window_blocks)).table(requests, num_rows)
-    context_lens = [r.num_tokens for r in requests] + [1] * (num_rows - len(requests))
+    context_lens = [r.num_tokens + a for r, a in zip(requests, ahead, strict=True)] + [1] * (num_rows - len(requests))
     ids, positions, blocks, offsets = (torch.tensor(col, dtype=torch.int64) for col in _columns(rows, 4))
     return WindowDecodeInputs(ids, positions, blocks, offsets, torch.from_numpy(tables),
                               torch.tensor(context_lens, dtype=torch.int64))
@@ -98,12 +106,12 @@ def _columns(rows: list[tuple], width: int) -> list[list]:
 def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, chunks: list[PrefillChunk],
                         block_size: int, device, window_blocks: int, num_kv_splits: int,
                         chunk_invariant_prefill: bool = False, table_rows: BlockTableRows | None = None,
-                        varlen_prompts: bool = False) -> StepInputs:
+                        varlen_prompts: bool = False, ahead: Sequence[int] | None = None) -> StepInputs:
     """Decode rows through the batched paged-decode kernel; prompt chunks as per-request segments, or with
     chunk_invariant_prefill through one packed prefill kernel launch, or with varlen_prompts through one varlen
     attention launch."""
     table_rows = table_rows or BlockTableRows(window_blocks)
-    window = build_window_decode(decode_requests, num_decode_rows, window_blocks, block_size, table_rows)
+    window = build_window_decode(decode_requests, num_decode_rows, window_blocks, block_size, table_rows, ahead)
     chunk_step = build_step([], 0, chunks, block_size, "cpu") if chunks else None
     parts = [window] if chunk_step is None else [window, chunk_step]
     packed = None
@@ -146,12 +154,15 @@ def _shifted(segments, offset: int, device) -> tuple[RequestSegment, ...]:
 
 
 def build_step(decode_requests: list[Request], num_decode_rows: int, chunks: list[PrefillChunk],
-               block_size: int, device) -> StepInputs:
-    """Per-request attention for every row: decode rows as one-token segments, chunks as segments."""
-    rows = [decode_slot(r, block_size) for r in decode_requests]
+               block_size: int, device, ahead: Sequence[int] | None = None) -> StepInputs:
+    """Per-request attention for every row: decode rows as one-token segments, chunks as segments. ahead: as
+    build_window_decode's."""
+    ahead = ahead or [0] * len(decode_requests)
+    rows = [decode_slot(r, block_size, a) for r, a in zip(decode_requests, ahead, strict=True)]
     rows += [(0, 0, NULL_BLOCK, 0)] * (num_decode_rows - len(decode_requests))
     columns = [np.asarray(col, dtype=np.int64) for col in _columns(rows, 4)]
-    segments = [_segment(row, r.num_tokens, r, block_size, device) for row, r in enumerate(decode_requests)]
+    segments = [_segment(row, r.num_tokens + a, r, block_size, device)
+                for row, (r, a) in enumerate(zip(decode_requests, ahead, strict=True))]
     start = num_decode_rows
     for chunk in chunks:
         columns = [np.concatenate(pair) for pair in zip(columns, _chunk_columns(chunk, block_size), strict=True)]
@@ -224,7 +235,7 @@ class PrefillPackInputs:
 
     def copy_to(self, static: PrefillPackInputs) -> None:
         for source, target in zip(self.tensors(), static.tensors(), strict=True):
-            target.copy_(source, non_blocking=True)
+            copy_into(target, source)
 
     def to(self, device) -> PrefillPackInputs:
         return PrefillPackInputs(self.input_ids.to(device), self.positions.to(device), self.slot_blocks.to(device),

@@ -14,6 +14,9 @@ Lifecycle of a request (queues; the KV moves by the transport's receiver, self.t
 A request with n samples holds n slots and n KV reservations from admission on; the prompt's KV is read once, into
 the first sample's blocks, and copied to the others' before they run (each sample is then a request of its own).
 Slots in use = claiming + transferring + running <= N, so an admitted request always has a decode row.
+Async scheduling (corun/decode_ahead.py): a decode step is launched before the previous one's tokens are read and
+streamed, so a sample learns it finished (or is aborted) one step late; that step's token of it is dropped, and its
+blocks are freed once no step in flight writes them (NodeServer.free).
 """
 
 from __future__ import annotations
@@ -103,20 +106,34 @@ class DecodeServer(NodeServer):
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
     def busy(self) -> bool:
-        return bool(self.running or self.transferring)
+        return bool(self.running or self.transferring) or self.runner.decode_in_flight is not None
 
     def schedule(self) -> list[Request]:
         """Admit what fits, advance the KV reads; the step decodes every running sample."""
         self.admit()
         self.expire_claims()
         self.poll_transfers()
-        return [sample.request for sample in self.running]
+        requests = [sample.request for sample in self.running]
+        if self.runner.decode_in_flight is not None and not self.runner.overlaps(requests):
+            # NOTE: this step needs the tokens in flight on the host (or nothing runs): read and stream them
+            self.postprocess(requests, self.runner.finish_decode_in_flight())
+            self.free_settled()
+            requests = [sample.request for sample in self.running]
+        return requests
 
     def run(self, requests: list[Request]) -> list[SampledToken]:
-        sampled = self.runner.run_decode(requests)
-        self.num_decode_steps += 1
-        self.num_decoded_rows += len(sampled)
-        return sampled
+        if self.runner.overlaps(requests):
+            sampled = self.runner.run_decode_ahead(requests)
+            launched = self.runner.decode_in_flight
+            self.count_decode_step(0 if launched is None else len(launched.requests))
+            return sampled
+        self.count_decode_step(len(requests))
+        return self.runner.run_decode(requests)
+
+    def count_decode_step(self, num_rows: int) -> None:
+        """A decode step launched with num_rows requests (none when 0: every row had its last token in flight)."""
+        self.num_decode_steps += num_rows > 0
+        self.num_decoded_rows += num_rows
 
     def num_prompt_tokens(self, requests: list[Request]) -> int:
         return 0
@@ -142,7 +159,9 @@ class DecodeServer(NodeServer):
         samples = {id(sample.request): sample for sample in self.running}
         step_events: dict[bytes, list[protocol.TokenEvent]] = {}
         for item in sampled:
-            sample = samples[id(item.request)]
+            sample = samples.get(id(item.request))
+            if sample is None:  # NOTE: ended or aborted while its step ran ahead
+                continue
             finish_reason = item.request.append_token(item.token_id, item.logprobs)
             event = token_event(sample.job, sample.index, [item.token_id], item.logprobs, finish_reason)
             step_events.setdefault(sample.job.router, []).append(event)

@@ -111,6 +111,8 @@ class NodeServer:
         """time.monotonic() when the forward now running started; None between forwards."""
         self.pings_while_busy = PingsWhileBusy(self)
         self.iteration_tokens = IterationTokenCounts()
+        self.frees_after_step: list[Request] = []
+        """Requests whose blocks wait for the decode step in flight to be read (free)."""
         """Tokens each forward computed (vLLM's vllm:iteration_tokens_total, summed over the nodes by the router)."""
 
     def receive(self, timeout_ms: int) -> None:
@@ -123,9 +125,20 @@ class NodeServer:
 
     def free(self, request: Request) -> None:
         """Return a request's KV blocks (if it still holds any) to the pool: its own are freed, the prefix cache's
-        chunks it held are let go (kept, evictable once nobody holds them)."""
-        if request.block_ids:
+        chunks it held are let go (kept, evictable once nobody holds them). A request in the decode step in flight
+        keeps them until that step is read (free_settled): the step still writes its KV, and blocks given to a new
+        request may be written by a KV transfer that does not wait for this process's kernels."""
+        in_flight = self.runner.decode_in_flight
+        if in_flight is not None and in_flight.holds(request):
+            self.frees_after_step.append(request)
+        elif request.block_ids:
             self.block_manager.release(request)
+
+    def free_settled(self) -> None:
+        """Free what waited for the decode step in flight, now that the step it was in has been read."""
+        waiting, self.frees_after_step = self.frees_after_step, []
+        for request in waiting:
+            self.free(request)
 
     def on_reset_prefix_cache(self, identity: bytes, message: protocol.ResetPrefixCache) -> None:
         """Forget every cached prompt chunk; chunks requests still hold (a lease being read) are freed when they end."""
@@ -192,6 +205,7 @@ class NodeServer:
             # NOTE: vLLM's count: the prompt tokens the forward computed plus the tokens it sampled
             self.iteration_tokens.observe(self.num_prompt_tokens(batch) + len(sampled))
             self.postprocess(batch, sampled)
+            self.free_settled()
             loop["run"] += ran - scheduled
             loop["postprocess"] += time.perf_counter() - ran
         self.after_step()

@@ -37,6 +37,7 @@ def engine_facts(config: EngineConfig, model_digest: str) -> dict:
     # may have different KV budgets. The block size stays: it shapes the paged reads.
     engine["cache"].pop("num_blocks")
     engine["cache"].pop("memory_budget_bytes")
+    engine["scheduler"].pop("async_scheduling")  # NOTE: when the host reads a step's tokens, not what they are
     # NOTE: the CPU thread count changes GEMM reductions (measured: logprobs of 7 of 32 prompts moved between 1
     # and 2 threads), so the effective count is part of what determines outputs.
     engine["num_threads"] = torch.get_num_threads()

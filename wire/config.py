@@ -161,6 +161,13 @@ class SchedulerConfig:
     BurstGPT-like 4,068 tok/s against 3,746 eager, ShareGPT-like 6,103 against 5,857. Before prompt attention
     called FlashAttention directly, an engine with the graphs captured ran ~3x slower in `corun bench`, its eager
     steps included, with SDPA choosing cuDNN per new shape; that did not recur (benchmarks/results/README.md)."""
+    async_scheduling: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
+                                                               metavar="on|off"))
+    """vLLM's async scheduling (its default there too): a decode step is launched before the host has read the
+    tokens of the one before, taking each continuing row's input token from the device, so the GPU does not idle
+    while the host reads, streams and schedules (corun/decode_ahead.py). Outputs do not change. Steps with rows whose
+    logits depend on their tokens so far (penalties, min_tokens, logit bias, allowed or bad words, structured
+    outputs), prefill forwards and mixed prefill+decode steps run synchronously."""
 
     def __post_init__(self):
         object.__setattr__(self, "mode", canonical_mode(self.mode))  # NOTE: an old name becomes the new one here

@@ -123,6 +123,15 @@ class VllmModelRunner:
     def forward_counts(self) -> dict[str, int]:
         return {"num_prefill_forwards": self.num_prefill_forwards, "num_decode_forwards": self.num_decode_forwards}
 
+    decode_in_flight = None
+    """vLLM's worker steps one at a time here: no decode step runs ahead of the host."""
+
+    def overlaps(self, requests: list[Request]) -> bool:
+        return False
+
+    def finish_decode_in_flight(self) -> list[SampledToken]:
+        return []
+
     def run_prefill(self, chunks: list[PrefillChunk]) -> list[SampledToken]:
         """One prompt's chunk, alone; token 1 of each of its n samples when it is the prompt's last."""
         (chunk,) = chunks  # NOTE: unsupported_settings refuses packed prefill

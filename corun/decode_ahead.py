@@ -1,0 +1,88 @@
+"""Async scheduling (vLLM's name): a decode step is launched before the host has read the tokens of the one before.
+
+Without it the GPU idles while the host reads a step's tokens, appends them, streams them and builds the next step
+(measured on the H200, 8B shape, 256 rows: 2.5-3.2 ms of each ~19.6 ms step, benchmarks/results/
+h200_decode_step_gap.json). With it, step k+1 takes each continuing row's input token straight from step k's sampled
+tokens on the device, at the position after it, and the host reads step k's tokens while step k+1 runs.
+
+Why outputs do not change: a row's input token, position, KV slot, context length and sampling position are
+exactly those the synchronous step would give it; only where the token comes from differs. A row whose token of
+step k ends it (a stop token) is still computed in step k+1: its KV write lands in its own reserved blocks
+(admission reserves prompt + max_tokens, and a row whose step-k token reaches max_tokens is left out), and the
+fixed-shape step gives every other row the same bits whatever that row holds. Its token is dropped. Rows whose
+next logits depend on the tokens so far (penalties, min_tokens, bias, allowed or bad words, a grammar) make the step
+synchronous: their histories must be on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from corun.device_copies import to_device
+from corun.request import Request
+from corun.sampler import SamplerOutput
+
+
+@dataclass
+class DecodeInFlight:
+    """A launched decode step whose sampled tokens the host has not read yet."""
+
+    requests: list[Request]
+    token_ids: torch.Tensor
+    """[rows] on the device: the next step's input tokens of the rows that continue."""
+    host: SamplerOutput
+    """The step's outputs for its requests, on the host once `ready` has fired."""
+    ready: torch.cuda.Event | None
+    """Recorded after the device-to-host copies (None on CPU: the outputs are already there)."""
+    rows: dict[int, int] = field(default_factory=dict)
+    """id(request) -> its row in the step."""
+
+    def __post_init__(self):
+        self.rows = {id(request): row for row, request in enumerate(self.requests)}
+
+    def holds(self, request: Request) -> bool:
+        return id(request) in self.rows
+
+    def wait(self) -> SamplerOutput:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host
+
+
+def tokens_ahead(requests: Sequence[Request], previous: DecodeInFlight | None) -> list[int]:
+    """Per request, 1 if its newest token is still on the device (it ran in the step in flight), else 0."""
+    return [int(previous is not None and previous.holds(r)) for r in requests]
+
+
+def continues(request: Request, previous: DecodeInFlight | None) -> bool:
+    """False for a row whose token in flight is its last by length: it needs no further step."""
+    ahead = int(previous is not None and previous.holds(request))
+    return request.num_tokens + ahead < request.max_num_tokens
+
+
+def input_ids_with_tokens_ahead(input_ids: torch.Tensor, requests: Sequence[Request], previous: DecodeInFlight | None,
+                                device: torch.device) -> torch.Tensor:
+    """input_ids (on any device) with each ahead row's placeholder replaced by its token from the step in flight,
+    gathered on the device (no host round trip)."""
+    input_ids = to_device(input_ids, device)
+    if previous is None:
+        return input_ids
+    sources = [previous.rows.get(id(r), -1) for r in requests]
+    sources += [-1] * (len(input_ids) - len(sources))
+    source_rows = to_device(torch.tensor(sources, dtype=torch.int64), device)
+    from_previous = previous.token_ids[source_rows.clamp(min=0)]
+    return torch.where(source_rows >= 0, from_previous, input_ids)
+
+
+def copy_to_host(out: SamplerOutput, num_rows: int) -> tuple[SamplerOutput, torch.cuda.Event | None]:
+    """The first num_rows rows of a step's outputs, copied to pinned host memory without waiting for them."""
+    rows = [t[:num_rows] for t in (out.token_ids, out.logprobs, out.topk_ids, out.topk_logprobs)]
+    if not out.token_ids.is_cuda:
+        return SamplerOutput(*rows), None
+    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in rows]
+    ready = torch.cuda.Event()
+    ready.record()
+    return SamplerOutput(*host), ready
