@@ -49,6 +49,15 @@ case $part in
     timeout 140 python3 -m benchmarks.decode_step_profile --model random:qwen3-8b --step-profile \
       --modes standard,corun,corun:async_scheduling=off \
       --out "$out/h200_async_step_profile.json" > "$out/profile.log" 2>&1 ;;
+  issue21_async_front_door)  # stop 35, as run (two device calls): the front door with async scheduling on (8-s cuts
+    # for the device time left), then BurstGPT-like and 1024x2048 with it off and on in one call
+    timeout 540 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 8 --num-prompts 16 \
+      --out "$out/h200_front_door_async.json" > "$out/front_door.log" 2>&1
+    for a in off on; do
+      timeout 250 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 8 --num-prompts 8 \
+        --workloads burstgpt,1024x2048 --async-scheduling $a --out "$out/h200_front_door_async_$a.json" \
+        > "$out/front_door_$a.log" 2>&1
+    done ;;
   issue20_async_b)  # the other two t = 0 workloads, and Poisson ShareGPT-like at 16 and 32 req/s, with it on and off
     timeout 280 $BENCH --workloads burstgpt,1024x2048 --max-seconds 10 \
       --modes standard,corun,corun:async_scheduling=off,standard:async_scheduling=off \
