@@ -58,6 +58,10 @@ case $part in
         --workloads burstgpt,1024x2048 --async-scheduling $a --out "$out/h200_front_door_async_$a.json" \
         > "$out/front_door_$a.log" 2>&1
     done ;;
+  issue20_prefill_pinned)  # stop 35: the two prefill figures after the sampler's and the graphs' inputs moved to
+    # pinned memory (a pageable copy made the host wait for the graph before launching the sampler)
+    timeout 200 python3 -m benchmarks.prefill_cost --paths "corun,$BUCKETS" --lengths 64,4096 \
+      --prefill-chunk-size 4096 --out "$out/h200_prefill_cost_pinned.json" > "$out/prefill_cost.log" 2>&1 ;;
   issue20_async_b)  # the other two t = 0 workloads, and Poisson ShareGPT-like at 16 and 32 req/s, with it on and off
     timeout 280 $BENCH --workloads burstgpt,1024x2048 --max-seconds 10 \
       --modes standard,corun,corun:async_scheduling=off,standard:async_scheduling=off \
