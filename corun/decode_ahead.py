@@ -9,9 +9,11 @@ Why outputs do not change: a row's input token, position, KV slot, context lengt
 exactly those the synchronous step would give it; only where the token comes from differs. A row whose token of
 step k ends it (a stop token) is still computed in step k+1: its KV write lands in its own reserved blocks
 (admission reserves prompt + max_tokens, and a row whose step-k token reaches max_tokens is left out), and the
-fixed-shape step gives every other row the same bits whatever that row holds. Its token is dropped. Rows whose
-next logits depend on the tokens so far (penalties, min_tokens, bias, allowed or bad words, a grammar) make the step
-synchronous: their histories must be on the host.
+fixed-shape step gives every other row the same bits whatever that row holds. Its token is dropped.
+Logit adjustments run ahead too: min_tokens needs only the count of tokens (known), the penalties count the token in
+flight from the device (HistoryAhead, fill_penalty_tokens), bias and allowed tokens need no history. Rows whose next
+logits depend on the values of their last tokens on the host (bad words, a grammar's matcher) make the step
+synchronous.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 from corun.device_copies import to_device
 from corun.request import Request
-from corun.sampler import SamplerOutput
+from corun.sampler import SamplerOutput, SamplingBatch
 
 
 @dataclass
@@ -86,3 +88,37 @@ def copy_to_host(out: SamplerOutput, num_rows: int) -> tuple[SamplerOutput, torc
     ready = torch.cuda.Event()
     ready.record()
     return SamplerOutput(*host), ready
+
+
+PLACEHOLDER = -1
+"""A token in flight in a history built on the host: the padding id, which the penalties' counts skip."""
+
+
+@dataclass
+class HistoryAhead:
+    """A request's tokens as the step ahead sees them (corun.sampler.TokenHistory): its output so far and, when its
+    newest token is in flight, a placeholder for it, so counts (min_tokens) are right; fill_penalty_tokens puts the
+    token itself in the device copy."""
+
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    stop_token_ids: frozenset[int]
+
+
+def histories_ahead(requests: Sequence[Request], ahead: Sequence[int]) -> list[HistoryAhead]:
+    return [HistoryAhead(r.prompt_token_ids, r.output_token_ids + [PLACEHOLDER] * a, r.stop_token_ids)
+            for r, a in zip(requests, ahead, strict=True)]
+
+
+def fill_penalty_tokens(batch: SamplingBatch, requests: Sequence[Request], previous: DecodeInFlight | None,
+                        device: torch.device) -> None:
+    """Write each ahead row's token in flight over its placeholder in the penalties' output ids, on the device."""
+    adjustments = batch.adjustments
+    if previous is None or adjustments is None or adjustments.penalties is None:
+        return
+    places = [(row, len(r.output_token_ids), previous.rows[id(r)]) for row, r in enumerate(requests)
+              if previous.holds(r)]
+    if not places:
+        return
+    rows, columns, sources = (to_device(torch.tensor(column, dtype=torch.int64), device) for column in zip(*places))
+    adjustments.output_ids[rows, columns] = previous.token_ids[sources]

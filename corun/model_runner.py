@@ -22,7 +22,15 @@ from dataclasses import dataclass
 import torch
 
 from corun.cuda_graphs import CapturedGraphs
-from corun.decode_ahead import DecodeInFlight, continues, copy_to_host, input_ids_with_tokens_ahead, tokens_ahead
+from corun.decode_ahead import (
+    DecodeInFlight,
+    continues,
+    copy_to_host,
+    fill_penalty_tokens,
+    histories_ahead,
+    input_ids_with_tokens_ahead,
+    tokens_ahead,
+)
 from corun.decode_sizes import equivalent_decode_sizes
 from corun.kv_cache import PagedKVCache
 from corun.models.config import ModelArchConfig
@@ -332,12 +340,13 @@ class ModelRunner:
     # --- async scheduling (corun/decode_ahead.py) ---------------------------------------------------------------
     def overlaps(self, requests: list[Request]) -> bool:
         """Whether a decode step of these requests may run ahead of the host: async scheduling on, a decode step
-        this runner launches without a host round trip, and no row whose logits depend on its tokens so far."""
+        this runner launches without a host round trip, and no row whose logits depend on the values of its last
+        tokens on the host (bad words, structured outputs)."""
         if not (self.config.scheduler.async_scheduling and requests):
             return False
         if self.mode != "fixed_shape" and self.decode_graph is None:
             return False
-        return not any(r.params.adjusts_logits or r.params.structured is not None or r.params.n != 1
+        return not any(r.params.bad_words_token_ids or r.params.structured is not None or r.params.n != 1
                        for r in requests)
 
     def run_decode_ahead(self, requests: list[Request]) -> list[SampledToken]:
@@ -354,7 +363,7 @@ class ModelRunner:
                 logits = logits[:len(running)]
             ahead = tokens_ahead(running, previous)
             self.num_forwards_ahead += any(ahead)
-            self.decode_in_flight = self.launch_sample(logits, running, ahead)
+            self.decode_in_flight = self.launch_sample(logits, running, ahead, previous)
         return [] if previous is None else self.read_sampled(previous)
 
     def finish_decode_in_flight(self) -> list[SampledToken]:
@@ -363,11 +372,13 @@ class ModelRunner:
         return [] if previous is None else self.read_sampled(previous)
 
     @torch.inference_mode()
-    def launch_sample(self, logits: torch.Tensor, requests: list[Request], ahead: list[int]) -> DecodeInFlight:
+    def launch_sample(self, logits: torch.Tensor, requests: list[Request], ahead: list[int],
+                      previous: DecodeInFlight | None) -> DecodeInFlight:
         positions = [r.num_tokens + a for r, a in zip(requests, ahead, strict=True)]
         wanted = any(r.params.logprobs is not None for r in requests)
         batch = SamplingBatch.build([r.params for r in requests], [r.seed for r in requests], positions,
-                                    logits.shape[0], logits.device)
+                                    logits.shape[0], logits.device, histories_ahead(requests, ahead))
+        fill_penalty_tokens(batch, requests, previous, logits.device)
         out = self.sampler(logits, batch, self.config.max_logprobs if wanted else None)
         host, ready = copy_to_host(out, len(requests))
         return DecodeInFlight(requests, out.token_ids, host, ready)

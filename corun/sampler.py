@@ -126,11 +126,11 @@ class LogitAdjustments:
         def ids(rows: list[list[int]]) -> Tensor:
             rows = rows + [[]] * (num_rows - len(rows))
             width = max(map(len, rows), default=0)
-            return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64,
-                                device=device).reshape(num_rows, width)
+            padded = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64)
+            return to_device(padded.reshape(num_rows, width), device)
 
         def per_row(values: list[float], pad: float) -> Tensor:
-            return torch.tensor(values + [pad] * (num_rows - len(values)), dtype=torch.float32, device=device)
+            return to_device(torch.tensor(values + [pad] * (num_rows - len(values)), dtype=torch.float32), device)
 
         penalties = None
         if penalized:
@@ -139,11 +139,11 @@ class LogitAdjustments:
                          per_row([p.repetition_penalty for p in params], 1.0))
         empty_rows = [[] for _ in params]
         return cls(
-            bias_rows=torch.tensor([r for r, _, _ in bias], dtype=torch.int64, device=device),
-            bias_ids=torch.tensor([t for _, t, _ in bias], dtype=torch.int64, device=device),
-            bias_values=torch.tensor([b for _, _, b in bias], dtype=torch.float32, device=device),
-            banned_rows=torch.tensor([r for r, _ in banned], dtype=torch.int64, device=device),
-            banned_ids=torch.tensor([t for _, t in banned], dtype=torch.int64, device=device),
+            bias_rows=to_device(torch.tensor([r for r, _, _ in bias], dtype=torch.int64), device),
+            bias_ids=to_device(torch.tensor([t for _, t, _ in bias], dtype=torch.int64), device),
+            bias_values=to_device(torch.tensor([b for _, _, b in bias], dtype=torch.float32), device),
+            banned_rows=to_device(torch.tensor([r for r, _ in banned], dtype=torch.int64), device),
+            banned_ids=to_device(torch.tensor([t for _, t in banned], dtype=torch.int64), device),
             allowed=allowed_entries(params, device),
             penalties=penalties,
             prompt_ids=ids([list(h.prompt_token_ids) for h in histories] if penalized else empty_rows),
@@ -187,9 +187,9 @@ def allowed_entries(params: Sequence[SamplingParams], device) -> tuple[Tensor, T
     if not restricted:
         return None
     pairs = [(row, t) for row in restricted for t in params[row].allowed_token_ids]
-    return (torch.tensor(restricted, dtype=torch.int64, device=device),
-            torch.tensor([r for r, _ in pairs], dtype=torch.int64, device=device),
-            torch.tensor([t for _, t in pairs], dtype=torch.int64, device=device))
+    return (to_device(torch.tensor(restricted, dtype=torch.int64), device),
+            to_device(torch.tensor([r for r, _ in pairs], dtype=torch.int64), device),
+            to_device(torch.tensor([t for _, t in pairs], dtype=torch.int64), device))
 
 
 def allowed_mask(allowed: tuple[Tensor, Tensor, Tensor], logits: Tensor) -> Tensor:

@@ -165,11 +165,11 @@ class SchedulerConfig:
                                                                metavar="on|off"))
     """vLLM's async scheduling (its default there too): a decode step is launched before the host has read the
     tokens of the one before, taking each continuing row's input token from the device, so the GPU does not idle
-    while the host reads, streams and schedules (corun/decode_ahead.py). Outputs do not change. Steps with rows whose
-    logits depend on their tokens so far (penalties, min_tokens, logit bias, allowed or bad words, structured
-    outputs), prefill forwards and mixed prefill+decode steps run synchronously. Measured on the H200 (8B shape,
-    N = 256, benchmarks/results/h200_async_*.json): GPU idle per decode step 0.9 ms against 3.4 without; at t = 0
-    1.01-1.14x (fixed_shape) and 1.03-1.19x (mixed); through HTTP 1.13-1.16x on colocated nodes."""
+    while the host reads, streams and schedules (corun/decode_ahead.py). Outputs do not change. Penalties count the
+    token in flight on the device. Steps with rows whose logits depend on the values of their last tokens on the host
+    (bad words, structured outputs), prefill forwards and mixed prefill+decode steps run synchronously. Measured on
+    the H200 (8B shape, N = 256, benchmarks/results/h200_async_*.json): GPU idle per decode step 0.9 ms against 3.4
+    without; at t = 0 1.01-1.14x (fixed_shape) and 1.03-1.19x (mixed); through HTTP 1.13-1.16x on colocated nodes."""
 
     def __post_init__(self):
         object.__setattr__(self, "mode", canonical_mode(self.mode))  # NOTE: an old name becomes the new one here

@@ -77,12 +77,48 @@ def test_inverse_inputs_not_taken_from_the_step_in_flight_change_outputs(engines
     assert outputs(engines[True], prompts, params) != reference
 
 
-def test_rows_with_history_dependent_logits_run_synchronously(engines):
-    """Penalties need every token so far on the host: such steps are not launched ahead, the outputs still agree."""
-    prompts, params = varied_prompts(12, seed=5), mixed_params(12, seed=8, penalties=True)
-    assert any(p.frequency_penalty for p in params)
-    assert not engines[True].engine.runner.overlaps(
-        [types.SimpleNamespace(params=p) for p in params if p.frequency_penalty])
+def adjusting_params(count: int, seed: int) -> list[SamplingParams]:
+    """Rows whose logits depend on their history: penalties (counts of each token so far), min_tokens (how many),
+    logit bias; the rest plain."""
+    rng = random.Random(seed)
+    params = []
+    for p in mixed_params(count, seed):
+        kind = rng.choice(["penalties", "min_tokens", "bias", "plain"])
+        if kind == "penalties":
+            p = dataclasses.replace(p, frequency_penalty=0.8, presence_penalty=0.5, repetition_penalty=1.3)
+        elif kind == "min_tokens":
+            p = dataclasses.replace(p, min_tokens=min(p.max_tokens, 4), ignore_eos=False)
+        elif kind == "bias":
+            p = dataclasses.replace(p, logit_bias=((rng.randrange(200), 3.0),))
+        params.append(p)
+    return params
+
+
+def test_rows_with_logit_adjustments_run_ahead_with_the_same_outputs(engines):
+    """Penalties count the token in flight on the device, min_tokens its place; the outputs agree."""
+    prompts, params = varied_prompts(16, seed=5), adjusting_params(16, seed=8)
+    assert any(p.uses_penalties for p in params) and any(p.min_tokens for p in params)
+    ahead_before = engines[True].engine.runner.num_forwards_ahead
+    assert outputs(engines[True], prompts, params) == outputs(engines[False], prompts, params)
+    assert engines[True].engine.runner.num_forwards_ahead > ahead_before
+
+
+def test_inverse_penalties_without_the_token_in_flight_change_outputs(engines, monkeypatch):
+    prompts = varied_prompts(16, seed=5)
+    params = [dataclasses.replace(p, frequency_penalty=1.0, repetition_penalty=1.5, ignore_eos=True)
+              for p in mixed_params(16, seed=8)]
+    reference = outputs(engines[False], prompts, params)
+    monkeypatch.setattr(corun.model_runner, "fill_penalty_tokens", lambda *args: None)
+    assert outputs(engines[True], prompts, params) != reference
+
+
+def test_bad_words_make_the_step_synchronous(engines):
+    """A bad word's ban depends on the values of the row's last tokens, which only the host has read."""
+    params = SamplingParams(max_tokens=4, seed=3, bad_words_token_ids=((5, 6),))
+    runner = engines[True].engine.runner
+    assert not runner.overlaps([types.SimpleNamespace(params=params)])
+    assert runner.overlaps([types.SimpleNamespace(params=dataclasses.replace(params, bad_words_token_ids=()))])
+    prompts = varied_prompts(6, seed=9)
     assert outputs(engines[True], prompts, params) == outputs(engines[False], prompts, params)
 
 
@@ -127,8 +163,8 @@ def test_a_node_frees_blocks_only_after_the_step_in_flight_is_read():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["fixed_shape", "mixed"])
 def test_async_scheduling_on_cuda_graphs_gives_the_synchronous_outputs(mode):
-    """On CUDA the step ahead replays the captured decode graph with its input tokens gathered on the device, while
-    the host reads the step before; both modes (mixed: its decode-only steps)."""
+    """On CUDA the step ahead replays the captured decode graph with its input tokens (and the penalties' count of
+    them) gathered on the device, while the host reads the step before; both modes (mixed: its decode-only steps)."""
     from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
     runs = {}
@@ -140,7 +176,7 @@ def test_async_scheduling_on_cuda_graphs_gives_the_synchronous_outputs(mode):
         assert llm.engine.runner.decode_graph is not None
         prompts = [list(range(3 + i, 40 + 7 * i)) for i in range(24)]
         if not on:  # NOTE: first, to choose the stop tokens the requests reach
-            runs["params"] = with_stops(llm, prompts, mixed_params(24, seed=4))
+            runs["params"] = with_stops(llm, prompts, adjusting_params(24, seed=4))
         runs[on] = outputs(llm, prompts, runs["params"])
         if on:
             assert llm.engine.runner.num_forwards_ahead > 0
