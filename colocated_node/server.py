@@ -25,11 +25,11 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from corun.engine import without_finished
+from corun.engine import runs_ahead, without_finished
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, check_samples_fit, make_scheduler
-from node_core.server import NodeServer
+from node_core.server import NodeServer, run_decode_step
 from node_core.tenant_turns import TenantTurns
 from wire import protocol
 from wire.config import NodeConfig
@@ -76,14 +76,11 @@ class ColocatedServer(NodeServer):
 
     def schedule(self) -> ScheduledBatch | None:
         batch = self.scheduler.schedule()
-        if self.runner.decode_in_flight is not None and not self.overlaps(batch):
+        if self.runner.decode_in_flight is not None and not runs_ahead(self.runner, batch):
             # NOTE: what runs next needs the tokens in flight on the host (or nothing runs): read and stream them
             self.postprocess(ScheduledBatch(), self.runner.finish_decode_in_flight())
             batch = without_finished(batch)
         return batch
-
-    def overlaps(self, batch: ScheduledBatch | None) -> bool:
-        return batch is not None and not batch.prefill_chunks and self.runner.overlaps(batch.decode_requests)
 
     def waiting_in_turns(self) -> Iterable[Request]:
         """The scheduler's waiting requests in their tenants' turns (node_core/tenant_turns.py)."""
@@ -101,18 +98,10 @@ class ColocatedServer(NodeServer):
         if batch.prefill_chunks:
             self.num_prefill_forwards += 1
             return self.runner.run_prefill(batch.prefill_chunks)
-        if self.overlaps(batch):
-            sampled = self.runner.run_decode_ahead(batch.decode_requests)
-            launched = self.runner.decode_in_flight
-            self.count_decode_step(0 if launched is None else len(launched.requests))
-            return sampled
-        self.count_decode_step(len(batch.decode_requests))
-        return self.runner.run_decode(batch.decode_requests)
-
-    def count_decode_step(self, num_rows: int) -> None:
-        """A decode step launched with num_rows requests (none when 0: every row had its last token in flight)."""
+        sampled, num_rows = run_decode_step(self.runner, batch.decode_requests)
         self.num_decode_steps += num_rows > 0
         self.num_decoded_rows += num_rows
+        return sampled
 
     def num_prompt_tokens(self, batch: ScheduledBatch) -> int:
         return sum(chunk.num_tokens for chunk in batch.prefill_chunks)

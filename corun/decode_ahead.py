@@ -39,7 +39,7 @@ class DecodeInFlight:
     """The step's outputs for its requests, on the host once `ready` has fired."""
     ready: torch.cuda.Event | None
     """Recorded after the device-to-host copies (None on CPU: the outputs are already there)."""
-    rows: dict[int, int] = field(default_factory=dict)
+    rows: dict[int, int] = field(init=False)
     """id(request) -> its row in the step."""
 
     def __post_init__(self):

@@ -66,7 +66,7 @@ class LLMEngine:
     def step(self) -> list[SampledToken]:
         """-> the tokens read this step: with async scheduling, those of the decode step launched the step before."""
         batch = self.scheduler.schedule()
-        if batch is not None and not batch.prefill_chunks and self.runner.overlaps(batch.decode_requests):
+        if runs_ahead(self.runner, batch):
             sampled = self.runner.run_decode_ahead(batch.decode_requests)
             if self.runner.decode_in_flight is not None:  # NOTE: none launched when every row had its last token
                 self.count(batch)
@@ -107,6 +107,11 @@ class LLMEngine:
             self.stats.num_generated_tokens += 1
             if finish_reason is not None:
                 self.scheduler.finish(item.request, finish_reason)
+
+
+def runs_ahead(runner: ModelRunner, batch: ScheduledBatch | None) -> bool:
+    """Whether batch is a decode step that may run ahead of the host (async scheduling, corun/decode_ahead.py)."""
+    return batch is not None and not batch.prefill_chunks and runner.overlaps(batch.decode_requests)
 
 
 def without_finished(batch: ScheduledBatch | None) -> ScheduledBatch | None:

@@ -318,16 +318,17 @@ class ModelRunner:
         assert self.decode_in_flight is None, "read the decode step in flight first (finish_decode_in_flight)"
         return self.sample(self.fixed_decode_logits(requests), requests)
 
-    def fixed_decode_logits(self, requests: list[Request], previous: DecodeInFlight | None = None) -> torch.Tensor:
+    def fixed_decode_logits(self, requests: list[Request], previous: DecodeInFlight | None = None,
+                            ahead: list[int] | None = None) -> torch.Tensor:
         self.num_decode_forwards += 1
         num_rows = next(size for size in self.decode_sizes if size >= len(requests))
         self.decode_rows_histogram[num_rows] = self.decode_rows_histogram.get(num_rows, 0) + 1
-        return self.decode_logits(requests, num_rows, previous)
+        return self.decode_logits(requests, num_rows, previous, ahead)
 
-    def decode_logits(self, requests: list[Request], num_rows: int,
-                      previous: DecodeInFlight | None = None) -> torch.Tensor:
-        """previous: the step in flight, whose sampled tokens are the inputs of the requests that ran in it."""
-        ahead = tokens_ahead(requests, previous)
+    def decode_logits(self, requests: list[Request], num_rows: int, previous: DecodeInFlight | None = None,
+                      ahead: list[int] | None = None) -> torch.Tensor:
+        """previous: the step in flight, whose sampled tokens are the inputs of the requests that ran in it; ahead:
+        tokens_ahead(requests, previous)."""
         if self.decode_graph is not None:
             inputs = build_window_decode(requests, num_rows, self.window_blocks, self.block_size, self.table_rows,
                                          ahead)
@@ -355,13 +356,13 @@ class ModelRunner:
         previous, self.decode_in_flight = self.decode_in_flight, None
         running = [r for r in requests if continues(r, previous)]
         if running:
+            ahead = tokens_ahead(running, previous)
             if self.mode == "fixed_shape":
-                logits = self.fixed_decode_logits(running, previous)
+                logits = self.fixed_decode_logits(running, previous, ahead)
             else:
                 self.num_mixed_forwards += 1
-                logits = self.decode_logits(running, self.decode_graph.size_for(len(running)), previous)
+                logits = self.decode_logits(running, self.decode_graph.size_for(len(running)), previous, ahead)
                 logits = logits[:len(running)]
-            ahead = tokens_ahead(running, previous)
             self.num_forwards_ahead += any(ahead)
             self.decode_in_flight = self.launch_sample(logits, running, ahead, previous)
         return [] if previous is None else self.read_sampled(previous)
@@ -376,8 +377,10 @@ class ModelRunner:
                       previous: DecodeInFlight | None) -> DecodeInFlight:
         positions = [r.num_tokens + a for r, a in zip(requests, ahead, strict=True)]
         wanted = any(r.params.logprobs is not None for r in requests)
+        # NOTE: histories only for a step that adjusts logits: copying every row's output each step costs the host
+        histories = histories_ahead(requests, ahead) if any(r.params.adjusts_logits for r in requests) else None
         batch = SamplingBatch.build([r.params for r in requests], [r.seed for r in requests], positions,
-                                    logits.shape[0], logits.device, histories_ahead(requests, ahead))
+                                    logits.shape[0], logits.device, histories)
         fill_penalty_tokens(batch, requests, previous, logits.device)
         out = self.sampler(logits, batch, self.config.max_logprobs if wanted else None)
         host, ready = copy_to_host(out, len(requests))

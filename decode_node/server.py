@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, allocate_all, check_fits_cache, check_request, check_samples_fit
-from node_core.server import NodeServer
+from node_core.server import NodeServer, run_decode_step
 from transfer.compat import IncompatiblePeer, check_compatible
 from transfer.reads import ReadHandle
 from transfer.transport import KVReceiver
@@ -122,18 +122,10 @@ class DecodeServer(NodeServer):
         return requests
 
     def run(self, requests: list[Request]) -> list[SampledToken]:
-        if self.runner.overlaps(requests):
-            sampled = self.runner.run_decode_ahead(requests)
-            launched = self.runner.decode_in_flight
-            self.count_decode_step(0 if launched is None else len(launched.requests))
-            return sampled
-        self.count_decode_step(len(requests))
-        return self.runner.run_decode(requests)
-
-    def count_decode_step(self, num_rows: int) -> None:
-        """A decode step launched with num_rows requests (none when 0: every row had its last token in flight)."""
+        sampled, num_rows = run_decode_step(self.runner, requests)
         self.num_decode_steps += num_rows > 0
         self.num_decoded_rows += num_rows
+        return sampled
 
     def num_prompt_tokens(self, requests: list[Request]) -> int:
         return 0

@@ -16,7 +16,7 @@ import uuid
 from typing import ClassVar
 
 from corun.block_manager import make_block_manager
-from corun.model_runner import ModelRunner
+from corun.model_runner import ModelRunner, SampledToken
 from corun.models.loader import model_digest
 from corun.request import Request
 from corun.runner_interface import NodeRunner
@@ -66,6 +66,17 @@ def kv_layout(config: EngineConfig) -> str:
 
         return vllm_kv_layout(config)
     return KV_LAYOUT
+
+
+def run_decode_step(runner: NodeRunner, requests: list[Request]) -> tuple[list[SampledToken], int]:
+    """The decode step of requests (a decode or colocated node's), ahead of the host where it may (async scheduling):
+    -> the tokens read now (the step before's, when ahead) and the rows launched (0: every row had its last token in
+    flight)."""
+    if runner.overlaps(requests):
+        sampled = runner.run_decode_ahead(requests)
+        launched = runner.decode_in_flight
+        return sampled, 0 if launched is None else len(launched.requests)
+    return runner.run_decode(requests), len(requests)
 
 
 class NodeServer:

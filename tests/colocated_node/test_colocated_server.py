@@ -3,31 +3,27 @@
 import time
 
 import pytest
-import zmq
 
 from colocated_node.server import ColocatedServer
 from launch.local import free_port
+from tests.node_sockets import router_socket, small_engine
 from wire import protocol
-from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from wire.config import NodeConfig
 from wire.sampling_params import SamplingParams
 
 
 @pytest.fixture
 def server(tiny_model_dir):
-    engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
-                          scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=256, prefill_chunk_size=16))
-    node = ColocatedServer(NodeConfig("colocated", "colocated-t", engine, port=free_port("127.0.0.1")))
+    node = ColocatedServer(NodeConfig("colocated", "colocated-t", small_engine(tiny_model_dir),
+                                      port=free_port("127.0.0.1")))
     yield node
     node.close()
 
 
 @pytest.fixture
 def router(server):
-    socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(server.config.address)
-    yield socket
-    socket.close()
+    with router_socket(server.config.address) as socket:
+        yield socket
 
 
 def generate(request_id: str, tenant: str) -> protocol.GenerateRequest:

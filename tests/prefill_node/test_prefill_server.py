@@ -1,26 +1,25 @@
 """The prefill server in-process: isolated prefill (tenants in turn, each one FIFO), KV leases (claim, expiry), refusal
 of bad peers."""
 
+import contextlib
 import dataclasses
 import time
 
 import msgspec
 import pytest
-import zmq
 
 from launch.local import free_port
 from prefill_node.server import PrefillServer
+from tests.node_sockets import router_socket, small_engine
 from wire import protocol
-from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig
+from wire.config import NodeConfig
 from wire.sampling_params import SamplingParams
 
 
 @pytest.fixture
 def server(tiny_model_dir, request):
     """kv_lease_seconds 0.3 (leases expire within a test), or the test's indirect parameter."""
-    engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
-                          scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=256, prefill_chunk_size=16))
-    node = PrefillServer(NodeConfig("prefill", "prefill-t", engine, port=free_port("127.0.0.1"),
+    node = PrefillServer(NodeConfig("prefill", "prefill-t", small_engine(tiny_model_dir), port=free_port("127.0.0.1"),
                                     kv_lease_seconds=getattr(request, "param", 0.3)))
     yield node
     node.close()
@@ -28,11 +27,8 @@ def server(tiny_model_dir, request):
 
 @pytest.fixture
 def router(server):
-    socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(server.config.address)
-    yield socket
-    socket.close()
+    with router_socket(server.config.address) as socket:
+        yield socket
 
 
 def exchange(server, socket, message, num_replies: int = 1, timeout_s: float = 10.0) -> list:
@@ -163,8 +159,9 @@ def test_bad_requests_and_incompatible_peers_get_clear_errors(server, router):
 
 
 def packed_server(model_dir: str) -> PrefillServer:
-    engine = EngineConfig(model=model_dir, num_threads=1, cache=CacheConfig(num_blocks=64), scheduler=SchedulerConfig(
-        max_num_seqs=8, max_model_len=256, prefill_chunk_size=16, prefill_pack_tokens=48, prefill_pack_seqs=4))
+    engine = small_engine(model_dir)
+    engine = dataclasses.replace(engine, scheduler=dataclasses.replace(engine.scheduler, prefill_pack_tokens=48,
+                                                                       prefill_pack_seqs=4))
     return PrefillServer(NodeConfig("prefill", "prefill-p", engine, port=free_port("127.0.0.1")))
 
 
@@ -174,10 +171,7 @@ def test_packed_prefill_shares_forwards_and_keeps_every_prompts_bits(tiny_model_
     are bitwise what it gets prefilled alone on the same node. Inverse: the 2-token prompt at its natural 2 rows
     (the isolated node) gets other bits, so the comparison can fail here."""
     packed = packed_server(tiny_model_dir)
-    socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(packed.config.address)
-    try:
+    with contextlib.closing(packed), router_socket(packed.config.address) as socket:
         requests = [prefill(name, size) for name, size in (("p1", 5), ("p2", 30), ("p3", 2), ("p4", 16))]
         requests = [msgspec.structs.replace(r, params=dataclasses.replace(r.params, logprobs=3)) for r in requests]
         alone = {r.request_id: exchange(packed, socket, r)[0] for r in requests}
@@ -191,9 +185,6 @@ def test_packed_prefill_shares_forwards_and_keeps_every_prompts_bits(tiny_model_
         assert all(v.first_tokens[0].logprobs is not None for v in alone.values())
         [natural] = exchange(server, router, requests[2])
         assert natural.first_tokens[0].logprobs != alone["p3"].first_tokens[0].logprobs
-    finally:
-        socket.close()
-        packed.close()
 
 
 def tenant_prefill(request_id: str, tenant: str) -> protocol.PrefillRequest:
