@@ -97,11 +97,11 @@ def kernel_profile(runner, inputs, top: int = 25) -> dict:
 
     splits = runner.kv_splits(len(inputs.input_ids))
     static = inputs.to(runner.device)
-    runner.window_decode_logits(static, splits)
+    runner.window_decode_logits(static, splits, runner.kv_split_tokens)
     sync()
     kind = "CUDA" if runner.on_cuda else "CPU"  # NOTE: CPU totals nest ops in ops; only CUDA's are exclusive
     with profile(activities=[getattr(ProfilerActivity, kind)]) as prof:
-        runner.window_decode_logits(static, splits)
+        runner.window_decode_logits(static, splits, runner.kv_split_tokens)
         sync()
     totals: dict[str, float] = {}
     for event in prof.events():

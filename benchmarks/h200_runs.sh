@@ -35,6 +35,20 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_kv_splits)  # issue 20, seventh round: decode attention over fixed-size ranges of each context
+    # (decode_kv_split_tokens). The kernel probe (time per layer by rows, real rows and context, in CUDA graphs; bits
+    # alone vs batched and across the two program layouts), the GPU tests of the kernels, async scheduling and decode
+    # sizes, the 8B determinism suite, and t = 0 ShareGPT- and RL-rollout-like: the defaults (ranges of 512) beside
+    # ranges off and standard
+    timeout 150 python3 -m benchmarks.decode_attention_splits --out "$out/h200_decode_attention_splits.json" \
+      > "$out/probe.log" 2>&1
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kernels.py \
+      tests/corun/test_async_scheduling.py tests/corun/test_decode_sizes.py > "$out/gpu_tests.log" 2>&1
+    timeout 120 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun,standard --out "$out/h200_determinism_kv_splits.json" > "$out/det.log" 2>&1
+    timeout 330 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 \
+      --modes standard,corun,corun:decode_kv_split_tokens=0 \
+      --out "$out/h200_kv_splits_t0.json" > "$out/bench.log" 2>&1 ;;
   issue20_async_a)  # issue 20, sixth round: async scheduling (a decode step launched before the previous one's tokens
     # are read). Its GPU tests (both modes' graphs, on = off bitwise), the 8B determinism suite with it on (the
     # default), t = 0 ShareGPT- and RL-rollout-like with it on and off in both modes, and the whole-step profile (GPU

@@ -292,7 +292,18 @@ def decode_step_summary(engine: LLMEngine, decode_steps: list[tuple[float, list[
     floor_s = statistics.median(step_floor(engine, ctx, int(rows), hardware) for _, ctx in full)
     return {"median_ms": round(1e3 * step_s, 3), "floor_ms": round(1e3 * floor_s, 3),
             "over_floor": round(step_s / floor_s, 2), "median_active_rows": statistics.median(len(c) for _, c in full),
-            "steps_measured": len(full)}
+            "steps_measured": len(full), "tail": tail_summary(decode_steps, n)}
+
+
+def tail_summary(decode_steps: list[tuple[float, list[int]]], max_num_seqs: int) -> dict:
+    """Steps of at most N/8 rows: the tail of a t = 0 run, where step time is no longer the full step's."""
+    tail = [(t, ctx) for t, ctx in decode_steps if ctx and len(ctx) <= max_num_seqs // 8]
+    if not tail:
+        return {"steps": 0}
+    return {"steps": len(tail), "seconds": round(sum(t for t, _ in tail), 3),
+            "median_ms": round(1e3 * statistics.median(t for t, _ in tail), 3),
+            "median_active_rows": statistics.median(len(c) for _, c in tail),
+            "median_longest_context": statistics.median(max(c) for _, c in tail)}
 
 
 def progress_line(mode: str, workload: str, result: dict) -> str:

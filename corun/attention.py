@@ -19,7 +19,8 @@
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass
+import functools
+from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +79,11 @@ class AttentionMetadata:
     num_kv_splits: int = 0
     """Decode kernel for the window rows: 0 = the torch fixed-window path; n >= 1 = the Triton paged kernel
     with n splits of each context (1 = no split-KV)."""
+    kv_split_tokens: int = 0
+    """With the Triton kernel: > 0 cuts each context into ranges of this many tokens instead (fixed_shape's
+    SchedulerConfig.decode_kv_split_tokens), a function of the request alone."""
+    window_range_items: object | None = field(default=None, init=False, repr=False)  # RangeItems (Triton's module)
+    """The ranged kernel's item list, made by the first layer and shared by the others (one per forward)."""
     packed_prefill: PackedPrefillMeta | None = None
     """Prompt rows through the packed paged kernel instead of per-segment SDPA: its reduction order for a token
     depends only on the token's position, so a token's result does not depend on how its prompt was chunked
@@ -219,7 +225,19 @@ def decode_rows_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: f
     if meta.num_kv_splits == 0:
         return fixed_window_decode_attention(
             q, k_cache, v_cache, meta.window_block_tables, meta.window_context_lens, scale)
-    from corun.kernels.decode_attention import paged_decode_attention  # NOTE: Triton only on CUDA hosts
+    from corun.kernels import decode_attention as kernels  # NOTE: Triton only on CUDA hosts
 
-    return paged_decode_attention(q, k_cache, v_cache, meta.window_block_tables, meta.window_context_lens, scale,
-                                  meta.num_kv_splits)
+    tables, lens = meta.window_block_tables, meta.window_context_lens
+    if not meta.kv_split_tokens:
+        return kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, meta.num_kv_splits)
+    if meta.window_range_items is None:
+        meta.window_range_items = kernels.range_items(lens, tables.shape[1] * k_cache.shape[1], meta.kv_split_tokens)
+    programs = kernels.ranged_programs(len(q), k_cache.shape[2], num_sms(q.device))
+    return kernels.ranged_decode_attention(q, k_cache, v_cache, tables, lens, meta.window_range_items, scale,
+                                           meta.kv_split_tokens, programs)
+
+
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (Triton's interpreter on CPU: a nominal few)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2

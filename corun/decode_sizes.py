@@ -60,8 +60,11 @@ def matches_full_step(runner: ProbedRunner, size: int) -> bool:
 
 def probe_requests(runner: ProbedRunner, num: int, rng: random.Random) -> list[Request]:
     """num requests on distinct blocks (from block 1) filled with random K and V, at random contexts."""
-    blocks_per_request = max(1, min(MAX_PROBE_BLOCKS_PER_REQUEST, (runner.kv_cache.num_blocks - 1) // num,
-                                    runner.window_blocks))
+    # NOTE: long enough for contexts of several decode attention ranges (decode_kv_split_tokens), whose kernel
+    # layout changes with the step's rows while their bits must not
+    split = runner.config.scheduler.decode_kv_split_tokens
+    wanted = max(MAX_PROBE_BLOCKS_PER_REQUEST, -(-(2 * split + runner.block_size) // runner.block_size))
+    blocks_per_request = max(1, min(wanted, (runner.kv_cache.num_blocks - 1) // num, runner.window_blocks))
     vocab, requests = runner.arch.vocab_size, []
     for i in range(num):
         context = rng.randint(1, blocks_per_request * runner.block_size)

@@ -187,6 +187,12 @@ class ModelRunner:
 
         return split_kv_heuristic(num_rows, self.model.cfg.num_kv_heads, self.num_sms)
 
+    @property
+    def kv_split_tokens(self) -> int:
+        """fixed_shape on CUDA: the decode kernel's fixed-size context ranges (0: one range per context)."""
+        on = self.on_cuda and self.mode == "fixed_shape"
+        return self.config.scheduler.decode_kv_split_tokens if on else 0
+
     def run_prefill(self, chunks: list[PrefillChunk]) -> list[SampledToken]:
         """fixed_shape prefill of one chunk (isolated) or several prompts' chunks (packed) in one forward; samples
         token 1 of every prompt whose last chunk this is."""
@@ -310,7 +316,7 @@ class ModelRunner:
             return build_window_decode([], size, self.window_blocks, self.block_size).to(self.device)
 
         return CapturedGraphs(sizes, make_static, lambda static: self.window_decode_logits(
-            static, self.kv_splits(len(static.input_ids))))
+            static, self.kv_splits(len(static.input_ids)), self.kv_split_tokens))
 
     def run_decode(self, requests: list[Request]) -> list[SampledToken]:
         """The fixed-shape step: N rows whatever len(requests) is, or the smallest verified size that holds
@@ -423,7 +429,7 @@ class ModelRunner:
         if not self.batched_decode_rows:  # NOTE: CPU: per-request attention for every row
             return build_step(decodes, num_decode_rows, chunks, self.block_size, self.device, ahead)
         return build_windowed_step(decodes, num_decode_rows, chunks, self.block_size, self.device,
-                                   self.window_blocks, self.kv_splits(num_decode_rows),
+                                   self.window_blocks, self.kv_splits(num_decode_rows), self.kv_split_tokens,
                                    chunk_invariant_prefill=self.mode == "batch_invariant", table_rows=self.table_rows,
                                    varlen_prompts=self.varlen_prompt_kernel, ahead=ahead)
 
@@ -444,8 +450,9 @@ class ModelRunner:
         return self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta)
 
     @torch.inference_mode()
-    def window_decode_logits(self, inputs: WindowDecodeInputs, num_kv_splits: int = 0) -> torch.Tensor:
-        meta = inputs.metadata(num_kv_splits)
+    def window_decode_logits(self, inputs: WindowDecodeInputs, num_kv_splits: int = 0,
+                             kv_split_tokens: int = 0) -> torch.Tensor:
+        meta = inputs.metadata(num_kv_splits, kv_split_tokens)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, meta)
         return self.model.compute_logits(hidden)  # [num_rows, vocab]
 

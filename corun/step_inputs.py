@@ -39,9 +39,10 @@ class WindowDecodeInputs:
     block_tables: torch.Tensor
     context_lens: torch.Tensor
 
-    def metadata(self, num_kv_splits: int = 0) -> AttentionMetadata:
+    def metadata(self, num_kv_splits: int = 0, kv_split_tokens: int = 0) -> AttentionMetadata:
         return AttentionMetadata(self.slot_blocks, self.slot_offsets, len(self.input_ids),
-                                 self.block_tables, self.context_lens, num_kv_splits=num_kv_splits)
+                                 self.block_tables, self.context_lens, num_kv_splits=num_kv_splits,
+                                 kv_split_tokens=kv_split_tokens)
 
     def copy_to(self, static: WindowDecodeInputs) -> None:
         for f in fields(self):
@@ -104,7 +105,7 @@ def _columns(rows: list[tuple], width: int) -> list[list]:
 
 
 def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, chunks: list[PrefillChunk],
-                        block_size: int, device, window_blocks: int, num_kv_splits: int,
+                        block_size: int, device, window_blocks: int, num_kv_splits: int, kv_split_tokens: int = 0,
                         chunk_invariant_prefill: bool = False, table_rows: BlockTableRows | None = None,
                         varlen_prompts: bool = False, ahead: Sequence[int] | None = None) -> StepInputs:
     """Decode rows through the batched paged-decode kernel; prompt chunks as per-request segments, or with
@@ -124,7 +125,7 @@ def build_windowed_step(decode_requests: list[Request], num_decode_rows: int, ch
         torch.cat([window.slot_offsets, *([chunk_step.meta.slot_offsets] if chunk_step else [])]).to(device),
         num_decode_rows, window.block_tables.to(device), window.context_lens.to(device),
         segments=_shifted(chunk_step.meta.segments, num_decode_rows, device) if per_segment else (),
-        num_kv_splits=num_kv_splits, packed_prefill=packed, varlen_prompts=varlen)
+        num_kv_splits=num_kv_splits, kv_split_tokens=kv_split_tokens, packed_prefill=packed, varlen_prompts=varlen)
     ids = torch.cat([p.input_ids for p in parts]).to(device)
     return StepInputs(ids, torch.cat([p.positions for p in parts]).to(device), meta)
 

@@ -79,6 +79,10 @@ def format_sizes(sizes: tuple | str) -> str:
     return sizes if sizes == AUTO else ",".join(map(str, sizes)) or "none"
 
 
+DECODE_TILE_TOKENS = 64
+"""Tokens per inner iteration of the CUDA decode attention kernel: part of every decode row's reduction order."""
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     mode: Mode = field(default="fixed_shape", metadata=flag(parse=canonical_mode))
@@ -141,6 +145,13 @@ class SchedulerConfig:
     requests then runs at the smallest kept size >= k. Which pass depends on the GPU and kernels (measured on the
     H200, Qwen3-8B shape, N = 256: 128, 160 and 224; not 192 or below 128). () = every step at N (the paper).
     auto: auto_decode_step_candidates(N) on CUDA, () on CPU (see resolve_shape_defaults)."""
+    decode_kv_split_tokens: int = 512
+    """fixed_shape on CUDA: decode attention cuts each row's context into ranges of this many tokens (a multiple of
+    DECODE_TILE_TOKENS, the kernel's tile), computed by separate programs and merged in range order, so where the
+    cuts fall depends only on the request's context length and its bits only on the request. 0 = one program per
+    (row, kv head) over the whole context (the paper's "no split-KV"), which leaves most of the GPU idle in a step
+    of few rows with long contexts (the tail of a t = 0 run). Part of the outputs (the fingerprint); mixed mode
+    keeps its batch-dependent split (FlashAttention's), CPU its per-request attention."""
     prefill_token_budget: int | None = None
     """fixed_shape: the most prompt tokens prefilled between two decode steps while requests are decoding (the
     prefill that crosses the budget still runs whole), so decode is not starved by a queue of prompts.
@@ -177,6 +188,9 @@ class SchedulerConfig:
                      "prefill_pack_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.decode_kv_split_tokens < 0 or self.decode_kv_split_tokens % DECODE_TILE_TOKENS:
+            raise ValueError(f"decode_kv_split_tokens must be a multiple of {DECODE_TILE_TOKENS} (0 = no split), "
+                             f"got {self.decode_kv_split_tokens}")
         for name in ("prefill_pack_tokens", "prefill_token_budget"):
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -1,10 +1,15 @@
 """Paged decode attention in Triton: one query token per row, each row reading only its own KV blocks.
 
-One program per (row, kv head, split). With num_splits = 1 (fixed_shape, batch_invariant mode) a program reduces over
-its request's whole context in one fixed order: the result depends only on the request. With num_splits > 1
-(mixed mode, like FlashAttention's split-KV for small batches) the context is cut into num_splits ranges whose
-partial results are merged afterwards; num_splits is chosen from the batch shape, so a request's bits depend on
-its co-runners. Graph-capturable: no host sync, the grid depends only on the shapes.
+Three ways to cut a context (graph-capturable: no host sync, grids depend only on shapes):
+- one range (num_splits = 1; batch_invariant mode, fixed_shape with decode_kv_split_tokens 0): one program per
+  (row, kv head) reduces over its request's whole context in one fixed order;
+- ranges of split_tokens tokens (fixed_shape): as many as the request's context needs, so where the cuts fall, and
+  with them the bits, depend on the request alone. A fixed pool of programs per kv head takes the (row, range)
+  items in turn (which program computes an item does not change its bits); a row of several ranges is merged in
+  range order by _merge_ranges_kernel. A step of few rows with long contexts no longer leaves most SMs idle while
+  one program per row walks its whole context;
+- num_splits > 1 equal ranges (mixed mode, like FlashAttention's split-KV for small batches): num_splits is chosen
+  from the batch shape, so a request's bits depend on its co-runners.
 """
 
 from __future__ import annotations
@@ -15,19 +20,49 @@ import torch
 import triton
 import triton.language as tl
 
+from wire.config import DECODE_TILE_TOKENS
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
     """Fixed launch parameters. tile_tokens sets the order of the online-softmax reduction, so it is part of a
     request's bits and must never be autotuned per shape or per machine."""
 
-    tile_tokens: int = 64
+    tile_tokens: int = DECODE_TILE_TOKENS
     """Tokens per inner iteration (several KV blocks gathered through the block table)."""
     num_warps: int = 4
     num_stages: int = 3
 
 
 DEFAULT_LAUNCH = LaunchConfig()
+
+
+@triton.jit
+def _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start, tile_end, scale,
+                  stride_kb, stride_kt, stride_kh, stride_tr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, TILE_TOKENS: tl.constexpr, PRECISION: tl.constexpr):
+    """Online softmax of one row's query heads over tiles [tile_start, tile_end) of its context, in tile order:
+    -> (running max, denominator, unnormalized output)."""
+    dims = tl.arange(0, HEAD_DIM)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    denom = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for tile in range(tile_start, tile_end):
+        positions = tile * TILE_TOKENS + tl.arange(0, TILE_TOKENS)
+        valid = positions < context_len
+        blocks = tl.load(tables_ptr + row * stride_tr + positions // BLOCK_SIZE, mask=valid, other=0)
+        offsets = blocks.to(tl.int64) * stride_kb + (positions % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+        k = tl.load(k_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)  # [TILE, HEAD_DIM]
+        v = tl.load(v_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, TILE] fp32
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        denom = denom * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+    return m, denom, acc
 
 
 @triton.jit
@@ -51,30 +86,134 @@ def _paged_decode_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + row * stride_qr + heads[:, None] * stride_qh + dims[None, :], mask=head_mask[:, None],
                 other=0.0)  # [GROUP_PAD, HEAD_DIM]
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    denom = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for tile in range(tile_start, tile_end):
-        positions = tile * TILE_TOKENS + tl.arange(0, TILE_TOKENS)
-        valid = positions < context_len
-        blocks = tl.load(tables_ptr + row * stride_tr + positions // BLOCK_SIZE, mask=valid, other=0)
-        offsets = blocks.to(tl.int64) * stride_kb + (positions % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)  # [TILE, HEAD_DIM]
-        v = tl.load(v_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, TILE] fp32
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+    m, denom, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start, tile_end, scale,
+                                  stride_kb, stride_kt, stride_kh, stride_tr, GROUP_PAD, HEAD_DIM, BLOCK_SIZE,
+                                  TILE_TOKENS, PRECISION)
     out_offsets = row * stride_or + heads[:, None] * stride_oh + split * stride_os + dims[None, :]
     safe_denom = tl.where(denom > 0, denom, 1.0)
     tl.store(out_ptr + out_offsets, (acc / safe_denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
     if NUM_SPLITS > 1:
         lse = tl.where(denom > 0, m + tl.log(safe_denom), float("-inf"))
         tl.store(lse_ptr + row * stride_lr + heads * stride_lh + split, lse, mask=head_mask)
+
+
+@triton.jit
+def _ranged_decode_kernel(
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, ranges_ptr, item_rows_ptr, item_ranges_ptr, num_items_ptr,
+    out_ptr, partial_ptr, lse_ptr, scale,
+    stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_tr, stride_or, stride_oh,
+    stride_pr, stride_ph, stride_ps, stride_lr, stride_lh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE_TOKENS: tl.constexpr, SPLIT_TILES: tl.constexpr, NUM_PROGRAMS: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Program p of kv head h computes items p, p + NUM_PROGRAMS, ... of the step's (row, range) list
+    (RangeItems). A row of one range is written to the output; a row of several leaves each range's normalized
+    partial and log-sum-exp for _merge_ranges_kernel."""
+    program, kv_head = tl.program_id(0), tl.program_id(1)
+    group = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + group
+    head_mask = group < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    for item in range(program, tl.load(num_items_ptr), NUM_PROGRAMS):
+        row = tl.load(item_rows_ptr + item)
+        split = tl.load(item_ranges_ptr + item)
+        context_len = tl.load(lens_ptr + row)
+        tile_start = split * SPLIT_TILES
+        tile_end = tl.minimum(tl.cdiv(context_len, TILE_TOKENS), tile_start + SPLIT_TILES)
+        q = tl.load(q_ptr + row * stride_qr + heads[:, None] * stride_qh + dims[None, :], mask=head_mask[:, None],
+                    other=0.0)
+        m, denom, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start, tile_end,
+                                      scale, stride_kb, stride_kt, stride_kh, stride_tr, GROUP_PAD, HEAD_DIM,
+                                      BLOCK_SIZE, TILE_TOKENS, PRECISION)
+        _finish_range(m, denom, acc, row, split, tl.load(ranges_ptr + row), heads, head_mask, dims, out_ptr,
+                      partial_ptr, lse_ptr, stride_or, stride_oh, stride_pr, stride_ph, stride_ps, stride_lr, stride_lh)
+
+
+@triton.jit
+def _row_ranges_kernel(
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, ranges_ptr, out_ptr, partial_ptr, lse_ptr, scale,
+    stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_tr, stride_or, stride_oh,
+    stride_pr, stride_ph, stride_ps, stride_lr, stride_lh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE_TOKENS: tl.constexpr, SPLIT_TILES: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """The same ranges as _ranged_decode_kernel, one program per (row, kv head) walking its row's ranges in order:
+    the layout of a step whose rows alone fill the GPU."""
+    row, kv_head = tl.program_id(0), tl.program_id(1)
+    group = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + group
+    head_mask = group < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    context_len = tl.load(lens_ptr + row)
+    num_tiles = tl.cdiv(context_len, TILE_TOKENS)
+    num_ranges = tl.load(ranges_ptr + row)
+    q = tl.load(q_ptr + row * stride_qr + heads[:, None] * stride_qh + dims[None, :], mask=head_mask[:, None],
+                other=0.0)
+    for split in range(0, num_ranges):
+        tile_start = split * SPLIT_TILES
+        tile_end = tl.minimum(num_tiles, tile_start + SPLIT_TILES)
+        m, denom, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start, tile_end,
+                                      scale, stride_kb, stride_kt, stride_kh, stride_tr, GROUP_PAD, HEAD_DIM,
+                                      BLOCK_SIZE, TILE_TOKENS, PRECISION)
+        _finish_range(m, denom, acc, row, split, num_ranges, heads, head_mask, dims, out_ptr, partial_ptr, lse_ptr,
+                      stride_or, stride_oh, stride_pr, stride_ph, stride_ps, stride_lr, stride_lh)
+
+
+@triton.jit
+def _finish_range(m, denom, acc, row, split, num_ranges, heads, head_mask, dims, out_ptr, partial_ptr, lse_ptr,
+                  stride_or, stride_oh, stride_pr, stride_ph, stride_ps, stride_lr, stride_lh):
+    """A row of one range goes straight to the output; a row of several leaves the range's normalized partial and
+    log-sum-exp for _merge_ranges_kernel."""
+    safe_denom = tl.where(denom > 0, denom, 1.0)
+    if num_ranges == 1:
+        tl.store(out_ptr + row * stride_or + heads[:, None] * stride_oh + dims[None, :],
+                 (acc / safe_denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+    else:
+        tl.store(partial_ptr + row * stride_pr + heads[:, None] * stride_ph + split * stride_ps + dims[None, :],
+                 acc / safe_denom[:, None], mask=head_mask[:, None])
+        lse = tl.where(denom > 0, m + tl.log(safe_denom), float("-inf"))
+        tl.store(lse_ptr + row * stride_lr + heads * stride_lh + split, lse, mask=head_mask)
+
+
+@triton.jit
+def _list_items_kernel(ranges_ptr, ends_ptr, item_rows_ptr, item_ranges_ptr, MAX_RANGES: tl.constexpr):
+    """One program per row: its items' (row, range index) at [end - ranges, end) of the item list."""
+    row = tl.program_id(0)
+    count = tl.load(ranges_ptr + row)
+    start = tl.load(ends_ptr + row) - count
+    index = tl.arange(0, MAX_RANGES)
+    tl.store(item_rows_ptr + start + index, row + 0 * index, mask=index < count)
+    tl.store(item_ranges_ptr + start + index, index, mask=index < count)
+
+
+@triton.jit
+def _merge_ranges_kernel(partial_ptr, lse_ptr, ranges_ptr, out_ptr,
+                         stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_or, stride_oh,
+                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One program per (row, kv head): a row's ranges merged one after another in range order (online softmax over
+    their log-sum-exps), so the order is the request's alone. Rows of one range were written by the main kernel."""
+    row, kv_head = tl.program_id(0), tl.program_id(1)
+    num_ranges = tl.load(ranges_ptr + row)
+    group = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + group
+    head_mask = group < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    denom = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for split in range(0, tl.where(num_ranges > 1, num_ranges, 0)):
+        lse = tl.load(lse_ptr + row * stride_lr + heads * stride_lh + split, mask=head_mask, other=0.0)
+        part = tl.load(partial_ptr + row * stride_pr + heads[:, None] * stride_ph + split * stride_ps + dims[None, :],
+                       mask=head_mask[:, None], other=0.0)
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp(m - m_new)
+        weight = tl.exp(lse - m_new)
+        denom = denom * alpha + weight
+        acc = acc * alpha[:, None] + weight[:, None] * part
+        m = m_new
+    if num_ranges > 1:
+        tl.store(out_ptr + row * stride_or + heads[:, None] * stride_oh + dims[None, :],
+                 (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float, num_splits: int = 1,
@@ -96,13 +235,88 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         q, k_cache, v_cache, block_tables, context_lens, target, lse, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *out_strides, lse.stride(0), lse.stride(1),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         TILE_TOKENS=launch.tile_tokens, NUM_SPLITS=num_splits, PRECISION=precision_for(q.dtype),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if partial is None:
         return out
     weights = torch.softmax(lse, dim=-1)  # [rows, heads, splits]; empty splits have lse -inf -> weight 0
     return (partial * weights[..., None]).sum(dim=2).to(q.dtype)
+
+
+@dataclass
+class RangeItems:
+    """A step's (row, range) list for ranged_decode_attention, made once per step on the device (every layer
+    shares it): ranges per row (at least one), and for each item its row and range index, rows in order."""
+
+    ranges: torch.Tensor  # [rows] int64
+    item_rows: torch.Tensor  # [rows * max_ranges] int64, the first num_items used
+    item_ranges: torch.Tensor  # [rows * max_ranges] int64
+    num_items: torch.Tensor  # [1] int64
+    max_ranges: int
+
+
+def range_items(context_lens: torch.Tensor, max_context: int, split_tokens: int,
+                tile_tokens: int = DECODE_TILE_TOKENS) -> RangeItems:
+    split_tiles = split_tokens // tile_tokens
+    assert split_tiles * tile_tokens == split_tokens, "split_tokens must be a multiple of the tile"
+    tiles = (context_lens + tile_tokens - 1) // tile_tokens
+    ranges = ((tiles + split_tiles - 1) // split_tiles).clamp_(min=1)
+    ends = torch.cumsum(ranges, 0)
+    max_ranges = max(1, -(-max_context // split_tokens))
+    num_rows = len(context_lens)
+    items = RangeItems(ranges, torch.empty(num_rows * max_ranges, dtype=torch.int64, device=ranges.device),
+                       torch.empty(num_rows * max_ranges, dtype=torch.int64, device=ranges.device), ends[-1:],
+                       max_ranges)
+    _list_items_kernel[(num_rows,)](ranges, ends, items.item_rows, items.item_ranges,
+                                    MAX_RANGES=triton.next_power_of_2(max_ranges))
+    return items
+
+
+def ranged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, items: RangeItems, scale: float,
+                            split_tokens: int, num_programs: int, launch: LaunchConfig = DEFAULT_LAUNCH):
+    """The fixed-size-range cut (module docstring); items = range_items(context_lens, ...) with the same
+    split_tokens. num_programs per kv head changes speed, never bits; 0: one program per (row, kv head) walks the
+    row's ranges (_row_ranges_kernel)."""
+    num_rows, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    partial = torch.empty(num_rows, num_heads, items.max_ranges, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(num_rows, num_heads, items.max_ranges, dtype=torch.float32, device=q.device)
+    common = dict(GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim)
+    strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+               block_tables.stride(0), out.stride(0), out.stride(1), partial.stride(0), partial.stride(1),
+               partial.stride(2), lse.stride(0), lse.stride(1))
+    tiling = dict(BLOCK_SIZE=block_size, TILE_TOKENS=launch.tile_tokens, SPLIT_TILES=split_tokens // launch.tile_tokens,
+                  PRECISION=precision_for(q.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if num_programs:
+        _ranged_decode_kernel[(num_programs, num_kv_heads)](
+            q, k_cache, v_cache, block_tables, context_lens, items.ranges, items.item_rows, items.item_ranges,
+            items.num_items, out, partial, lse, scale, *strides, **common, **tiling, NUM_PROGRAMS=num_programs)
+    else:
+        _row_ranges_kernel[(num_rows, num_kv_heads)](
+            q, k_cache, v_cache, block_tables, context_lens, items.ranges, out, partial, lse, scale, *strides,
+            **common, **tiling)
+    _merge_ranges_kernel[(num_rows, num_kv_heads)](
+        partial, lse, items.ranges, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0),
+        lse.stride(1), out.stride(0), out.stride(1), **common)
+    return out
+
+
+def ranged_programs(num_rows: int, num_kv_heads: int, num_sms: int, waves: int = 16) -> int:
+    """Programs per kv head for ranged_decode_attention: 0 (one per row) where the rows alone give every SM
+    several programs, else a pool of `waves` programs per SM that takes the items in turn, so that a step of
+    many padding rows and a few long contexts (the smallest decode step, in the tail of a run) fills the GPU.
+    Measured on the H200 (benchmarks/results/h200_decode_attention_splits.json): the pool is slower than one
+    program per row when every row is real."""
+    if num_rows * num_kv_heads > 8 * num_sms:
+        return 0
+    return max(1, -(-waves * num_sms // num_kv_heads))
+
+
+def group_pad(group: int) -> int:
+    return max(16, triton.next_power_of_2(group))  # NOTE: tl.dot needs 16 rows
 
 
 def precision_for(dtype: torch.dtype) -> str:

@@ -219,7 +219,8 @@ def test_fused_decode_step_replays_as_a_cuda_graph(tiny_model_dir):
                                         .token_id)
     replayed = runner.decode_logits(requests, runner.max_num_seqs).clone()
     inputs = build_window_decode(requests, runner.max_num_seqs, runner.window_blocks, runner.block_size).to(DEVICE)
-    assert torch.equal(replayed, runner.window_decode_logits(inputs, runner.kv_splits(runner.max_num_seqs)))
+    assert torch.equal(replayed, runner.window_decode_logits(inputs, runner.kv_splits(runner.max_num_seqs),
+                                                                runner.kv_split_tokens))
 
 
 @gpu_only

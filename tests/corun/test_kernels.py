@@ -35,17 +35,47 @@ def paged_case(num_rows: int, dtype, seed: int = 0, num_heads: int = 32, num_kv_
     return q, k_cache, v_cache, tables, lens
 
 
+def ranged(q, k_cache, v_cache, tables, lens, split_tokens: int, programs: int = 3):
+    from corun.kernels.decode_attention import range_items, ranged_decode_attention
+
+    items = range_items(lens, tables.shape[1] * k_cache.shape[1], split_tokens)
+    return ranged_decode_attention(q, k_cache, v_cache, tables, lens, items, q.shape[-1] ** -0.5, split_tokens,
+                                   programs)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
-@pytest.mark.parametrize("num_splits", [1, 4])
-def test_paged_decode_matches_reference(dtype, num_splits):
+@pytest.mark.parametrize("cut", ["one", "equal_4", "ranges_64"])
+def test_paged_decode_matches_reference(dtype, cut):
     from corun.kernels.decode_attention import paged_decode_attention
 
     q, k_cache, v_cache, tables, lens = paged_case(12 if ON_GPU else 3, dtype)
     scale = q.shape[-1] ** -0.5
-    ours = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, num_splits)
+    if cut == "ranges_64":
+        ours = ranged(q, k_cache, v_cache, tables, lens, 64)
+    else:
+        ours = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, 1 if cut == "one" else 4)
     reference = fixed_window_decode_attention(q.float(), k_cache.float(), v_cache.float(), tables, lens, scale)
     tolerance = 2e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(ours.float(), reference, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_fixed_size_split_decode_is_batch_invariant(dtype):
+    """fixed_shape's split-KV: ranges of a fixed token count, so a row's bits are the same alone, in a batch, in
+    another slot and whatever number of programs share the ranges. Inverse: where the cuts fall does change bits,
+    so they must depend on the request alone."""
+    rows = 32 if ON_GPU else 4
+    q, k_cache, v_cache, tables, lens = paged_case(rows, dtype, seed=3, window_blocks=64 if ON_GPU else 16)
+    lens[0] = lens.max()  # NOTE: several ranges, the last one partial
+    split = 256 if ON_GPU else 64
+    batched = ranged(q, k_cache, v_cache, tables, lens, split)
+    alone = ranged(q[:1], k_cache, v_cache, tables[:1], lens[:1], split, programs=1)
+    moved = ranged(q.flip(0), k_cache, v_cache, tables.flip(0), lens.flip(0), split, programs=2)
+    row_walk = ranged(q, k_cache, v_cache, tables, lens, split, programs=0)  # NOTE: the layout of full steps
+    assert torch.equal(alone[0], batched[0]) and torch.equal(moved.flip(0), batched)
+    assert torch.equal(row_walk, batched)
+    other_cut = ranged(q[:1], k_cache, v_cache, tables[:1], lens[:1], 2 * split)
+    assert not torch.equal(other_cut[0], alone[0])
 
 
 @gpu_only
