@@ -49,6 +49,18 @@ case $part in
     timeout 330 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 \
       --modes standard,corun,corun:decode_kv_split_tokens=0 \
       --out "$out/h200_kv_splits_t0.json" > "$out/bench.log" 2>&1 ;;
+  issue20_kv_splits_merge)  # the same after every range (one-range rows too) went through the merge kernel, so
+    # the range kernels branch on nothing: the kernel tests, a short probe, t = 0 with ranges of 512 as a variant,
+    # and the 8B determinism suite with them
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kernels.py > "$out/gpu_tests.log" 2>&1
+    timeout 60 python3 -m benchmarks.decode_attention_splits --steps 256:256,128:8,128:2 --contexts 512,1024,2048 \
+      --splits 512 --out "$out/h200_decode_attention_splits_merged.json" > "$out/probe.log" 2>&1
+    timeout 240 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 \
+      --modes standard,corun,corun:decode_kv_split_tokens=512 \
+      --out "$out/h200_kv_splits_t0_merged.json" > "$out/bench.log" 2>&1
+    timeout 90 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun:decode_kv_split_tokens=512 --out "$out/h200_determinism_kv_splits_merged.json" \
+      > "$out/det.log" 2>&1 ;;
   issue20_async_a)  # issue 20, sixth round: async scheduling (a decode step launched before the previous one's tokens
     # are read). Its GPU tests (both modes' graphs, on = off bitwise), the 8B determinism suite with it on (the
     # default), t = 0 ShareGPT- and RL-rollout-like with it on and off in both modes, and the whole-step profile (GPU

@@ -145,13 +145,16 @@ class SchedulerConfig:
     requests then runs at the smallest kept size >= k. Which pass depends on the GPU and kernels (measured on the
     H200, Qwen3-8B shape, N = 256: 128, 160 and 224; not 192 or below 128). () = every step at N (the paper).
     auto: auto_decode_step_candidates(N) on CUDA, () on CPU (see resolve_shape_defaults)."""
-    decode_kv_split_tokens: int = 512
-    """fixed_shape on CUDA: decode attention cuts each row's context into ranges of this many tokens (a multiple of
+    decode_kv_split_tokens: int = 0
+    """fixed_shape on CUDA: > 0 cuts each decode row's context into ranges of this many tokens (a multiple of
     DECODE_TILE_TOKENS, the kernel's tile), computed by separate programs and merged in range order, so where the
-    cuts fall depends only on the request's context length and its bits only on the request. 0 = one program per
-    (row, kv head) over the whole context (the paper's "no split-KV"), which leaves most of the GPU idle in a step
-    of few rows with long contexts (the tail of a t = 0 run). Part of the outputs (the fingerprint); mixed mode
-    keeps its batch-dependent split (FlashAttention's), CPU its per-request attention."""
+    cuts fall depends only on the request's context length and its bits only on the request (split-KV by token count,
+    never by batch size). 0 = one program per (row, kv head) over the whole context (the paper's "no split-KV").
+    Part of the outputs (the fingerprint); mixed mode keeps its batch-dependent split, CPU its per-request attention.
+    NOTE: 0 by default, measured on the H200 (8B shape, N = 256, t = 0, benchmarks/results/h200_kv_splits_t0.json):
+    ranges of 512 made the tail's 128-row steps (7 real rows, contexts ~1.2k) 6.68 ms against 7.21, but a full step
+    12.2 ms against 11.7 (the range kernels run one-range rows ~14% slower than the one-range kernel:
+    h200_decode_attention_splits.json), so ShareGPT-like gained 0.9% and RL-rollout-like lost 3.2%."""
     prefill_token_budget: int | None = None
     """fixed_shape: the most prompt tokens prefilled between two decode steps while requests are decoding (the
     prefill that crosses the budget still runs whole), so decode is not starved by a queue of prompts.

@@ -100,15 +100,14 @@ def _paged_decode_kernel(
 @triton.jit
 def _ranged_decode_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, ranges_ptr, item_rows_ptr, item_ranges_ptr, num_items_ptr,
-    out_ptr, partial_ptr, lse_ptr, scale,
-    stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_tr, stride_or, stride_oh,
+    partial_ptr, lse_ptr, scale,
+    stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_tr,
     stride_pr, stride_ph, stride_ps, stride_lr, stride_lh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_TOKENS: tl.constexpr, SPLIT_TILES: tl.constexpr, NUM_PROGRAMS: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Program p of kv head h computes items p, p + NUM_PROGRAMS, ... of the step's (row, range) list
-    (RangeItems). A row of one range is written to the output; a row of several leaves each range's normalized
-    partial and log-sum-exp for _merge_ranges_kernel."""
+    (RangeItems), each leaving its normalized partial and log-sum-exp (_finish_range)."""
     program, kv_head = tl.program_id(0), tl.program_id(1)
     group = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + group
@@ -125,14 +124,14 @@ def _ranged_decode_kernel(
         m, denom, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start, tile_end,
                                       scale, stride_kb, stride_kt, stride_kh, stride_tr, GROUP_PAD, HEAD_DIM,
                                       BLOCK_SIZE, TILE_TOKENS, PRECISION)
-        _finish_range(m, denom, acc, row, split, tl.load(ranges_ptr + row), heads, head_mask, dims, out_ptr,
-                      partial_ptr, lse_ptr, stride_or, stride_oh, stride_pr, stride_ph, stride_ps, stride_lr, stride_lh)
+        _finish_range(m, denom, acc, row, split, heads, head_mask, dims, partial_ptr, lse_ptr,
+                      stride_pr, stride_ph, stride_ps, stride_lr, stride_lh)
 
 
 @triton.jit
 def _row_ranges_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, ranges_ptr, out_ptr, partial_ptr, lse_ptr, scale,
-    stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_tr, stride_or, stride_oh,
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, ranges_ptr, partial_ptr, lse_ptr, scale,
+    stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_tr,
     stride_pr, stride_ph, stride_ps, stride_lr, stride_lh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_TOKENS: tl.constexpr, SPLIT_TILES: tl.constexpr, PRECISION: tl.constexpr,
@@ -155,24 +154,21 @@ def _row_ranges_kernel(
         m, denom, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start, tile_end,
                                       scale, stride_kb, stride_kt, stride_kh, stride_tr, GROUP_PAD, HEAD_DIM,
                                       BLOCK_SIZE, TILE_TOKENS, PRECISION)
-        _finish_range(m, denom, acc, row, split, num_ranges, heads, head_mask, dims, out_ptr, partial_ptr, lse_ptr,
-                      stride_or, stride_oh, stride_pr, stride_ph, stride_ps, stride_lr, stride_lh)
+        _finish_range(m, denom, acc, row, split, heads, head_mask, dims, partial_ptr, lse_ptr,
+                      stride_pr, stride_ph, stride_ps, stride_lr, stride_lh)
 
 
 @triton.jit
-def _finish_range(m, denom, acc, row, split, num_ranges, heads, head_mask, dims, out_ptr, partial_ptr, lse_ptr,
-                  stride_or, stride_oh, stride_pr, stride_ph, stride_ps, stride_lr, stride_lh):
-    """A row of one range goes straight to the output; a row of several leaves the range's normalized partial and
-    log-sum-exp for _merge_ranges_kernel."""
+def _finish_range(m, denom, acc, row, split, heads, head_mask, dims, partial_ptr, lse_ptr,
+                  stride_pr, stride_ph, stride_ps, stride_lr, stride_lh):
+    """Every range, a row's only one too, leaves its normalized partial and log-sum-exp for _merge_ranges_kernel.
+    NOTE: writing a one-range row's output here instead (a branch on the row's range count) made both layouts run
+    full steps ~14% slower on the H200 than the one-range kernel (h200_decode_attention_splits.json)."""
     safe_denom = tl.where(denom > 0, denom, 1.0)
-    if num_ranges == 1:
-        tl.store(out_ptr + row * stride_or + heads[:, None] * stride_oh + dims[None, :],
-                 (acc / safe_denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
-    else:
-        tl.store(partial_ptr + row * stride_pr + heads[:, None] * stride_ph + split * stride_ps + dims[None, :],
-                 acc / safe_denom[:, None], mask=head_mask[:, None])
-        lse = tl.where(denom > 0, m + tl.log(safe_denom), float("-inf"))
-        tl.store(lse_ptr + row * stride_lr + heads * stride_lh + split, lse, mask=head_mask)
+    tl.store(partial_ptr + row * stride_pr + heads[:, None] * stride_ph + split * stride_ps + dims[None, :],
+             acc / safe_denom[:, None], mask=head_mask[:, None])
+    lse = tl.where(denom > 0, m + tl.log(safe_denom), float("-inf"))
+    tl.store(lse_ptr + row * stride_lr + heads * stride_lh + split, lse, mask=head_mask)
 
 
 @triton.jit
@@ -191,7 +187,8 @@ def _merge_ranges_kernel(partial_ptr, lse_ptr, ranges_ptr, out_ptr,
                          stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_or, stride_oh,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
     """One program per (row, kv head): a row's ranges merged one after another in range order (online softmax over
-    their log-sum-exps), so the order is the request's alone. Rows of one range were written by the main kernel."""
+    their log-sum-exps), so the order is the request's alone. A row of one range comes out as its range left it
+    (weight 1, denominator 1)."""
     row, kv_head = tl.program_id(0), tl.program_id(1)
     num_ranges = tl.load(ranges_ptr + row)
     group = tl.arange(0, GROUP_PAD)
@@ -201,7 +198,7 @@ def _merge_ranges_kernel(partial_ptr, lse_ptr, ranges_ptr, out_ptr,
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     denom = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for split in range(0, tl.where(num_ranges > 1, num_ranges, 0)):
+    for split in range(0, num_ranges):
         lse = tl.load(lse_ptr + row * stride_lr + heads * stride_lh + split, mask=head_mask, other=0.0)
         part = tl.load(partial_ptr + row * stride_pr + heads[:, None] * stride_ph + split * stride_ps + dims[None, :],
                        mask=head_mask[:, None], other=0.0)
@@ -211,9 +208,8 @@ def _merge_ranges_kernel(partial_ptr, lse_ptr, ranges_ptr, out_ptr,
         denom = denom * alpha + weight
         acc = acc * alpha[:, None] + weight[:, None] * part
         m = m_new
-    if num_ranges > 1:
-        tl.store(out_ptr + row * stride_or + heads[:, None] * stride_oh + dims[None, :],
-                 (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+    tl.store(out_ptr + row * stride_or + heads[:, None] * stride_oh + dims[None, :],
+             (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float, num_splits: int = 1,
@@ -286,17 +282,17 @@ def ranged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, ite
     lse = torch.empty(num_rows, num_heads, items.max_ranges, dtype=torch.float32, device=q.device)
     common = dict(GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim)
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-               block_tables.stride(0), out.stride(0), out.stride(1), partial.stride(0), partial.stride(1),
-               partial.stride(2), lse.stride(0), lse.stride(1))
+               block_tables.stride(0), partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0),
+               lse.stride(1))
     tiling = dict(BLOCK_SIZE=block_size, TILE_TOKENS=launch.tile_tokens, SPLIT_TILES=split_tokens // launch.tile_tokens,
                   PRECISION=precision_for(q.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages)
     if num_programs:
         _ranged_decode_kernel[(num_programs, num_kv_heads)](
             q, k_cache, v_cache, block_tables, context_lens, items.ranges, items.item_rows, items.item_ranges,
-            items.num_items, out, partial, lse, scale, *strides, **common, **tiling, NUM_PROGRAMS=num_programs)
+            items.num_items, partial, lse, scale, *strides, **common, **tiling, NUM_PROGRAMS=num_programs)
     else:
         _row_ranges_kernel[(num_rows, num_kv_heads)](
-            q, k_cache, v_cache, block_tables, context_lens, items.ranges, out, partial, lse, scale, *strides,
+            q, k_cache, v_cache, block_tables, context_lens, items.ranges, partial, lse, scale, *strides,
             **common, **tiling)
     _merge_ranges_kernel[(num_rows, num_kv_heads)](
         partial, lse, items.ranges, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0),

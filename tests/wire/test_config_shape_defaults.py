@@ -98,3 +98,10 @@ def test_the_fingerprint_hashes_the_resolved_shapes(tiny_model_dir):
     assert engine_fingerprint(auto.resolved(), "d") == engine_fingerprint(explicit.resolved(), "d")
     bucketed = EngineConfig(model=tiny_model_dir, scheduler=SchedulerConfig(prefill_buckets=(16,)))
     assert engine_fingerprint(bucketed.resolved(), "d") != engine_fingerprint(auto.resolved(), "d")
+
+
+@pytest.mark.parametrize("tokens", [-64, 100, 32])
+def test_decode_kv_split_tokens_must_be_whole_kernel_tiles(tokens):
+    with pytest.raises(ValueError, match="decode_kv_split_tokens must be a multiple of 64"):
+        SchedulerConfig(decode_kv_split_tokens=tokens)
+    assert SchedulerConfig(decode_kv_split_tokens=0).decode_kv_split_tokens == 0  # NOTE: off, the default
