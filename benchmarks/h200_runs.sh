@@ -35,8 +35,9 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  issue20_kv_splits)  # issue 20, seventh round: decode attention over fixed-size ranges of each context
-    # (decode_kv_split_tokens). The kernel probe (time per layer by rows, real rows and context, in CUDA graphs; bits
+  issue20_kv_splits)  # issue 20, seventh round (stop 36), as run with ranges of 512 as the default of the time and
+    # the range kernels writing a one-range row's output themselves (files *_branched.json): decode attention over
+    # fixed-size ranges of each context (decode_kv_split_tokens). The kernel probe (time per layer by rows, real rows and context, in CUDA graphs; bits
     # alone vs batched and across the two program layouts), the GPU tests of the kernels, async scheduling and decode
     # sizes, the 8B determinism suite, and t = 0 ShareGPT- and RL-rollout-like: the defaults (ranges of 512) beside
     # ranges off and standard

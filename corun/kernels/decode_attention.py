@@ -304,8 +304,8 @@ def ranged_programs(num_rows: int, num_kv_heads: int, num_sms: int, waves: int =
     """Programs per kv head for ranged_decode_attention: 0 (one per row) where the rows alone give every SM
     several programs, else a pool of `waves` programs per SM that takes the items in turn, so that a step of
     many padding rows and a few long contexts (the smallest decode step, in the tail of a run) fills the GPU.
-    Measured on the H200 (benchmarks/results/h200_decode_attention_splits.json): the pool is slower than one
-    program per row when every row is real."""
+    Measured on the H200 (benchmarks/results/h200_decode_attention_splits_merged.json): 128 rows of which 2 hold
+    2048 tokens, 29.5 us per layer in the pool against 68.2 walking rows; every row real, the two within 2%."""
     if num_rows * num_kv_heads > 8 * num_sms:
         return 0
     return max(1, -(-waves * num_sms // num_kv_heads))
