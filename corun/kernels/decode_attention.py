@@ -4,10 +4,10 @@ Three ways to cut a context (graph-capturable: no host sync, grids depend only o
 - one range (num_splits = 1; batch_invariant mode, fixed_shape with decode_kv_split_tokens 0): one program per
   (row, kv head) reduces over its request's whole context in one fixed order;
 - ranges of split_tokens tokens (fixed_shape): as many as the request's context needs, so where the cuts fall, and
-  with them the bits, depend on the request alone. A fixed pool of programs per kv head takes the (row, range)
-  items in turn (which program computes an item does not change its bits); a row of several ranges is merged in
-  range order by _merge_ranges_kernel. A step of few rows with long contexts no longer leaves most SMs idle while
-  one program per row walks its whole context;
+  with them the bits, depend on the request alone. Either a pool of programs per kv head takes the step's
+  (row, range) items in turn, or one program per (row, kv head) walks its row's ranges (which program computes a
+  range does not change its bits); _merge_ranges_kernel then merges each row's ranges in range order. In a step of
+  few rows with long contexts the pool keeps the SMs busy where one program per row leaves most of them idle;
 - num_splits > 1 equal ranges (mixed mode, like FlashAttention's split-KV for small batches): num_splits is chosen
   from the batch shape, so a request's bits depend on its co-runners.
 """
@@ -162,8 +162,9 @@ def _row_ranges_kernel(
 def _finish_range(m, denom, acc, row, split, heads, head_mask, dims, partial_ptr, lse_ptr,
                   stride_pr, stride_ph, stride_ps, stride_lr, stride_lh):
     """Every range, a row's only one too, leaves its normalized partial and log-sum-exp for _merge_ranges_kernel.
-    NOTE: writing a one-range row's output here instead (a branch on the row's range count) made both layouts run
-    full steps ~14% slower on the H200 than the one-range kernel (h200_decode_attention_splits.json)."""
+    NOTE: the range kernels run a full step's one-range rows ~15% slower than _paged_decode_kernel on the H200, this
+    way and with a one-range row's output written here behind a branch (h200_decode_attention_splits_*.json); why is
+    open, and it is why decode_kv_split_tokens is off by default."""
     safe_denom = tl.where(denom > 0, denom, 1.0)
     tl.store(partial_ptr + row * stride_pr + heads[:, None] * stride_ph + split * stride_ps + dims[None, :],
              acc / safe_denom[:, None], mask=head_mask[:, None])
