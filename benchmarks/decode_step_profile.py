@@ -1,6 +1,9 @@
-"""Where a full decode step's time goes: input building, graph replay, sampling, host post-processing.
+"""Where a decode step's time goes: input building, graph replay, sampling, host post-processing.
 
     python -m benchmarks.decode_step_profile --model random:qwen3-8b --max-num-seqs 256 --prompt-len 1024
+
+--num-requests K profiles a step of K running requests instead of N: the tail of a t = 0 run, where each mode runs
+the graph it picks for K rows (fixed_shape: its smallest verified decode size; mixed: the next captured size).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=1024)
+    parser.add_argument("--num-requests", type=int, default=None, help="running requests (default: N)")
     parser.add_argument("--modes", default="fixed_shape")
     parser.add_argument("--kernel-profile", action="store_true",
                         help="also run one eager step under torch.profiler and total the GPU time per kernel")
@@ -60,17 +64,20 @@ def main() -> None:
         engine = LLMEngine(config)
         rng = random.Random(0)
         vocab = engine.runner.model.cfg.vocab_size
-        for i in range(args.max_num_seqs):
+        for i in range(args.num_requests or args.max_num_seqs):
             engine.add_request(str(i), [rng.randrange(vocab) for _ in range(args.prompt_len)],
                                SamplingParams(temperature=0.6, seed=i, max_tokens=200, ignore_eos=True))
         while any(r.is_prefilling or not r.output_token_ids for r in engine.scheduler.running) or \
                 engine.scheduler.waiting:
             engine.step()
         runner, requests = engine.runner, list(engine.scheduler.running)
-        rows = runner.max_num_seqs
+        rows = runner.decode_graph.size_for(len(requests)) if runner.decode_graph else runner.max_num_seqs
         inputs = build_window_decode(requests, rows, runner.window_blocks, runner.block_size, runner.table_rows)
-        logits = runner.decode_logits(requests, rows)
+        # NOTE: as each mode samples: fixed_shape every row of its step, mixed its running requests' rows
+        sampled_rows = rows if runner.mode == "fixed_shape" else len(requests)
+        logits = runner.decode_logits(requests, rows)[:sampled_rows]
         result = {
+            "graph_rows": rows, "running_requests": len(requests),
             "build_inputs_ms": timed_ms(lambda: build_window_decode(requests, rows, runner.window_blocks,
                                                                      runner.block_size, runner.table_rows)),
             "model_step_ms": timed_ms(lambda: runner.decode_graph.replay(rows, inputs) if runner.decode_graph

@@ -50,6 +50,12 @@ case $part in
     timeout 330 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 \
       --modes standard,corun,corun:decode_kv_split_tokens=0 \
       --out "$out/h200_kv_splits_t0.json" > "$out/bench.log" 2>&1 ;;
+  issue20_tail_profile)  # not run yet (stop 36 ran out of device time): where a tail step's time goes. 8 running
+    # requests of ~1.2k tokens (ShareGPT-like's tail: 7 rows, longest context ~1.2k), each mode at the graph it picks
+    # for them (corun its 128-row step, standard its 16-row one), per-kernel GPU time of a step and whole engine steps
+    timeout 400 python3 -m benchmarks.decode_step_profile --model random:qwen3-8b --num-requests 8 --prompt-len 1200 \
+      --modes standard,corun,corun:decode_kv_split_tokens=512 --kernel-profile --step-profile \
+      --out "$out/h200_tail_step_profile.json" > "$out/profile.log" 2>&1 ;;
   issue20_kv_splits_merge)  # the same after every range (one-range rows too) went through the merge kernel, so
     # the range kernels branch on nothing: the kernel tests, a short probe, t = 0 with ranges of 512 as a variant,
     # and the 8B determinism suite with them
