@@ -55,7 +55,11 @@ case $part in
     # for them (corun its 128-row step, standard its 16-row one), per-kernel GPU time of a step and whole engine steps
     timeout 400 python3 -m benchmarks.decode_step_profile --model random:qwen3-8b --num-requests 8 --prompt-len 1200 \
       --modes standard,corun,corun:decode_kv_split_tokens=512 --kernel-profile --step-profile \
-      --out "$out/h200_tail_step_profile.json" > "$out/profile.log" 2>&1 ;;
+      --out "$out/h200_tail_step_profile.json" > "$out/profile.log" 2>&1
+    # few long requests (long-context evaluation, one user's agent): every decode step is a tail step, where one
+    # program per row leaves the GPU idle (the ranges' kernel probe: 8 rows of 4096 tokens 169 -> 60 us per layer)
+    timeout 180 $BENCH --workloads 4096x1024 --num-requests 8 --max-seconds 15 \
+      --modes standard,corun,corun:decode_kv_split_tokens=512 --out "$out/h200_few_long_t0.json" > "$out/few_long.log" 2>&1 ;;
   issue20_kv_splits_merge)  # the same after every range (one-range rows too) went through the merge kernel, so
     # the range kernels branch on nothing: the kernel tests, a short probe, t = 0 with ranges of 512 as a variant,
     # and the 8B determinism suite with them
