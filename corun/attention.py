@@ -239,5 +239,5 @@ def decode_rows_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: f
 
 @functools.cache
 def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (Triton's interpreter on CPU: a nominal few)."""
+    """Streaming multiprocessors of a CUDA device (Triton's interpreter on CPU: a nominal two)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2

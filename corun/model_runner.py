@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from corun.attention import num_sms
 from corun.cuda_graphs import CapturedGraphs
 from corun.decode_ahead import (
     DecodeInFlight,
@@ -97,7 +98,7 @@ class ModelRunner:
         """fixed_shape decode steps per row count they ran at."""
         self.prefill_rows_histogram: dict[int, int] = {}
         """fixed_shape padded prefill forwards (bucketed or packed) per row count they ran at."""
-        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.on_cuda else 0
+        self.num_sms = num_sms(self.device) if self.on_cuda else 0
         self.batched_decode_rows = self.on_cuda or self.mode == "batch_invariant"
         """Decode rows through the batched paged kernel (CUDA) instead of per-request attention (CPU); tests
         turn it on for CPU to run the CUDA path's bookkeeping with the torch fixed-window kernel."""
