@@ -50,6 +50,11 @@ case $part in
     timeout 330 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 \
       --modes standard,corun,corun:decode_kv_split_tokens=0 \
       --out "$out/h200_kv_splits_t0.json" > "$out/bench.log" 2>&1 ;;
+  issue25_chunk_invariance)  # not run yet: whether the 8B shape's packed prefill gives a prompt the same KV and
+    # token-1 logits chunk by chunk as in one forward (alone and beside other prompts), at chunks of 64 and 256. If it
+    # does, a prompt can run all its chunks in one forward while the prefix cache keeps them chunk by chunk
+    timeout 300 python3 -m benchmarks.chunk_invariance_probe --model random:qwen3-8b --chunks 64,256 \
+      --lengths 700,1536,4000 --pack-tokens 8192 --out "$out/h200_chunk_invariance.json" > "$out/probe.log" 2>&1 ;;
   issue20_tail_profile)  # not run yet (stop 36 ran out of device time): where a tail step's time goes. 8 running
     # requests of ~1.2k tokens (ShareGPT-like's tail: 7 rows, longest context ~1.2k), each mode at the graph it picks
     # for them (corun its 128-row step, standard its 16-row one), per-kernel GPU time of a step and whole engine steps
