@@ -57,7 +57,10 @@ case $part in
       --lengths 700,1536,4000 --pack-tokens 8192 --out "$out/h200_chunk_invariance.json" > "$out/probe.log" 2>&1 ;;
   issue20_tail_profile)  # not run yet (stop 36 ran out of device time): where a tail step's time goes. 8 running
     # requests of ~1.2k tokens (ShareGPT-like's tail: 7 rows, longest context ~1.2k), each mode at the graph it picks
-    # for them (corun its 128-row step, standard its 16-row one), per-kernel GPU time of a step and whole engine steps
+    # for them (corun its 128-row step, standard its 16-row one), per-kernel GPU time of a step and whole engine steps;
+    # first the engine-level GPU test of the ranges (written at stop 36, not run yet)
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_decode_attention_ranges.py \
+      > "$out/ranges_test.log" 2>&1
     timeout 400 python3 -m benchmarks.decode_step_profile --model random:qwen3-8b --num-requests 8 --prompt-len 1200 \
       --modes standard,corun,corun:decode_kv_split_tokens=512 --kernel-profile --step-profile \
       --out "$out/h200_tail_step_profile.json" > "$out/profile.log" 2>&1
