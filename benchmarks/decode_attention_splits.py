@@ -3,10 +3,10 @@
     python -m benchmarks.decode_attention_splits --out FILE
 
 One layer of the Qwen3-8B shape (32 query heads, 8 KV heads, head_dim 128, bf16, 16-token blocks) through the
-Triton paged kernel, replayed from CUDA graphs: one range per context (split 0), fixed-size ranges of each candidate split_tokens, and mixed
-mode's batch-dependent split. Steps of `rows` rows of which `active` hold a context of `context` tokens (the rest
-are padding rows of context 1, as a fixed-shape step pads). Also: every fixed-size split gives a row the same bits
-alone as in a full batch, and how far each variant is from the float32 reference.
+Triton paged kernel, replayed from CUDA graphs: one range per context (split 0), fixed-size ranges of each candidate
+split_tokens, and mixed mode's batch-dependent split. Steps of `rows` rows of which `active` hold a context of
+`context` tokens (the rest are padding rows of context 1, as a fixed-shape step pads). Also: every fixed-size split
+gives a row the same bits alone as in a full batch, and how far each variant is from the float32 reference.
 """
 
 from __future__ import annotations
@@ -18,8 +18,14 @@ import torch
 
 from benchmarks.harness import timed
 from corun.attention import fixed_window_decode_attention
-from corun.kernels.decode_attention import (paged_decode_attention, range_items, ranged_decode_attention,
-                                            ranged_programs, split_kv_heuristic)
+from corun.cuda_graphs import CapturedGraphs
+from corun.kernels.decode_attention import (
+    paged_decode_attention,
+    range_items,
+    ranged_decode_attention,
+    ranged_programs,
+    split_kv_heuristic,
+)
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 
@@ -49,16 +55,10 @@ def attention(num_splits: int = 1, split_tokens: int = 0, programs: int = 0):
 
 
 def graph_seconds(fn, layers: int = 36) -> float:
-    """Per call, replayed from a CUDA graph of `layers` calls, as a decode step replays them: no launch cost."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())  # NOTE: the case's tensors are written on the default stream
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(layers):
-            fn()
+    """Per call, replayed from a CUDA graph of `layers` calls (captured as the engine captures its steps), as a
+    decode step replays them: no launch cost."""
+    graphs = CapturedGraphs([layers], lambda size: size, lambda size: [fn() for _ in range(size)][-1])
+    graph = graphs.graphs[layers][0]
     return timed(graph.replay, 20) / layers
 
 

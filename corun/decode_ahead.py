@@ -54,15 +54,18 @@ class DecodeInFlight:
         return self.host
 
 
+def token_ahead(request: Request, previous: DecodeInFlight | None) -> int:
+    """1 if the request's newest token is still on the device (it ran in the step in flight), else 0."""
+    return int(previous is not None and previous.holds(request))
+
+
 def tokens_ahead(requests: Sequence[Request], previous: DecodeInFlight | None) -> list[int]:
-    """Per request, 1 if its newest token is still on the device (it ran in the step in flight), else 0."""
-    return [int(previous is not None and previous.holds(r)) for r in requests]
+    return [token_ahead(r, previous) for r in requests]
 
 
 def continues(request: Request, previous: DecodeInFlight | None) -> bool:
     """False for a row whose token in flight is its last by length: it needs no further step."""
-    ahead = int(previous is not None and previous.holds(request))
-    return request.num_tokens + ahead < request.max_num_tokens
+    return request.num_tokens + token_ahead(request, previous) < request.max_num_tokens
 
 
 def input_ids_with_tokens_ahead(input_ids: torch.Tensor, requests: Sequence[Request], previous: DecodeInFlight | None,

@@ -151,10 +151,11 @@ class SchedulerConfig:
     cuts fall depends only on the request's context length and its bits only on the request (split-KV by token count,
     never by batch size). 0 = one program per (row, kv head) over the whole context (the paper's "no split-KV").
     Part of the outputs (the fingerprint); mixed mode keeps its batch-dependent split, CPU its per-request attention.
-    NOTE: 0 by default, measured on the H200 (8B shape, N = 256, t = 0, benchmarks/results/h200_kv_splits_t0_merged.json):
-    ranges of 512 made the tail's 128-row steps (7 real rows, contexts ~1.2k) 6.66 ms against 7.20, but a full step
-    11.80 ms against 11.31 (the range kernels run one-range rows ~15% slower than the one-range kernel:
-    h200_decode_attention_splits_merged.json), so ShareGPT-like gained 1.9% and RL-rollout-like lost 2.5%."""
+    NOTE: 0 by default, measured on the H200 (8B shape, N = 256, t = 0,
+    benchmarks/results/h200_kv_splits_t0_merged.json): ranges of 512 made the tail's 128-row steps (7 real rows,
+    contexts ~1.2k) 6.66 ms against 7.20, but a full step 11.80 ms against 11.31 (the range kernels run one-range
+    rows ~15% slower than the one-range kernel: h200_decode_attention_splits_merged.json), so ShareGPT-like gained
+    1.9% and RL-rollout-like lost 2.5%."""
     prefill_token_budget: int | None = None
     """fixed_shape: the most prompt tokens prefilled between two decode steps while requests are decoding (the
     prefill that crosses the budget still runs whole), so decode is not starved by a queue of prompts.

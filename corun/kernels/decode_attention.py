@@ -99,15 +99,15 @@ def _paged_decode_kernel(
 
 @triton.jit
 def _ranged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, ranges_ptr, item_rows_ptr, item_ranges_ptr, num_items_ptr,
-    partial_ptr, lse_ptr, scale,
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, item_rows_ptr, item_ranges_ptr, num_items_ptr, partial_ptr, lse_ptr,
+    scale,
     stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_tr,
     stride_pr, stride_ph, stride_ps, stride_lr, stride_lh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_TOKENS: tl.constexpr, SPLIT_TILES: tl.constexpr, NUM_PROGRAMS: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Program p of kv head h computes items p, p + NUM_PROGRAMS, ... of the step's (row, range) list
-    (RangeItems), each leaving its normalized partial and log-sum-exp (_finish_range)."""
+    (RangeItems), each leaving its normalized partial and log-sum-exp (_attend_range)."""
     program, kv_head = tl.program_id(0), tl.program_id(1)
     group = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + group
@@ -115,17 +115,12 @@ def _ranged_decode_kernel(
     dims = tl.arange(0, HEAD_DIM)
     for item in range(program, tl.load(num_items_ptr), NUM_PROGRAMS):
         row = tl.load(item_rows_ptr + item)
-        split = tl.load(item_ranges_ptr + item)
-        context_len = tl.load(lens_ptr + row)
-        tile_start = split * SPLIT_TILES
-        tile_end = tl.minimum(tl.cdiv(context_len, TILE_TOKENS), tile_start + SPLIT_TILES)
         q = tl.load(q_ptr + row * stride_qr + heads[:, None] * stride_qh + dims[None, :], mask=head_mask[:, None],
                     other=0.0)
-        m, denom, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start, tile_end,
-                                      scale, stride_kb, stride_kt, stride_kh, stride_tr, GROUP_PAD, HEAD_DIM,
-                                      BLOCK_SIZE, TILE_TOKENS, PRECISION)
-        _finish_range(m, denom, acc, row, split, heads, head_mask, dims, partial_ptr, lse_ptr,
-                      stride_pr, stride_ph, stride_ps, stride_lr, stride_lh)
+        _attend_range(q, k_ptr, v_ptr, tables_ptr, partial_ptr, lse_ptr, row, kv_head, tl.load(item_ranges_ptr + item),
+                      tl.load(lens_ptr + row), heads, head_mask, dims, scale, stride_kb, stride_kt, stride_kh,
+                      stride_tr, stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, GROUP_PAD, HEAD_DIM,
+                      BLOCK_SIZE, TILE_TOKENS, SPLIT_TILES, PRECISION)
 
 
 @triton.jit
@@ -144,27 +139,30 @@ def _row_ranges_kernel(
     head_mask = group < GROUP
     dims = tl.arange(0, HEAD_DIM)
     context_len = tl.load(lens_ptr + row)
-    num_tiles = tl.cdiv(context_len, TILE_TOKENS)
-    num_ranges = tl.load(ranges_ptr + row)
     q = tl.load(q_ptr + row * stride_qr + heads[:, None] * stride_qh + dims[None, :], mask=head_mask[:, None],
                 other=0.0)
-    for split in range(0, num_ranges):
-        tile_start = split * SPLIT_TILES
-        tile_end = tl.minimum(num_tiles, tile_start + SPLIT_TILES)
-        m, denom, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start, tile_end,
-                                      scale, stride_kb, stride_kt, stride_kh, stride_tr, GROUP_PAD, HEAD_DIM,
-                                      BLOCK_SIZE, TILE_TOKENS, PRECISION)
-        _finish_range(m, denom, acc, row, split, heads, head_mask, dims, partial_ptr, lse_ptr,
-                      stride_pr, stride_ph, stride_ps, stride_lr, stride_lh)
+    for split in range(0, tl.load(ranges_ptr + row)):
+        _attend_range(q, k_ptr, v_ptr, tables_ptr, partial_ptr, lse_ptr, row, kv_head, split, context_len, heads,
+                      head_mask, dims, scale, stride_kb, stride_kt, stride_kh, stride_tr, stride_pr, stride_ph,
+                      stride_ps, stride_lr, stride_lh, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, TILE_TOKENS, SPLIT_TILES,
+                      PRECISION)
 
 
 @triton.jit
-def _finish_range(m, denom, acc, row, split, heads, head_mask, dims, partial_ptr, lse_ptr,
-                  stride_pr, stride_ph, stride_ps, stride_lr, stride_lh):
-    """Every range, a row's only one too, leaves its normalized partial and log-sum-exp for _merge_ranges_kernel.
+def _attend_range(q, k_ptr, v_ptr, tables_ptr, partial_ptr, lse_ptr, row, kv_head, split, context_len, heads,
+                  head_mask, dims, scale, stride_kb, stride_kt, stride_kh, stride_tr, stride_pr, stride_ph, stride_ps,
+                  stride_lr, stride_lh, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  TILE_TOKENS: tl.constexpr, SPLIT_TILES: tl.constexpr, PRECISION: tl.constexpr):
+    """Range `split` of a row, in both layouts (so they give it the same bits): its normalized partial and
+    log-sum-exp, every range a row's only one too, for _merge_ranges_kernel.
     NOTE: the range kernels run a full step's one-range rows ~15% slower than _paged_decode_kernel on the H200, this
     way and with a one-range row's output written here behind a branch (h200_decode_attention_splits_*.json); why is
     open, and it is why decode_kv_split_tokens is off by default."""
+    tile_start = split * SPLIT_TILES
+    tile_end = tl.minimum(tl.cdiv(context_len, TILE_TOKENS), tile_start + SPLIT_TILES)
+    m, denom, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start, tile_end, scale,
+                                  stride_kb, stride_kt, stride_kh, stride_tr, GROUP_PAD, HEAD_DIM, BLOCK_SIZE,
+                                  TILE_TOKENS, PRECISION)
     safe_denom = tl.where(denom > 0, denom, 1.0)
     tl.store(partial_ptr + row * stride_pr + heads[:, None] * stride_ph + split * stride_ps + dims[None, :],
              acc / safe_denom[:, None], mask=head_mask[:, None])
@@ -289,7 +287,7 @@ def ranged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, ite
                   PRECISION=precision_for(q.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages)
     if num_programs:
         _ranged_decode_kernel[(num_programs, num_kv_heads)](
-            q, k_cache, v_cache, block_tables, context_lens, items.ranges, items.item_rows, items.item_ranges,
+            q, k_cache, v_cache, block_tables, context_lens, items.item_rows, items.item_ranges,
             items.num_items, partial, lse, scale, *strides, **common, **tiling, NUM_PROGRAMS=num_programs)
     else:
         _row_ranges_kernel[(num_rows, num_kv_heads)](
