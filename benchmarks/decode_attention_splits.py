@@ -30,14 +30,14 @@ from corun.kernels.decode_attention import (
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 
 
-def make_case(rows: int, active: int, context: int, window_blocks: int, gen: torch.Generator):
+def make_case(rows: int, active: int, context: int, window_blocks: int, gen: torch.Generator, pad_context: int = 1):
     num_blocks = active * window_blocks + 1
     k_cache = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=gen, device="cuda").bfloat16()
     v_cache = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=gen, device="cuda").bfloat16()
     q = torch.randn(rows, HEADS, HEAD_DIM, generator=gen, device="cuda").bfloat16()
     tables = torch.zeros(rows, window_blocks, dtype=torch.int64, device="cuda")
     tables[:active] = (torch.randperm(num_blocks - 1, generator=gen, device="cuda") + 1).view(active, window_blocks)
-    lens = torch.ones(rows, dtype=torch.int64, device="cuda")
+    lens = torch.full((rows,), pad_context, dtype=torch.int64, device="cuda")
     lens[:active] = context
     return q, k_cache, v_cache, tables, lens
 

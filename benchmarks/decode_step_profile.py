@@ -9,6 +9,7 @@ the graph it picks for K rows (fixed_shape: its smallest verified decode size; m
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -57,45 +58,50 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {}
     for mode in map(canonical_mode_spec, args.modes.split(",")):
-        base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.prompt_len + 256,
-                               prefill_chunk_size=args.prompt_len, max_num_batched_tokens=args.prompt_len * 4)
-        config = EngineConfig(model=args.model, dtype=args.dtype, device=device, scheduler=scheduler_for(base, mode),
-            cache=CacheConfig(num_blocks=args.max_num_seqs * (args.prompt_len + 256) // CacheConfig.block_size + 64))
-        engine = LLMEngine(config)
-        rng = random.Random(0)
-        vocab = engine.runner.model.cfg.vocab_size
-        for i in range(args.num_requests or args.max_num_seqs):
-            engine.add_request(str(i), [rng.randrange(vocab) for _ in range(args.prompt_len)],
-                               SamplingParams(temperature=0.6, seed=i, max_tokens=200, ignore_eos=True))
-        while any(r.is_prefilling or not r.output_token_ids for r in engine.scheduler.running) or \
-                engine.scheduler.waiting:
-            engine.step()
-        runner, requests = engine.runner, list(engine.scheduler.running)
-        rows = runner.decode_graph.size_for(len(requests)) if runner.decode_graph else runner.max_num_seqs
-        inputs = build_window_decode(requests, rows, runner.window_blocks, runner.block_size, runner.table_rows)
-        # NOTE: as each mode samples: fixed_shape every row of its step, mixed its running requests' rows
-        sampled_rows = rows if runner.mode == "fixed_shape" else len(requests)
-        logits = runner.decode_logits(requests, rows)[:sampled_rows]
-        result = {
-            "graph_rows": rows, "running_requests": len(requests),
-            "build_inputs_ms": timed_ms(lambda: build_window_decode(requests, rows, runner.window_blocks,
-                                                                     runner.block_size, runner.table_rows)),
-            "model_step_ms": timed_ms(lambda: runner.decode_graph.replay(rows, inputs) if runner.decode_graph
-                                      else runner.decode_logits(requests, rows)),
-            "sample_ms": timed_ms(lambda: runner.sample(logits, requests)),
-            "engine_step_ms": timed_ms(engine.step, repeats=20),
-        }
-        if args.kernel_profile:
-            result["eager_kernels"] = kernel_profile(runner, inputs)
-        if args.step_profile:
-            result["engine_steps"] = step_profile(engine)
-        result["floor_ms"] = round(1e3 * step_floor(engine, [r.num_tokens for r in requests], rows,
-                                                    measure_hardware(device)), 3) if device == "cuda" else None
-        report[mode] = result
-        print(mode, json.dumps(result), flush=True)
+        report[mode] = profile_mode(args, mode, device)  # NOTE: its engine is freed on return: two 8B engines with
+        print(mode, json.dumps(report[mode]), flush=True)  # their KV do not fit one GPU
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     emit(report, args.out)
+
+
+def profile_mode(args, mode: str, device: str) -> dict:
+    base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.prompt_len + 256,
+                           prefill_chunk_size=args.prompt_len, max_num_batched_tokens=args.prompt_len * 4)
+    config = EngineConfig(model=args.model, dtype=args.dtype, device=device, scheduler=scheduler_for(base, mode),
+        cache=CacheConfig(num_blocks=args.max_num_seqs * (args.prompt_len + 256) // CacheConfig.block_size + 64))
+    engine = LLMEngine(config)
+    rng = random.Random(0)
+    vocab = engine.runner.model.cfg.vocab_size
+    for i in range(args.num_requests or args.max_num_seqs):
+        engine.add_request(str(i), [rng.randrange(vocab) for _ in range(args.prompt_len)],
+                           SamplingParams(temperature=0.6, seed=i, max_tokens=200, ignore_eos=True))
+    while any(r.is_prefilling or not r.output_token_ids for r in engine.scheduler.running) or \
+            engine.scheduler.waiting:
+        engine.step()
+    runner, requests = engine.runner, list(engine.scheduler.running)
+    rows = runner.decode_graph.size_for(len(requests)) if runner.decode_graph else runner.max_num_seqs
+    inputs = build_window_decode(requests, rows, runner.window_blocks, runner.block_size, runner.table_rows)
+    # NOTE: as each mode samples: fixed_shape every row of its step, mixed its running requests' rows
+    sampled_rows = rows if runner.mode == "fixed_shape" else len(requests)
+    logits = runner.decode_logits(requests, rows)[:sampled_rows]
+    result = {
+        "graph_rows": rows, "running_requests": len(requests),
+        "build_inputs_ms": timed_ms(lambda: build_window_decode(requests, rows, runner.window_blocks,
+                                                                 runner.block_size, runner.table_rows)),
+        "model_step_ms": timed_ms(lambda: runner.decode_graph.replay(rows, inputs) if runner.decode_graph
+                                  else runner.decode_logits(requests, rows)),
+        "sample_ms": timed_ms(lambda: runner.sample(logits, requests)),
+        "engine_step_ms": timed_ms(engine.step, repeats=20),
+    }
+    if args.kernel_profile:
+        result["eager_kernels"] = kernel_profile(runner, inputs)
+    if args.step_profile:
+        result["engine_steps"] = step_profile(engine)
+    result["floor_ms"] = round(1e3 * step_floor(engine, [r.num_tokens for r in requests], rows,
+                                                measure_hardware(device)), 3) if device == "cuda" else None
+    return result
 
 
 def kernel_profile(runner, inputs, top: int = 25) -> dict:

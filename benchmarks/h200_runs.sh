@@ -35,6 +35,14 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_no_split_k)  # issue 20, eighth round (stop 37): cuBLAS without split-K by default (cublas_split_k off,
+    # corun/cublas.py; the probe before it: 8 running requests, the decode-size verification kept 16 rows instead of
+    # 128) and every decode-attention grid kv head first. The 8B determinism suite with the new defaults, then t = 0
+    # ShareGPT- and RL-rollout-like (the two rows below standard)
+    timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun,standard --out "$out/h200_determinism_no_split_k.json" > "$out/det.log" 2>&1
+    timeout 300 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 --modes standard,corun \
+      --out "$out/h200_no_split_k_t0.json" > "$out/bench.log" 2>&1 ;;
   issue20_kv_splits)  # issue 20, seventh round (stop 36), as run with ranges of 512 as the default of the time and
     # the range kernels writing a one-range row's output themselves (files *_branched.json): decode attention over
     # fixed-size ranges of each context (decode_kv_split_tokens). The kernel probe (time per layer by rows, real rows and context, in CUDA graphs; bits
@@ -63,11 +71,13 @@ case $part in
       > "$out/ranges_test.log" 2>&1
     timeout 400 python3 -m benchmarks.decode_step_profile --model random:qwen3-8b --num-requests 8 --prompt-len 1200 \
       --modes standard,corun,corun:decode_kv_split_tokens=512 --kernel-profile --step-profile \
-      --out "$out/h200_tail_step_profile.json" > "$out/profile.log" 2>&1
+      --out "$out/h200_tail_step_profile.json" > "$out/profile.log" 2>&1 ;;
+  issue20_few_long)  # split from issue20_tail_profile (one device call ends inside 10 minutes), with issue 25's probe
     # few long requests (long-context evaluation, one user's agent): every decode step is a tail step, where one
     # program per row leaves the GPU idle (the ranges' kernel probe: 8 rows of 4096 tokens 169 -> 60 us per layer)
     timeout 180 $BENCH --workloads 4096x1024 --num-requests 8 --max-seconds 15 \
-      --modes standard,corun,corun:decode_kv_split_tokens=512 --out "$out/h200_few_long_t0.json" > "$out/few_long.log" 2>&1 ;;
+      --modes standard,corun,corun:decode_kv_split_tokens=512 --out "$out/h200_few_long_t0.json" > "$out/few_long.log" 2>&1
+    bash "$0" issue25_chunk_invariance "$out" ;;
   issue20_kv_splits_merge)  # the same after every range (one-range rows too) went through the merge kernel, so
     # the range kernels branch on nothing: the kernel tests, a short probe, t = 0 with ranges of 512 as a variant,
     # and the 8B determinism suite with them

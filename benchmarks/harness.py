@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from corun.cublas import apply_cublas_split_k
 from corun.engine import LLMEngine
 from corun.request import Request
 from planner.slo import checked_target_ms
@@ -346,6 +347,8 @@ def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], o
     for workload in workloads:  # NOTE: before any model loads: a too-long workload would fail mid-run
         check_fits(workload, base.scheduler.max_model_len)
     modes = [canonical_mode_spec(spec) for spec in modes]  # NOTE: the report names every mode by its name now
+    if base.device.startswith("cuda"):  # NOTE: before measure_hardware's GEMMs start cuBLAS in this process
+        apply_cublas_split_k(base.cublas_split_k)
     hardware = measure_hardware(base.device)
     report = {"engine": dataclasses.asdict(base), "hardware": hardware, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,

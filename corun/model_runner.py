@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from corun.attention import num_sms
+from corun.cublas import apply_cublas_split_k
 from corun.cuda_graphs import CapturedGraphs
 from corun.decode_ahead import (
     DecodeInFlight,
@@ -77,6 +78,8 @@ class ModelRunner:
         """capture_decode_graph: False on prefill-only nodes, which never run the decode step. runs_mixed_steps:
         the colocated engine of a mixed-step mode, the only runner that runs mixed steps (run_mixed)."""
         self.config = config = config.resolved()
+        if config.device.startswith("cuda"):  # NOTE: before the first CUDA call, which fixes cuBLAS's workspace
+            apply_cublas_split_k(config.cublas_split_k)
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.mode = config.scheduler.mode

@@ -14,6 +14,7 @@ import sys
 import torch
 import zmq
 
+from corun.cublas import split_k_in_effect
 from wire import protocol
 from wire.config import EngineConfig, NodeConfig
 from wire.flags import add_flags, config_from_args
@@ -42,6 +43,8 @@ def engine_facts(config: EngineConfig, model_digest: str) -> dict:
     # and 2 threads), so the effective count is part of what determines outputs.
     engine["num_threads"] = torch.get_num_threads()
     engine["mkl_cbwr"] = os.environ.get("MKL_CBWR")  # NOTE: MKL's reproducibility mode picks its CPU kernels too
+    # NOTE: what the process runs, which can differ from what was asked where CUDA started first (corun/cublas.py)
+    engine["cublas_split_k"] = split_k_in_effect() if config.device.startswith("cuda") else None
     facts = {"model_digest": model_digest, "engine": engine, "torch": torch.__version__,
              "protocol": protocol.PROTOCOL_VERSION, "gpu": None}
     if config.backend == "vllm":  # NOTE: vLLM's version and every setting made for it (its kernels, its shapes)

@@ -342,6 +342,10 @@ class EngineConfig:
     num_threads: int | None = None
     """CPU compute threads (torch.set_num_threads); None keeps torch's default. Results are reproducible for a
     fixed thread count; nodes sharing a small host do better with 1 each than with spinning thread pools."""
+    cublas_split_k: bool = False
+    """CUDA: let cuBLAS split a GEMM's inner dimension (corun/cublas.py). Off, a row's GEMM reductions stay the same
+    at more decode step sizes (the H200 keeps 16-row steps) and the 8B shape's decode GEMMs ran faster on the H200.
+    Process-wide: applied when the engine is built, before CUDA starts; part of the outputs (the fingerprint)."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """How requests are batched into steps (its fields are flags of their own: --mode, --max-num-seqs, ...)."""
     cache: CacheConfig = field(default_factory=CacheConfig)

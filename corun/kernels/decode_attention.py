@@ -5,11 +5,17 @@ Three ways to cut a context (graph-capturable: no host sync, grids depend only o
   (row, kv head) reduces over its request's whole context in one fixed order;
 - ranges of split_tokens tokens (fixed_shape): as many as the request's context needs, so where the cuts fall, and
   with them the bits, depend on the request alone. Either a pool of programs per kv head takes the step's
-  (row, range) items in turn, or one program per (row, kv head) walks its row's ranges (which program computes a
-  range does not change its bits); _merge_ranges_kernel then merges each row's ranges in range order. In a step of
-  few rows with long contexts the pool keeps the SMs busy where one program per row leaves most of them idle;
+  (row, range) items in turn and _merge_ranges_kernel merges each row's ranges in range order, or one program per
+  (row, kv head) walks its row's ranges merging as it goes (which program computes a range, and where the merge
+  runs, does not change its bits). In a step of few rows with long contexts the pool keeps the SMs busy where one
+  program per row leaves most of them idle;
 - num_splits > 1 equal ranges (mixed mode, like FlashAttention's split-KV for small batches): num_splits is chosen
   from the batch shape, so a request's bits depend on its co-runners.
+
+Every grid puts the kv head first: the GPU hands consecutive program ids to different SMs, so the programs of a
+step's real rows (the first rows) spread over the SMs. With the row first, the programs of a few long rows of a
+128-row step land n * rows apart and share SMs (h200_decode_attention_padding.json: 8 rows of 1.2k tokens, 37 us per
+layer alone, 52 us as the first 8 of 128 rows).
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ def _paged_decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    kv_head, row, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     context_len = tl.load(lens_ptr + row)
     num_tiles = tl.cdiv(context_len, TILE_TOKENS)
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
@@ -108,7 +114,7 @@ def _ranged_decode_kernel(
 ):
     """Program p of kv head h computes items p, p + NUM_PROGRAMS, ... of the step's (row, range) list
     (RangeItems), each leaving its normalized partial and log-sum-exp (_attend_range)."""
-    program, kv_head = tl.program_id(0), tl.program_id(1)
+    kv_head, program = tl.program_id(0), tl.program_id(1)
     group = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + group
     head_mask = group < GROUP
@@ -125,27 +131,53 @@ def _ranged_decode_kernel(
 
 @triton.jit
 def _row_ranges_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, ranges_ptr, partial_ptr, lse_ptr, scale,
-    stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_tr,
-    stride_pr, stride_ph, stride_ps, stride_lr, stride_lh,
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, ranges_ptr, out_ptr, scale,
+    stride_qr, stride_qh, stride_kb, stride_kt, stride_kh, stride_tr, stride_or, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_TOKENS: tl.constexpr, SPLIT_TILES: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """The same ranges as _ranged_decode_kernel, one program per (row, kv head) walking its row's ranges in order:
-    the layout of a step whose rows alone fill the GPU."""
-    row, kv_head = tl.program_id(0), tl.program_id(1)
+    """The same ranges as _ranged_decode_kernel, one program per (row, kv head) walking its row's ranges in order
+    and merging each as it ends (_range_result, _merge_range: the merge kernel's arithmetic), so a step whose rows
+    alone fill the GPU writes no partials: the layout of full steps."""
+    kv_head, row = tl.program_id(0), tl.program_id(1)
     group = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + group
     head_mask = group < GROUP
     dims = tl.arange(0, HEAD_DIM)
     context_len = tl.load(lens_ptr + row)
+    num_tiles = tl.cdiv(context_len, TILE_TOKENS)
     q = tl.load(q_ptr + row * stride_qr + heads[:, None] * stride_qh + dims[None, :], mask=head_mask[:, None],
                 other=0.0)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    denom = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     for split in range(0, tl.load(ranges_ptr + row)):
-        _attend_range(q, k_ptr, v_ptr, tables_ptr, partial_ptr, lse_ptr, row, kv_head, split, context_len, heads,
-                      head_mask, dims, scale, stride_kb, stride_kt, stride_kh, stride_tr, stride_pr, stride_ph,
-                      stride_ps, stride_lr, stride_lh, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, TILE_TOKENS, SPLIT_TILES,
-                      PRECISION)
+        tile_start = split * SPLIT_TILES
+        range_m, range_denom, range_acc = _attend_tiles(
+            q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start,
+            tl.minimum(num_tiles, tile_start + SPLIT_TILES), scale, stride_kb, stride_kt, stride_kh, stride_tr,
+            GROUP_PAD, HEAD_DIM, BLOCK_SIZE, TILE_TOKENS, PRECISION)
+        part, lse = _range_result(range_m, range_denom, range_acc)
+        m, denom, acc = _merge_range(m, denom, acc, part, lse)
+    tl.store(out_ptr + row * stride_or + heads[:, None] * stride_oh + dims[None, :],
+             (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+
+
+@triton.jit
+def _range_result(m, denom, acc):
+    """A range's online-softmax state -> its normalized partial and log-sum-exp (-inf where it saw no token)."""
+    safe_denom = tl.where(denom > 0, denom, 1.0)
+    return acc / safe_denom[:, None], tl.where(denom > 0, m + tl.log(safe_denom), float("-inf"))
+
+
+@triton.jit
+def _merge_range(m, denom, acc, part, lse):
+    """One range folded into a row's running merge (online softmax over the ranges' log-sum-exps). Both layouts
+    merge through this, so their bits agree."""
+    m_new = tl.maximum(m, lse)
+    alpha = tl.exp(m - m_new)
+    weight = tl.exp(lse - m_new)
+    return m_new, denom * alpha + weight, acc * alpha[:, None] + weight[:, None] * part
 
 
 @triton.jit
@@ -153,20 +185,15 @@ def _attend_range(q, k_ptr, v_ptr, tables_ptr, partial_ptr, lse_ptr, row, kv_hea
                   head_mask, dims, scale, stride_kb, stride_kt, stride_kh, stride_tr, stride_pr, stride_ph, stride_ps,
                   stride_lr, stride_lh, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                   TILE_TOKENS: tl.constexpr, SPLIT_TILES: tl.constexpr, PRECISION: tl.constexpr):
-    """Range `split` of a row, in both layouts (so they give it the same bits): its normalized partial and
-    log-sum-exp, every range a row's only one too, for _merge_ranges_kernel.
-    NOTE: the range kernels run a full step's one-range rows ~15% slower than _paged_decode_kernel on the H200, this
-    way and with a one-range row's output written here behind a branch (h200_decode_attention_splits_*.json); why is
-    open, and it is why decode_kv_split_tokens is off by default."""
+    """Range `split` of a row in the pool: its normalized partial and log-sum-exp, for _merge_ranges_kernel."""
     tile_start = split * SPLIT_TILES
     tile_end = tl.minimum(tl.cdiv(context_len, TILE_TOKENS), tile_start + SPLIT_TILES)
     m, denom, acc = _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_start, tile_end, scale,
                                   stride_kb, stride_kt, stride_kh, stride_tr, GROUP_PAD, HEAD_DIM, BLOCK_SIZE,
                                   TILE_TOKENS, PRECISION)
-    safe_denom = tl.where(denom > 0, denom, 1.0)
-    tl.store(partial_ptr + row * stride_pr + heads[:, None] * stride_ph + split * stride_ps + dims[None, :],
-             acc / safe_denom[:, None], mask=head_mask[:, None])
-    lse = tl.where(denom > 0, m + tl.log(safe_denom), float("-inf"))
+    part, lse = _range_result(m, denom, acc)
+    tl.store(partial_ptr + row * stride_pr + heads[:, None] * stride_ph + split * stride_ps + dims[None, :], part,
+             mask=head_mask[:, None])
     tl.store(lse_ptr + row * stride_lr + heads * stride_lh + split, lse, mask=head_mask)
 
 
@@ -185,10 +212,9 @@ def _list_items_kernel(ranges_ptr, ends_ptr, item_rows_ptr, item_ranges_ptr, MAX
 def _merge_ranges_kernel(partial_ptr, lse_ptr, ranges_ptr, out_ptr,
                          stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_or, stride_oh,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """One program per (row, kv head): a row's ranges merged one after another in range order (online softmax over
-    their log-sum-exps), so the order is the request's alone. A row of one range comes out as its range left it
-    (weight 1, denominator 1)."""
-    row, kv_head = tl.program_id(0), tl.program_id(1)
+    """One program per (row, kv head): a row's ranges merged one after another in range order, so the order is the
+    request's alone. A row of one range comes out as its range left it (weight 1, denominator 1)."""
+    kv_head, row = tl.program_id(0), tl.program_id(1)
     num_ranges = tl.load(ranges_ptr + row)
     group = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + group
@@ -201,12 +227,7 @@ def _merge_ranges_kernel(partial_ptr, lse_ptr, ranges_ptr, out_ptr,
         lse = tl.load(lse_ptr + row * stride_lr + heads * stride_lh + split, mask=head_mask, other=0.0)
         part = tl.load(partial_ptr + row * stride_pr + heads[:, None] * stride_ph + split * stride_ps + dims[None, :],
                        mask=head_mask[:, None], other=0.0)
-        m_new = tl.maximum(m, lse)
-        alpha = tl.exp(m - m_new)
-        weight = tl.exp(lse - m_new)
-        denom = denom * alpha + weight
-        acc = acc * alpha[:, None] + weight[:, None] * part
-        m = m_new
+        m, denom, acc = _merge_range(m, denom, acc, part, lse)
     tl.store(out_ptr + row * stride_or + heads[:, None] * stride_oh + dims[None, :],
              (acc / denom[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
 
@@ -226,7 +247,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
         out_strides = (partial.stride(0), partial.stride(1), partial.stride(2))
     target = out if partial is None else partial
-    _paged_decode_kernel[(num_rows, num_kv_heads, num_splits)](
+    _paged_decode_kernel[(num_kv_heads, num_rows, num_splits)](  # NOTE: grid order, see module docstring
         q, k_cache, v_cache, block_tables, context_lens, target, lse, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *out_strides, lse.stride(0), lse.stride(1),
@@ -277,25 +298,24 @@ def ranged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, ite
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    partial = torch.empty(num_rows, num_heads, items.max_ranges, head_dim, dtype=torch.float32, device=q.device)
-    lse = torch.empty(num_rows, num_heads, items.max_ranges, dtype=torch.float32, device=q.device)
     common = dict(GROUP=group, GROUP_PAD=group_pad(group), HEAD_DIM=head_dim)
-    strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-               block_tables.stride(0), partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0),
-               lse.stride(1))
     tiling = dict(BLOCK_SIZE=block_size, TILE_TOKENS=launch.tile_tokens, SPLIT_TILES=split_tokens // launch.tile_tokens,
                   PRECISION=precision_for(q.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages)
-    if num_programs:
-        _ranged_decode_kernel[(num_programs, num_kv_heads)](
-            q, k_cache, v_cache, block_tables, context_lens, items.item_rows, items.item_ranges,
-            items.num_items, partial, lse, scale, *strides, **common, **tiling, NUM_PROGRAMS=num_programs)
-    else:
-        _row_ranges_kernel[(num_rows, num_kv_heads)](
-            q, k_cache, v_cache, block_tables, context_lens, items.ranges, partial, lse, scale, *strides,
-            **common, **tiling)
-    _merge_ranges_kernel[(num_rows, num_kv_heads)](
-        partial, lse, items.ranges, out, partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0),
-        lse.stride(1), out.stride(0), out.stride(1), **common)
+    kv_strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                  block_tables.stride(0))
+    if not num_programs:
+        _row_ranges_kernel[(num_kv_heads, num_rows)](
+            q, k_cache, v_cache, block_tables, context_lens, items.ranges, out, scale, *kv_strides, out.stride(0),
+            out.stride(1), **common, **tiling)
+        return out
+    partial = torch.empty(num_rows, num_heads, items.max_ranges, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(num_rows, num_heads, items.max_ranges, dtype=torch.float32, device=q.device)
+    partial_strides = (partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1))
+    _ranged_decode_kernel[(num_kv_heads, num_programs)](
+        q, k_cache, v_cache, block_tables, context_lens, items.item_rows, items.item_ranges, items.num_items,
+        partial, lse, scale, *kv_strides, *partial_strides, **common, **tiling, NUM_PROGRAMS=num_programs)
+    _merge_ranges_kernel[(num_kv_heads, num_rows)](
+        partial, lse, items.ranges, out, *partial_strides, out.stride(0), out.stride(1), **common)
     return out
 
 

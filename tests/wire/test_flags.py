@@ -42,7 +42,7 @@ PACKED = SchedulerConfig(mode="mixed", max_num_seqs=9, max_model_len=99, prefill
 BUCKETED = dataclasses.replace(PACKED, prefill_buckets=(8, 16), prefill_pack_tokens=0, prefill_pack_sizes="auto")
 """NOTE: buckets and packing exclude each other: one of the two configs sets each."""
 ENGINES = [EngineConfig(model="m", dtype="bfloat16", device="cuda:1", seed=7, max_logprobs=5, use_cuda_graph=False,
-                        num_threads=3, scheduler=scheduler, backend="vllm",
+                        cublas_split_k=True, num_threads=3, scheduler=scheduler, backend="vllm",
                         cache=CacheConfig(block_size=32, num_blocks=7, memory_budget_bytes=3 * MIB,
                                           enable_prefix_caching=False))
            for scheduler in (PACKED, BUCKETED)]
