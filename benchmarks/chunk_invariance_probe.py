@@ -21,6 +21,7 @@ import random
 
 import torch
 
+from benchmarks.harness import gpu_name
 from benchmarks.report import emit
 from corun.llm import LLM
 from corun.request import Request
@@ -86,7 +87,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    report = {"gpu": torch.cuda.get_device_name() if device == "cuda" else None, "runs": []}
+    report = {"gpu": gpu_name() if device == "cuda" else None, "runs": []}
     lengths = [int(x) for x in args.lengths.split(",")]
     for chunk in (int(c) for c in args.chunks.split(",")):
         sched = SchedulerConfig(max_num_seqs=8, max_model_len=max(lengths) + 64, prefill_chunk_size=chunk,

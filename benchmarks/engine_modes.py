@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from benchmarks.harness import gpu_name
 from benchmarks.report import emit
 from corun import LLM, SamplingParams
 from corun.models.tiny import make_tiny_model
@@ -69,7 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(make_tiny_model(tmp))
         report = {"args": vars(args), "torch": torch.__version__, "host": platform.processor() or platform.machine(),
-                  "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                  "gpu": gpu_name() if torch.cuda.is_available() else None,
                   "modes": {mode: run_mode(model_dir, mode, args) for mode in ("fixed_shape", "mixed")}}
     modes = report["modes"]
     report["fixed_shape_over_mixed_throughput"] = round(

@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.gpu_cluster import PARAMS, colocated_outputs, differing, served_outputs
 from benchmarks.gpu_determinism import token_prompts
-from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets, run_bench, scheduler_for
+from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets, gpu_name, run_bench, scheduler_for
 from benchmarks.http_bench import run_http_bench
 from corun import LLM
 from corun.models.presets import PRESETS, make_random_model_dir
@@ -110,7 +110,7 @@ def main() -> None:
     prompts = token_prompts(args.num_prompts, vocab - 1, 1, args.prompt_len)  # NOTE: never the EOS id (the last)
     workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
     gpu = ("0",) if args.device.startswith("cuda") else ()
-    report = {"gpu": torch.cuda.get_device_name() if gpu else None, "torch": torch.__version__, "command": vars(args),
+    report = {"gpu": gpu_name() if gpu else None, "torch": torch.__version__, "command": vars(args),
               "engine": dataclasses.asdict(engine), "modes": {}, "determinism": {}}
 
     def save() -> None:

@@ -24,7 +24,7 @@ import aiohttp
 import torch
 
 from benchmarks.gpu_determinism import token_prompts
-from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets, run_bench, scheduler_for
+from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets, gpu_name, run_bench, scheduler_for
 from benchmarks.http_bench import run_http_bench
 from corun import LLM, SamplingParams
 from corun.models.presets import PRESETS, make_random_model_dir
@@ -130,7 +130,7 @@ def main() -> None:
                           scheduler=scheduler_for(base, args.fixed_shape_spec))
     prompts = token_prompts(args.num_prompts, vocab - 1, 1, args.prompt_len)  # NOTE: never the EOS id (the last)
     workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
-    report = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "command": vars(args),
+    report = {"gpu": gpu_name() if torch.cuda.is_available() else None, "command": vars(args),
               "engine": dataclasses.asdict(engine)}
 
     def save() -> None:

@@ -14,7 +14,7 @@ import random
 
 import torch
 
-from benchmarks.harness import scheduler_for
+from benchmarks.harness import gpu_name, scheduler_for
 from corun import LLM, SamplingParams
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig, canonical_mode_spec
 
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else None
+    gpu = gpu_name() if DEVICE == "cuda" else None
     report = {"gpu": gpu, "torch": torch.__version__, "results": {}}
     for spec in args.models.split(","):
         model, dtype, n = spec.rsplit(":", 2)

@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.gpu_cluster import PARAMS, colocated_outputs, differing, needle_outputs, served_outputs
 from benchmarks.gpu_determinism import token_prompts
-from benchmarks.harness import scheduler_for
+from benchmarks.harness import gpu_name, scheduler_for
 from corun import LLM
 from corun.models.presets import PRESETS, make_random_model_dir
 from launch.cluster import ClusterConfig, free_port
@@ -81,7 +81,7 @@ def main() -> None:
                           scheduler=scheduler_for(base, args.fixed_shape_spec))
     prompts = token_prompts(args.num_prompts, PRESETS[args.preset]["vocab_size"] - 1, 1, args.prompt_len)
     cuda = torch.cuda.is_available()
-    report = {"gpu": torch.cuda.get_device_name() if cuda else None, "gpus": torch.cuda.device_count(),
+    report = {"gpu": gpu_name() if cuda else None, "gpus": torch.cuda.device_count(),
               "command": vars(args), "engine": dataclasses.asdict(engine), "topologies": {}}
 
     def save() -> None:

@@ -103,6 +103,13 @@ def measure_hardware(device: str) -> dict:
     return {"copy_bytes_per_s": 2 * src.numel() / copy_s, "bf16_flops_per_s": 2 * 8192**3 / gemm_s}
 
 
+def gpu_name(cublas_split_k: bool = EngineConfig.cublas_split_k) -> str:
+    """The GPU's name for a report. Starting CUDA for it fixes cuBLAS's workspace for the process, so the engines a
+    probe builds afterwards run the cuBLAS setting they were given (the default unless the probe says otherwise)."""
+    apply_cublas_split_k(cublas_split_k)
+    return torch.cuda.get_device_name()
+
+
 def timed(fn, repeats: int = 10) -> float:
     fn()
     torch.cuda.synchronize()

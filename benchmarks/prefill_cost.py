@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from benchmarks.harness import measure_hardware, scheduler_for
+from benchmarks.harness import gpu_name, measure_hardware, scheduler_for
 from corun.engine import LLMEngine
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig, canonical_mode_spec
 from wire.sampling_params import SamplingParams
@@ -86,7 +86,7 @@ def main() -> None:
     hardware = measure_hardware(args.device)
     base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=max(lengths) + 16,
                            prefill_chunk_size=args.prefill_chunk_size)
-    report = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "hardware": hardware,
+    report = {"gpu": gpu_name() if torch.cuda.is_available() else None, "hardware": hardware,
               "command": vars(args), "paths": {}}
     for spec in map(canonical_mode_spec, args.paths.split(",")):
         config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,

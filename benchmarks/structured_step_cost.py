@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from benchmarks.harness import gpu_name
 from benchmarks.report import emit
 from benchmarks.structured_mask_cost import SCHEMA, summary, synthetic_vocab
 from corun.llm import LLM
@@ -93,7 +94,7 @@ def main() -> None:
     bound = [arm["step_ms"]["p50"] for arm in arms if arm["constrained"] and arm["full_decode_steps"]]
     result = {"benchmark": "structured_step_cost", "model": args.model, "device": args.device, "dtype": args.dtype,
               "rows": args.rows, "schema": SCHEMA, "host": platform.node(), "torch": torch.__version__,
-              "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+              "cuda_device": gpu_name() if torch.cuda.is_available() else None,
               "vocabulary": "synthetic (structured_mask_cost.synthetic_vocab)" if is_random_spec(args.model)
               else "the model's tokenizer", "arms": arms,
               "added_fraction_p50": statistics.median(bound) / statistics.median(free) - 1 if free and bound else None}
