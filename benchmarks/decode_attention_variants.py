@@ -216,12 +216,12 @@ def prefetch_attention(q, k_cache, v_cache, tables, lens, scale, num_warps=4, nu
     return out
 
 
-def launched(num_warps, num_stages):
-    launch = type(DEFAULT_LAUNCH)(num_warps=num_warps, num_stages=num_stages)
+def launched(num_warps, num_stages, tile_tokens=DEFAULT_LAUNCH.tile_tokens):
+    launch = type(DEFAULT_LAUNCH)(tile_tokens=tile_tokens, num_warps=num_warps, num_stages=num_stages)
     return lambda q, k, v, t, lens, scale: paged_decode_attention(q, k, v, t, lens, scale, 1, launch)
 
 
-def variants(sms: int, rows: int, active: int, launches: bool) -> dict:
+def variants(sms: int, rows: int, active: int, launches: bool, tiles: bool = False) -> dict:
     found = {"committed": lambda q, k, v, t, lens, scale: paged_decode_attention(q, k, v, t, lens, scale)}
     if launches:
         for warps, stages in ((4, 1), (4, 2), (4, 4), (8, 3), (2, 3)):
@@ -229,6 +229,9 @@ def variants(sms: int, rows: int, active: int, launches: bool) -> dict:
         for warps, stages in ((4, 1), (4, 2), (8, 1), (8, 2)):
             found[f"prefetch_w{warps}_s{stages}"] = (lambda w, s: lambda q, k, v, t, lens, scale: prefetch_attention(
                 q, k, v, t, lens, scale, w, s))(warps, stages)
+    if tiles:
+        for tile, warps, stages in ((128, 4, 3), (128, 8, 3), (128, 4, 2), (128, 8, 2), (32, 4, 3), (32, 2, 3)):
+            found[f"tile{tile}_w{warps}_s{stages}"] = launched(warps, stages, tile)
     splits = split_kv_heuristic(active, KV_HEADS, sms)
     found["mixed_split"] = lambda q, k, v, t, lens, scale: paged_decode_attention(q, k, v, t, lens, scale, splits)
     for split in (256, 512):
@@ -255,6 +258,7 @@ def main() -> None:
     parser.add_argument("--steps", default="128:8:1200,128:2:2048,256:256:512,256:256:1024",
                         help="rows:active:context[:padding rows' context, default 1]")
     parser.add_argument("--launches", action="store_true", help="also other launch settings and the prefetch kernel")
+    parser.add_argument("--tiles", action="store_true", help="also other tile sizes (a different reduction order)")
     parser.add_argument("--max-model-len", type=int, default=6144)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -269,7 +273,7 @@ def main() -> None:
         q, k, v, tables, lens = make_case(rows, active, context, args.max_model_len // BLOCK, gen, pad_context)
         entry = {"rows": rows, "active": active, "context": context, "padding_context": pad_context}
         reference = paged_decode_attention(q, k, v, tables, lens, scale)
-        for name, fn in variants(sms, rows, active, args.launches).items():
+        for name, fn in variants(sms, rows, active, args.launches, args.tiles).items():
             try:
                 entry[name] = round(1e6 * graph_seconds(lambda: fn(q, k, v, tables, lens, scale)), 1)
                 base = name.split("_")[:2]

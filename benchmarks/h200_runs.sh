@@ -35,6 +35,15 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_tile128)  # after issue20_no_split_k, in the same session: the decode kernel's tile 64 -> 128 tokens and 2
+    # stages (the tile probe, h200_decode_attention_tiles.json): the GPU kernel tests, the 8B determinism suite, t = 0
+    # ShareGPT- and RL-rollout-like
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kernels.py \
+      tests/corun/test_decode_attention_ranges.py > "$out/gpu_tests.log" 2>&1
+    timeout 60 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun,standard --out "$out/h200_determinism_tile128.json" > "$out/det.log" 2>&1
+    timeout 120 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 --modes standard,corun \
+      --out "$out/h200_tile128_t0.json" > "$out/bench.log" 2>&1 ;;
   issue20_no_split_k)  # issue 20, eighth round (stop 37): cuBLAS without split-K by default (cublas_split_k off,
     # corun/cublas.py; the probe before it: 8 running requests, the decode-size verification kept 16 rows instead of
     # 128) and every decode-attention grid kv head first. The 8B determinism suite with the new defaults, then t = 0

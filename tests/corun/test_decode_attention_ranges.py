@@ -7,11 +7,12 @@ import pytest
 
 from corun import LLM, SamplingParams
 from tests.corun.test_determinism import completions, first_difference
+from wire.config import DECODE_TILE_TOKENS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.numerics]
 
 PARAMS = [SamplingParams(temperature=0.8, seed=i, max_tokens=120, logprobs=2, ignore_eos=True) for i in range(20)]
-PROMPTS = [list(range(5 + i, 60 + 9 * i)) for i in range(20)]  # NOTE: contexts of one to four 64-token ranges
+PROMPTS = [list(range(5 + i, 40 + 16 * i)) for i in range(20)]  # NOTE: contexts of one to four 128-token ranges
 
 
 def make_llm(split_tokens: int) -> LLM:
@@ -24,7 +25,7 @@ def make_llm(split_tokens: int) -> LLM:
 
 
 def test_ranged_decode_attention_keeps_outputs_the_same_alone_and_batched():
-    llm = make_llm(64)
+    llm = make_llm(DECODE_TILE_TOKENS)
     together = completions(llm.generate(PROMPTS, PARAMS))
     alone = [completions(llm.generate([p], [q]))[0] for p, q in zip(PROMPTS[:6], PARAMS[:6], strict=True)]
     assert first_difference(alone, together[:6]) is None

@@ -103,7 +103,7 @@ def test_batched_decode_path_on_cpu(tiny_model_dir, mode):
     batched = completions(llm.generate(varied_prompts(8, seed=3), PARAMS))
     assert [ids for ids, _ in batched] == [ids for ids, _ in reference]
     if mode == "fixed_shape":
-        assert bs1_vs_bsn(llm, num_prompts=8) is None  # NOTE: 8 of N: the step building, not the batch size, is new here
+        assert bs1_vs_bsn(llm, num_prompts=8) is None  # NOTE: 8 of N: the step building is what is new here
 
 
 def test_prefill_token_budget_changes_timing_not_outputs(tiny_model_dir, fixed_shape_llm):

@@ -6,6 +6,7 @@ import pytest
 
 from wire.config import (
     AUTO,
+    DECODE_TILE_TOKENS,
     DEFAULT_PREFILL_BUCKETS,
     EngineConfig,
     SchedulerConfig,
@@ -100,8 +101,8 @@ def test_the_fingerprint_hashes_the_resolved_shapes(tiny_model_dir):
     assert engine_fingerprint(bucketed.resolved(), "d") != engine_fingerprint(auto.resolved(), "d")
 
 
-@pytest.mark.parametrize("tokens", [-64, 100, 32])
+@pytest.mark.parametrize("tokens", [-DECODE_TILE_TOKENS, 100, DECODE_TILE_TOKENS // 2, DECODE_TILE_TOKENS + 64])
 def test_decode_kv_split_tokens_must_be_whole_kernel_tiles(tokens):
-    with pytest.raises(ValueError, match="decode_kv_split_tokens must be a multiple of 64"):
+    with pytest.raises(ValueError, match=f"decode_kv_split_tokens must be a multiple of {DECODE_TILE_TOKENS}"):
         SchedulerConfig(decode_kv_split_tokens=tokens)
     assert SchedulerConfig(decode_kv_split_tokens=0).decode_kv_split_tokens == 0  # NOTE: off, the default
