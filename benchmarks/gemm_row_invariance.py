@@ -6,6 +6,11 @@ For each projection shape of the Qwen3-8B decoder and each row count M: F.linear
 of F.linear(x[:ref], w), compared bitwise, with cuBLAS's reduced-precision bf16 reductions allowed (torch's default)
 and not. A row count whose every shape agrees with the reference could carry any mix of rows (decode rows beside
 prompt rows) without changing a row's bits; the decode-size probe asks the same of whole decode steps.
+
+--cublas-split-k: the process's cuBLAS setting (EngineConfig.cublas_split_k; off, the default since stop 37, cuBLAS
+has no workspace and picks no split-K kernel). cuBLAS reads it once per process: one run per setting. With split-K
+the H200 gave two row classes ({128, 160, 224, 256} and {192, 320..8448}, stop 33); without it, whether every row
+count from 16 agrees is the question behind steps that carry prompt rows beside the decode rows.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from benchmarks.harness import timed
+from benchmarks.harness import gpu_name, timed
 
 QWEN3_8B_SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096),
                    "down_proj": (4096, 12288), "lm_head": (151936, 4096)}
@@ -41,14 +46,16 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,8,16,32,64,96,128,160,192,224,256,320,384,512,768,1024,1280,1536,"
                                            "2048,2304,3072,4096,4352,6144,8192,8448")
     parser.add_argument("--refs", default="256,2048,8192")
+    parser.add_argument("--cublas-split-k", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    gpu = gpu_name(args.cublas_split_k)  # NOTE: before the first GEMM, which fixes cuBLAS's workspace
     sizes, refs = [int(s) for s in args.sizes.split(",")], [int(s) for s in args.refs.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     weights = {name: torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
                for name, shape in QWEN3_8B_SHAPES.items()}
     x = torch.randn(max(sizes + refs), 12288, generator=gen, device="cuda", dtype=torch.bfloat16)
-    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": []}
+    report = {"gpu": gpu, "torch": torch.__version__, "cublas_split_k": args.cublas_split_k, "runs": []}
     for reduced in (True, False):
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
         for ref in refs:

@@ -35,6 +35,14 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_gemm_rows_no_split_k)  # not run yet: which GEMM row counts keep a row's bits without split-K (one process
+    # per setting). If every count from 16 agrees, a fixed-shape step could carry prompt rows beside its decode rows
+    # (standard's mixed steps, which win RL-rollout-like by prefilling inside decode steps)
+    SIZES=1,8,15,16,17,24,32,48,64,100,128,160,192,200,224,256,257,300,320,384,512,640,768,1000,1024,1536,2048,3072,4096,6144,8192
+    timeout 120 python3 -m benchmarks.gemm_row_invariance --refs 256,2048 --sizes $SIZES \
+      --out "$out/h200_gemm_rows_no_split_k.json" > "$out/gemm_rows.log" 2>&1
+    timeout 120 python3 -m benchmarks.gemm_row_invariance --refs 256,2048 --sizes $SIZES --cublas-split-k \
+      --out "$out/h200_gemm_rows_split_k.json" >> "$out/gemm_rows.log" 2>&1 ;;
   issue20_tile128)  # after issue20_no_split_k, in the same session: the decode kernel's tile 64 -> 128 tokens and 2
     # stages (the tile probe, h200_decode_attention_tiles.json): the GPU kernel tests, the 8B determinism suite, t = 0
     # ShareGPT- and RL-rollout-like
