@@ -16,15 +16,16 @@ from wire.config import DECODE_TILE_TOKENS
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
-pytestmark = [pytest.mark.numerics,
-              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")]
+# NOTE: not marked numerics: on CPU the kernels run in Triton's interpreter, on numpy, whose rounding ATen's and
+# MKL's CPU capability (the other-capability run) does not change; the torch references are compared with a tolerance
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")]
 gpu_only = pytest.mark.gpu  # NOTE: a GPU fact
 # NOTE: Triton's CPU interpreter mishandles bfloat16 dots (garbage values), so bf16 cases need the GPU.
 BF16 = pytest.param(torch.bfloat16, marks=gpu_only)
 
 
 def paged_case(num_rows: int, dtype, seed: int = 0, num_heads: int = 32, num_kv_heads: int = 8,
-               head_dim: int = 128 if ON_GPU else 32, block_size: int = 16, window_blocks: int = 64 if ON_GPU else 6):
+               head_dim: int = 128 if ON_GPU else 32, block_size: int = 16, window_blocks: int = 64 if ON_GPU else 20):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     num_blocks = num_rows * window_blocks + 1
     kv = torch.randn(num_blocks, 2, 2, block_size, num_kv_heads, head_dim, generator=gen, device=DEVICE).to(dtype)
@@ -66,7 +67,7 @@ def test_fixed_size_split_decode_is_batch_invariant(dtype):
     another slot and whatever number of programs share the ranges. Inverse: where the cuts fall does change bits,
     so they must depend on the request alone."""
     rows = 32 if ON_GPU else 4
-    q, k_cache, v_cache, tables, lens = paged_case(rows, dtype, seed=3, window_blocks=64 if ON_GPU else 16)
+    q, k_cache, v_cache, tables, lens = paged_case(rows, dtype, seed=3, window_blocks=64 if ON_GPU else 24)
     lens[0] = lens.max()  # NOTE: several ranges, the last one partial
     split = 256 if ON_GPU else DECODE_TILE_TOKENS
     batched = ranged(q, k_cache, v_cache, tables, lens, split)
