@@ -20,6 +20,8 @@ layer alone, 52 us as the first 8 of 128 rows).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +43,20 @@ class LaunchConfig:
 
 
 DEFAULT_LAUNCH = LaunchConfig()
+PIPELINED_SHARED_MEMORY = 160 * 1024
+"""Shared memory per block that two stages of 128-token K and V tiles need with room to spare (8B shape: 64 KiB a
+stage): A100, H100, H200 have it; Ada and consumer GPUs (~100 KiB) run one stage."""
+
+
+@functools.cache
+def launch_for(device: torch.device) -> LaunchConfig:
+    """The launch on this device. Only num_stages varies: software pipelining reorders loads, never arithmetic, so
+    a row's bits are the same at any stage count (h200_decode_attention_variants.json: 1, 2, 3 and 4 stages
+    bitwise equal); 8 warps would change them, so warps stay fixed."""
+    if device.type != "cuda":
+        return DEFAULT_LAUNCH
+    shared = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
+    return DEFAULT_LAUNCH if shared >= PIPELINED_SHARED_MEMORY else dataclasses.replace(DEFAULT_LAUNCH, num_stages=1)
 
 
 @triton.jit
@@ -233,10 +249,11 @@ def _merge_ranges_kernel(partial_ptr, lse_ptr, ranges_ptr, out_ptr,
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float, num_splits: int = 1,
-                           launch: LaunchConfig = DEFAULT_LAUNCH):
+                           launch: LaunchConfig | None = None):
     """q: [rows, heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim] (strided views
     allowed, last dim contiguous); block_tables: [rows, max_blocks] int; context_lens: [rows] int (>= 1)."""
     num_rows, num_heads, head_dim = q.shape
+    launch = launch or launch_for(q.device)
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     if num_splits == 1:
@@ -290,11 +307,12 @@ def range_items(context_lens: torch.Tensor, max_context: int, split_tokens: int,
 
 
 def ranged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, items: RangeItems, scale: float,
-                            split_tokens: int, num_programs: int, launch: LaunchConfig = DEFAULT_LAUNCH):
+                            split_tokens: int, num_programs: int, launch: LaunchConfig | None = None):
     """The fixed-size-range cut (module docstring); items = range_items(context_lens, ...) with the same
     split_tokens. num_programs per kv head changes speed, never bits; 0: one program per (row, kv head) walks the
     row's ranges (_row_ranges_kernel)."""
     num_rows, num_heads, head_dim = q.shape
+    launch = launch or launch_for(q.device)
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

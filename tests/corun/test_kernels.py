@@ -271,3 +271,22 @@ def test_fused_sampling_split_over_vocab_chunks_gives_the_whole_rows_argmax(monk
     chosen = sampling.gumbel_argmax(logits, seeds, positions)
     assert torch.equal(chosen, (logits + gumbel_noise(seeds, positions, 3000)).argmax(-1))
     assert chosen[2] == 1500 and chosen[3] < 1024
+
+
+@pytest.mark.parametrize(("shared_kib", "stages"), [(227, 2), (163, 2), (99, 1)])
+def test_the_launch_pipelines_only_where_shared_memory_holds_two_stages(monkeypatch, shared_kib, stages):
+    """H200/H100/A100 run the measured two stages; a GPU of ~100 KiB per block (Ada) one: stages never change bits."""
+    from types import SimpleNamespace
+
+    from corun.kernels import decode_attention
+
+    monkeypatch.setattr(decode_attention.torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(shared_memory_per_block_optin=shared_kib * 1024))
+    decode_attention.launch_for.cache_clear()
+    try:
+        launch = decode_attention.launch_for(torch.device("cuda", 0))
+        assert launch.num_stages == stages
+        assert (launch.tile_tokens, launch.num_warps) == (DECODE_TILE_TOKENS, decode_attention.DEFAULT_LAUNCH.num_warps)
+        assert decode_attention.launch_for(torch.device("cpu")) == decode_attention.DEFAULT_LAUNCH
+    finally:
+        decode_attention.launch_for.cache_clear()
