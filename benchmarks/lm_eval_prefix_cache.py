@@ -81,16 +81,18 @@ def metrics(url: str) -> dict[str, list[float]]:
 
 
 def run(model_dir: str, num_questions: int = 16, passage_words: int = 120, chunk: int = 64,
-        num_concurrent: int = 1) -> dict:
-    """Both clusters, one after the other, on one task; -> the figures and whether the samples are identical."""
+        num_concurrent: int = 1, warm_up: bool = True) -> dict:
+    """Both clusters, one after the other, on one task; -> the figures and whether the samples are identical.
+    warm_up False (a test's samples, not timings): each cluster runs the task once, from a fresh cache."""
     with tempfile.TemporaryDirectory() as task_dir:
         write_task(Path(task_dir), num_questions, passage_words)
         runs, samples = {}, {}
         for name, cache_on in (("cache_off", False), ("cache_on", True)):
             cluster = start(model_dir, cache_on, chunk, free_port("127.0.0.1"))
             try:
-                evaluate(cluster.url, model_dir, Path(task_dir), num_concurrent)  # NOTE: warm-up, and the cache
-                if cache_on:  # NOTE: measured cold: the passage enters the cache during the measured run
+                if warm_up:
+                    evaluate(cluster.url, model_dir, Path(task_dir), num_concurrent)  # NOTE: fills the cache too
+                if warm_up and cache_on:  # NOTE: measured cold: the passage enters the cache during the measured run
                     urllib.request.urlopen(urllib.request.Request(f"{cluster.url}/reset_prefix_cache", data=b"",
                                                                   method="POST"), timeout=30).close()
                 before = metrics(cluster.url)

@@ -48,6 +48,6 @@ def test_multiple_choice_with_a_shared_passage_is_identical_with_the_prefix_cach
     prompt logprobs kept with the chunks) and log the samples the cache-off cluster logs."""
     from benchmarks.lm_eval_prefix_cache import run
 
-    result = run(tiny_model_dir, num_questions=3, passage_words=80)
+    result = run(tiny_model_dir, num_questions=3, passage_words=80, warm_up=False)
     assert result["samples_identical"] and len(result["samples"]) == 3
     assert result["runs"]["cache_on"]["hit_rate"] > 0.5 and result["runs"]["cache_off"]["hit_rate"] == 0
