@@ -24,10 +24,12 @@ from benchmarks.decode_attention_splits import BLOCK, HEAD_DIM, KV_HEADS, graph_
 from corun.kernels.decode_attention import (
     DEFAULT_LAUNCH,
     _attend_tiles,
+    _load_tile,
     _merge_range,
     _merge_ranges_kernel,
     _paged_decode_kernel,
     _range_result,
+    _reduce_tile,
     group_pad,
     paged_decode_attention,
     precision_for,
@@ -56,13 +58,9 @@ def _prefetch_decode_kernel(
     q = tl.load(q_ptr + row * stride_qr + heads[:, None] * stride_qh + dims[None, :], mask=head_mask[:, None],
                 other=0.0)
     table = tables_ptr + row * stride_tr
-    positions = lanes
-    valid = positions < context_len
-    blocks = tl.load(table + positions // BLOCK_SIZE, mask=valid, other=0)
-    offsets = blocks.to(tl.int64) * stride_kb + (positions % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-    k = tl.load(k_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-    v = tl.load(v_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-    ahead = positions + TILE_TOKENS
+    k, v, valid = _load_tile(k_ptr, v_ptr, tables_ptr, row, kv_head, lanes, context_len, dims, stride_kb, stride_kt,
+                             stride_kh, stride_tr, BLOCK_SIZE)
+    ahead = lanes + TILE_TOKENS
     blocks_ahead = tl.load(table + ahead // BLOCK_SIZE, mask=ahead < context_len, other=0)
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     denom = tl.zeros([GROUP_PAD], tl.float32)
@@ -75,14 +73,7 @@ def _prefetch_decode_kernel(
         next_v = tl.load(v_ptr + next_offsets[:, None] + dims[None, :], mask=next_valid[:, None], other=0.0)
         further = ahead + TILE_TOKENS
         blocks_ahead = tl.load(table + further // BLOCK_SIZE, mask=further < context_len, other=0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+        m, denom, acc = _reduce_tile(q, k, v, valid, m, denom, acc, scale, PRECISION)
         k, v, valid, ahead = next_k, next_v, next_valid, further
     safe_denom = tl.where(denom > 0, denom, 1.0)
     tl.store(out_ptr + row * stride_or + heads[:, None] * stride_oh + dims[None, :],
@@ -143,20 +134,10 @@ def _flat_walk_kernel(
     range_denom = tl.zeros([GROUP_PAD], tl.float32)
     range_acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     for tile in range(0, num_tiles):
-        positions = tile * TILE_TOKENS + tl.arange(0, TILE_TOKENS)
-        valid = positions < context_len
-        blocks = tl.load(tables_ptr + row * stride_tr + positions // BLOCK_SIZE, mask=valid, other=0)
-        offsets = blocks.to(tl.int64) * stride_kb + (positions % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        v = tl.load(v_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(range_m, tl.max(scores, 1))
-        alpha = tl.exp(range_m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        range_denom = range_denom * alpha + tl.sum(p, 1)
-        range_acc = range_acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        range_m = m_new
+        k, v, valid = _load_tile(k_ptr, v_ptr, tables_ptr, row, kv_head, tile * TILE_TOKENS + tl.arange(0, TILE_TOKENS),
+                                 context_len, dims, stride_kb, stride_kt, stride_kh, stride_tr, BLOCK_SIZE)
+        range_m, range_denom, range_acc = _reduce_tile(q, k, v, valid, range_m, range_denom, range_acc, scale,
+                                                       PRECISION)
         ends = ((tile + 1) % SPLIT_TILES == 0) | (tile + 1 == num_tiles)
         part, lse = _range_result(range_m, range_denom, range_acc)
         merged_m, merged_denom, merged_acc = _merge_range(m, denom, acc, part, lse)

@@ -354,11 +354,10 @@ def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], o
     for workload in workloads:  # NOTE: before any model loads: a too-long workload would fail mid-run
         check_fits(workload, base.scheduler.max_model_len)
     modes = [canonical_mode_spec(spec) for spec in modes]  # NOTE: the report names every mode by its name now
-    if base.device.startswith("cuda"):  # NOTE: before measure_hardware's GEMMs start cuBLAS in this process
-        apply_cublas_split_k(base.cublas_split_k)
+    # NOTE: the GPU's name first: it applies the cuBLAS setting before measure_hardware's GEMMs start cuBLAS
+    gpu = gpu_name(base.cublas_split_k) if base.device.startswith("cuda") else None
     hardware = measure_hardware(base.device)
-    report = {"engine": dataclasses.asdict(base), "hardware": hardware, "torch": torch.__version__,
-              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    report = {"engine": dataclasses.asdict(base), "hardware": hardware, "torch": torch.__version__, "gpu": gpu,
               "arrivals": arrivals.describe(), "slo_targets": slo.describe(), "prefill_paths": {}, "modes": {}}
     for mode in modes:
         config = dataclasses.replace(base, scheduler=scheduler_for(base.scheduler, mode))

@@ -4,7 +4,8 @@ With split-K, cuBLAS may cut a GEMM's inner dimension across thread blocks for s
 afterwards, so a row's reduction order depends on how many rows the GEMM has. Without a workspace it cannot, and a
 row's bits stop depending on the step's row count over a wider range: on the H200 (8B shape, bf16) the decode-size
 verification then keeps 16-row steps where it kept 128 rows and up with split-K, and the decode GEMMs ran faster
-(benchmarks/results/h200_cublas_split_k*.json). The verification still decides which sizes are kept.
+(benchmarks/results/h200_tail_step_profile_no_split_k.json, h200_no_split_k_t0.json). The verification still
+decides which sizes are kept.
 
 torch reads the workspace size once per process, when it makes its first cuBLAS handle, so this is a process-wide
 setting: it is applied when an engine is built, before CUDA starts, and what is in effect goes in the fingerprint.

@@ -70,21 +70,36 @@ def _attend_tiles(q, k_ptr, v_ptr, tables_ptr, row, kv_head, context_len, tile_s
     denom = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     for tile in range(tile_start, tile_end):
-        positions = tile * TILE_TOKENS + tl.arange(0, TILE_TOKENS)
-        valid = positions < context_len
-        blocks = tl.load(tables_ptr + row * stride_tr + positions // BLOCK_SIZE, mask=valid, other=0)
-        offsets = blocks.to(tl.int64) * stride_kb + (positions % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)  # [TILE, HEAD_DIM]
-        v = tl.load(v_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, TILE] fp32
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+        k, v, valid = _load_tile(k_ptr, v_ptr, tables_ptr, row, kv_head, tile * TILE_TOKENS + tl.arange(0, TILE_TOKENS),
+                                 context_len, dims, stride_kb, stride_kt, stride_kh, stride_tr, BLOCK_SIZE)
+        m, denom, acc = _reduce_tile(q, k, v, valid, m, denom, acc, scale, PRECISION)
     return m, denom, acc
+
+
+@triton.jit
+def _load_tile(k_ptr, v_ptr, tables_ptr, row, kv_head, positions, context_len, dims, stride_kb, stride_kt, stride_kh,
+               stride_tr, BLOCK_SIZE: tl.constexpr):
+    """K and V of a row's positions (gathered through its block table; masked past its context): [TILE, HEAD_DIM]
+    each, and the mask."""
+    valid = positions < context_len
+    blocks = tl.load(tables_ptr + row * stride_tr + positions // BLOCK_SIZE, mask=valid, other=0)
+    offsets = blocks.to(tl.int64) * stride_kb + (positions % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+    k = tl.load(k_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+    v = tl.load(v_ptr + offsets[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+    return k, v, valid
+
+
+@triton.jit
+def _reduce_tile(q, k, v, valid, m, denom, acc, scale, PRECISION: tl.constexpr):
+    """One tile folded into the online softmax (running max, denominator, unnormalized output): the arithmetic every
+    decode kernel shares, so that a layout changes which program runs it, never what it computes."""
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, TILE] fp32
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(scores - m_new[:, None])
+    return (m_new, denom * alpha + tl.sum(p, 1),
+            acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION))
 
 
 @triton.jit
