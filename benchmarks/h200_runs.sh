@@ -35,6 +35,32 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_budget_t0)  # stop 38, after issue20_tile128 (the tail step now ties standard's: 5.49 against 5.49 ms, yet
+    # ShareGPT-like 0.985x and RL-rollout-like 0.993x: corun's TTFT p50 +54 ms, i.e. the decode steps it runs between
+    # prefill forwards while the batch fills, which standard folds into its mixed steps): the inverse GPU test fixed
+    # for the tile of 128, the GEMM row-count probe without split-K (can decode rows ride in a prefill forward?), and
+    # t = 0 (three workloads) with the prefill token budget at its default (8192), 0 and two packs
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kernels.py > "$out/gpu_tests.log" 2>&1
+    timeout 100 python3 -m benchmarks.gemm_row_invariance --refs 256,2048 \
+      --sizes 1,8,15,16,17,24,32,48,64,100,128,160,192,200,224,256,257,300,384,512,1000,1024,2048,3072,4096,6144,8192 \
+      --out "$out/h200_gemm_rows_no_split_k.json" > "$out/gemm_rows.log" 2>&1
+    # (and decode steps of 4 and 8 rows as candidates: the tail's steps hold 3-7 rows, standard runs them at 8)
+    timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
+      --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue20_rest_and_chunks)  # stop 38, after issue20_budget_t0 (whose GEMM probe found every row count from 1 to 8192
+    # giving a row the same bits without split-K): issue 25's chunk-invariance probe, then the rows of the defaults
+    # table that run did not hold: t = 0 BurstGPT-like, and Poisson ShareGPT-like at 16 and 32 req/s
+    timeout 170 python3 -m benchmarks.chunk_invariance_probe --model random:qwen3-8b --chunks 64,256 \
+      --lengths 700,1536,4000 --pack-tokens 8192 --out "$out/h200_chunk_invariance.json" > "$out/probe.log" 2>&1
+    timeout 130 $BENCH --workloads burstgpt --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --modes standard,corun,corun:prefill_token_budget=0 --out "$out/h200_defaults_burstgpt_stop38.json" \
+      > "$out/bench.log" 2>&1
+    for rate in 16 32; do
+      timeout 140 $BENCH --num-requests 300 --request-rate $rate --workloads sharegpt --max-seconds 22 \
+        --goodput ttft:500 tpot:50 --modes "corun,standard" --out "$out/h200_defaults_poisson_${rate}_stop38.json" \
+        > "$out/poisson_$rate.log" 2>&1
+    done ;;
   issue20_gemm_rows_no_split_k)  # not run yet: which GEMM row counts keep a row's bits without split-K (one process
     # per setting). If every count from 16 agrees, a fixed-shape step could carry prompt rows beside its decode rows
     # (standard's mixed steps, which win RL-rollout-like by prefilling inside decode steps)
@@ -48,9 +74,9 @@ case $part in
     # ShareGPT- and RL-rollout-like
     timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kernels.py \
       tests/corun/test_decode_attention_ranges.py > "$out/gpu_tests.log" 2>&1
-    timeout 60 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+    timeout 140 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
       --modes corun,standard --out "$out/h200_determinism_tile128.json" > "$out/det.log" 2>&1
-    timeout 120 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 --modes standard,corun \
+    timeout 330 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 --modes standard,corun \
       --out "$out/h200_tile128_t0.json" > "$out/bench.log" 2>&1 ;;
   issue20_no_split_k)  # issue 20, eighth round (stop 37): cuBLAS without split-K by default (cublas_split_k off,
     # corun/cublas.py; the probe before it: 8 running requests, the decode-size verification kept 16 rows instead of
