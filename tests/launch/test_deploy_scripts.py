@@ -11,7 +11,7 @@ import yaml
 
 from launch.cluster import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # NOTE: one Ray cluster on the host at a time
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -32,7 +32,7 @@ from tests.launch.cluster_client import (
     wait_for_line,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # NOTE: one Ray cluster on the host at a time
 
 N = 8
 PARAMS = {"temperature": 0.7, "seed": 123, "max_tokens": 12, "logprobs": 3}

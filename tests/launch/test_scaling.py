@@ -123,6 +123,7 @@ def test_corun_scale_adds_and_removes_nodes_of_corun_serve(tiny_model_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # NOTE: one Ray cluster on the host at a time
 def test_ray_with_two_nodes_on_one_host_scales_out_and_in(tiny_model_dir):
     from ray.cluster_utils import Cluster
 
