@@ -48,6 +48,13 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue20_joined)  # stop 38, after issue20_rest_and_chunks: decode rows ride the prefill forward
+    # (decode_rides_prefill, verified per (decode size, pack size) pair at start-up): its GPU tests, then t = 0
+    # ShareGPT- and RL-rollout-like, joined (the new default) against apart and standard
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_joined_steps.py \
+      > "$out/gpu_tests.log" 2>&1
+    timeout 200 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --modes standard,corun,corun:decode_rides_prefill=off --out "$out/h200_joined_t0.json" > "$out/bench.log" 2>&1 ;;
   issue20_rest_and_chunks)  # stop 38, after issue20_budget_t0 (whose GEMM probe found every row count from 1 to 8192
     # giving a row the same bits without split-K): issue 25's chunk-invariance probe, then the rows of the defaults
     # table that run did not hold: t = 0 BurstGPT-like, and Poisson ShareGPT-like at 16 and 32 req/s

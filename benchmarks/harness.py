@@ -185,6 +185,7 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
         "arrivals": arrivals.describe(), "prefill_path": engine.runner.prefill_path,
         "forward_counts": {name: counts_after[name] - counts_before[name] for name in counts_after},
         "decode_sizes": engine.runner.decode_sizes,
+        "joined_pairs": len(getattr(engine.runner, "joined_shapes", ())),
         "decode_steps_by_rows": {rows: n - rows_before.get(rows, 0) for rows, n in sorted(rows_after.items())},
         "prefill_forwards_by_rows": {rows: n - prefill_rows_before.get(rows, 0) for rows, n in sorted(
             getattr(engine.runner, "prefill_rows_histogram", {}).items())},

@@ -60,6 +60,8 @@ class ColocatedServer(NodeServer):
                              "outputs are the engine's and the P/D cluster's only under fixed_shape's shapes")
         super().__init__(config, capture_decode_graph=True)  # NOTE: no KV transport: it moves no KV
         self.scheduler = make_scheduler(self.config.engine.scheduler, self.block_manager)
+        if self.runner.decode_rides_prefill:
+            self.scheduler.decode_rides_prefill = True
         self.samples: dict[int, Sample] = {}
         """id(request) -> its sample, while the scheduler holds it."""
         self.turns = TenantTurns()
@@ -95,6 +97,11 @@ class ColocatedServer(NodeServer):
         return self.samples[id(request)].tenant
 
     def run(self, batch: ScheduledBatch) -> list[SampledToken]:
+        if batch.prefill_chunks and batch.decode_requests:
+            self.num_prefill_forwards += 1
+            self.num_decode_steps += 1
+            self.num_decoded_rows += len(batch.decode_requests)
+            return self.runner.run_prefill_and_decode(batch.prefill_chunks, batch.decode_requests)
         if batch.prefill_chunks:
             self.num_prefill_forwards += 1
             return self.runner.run_prefill(batch.prefill_chunks)

@@ -58,13 +58,13 @@ def matches_full_step(runner: ProbedRunner, size: int) -> bool:
     return True
 
 
-def probe_requests(runner: ProbedRunner, num: int, rng: random.Random) -> list[Request]:
-    """num requests on distinct blocks (from block 1) filled with random K and V, at random contexts."""
+def probe_requests(runner: ProbedRunner, num: int, rng: random.Random, first_block: int = 1) -> list[Request]:
+    """num requests on distinct blocks (from first_block) filled with random K and V, at random contexts."""
     # NOTE: long enough for contexts of several decode attention ranges (decode_kv_split_tokens), whose kernel
     # layout changes with the step's rows while their bits must not
     split = runner.config.scheduler.decode_kv_split_tokens
     wanted = max(MAX_PROBE_BLOCKS_PER_REQUEST, -(-(2 * split + runner.block_size) // runner.block_size))
-    blocks_per_request = max(1, min(wanted, (runner.kv_cache.num_blocks - 1) // num, runner.window_blocks))
+    blocks_per_request = max(1, min(wanted, (runner.kv_cache.num_blocks - first_block) // num, runner.window_blocks))
     vocab, requests = runner.arch.vocab_size, []
     for i in range(num):
         context = rng.randint(1, blocks_per_request * runner.block_size)
@@ -72,7 +72,8 @@ def probe_requests(runner: ProbedRunner, num: int, rng: random.Random) -> list[R
                                 top_k=rng.choice([0, 20]), seed=rng.randrange(2**31))
         request = Request(f"probe-{i}", [rng.randrange(vocab) for _ in range(context)], params, params.seed,
                           frozenset())
-        request.block_ids = list(range(1 + i * blocks_per_request, 1 + (i + 1) * blocks_per_request))
+        first = first_block + i * blocks_per_request
+        request.block_ids = list(range(first, first + blocks_per_request))
         request.num_computed_tokens = context - 1
         requests.append(request)
     fill_random_kv(runner, [b for r in requests for b in r.block_ids], rng.randrange(2**31))
@@ -92,6 +93,12 @@ def fill_random_kv(runner: ProbedRunner, block_ids: list[int], seed: int) -> Non
 def probe_outputs(runner: ProbedRunner, requests: list[Request], num_rows: int) -> list[torch.Tensor]:
     """The requests' rows of a decode step at num_rows rows: logits, then the sampler's outputs."""
     logits = runner.decode_logits(requests, num_rows).clone()  # NOTE: a graph's output buffer is reused
+    return sampled_outputs(runner, requests, logits)
+
+
+def sampled_outputs(runner: ProbedRunner, requests: list[Request], logits: torch.Tensor) -> list[torch.Tensor]:
+    """The requests' rows of a decode step's logits ([num_rows, vocab]), then of what the sampler makes of them."""
+    num_rows = logits.shape[0]
     batch = SamplingBatch.build([r.params for r in requests], [r.seed for r in requests],
                                 [r.num_tokens for r in requests], num_rows, logits.device, requests)
     out = runner.sampler(logits, batch, runner.config.max_logprobs)

@@ -42,6 +42,8 @@ class LLMEngine:
         self.runner = ModelRunner(config, runs_mixed_steps=config.scheduler.mode != "fixed_shape")
         self.block_manager = make_block_manager(config, self.runner.kv_cache.num_blocks)
         self.scheduler = make_scheduler(config.scheduler, self.block_manager)
+        if self.runner.decode_rides_prefill:
+            self.scheduler.decode_rides_prefill = True
         self.eos_token_ids = frozenset(self.runner.arch.eos_token_ids)
         self.stats = EngineStats()
 
@@ -87,6 +89,7 @@ class LLMEngine:
             self.stats.num_mixed_steps += 1
         elif batch.prefill_chunks:
             self.stats.num_prefill_forwards += 1
+            self.stats.num_decode_steps += bool(batch.decode_requests)  # NOTE: carried by the prefill forward
         else:
             self.stats.num_decode_steps += 1
 
@@ -94,6 +97,8 @@ class LLMEngine:
         self.count(batch)
         if self.config.scheduler.mode != "fixed_shape":
             return self.runner.run_mixed(batch)
+        if batch.prefill_chunks and batch.decode_requests:
+            return self.runner.run_prefill_and_decode(batch.prefill_chunks, batch.decode_requests)
         if batch.prefill_chunks:
             return self.runner.run_prefill(batch.prefill_chunks)
         return self.runner.run_decode(batch.decode_requests)

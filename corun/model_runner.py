@@ -34,6 +34,7 @@ from corun.decode_ahead import (
     tokens_ahead,
 )
 from corun.decode_sizes import equivalent_decode_sizes
+from corun.joined_steps import verified_joined_shapes
 from corun.kv_cache import PagedKVCache
 from corun.models.config import ModelArchConfig
 from corun.models.loader import DTYPES, load_model
@@ -51,6 +52,7 @@ from corun.step_inputs import (
     build_step,
     build_window_decode,
     build_windowed_step,
+    join_decode_and_pack,
 )
 from corun.structured import grammars_for
 from wire.config import EngineConfig
@@ -116,6 +118,11 @@ class ModelRunner:
         """Row counts a fixed_shape decode step may run at (ascending, N last): N and the verified smaller ones."""
         self.pack_sizes = [config.scheduler.prefill_pack_tokens] if config.scheduler.prefill_pack_tokens else []
         """Row counts a packed prefill forward may run at (ascending, T last): T and the verified smaller ones."""
+        self.joined_shapes: set[tuple[int, int]] = set()
+        """(decode rows, pack rows) pairs a decode step and a prefill pack run joined in one forward at
+        (SchedulerConfig.decode_rides_prefill): those verified at start-up to change no bits."""
+        self.num_joined_forwards = 0
+        """Prefill forwards that carried a decode step (counted as a prefill forward and a decode forward too)."""
         self.set_up_fixed_shapes(capture_decode_graph, runs_mixed_steps)
         self.decode_in_flight: DecodeInFlight | None = None
         """The decode step launched ahead of the host (async scheduling, corun/decode_ahead.py), until read."""
@@ -160,6 +167,13 @@ class ModelRunner:
             self.pack_sizes = equivalent_pack_sizes(self, sched.prefill_pack_sizes)
             if self.prefill_graph is not None:
                 self.prefill_graph.keep(self.pack_sizes)
+        if with_decode and self.mode == "fixed_shape" and sched.prefill_pack_tokens and sched.decode_rides_prefill:
+            self.joined_shapes = verified_joined_shapes(self)
+
+    @property
+    def decode_rides_prefill(self) -> bool:
+        """Whether a prefill forward may carry the decode step (some pair of sizes was verified)."""
+        return bool(self.joined_shapes)
 
     @property
     def prefill_path(self) -> str:
@@ -227,6 +241,45 @@ class ModelRunner:
             chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
         finishing = [chunk.request for chunk in chunks if chunk.is_last]
         return self.sample(logits, finishing) if finishing else []
+
+    def run_prefill_and_decode(self, chunks: list[PrefillChunk], decodes: list[Request]) -> list[SampledToken]:
+        """A prefill pack and the decode step of the requests decoding, in one forward where their pair of sizes was
+        verified (joined_shapes), else one after the other: -> the decode rows' tokens, then token 1 of the
+        prompts finishing."""
+        assert self.decode_in_flight is None, "read the decode step in flight first (finish_decode_in_flight)"
+        decode_rows = next(size for size in self.decode_sizes if size >= len(decodes))
+        pack_rows = self.pack_rows(chunks)
+        wants_prompt_logprobs = any(c.request.params.prompt_logprobs is not None for c in chunks)
+        if wants_prompt_logprobs or (decode_rows, pack_rows) not in self.joined_shapes:
+            return self.run_decode(decodes) + self.run_prefill(chunks)
+        self.count_joined(decode_rows, pack_rows)
+        hidden, sample_rows = self.joined_hidden(decodes, decode_rows, chunks, pack_rows)
+        sampled = self.sample(self.model.compute_logits(hidden[:decode_rows]), decodes)
+        for chunk in chunks:
+            chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
+        finishing = [chunk.request for chunk in chunks if chunk.is_last]
+        if finishing:
+            sampled += self.sample(self.sample_row_logits(hidden, sample_rows), finishing)
+        return sampled
+
+    def count_joined(self, decode_rows: int, pack_rows: int) -> None:
+        self.num_joined_forwards += 1
+        self.num_prefill_forwards += 1
+        self.num_padded_prefill_forwards += 1
+        self.num_decode_forwards += 1
+        self.prefill_rows_histogram[pack_rows] = self.prefill_rows_histogram.get(pack_rows, 0) + 1
+        self.decode_rows_histogram[decode_rows] = self.decode_rows_histogram.get(decode_rows, 0) + 1
+
+    @torch.inference_mode()
+    def joined_hidden(self, decodes: list[Request], decode_rows: int, chunks: list[PrefillChunk],
+                      pack_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The joined forward, eager: -> hidden states of every row, and the pack's sample rows among them."""
+        sched = self.config.scheduler
+        pack = build_prefill_pack(chunks, pack_rows, sched.prefill_seqs_per_forward, self.block_size,
+                                  self.table_rows).to(self.device)
+        inputs, sample_rows = join_decode_and_pack(self.mixed_inputs(decodes, decode_rows, []), pack,
+                                                   use_kernel=self.packed_prefill_kernel)
+        return self.forward(inputs), sample_rows
 
     def pack_rows(self, chunks: list[PrefillChunk]) -> int:
         """The smallest verified pack size that holds the chunks (T when no smaller one was kept)."""
@@ -447,7 +500,7 @@ class ModelRunner:
                 "num_mixed_forwards": self.num_mixed_forwards,
                 "num_padded_prefill_forwards": self.num_padded_prefill_forwards,
                 "num_piecewise_forwards": self.num_piecewise_forwards,
-                "num_forwards_ahead": self.num_forwards_ahead}
+                "num_forwards_ahead": self.num_forwards_ahead, "num_joined_forwards": self.num_joined_forwards}
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:

@@ -52,6 +52,13 @@ class NodeRunner(Protocol):
 
     def run_decode(self, requests: list[Request]) -> list[SampledToken]: ...
 
+    decode_rides_prefill: bool
+    """Whether a prefill forward may carry the decode step (SchedulerConfig.decode_rides_prefill, verified)."""
+
+    def run_prefill_and_decode(self, chunks: list[PrefillChunk], decodes: list[Request]) -> list[SampledToken]:
+        """A prefill pack and the decode step of decodes (joined where verified): -> both's tokens."""
+        ...
+
     decode_in_flight: DecodeInFlight | None
     """The decode step launched ahead of the host (async scheduling, corun/decode_ahead.py), until it is read."""
 

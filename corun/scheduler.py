@@ -2,12 +2,13 @@
 
 fixed_shape (paper Algorithms 1 and 2): finish a chunked prefill first; else admit the head of the waiting queue
 alone, while running < N and its whole configured sequence (prompt + max_tokens) fits in the KV cache; else
-one decode step over every decoding request. A prefill never shares a forward with a decode, and since KV for
-the whole sequence is reserved at admission nothing is ever preempted. Packed prefill (prefill_pack_tokens)
-fills one forward with the next chunk of several prompts instead of one; with a prefill_token_budget a decode
-step runs once that many prompt tokens were prefilled since the last one, so a queue of prompts cannot starve
-the requests already decoding. Neither changes a request's outputs: chunk cuts and forward shapes depend only
-on the prompt and the configuration.
+one decode step over every decoding request. Since KV for the whole sequence is reserved at admission nothing is
+ever preempted. Packed prefill (prefill_pack_tokens) fills one forward with the next chunk of several prompts
+instead of one; with a prefill_token_budget a decode step runs once that many prompt tokens were prefilled since
+the last one, so a queue of prompts cannot starve the requests already decoding; with decode_rides_prefill (where
+the runner verified it changes no bits) every prefill forward carries the decode step instead, one forward for
+both. None of this changes a request's outputs: chunk cuts and each part's shape depend only on the prompt and the
+configuration.
 
 mixed (vLLM's default, to show the problem and price determinism): one mixed step under a token budget:
 running decodes, then running chunked prefills, then newly admitted prompts, all in one batch.
@@ -204,9 +205,14 @@ class FixedShapeScheduler(Scheduler):
         super().__init__(cfg, block_manager)
         self.num_prefilled_since_decode = 0
         """Prompt tokens prefilled since the last decode step (for prefill_token_budget)."""
+        self.decode_rides_prefill = False
+        """Set by the owner when its runner joins a decode step to a prefill forward (ModelRunner.joined_shapes):
+        every prefill forward then carries the decode step of the requests decoding (a batch with both)."""
 
     def schedule(self) -> ScheduledBatch | None:
         decoding = [r for r in self.running if not r.is_prefilling]
+        if self.decode_rides_prefill and decoding:
+            return ScheduledBatch(decode_requests=decoding, prefill_chunks=self.prefill_chunks())
         if not (decoding and self.prefill_budget_spent()):
             chunks = self.prefill_chunks(self.pack_rows_left() if decoding else None)
             if chunks:

@@ -264,3 +264,26 @@ def build_prefill_pack(chunks: list[PrefillChunk], num_rows: int, num_seqs: int,
                              torch.cat([step.meta.slot_blocks, pad + NULL_BLOCK]),
                              torch.cat([step.meta.slot_offsets, pad]), sample_rows, packed, step.meta.segments,
                              whole_prompt)
+
+
+def join_decode_and_pack(decode: StepInputs, pack: PrefillPackInputs,
+                         use_kernel: bool) -> tuple[StepInputs, torch.Tensor]:
+    """A decode step's rows, then a prefill pack's rows after them, as one forward (decode_rides_prefill): each
+    part keeps its own attention (the decode rows their window kernel or per-request segments, the pack its
+    packed kernel or segments, moved down by the decode rows). -> the inputs, and the pack's sample_rows in them.
+    Both parts on the same device."""
+    shift = len(decode.input_ids)
+    meta = decode.meta
+    packed = None
+    if use_kernel and pack.packed is not None:
+        packed = PackedPrefillMeta(*pack.packed.tensors())
+        packed.query_starts = packed.query_starts + shift
+    segments = meta.segments + (() if use_kernel else _shifted(pack.segments, shift, pack.input_ids.device))
+    joined = AttentionMetadata(torch.cat([meta.slot_blocks, pack.slot_blocks]),
+                               torch.cat([meta.slot_offsets, pack.slot_offsets]), meta.num_window_rows,
+                               meta.window_block_tables, meta.window_context_lens, segments=segments,
+                               num_kv_splits=meta.num_kv_splits, kv_split_tokens=meta.kv_split_tokens,
+                               packed_prefill=packed)
+    inputs = StepInputs(torch.cat([decode.input_ids, pack.input_ids]), torch.cat([decode.positions, pack.positions]),
+                        joined)
+    return inputs, pack.sample_rows + shift

@@ -39,6 +39,7 @@ def engine_facts(config: EngineConfig, model_digest: str) -> dict:
     engine["cache"].pop("num_blocks")
     engine["cache"].pop("memory_budget_bytes")
     engine["scheduler"].pop("async_scheduling")  # NOTE: when the host reads a step's tokens, not what they are
+    engine["scheduler"].pop("decode_rides_prefill")  # NOTE: which forward carries a step, joined only where verified
     # NOTE: the CPU thread count changes GEMM reductions (measured: logprobs of 7 of 32 prompts moved between 1
     # and 2 threads), so the effective count is part of what determines outputs.
     engine["num_threads"] = torch.get_num_threads()
@@ -215,8 +216,9 @@ def serve(role: str, server_factory, config: NodeConfig) -> int:
         signal.signal(sig, lambda *_: stopping.append(True))
     logger.info("%s node %s serving on %s (reached at %s)", role, config.node_id, config.bind_address, config.address)
     runner = server.runner  # NOTE: the resolved shapes ('auto' settings become these on the node's device)
-    logger.info("%s node %s shapes: prefill %s, decode steps at %s rows", role, config.node_id,
-                getattr(runner, "prefill_path", "vLLM's"), getattr(runner, "decode_sizes", "vLLM's"))
+    logger.info("%s node %s shapes: prefill %s, decode steps at %s rows, %d (decode, pack) pairs joined", role,
+                config.node_id, getattr(runner, "prefill_path", "vLLM's"), getattr(runner, "decode_sizes", "vLLM's"),
+                len(getattr(runner, "joined_shapes", ())))
     try:
         while not stopping:
             server.step()

@@ -170,6 +170,19 @@ class SchedulerConfig:
     machine, benchmarks/results/h200_budget_*.json): at t = 0 a budget of one full pack (8192) gave 1.00-1.06x of
     a 2048 budget (1024x2048 4,820 against 4,560 tok/s: a small budget adds decode steps at small batches while the
     batch fills), and at Poisson 16 and 32 req/s the same good requests (294 and 300 of 300)."""
+    decode_rides_prefill: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
+                                                                   metavar="on|off"))
+    """fixed_shape with packed prefill, on an engine or colocated node: while requests decode, each prefill forward
+    carries their decode step too (decode rows first, at the step's verified size, then the pack at its size), so
+    the weights are read once for both, as mixed mode's steps do, and a queue of prompts never stalls the decoding
+    requests (prefill_token_budget then has nothing to bound). Kept only where it changes no bits: at start-up every
+    (decode size, pack size) pair is run joined and apart on random KV, prompts and sampling parameters
+    (corun/joined_steps.py), and only pairs whose every decode row and prompt agree bit for bit are joined; the
+    rest run as two forwards. NOTE: on the H200 without cuBLAS split-K every GEMM row count from 1 to 8192 gives a
+    row the bits it gets at 256 and 2048 rows (benchmarks/results/h200_gemm_rows_no_split_k.json), and the decode
+    and packed prefill attention kernels reduce per row and per token position; at t = 0 the decode steps corun ran
+    between prefill forwards while its batch filled were its whole remaining gap to mixed mode
+    (h200_budget_t0_stop38.json)."""
     piecewise_graphs: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
                                                                metavar="on|off"))
     """mixed and batch_invariant modes on CUDA: mixed prefill+decode steps (and prefill-only steps) of up to 2048

@@ -145,6 +145,12 @@ class VllmModelRunner:
             chunk.request.prompt_logprobs = [None, *tensor_logprobs(tensors, chunk.request.params.prompt_logprobs)]
         return sample_requests(self.sampler, logits, [chunk.request], self.config.max_logprobs)
 
+    decode_rides_prefill = False
+    """vLLM's worker runs one kind of step at a time here: the engine refuses corun's shape settings."""
+
+    def run_prefill_and_decode(self, chunks: list[PrefillChunk], decodes: list[Request]) -> list[SampledToken]:
+        return self.run_decode(decodes) + [token for chunk in chunks for token in self.run_prefill([chunk])]
+
     def run_decode(self, requests: list[Request]) -> list[SampledToken]:
         self.num_decode_forwards += 1
         logits = self.execute(requests, dict.fromkeys(requests, 1))

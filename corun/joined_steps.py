@@ -1,0 +1,52 @@
+"""Which (decode rows, pack rows) pairs may run as one forward: those whose joined forward gives every row exactly
+the bits it gets apart, found by trying them (SchedulerConfig.decode_rides_prefill).
+
+A decode step and a prefill pack each run at a fixed shape. Joined, each part keeps its own attention kernel (per
+row, per token position), and the glue is row-wise; what can change a row's bits is a GEMM picking another reduction
+order for the larger row count, as it may for any two row counts (corun/decode_sizes.py). So every pair of kept sizes
+is run joined and apart on random KV, prompts and sampling parameters, every row filled: the decode rows' logits and
+samples, each prompt's token-1 logits and the K and V it wrote, compared bit for bit. Only pairs that agree are
+joined; the others run as two forwards, as before.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from corun import decode_sizes, pack_sizes
+from corun.request import Request
+from corun.scheduler import PrefillChunk
+
+PROBE_SEED = 20261203
+
+
+def verified_joined_shapes(runner) -> set[tuple[int, int]]:
+    """runner: a fixed_shape ModelRunner with its decode and pack sizes kept. -> the pairs that agree."""
+    return {(decode_rows, pack_rows) for pack_rows in runner.pack_sizes for decode_rows in runner.decode_sizes
+            if joined_matches_apart(runner, decode_rows, pack_rows)}
+
+
+def joined_matches_apart(runner, decode_rows: int, pack_rows: int) -> bool:
+    rng = random.Random(PROBE_SEED + 7919 * pack_rows + decode_rows)
+    sched = runner.config.scheduler
+    chunks = pack_sizes.probe_chunks(runner, pack_rows, sched.prefill_pack_seqs, rng)
+    first_free = 1 + max((b for chunk in chunks for b in chunk.request.block_ids), default=0)
+    if not chunks or runner.kv_cache.num_blocks - first_free < decode_rows:
+        return False  # NOTE: a cache too small to hold the probe: nothing is joined untried
+    decodes = decode_sizes.probe_requests(runner, decode_rows, rng, first_block=first_free)
+    apart = decode_sizes.probe_outputs(runner, decodes, decode_rows) + \
+        pack_sizes.probe_outputs(runner, chunks, pack_rows)
+    return all(torch.equal(a, b) for a, b in zip(apart, joined_outputs(runner, decodes, decode_rows, chunks,
+                                                                          pack_rows), strict=True))
+
+
+def joined_outputs(runner, decodes: list[Request], decode_rows: int, chunks: list[PrefillChunk],
+                   pack_rows: int) -> list[torch.Tensor]:
+    """What probe_outputs of decode_sizes and pack_sizes give, from one joined forward."""
+    hidden, sample_rows = runner.joined_hidden(decodes, decode_rows, chunks, pack_rows)
+    decoded = decode_sizes.sampled_outputs(runner, decodes, runner.model.compute_logits(hidden[:decode_rows]))
+    logits = runner.sample_row_logits(hidden, sample_rows)[: len(chunks)]
+    blocks = torch.tensor([b for chunk in chunks for b in chunk.request.block_ids], device=logits.device)
+    return decoded + [logits] + [cache[blocks].clone() for layer in runner.kv_cache.layers for cache in layer]

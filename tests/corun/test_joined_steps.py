@@ -1,0 +1,107 @@
+"""A prefill forward that carries the decode step (SchedulerConfig.decode_rides_prefill) on CPU float32.
+
+Whether a (decode rows, pack rows) pair may run as one forward is a fact of the CPU and its kernels, so these tests
+assert the property wherever they run: every pair the probe kept leaves every request's tokens and logprobs bitwise
+as with the two forwards apart, alone and batched, and joined forwards really ran; the inverse, the pairs joined
+the probe rejects on this machine (decode steps of 2 rows, where a CPU GEMM row's bits follow the row count), changes
+them; where this machine rejects none, that half is skipped, saying why.
+"""
+
+import pytest
+import torch
+
+from corun import LLM, SamplingParams
+from corun.joined_steps import joined_matches_apart
+from tests.conftest import varied_prompts
+from tests.corun.test_determinism import completions, first_difference
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+
+pytestmark = pytest.mark.numerics
+
+N, T = 8, 96
+PARAMS = SamplingParams(temperature=0.7, top_p=0.9, seed=5, max_tokens=8, logprobs=3, ignore_eos=True)
+
+
+def make_llm(model: str, rides: bool, num_seqs: int = N) -> LLM:
+    return LLM.from_config(EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
+        max_num_seqs=num_seqs, max_model_len=256, prefill_chunk_size=32, prefill_pack_tokens=T, prefill_pack_seqs=4,
+        decode_rides_prefill=rides), cache=CacheConfig(num_blocks=600)))
+
+
+def prompts() -> list[list[int] | str]:
+    """More prompts than a pack holds, some longer than a chunk: packs run while earlier prompts decode."""
+    return [[7], [11, 12]] + varied_prompts(12, seed=23, max_words=60)
+
+
+@pytest.fixture(scope="module")
+def joined(tiny_model_dir):
+    return make_llm(tiny_model_dir, rides=True)
+
+
+def test_the_probe_keeps_exactly_the_pairs_that_match_apart(joined):
+    runner = joined.engine.runner
+    pairs = {(d, p) for d in runner.decode_sizes for p in runner.pack_sizes}
+    assert runner.joined_shapes == {pair for pair in pairs if joined_matches_apart(runner, *pair)}
+    assert joined.engine.scheduler.decode_rides_prefill == bool(runner.joined_shapes)
+
+
+def test_joined_forwards_keep_every_output_bitwise(tiny_model_dir, joined):
+    if not joined.engine.runner.joined_shapes:
+        pytest.skip("no (decode, pack) pair matched the forwards apart on this CPU: nothing runs joined")
+    apart = completions(make_llm(tiny_model_dir, rides=False).generate(prompts(), PARAMS))
+    together = completions(joined.generate(prompts(), PARAMS))
+    alone = [completions(joined.generate([p], PARAMS))[0] for p in prompts()[:4]]
+    assert first_difference(apart, together) is None
+    assert first_difference(apart[:4], alone) is None
+    # NOTE: without this the comparisons could pass with every decode step apart
+    assert joined.engine.runner.num_joined_forwards > 0
+
+
+def test_a_prompt_that_asks_for_prompt_logprobs_runs_apart_and_gets_them(joined):
+    runner = joined.engine.runner
+    before = runner.num_joined_forwards
+    params = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2, ignore_eos=True)
+    outputs = joined.generate(prompts()[:6], params)
+    assert all(len(o.prompt_logprobs) == len(o.prompt_token_ids) for o in outputs)
+    assert runner.num_joined_forwards == before or runner.joined_shapes == set()
+
+
+def test_inverse_a_pair_the_probe_rejects_changes_the_bits(tiny_model_dir):
+    """Proves the comparison above can fail here: decode steps of 2 rows (a CPU GEMM row's bits follow the row count
+    below 4 rows) joined to packs anyway, which the probe rejects, change some request's outputs."""
+    apart_llm = make_llm(tiny_model_dir, rides=False, num_seqs=2)
+    runner = apart_llm.engine.runner
+    pairs = {(d, p) for d in runner.decode_sizes for p in runner.pack_sizes}
+    rejected = {pair for pair in pairs if not joined_matches_apart(runner, *pair)}
+    if not rejected:
+        pytest.skip(f"every pair {sorted(pairs)} matched the forwards apart on this CPU: none to force")
+    apart = completions(apart_llm.generate(prompts(), PARAMS))
+    llm = make_llm(tiny_model_dir, rides=False, num_seqs=2)
+    llm.engine.runner.joined_shapes = rejected
+    llm.engine.scheduler.decode_rides_prefill = True
+    forced = completions(llm.generate(prompts(), PARAMS))
+    assert llm.engine.runner.num_joined_forwards > 0
+    assert first_difference(apart, forced) is not None, f"pairs the probe rejects ({sorted(rejected)}) gave the bits"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_the_gpu_joined_forwards_keep_every_output_bitwise(dtype):
+    """The CUDA defaults (packed prefill in graphs, decode graphs at verified sizes, async scheduling): more prompts
+    than a pack holds, so later packs carry the decode steps of earlier prompts."""
+    def make(rides: bool) -> LLM:
+        sched = SchedulerConfig(max_num_seqs=16, max_model_len=512, prefill_chunk_size=64, max_num_batched_tokens=256,
+                                prefill_pack_seqs=4, decode_rides_prefill=rides)
+        return LLM.from_config(EngineConfig(model="random:qwen3-tiny", dtype=dtype, device="cuda", scheduler=sched,
+                                            cache=CacheConfig(num_blocks=2048)))
+
+    gen = torch.Generator().manual_seed(3)
+    batch = [torch.randint(0, 2000, (n,), generator=gen).tolist() for n in (1, 3, 17, 64, 65, 130, 200, 300, 5, 90)]
+    joined = make(rides=True)
+    assert joined.engine.runner.joined_shapes, "no (decode, pack) pair verified on this GPU"
+    apart = completions(make(rides=False).generate(batch, PARAMS))
+    together = completions(joined.generate(batch, PARAMS))
+    alone = [completions(joined.generate([p], PARAMS))[0] for p in batch[:3]]
+    assert first_difference(apart, together) is None
+    assert first_difference(apart[:3], alone) is None
+    assert joined.engine.runner.num_joined_forwards > 0
