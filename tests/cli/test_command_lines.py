@@ -138,8 +138,8 @@ def every_option() -> set[str]:
     return {option for parser in parsers for action in parser._actions for option in action.option_strings}
 
 
-OTHER_PROGRAMS_FLAGS = {"--address", "--head", "--num-cpus", "--resources", "--generate", "--port"}
-"""Flags the README gives `ray start` and `ray get-auth-token`, not a CoRun program."""
+OTHER_PROGRAMS_FLAGS = {"--address", "--head", "--num-cpus", "--resources", "--generate", "--port", "--dist"}
+"""Flags the README gives `ray start`, `ray get-auth-token` and pytest (the test command), not a CoRun program."""
 
 
 def test_every_flag_the_readme_names_is_a_flag_of_a_corun_program():

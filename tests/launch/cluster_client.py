@@ -71,9 +71,9 @@ def complete_all_concurrently(api, prompts, params) -> list:
         return list(pool.map(lambda p: complete(api, p, params), prompts))
 
 
-def node_stats(cluster: LocalCluster, addresses: list[str] | None = None) -> dict[str, dict]:
+def node_stats(cluster: LocalCluster, addresses: list[str] | None = None, timeout_s: float = 10.0) -> dict[str, dict]:
     """node id -> its stats right now, asked of every node (or those at addresses) directly (the router's copy can
-    be a second old)."""
+    be a second old); timeout_s for each node's answer (a node started just now answers once it has loaded)."""
     context = zmq.Context.instance()
     stats = {}
     if addresses is None:
@@ -84,7 +84,7 @@ def node_stats(cluster: LocalCluster, addresses: list[str] | None = None) -> dic
             cluster.cluster_key.connect(socket)  # NOTE: a cluster member's key: nodes admit nobody else
             socket.connect(address)
             socket.send(protocol.encode(protocol.Ping(0)))
-            if not socket.poll(10_000):
+            if not socket.poll(int(timeout_s * 1000)):
                 raise TimeoutError(f"no Pong from {address}")
             pong = protocol.decode(socket.recv_multipart()[-1])
             stats[pong.node_id] = pong.stats
