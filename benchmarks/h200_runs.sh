@@ -48,6 +48,26 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue20_joined_rest)  # not run yet (stop 38's device time ended): with decode rows riding the prefill forward,
+    # the 8B determinism suite, the other two t = 0 rows and the Poisson rows (standard, corun, corun apart)
+    timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun,standard --out "$out/h200_determinism_joined.json" > "$out/det.log" 2>&1
+    timeout 220 $BENCH --workloads burstgpt,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --modes standard,corun,corun:decode_rides_prefill=off --out "$out/h200_joined_t0_rest.json" > "$out/bench.log" 2>&1
+    for rate in 16 32; do
+      timeout 110 $BENCH --num-requests 300 --request-rate $rate --workloads sharegpt --max-seconds 22 \
+        --goodput ttft:500 tpot:50 --modes "corun,standard" --out "$out/h200_joined_poisson_$rate.json" \
+        > "$out/poisson_$rate.log" 2>&1
+    done ;;
+  issue25_multi_chunk)  # not run yet: a prompt's chunks in one forward (multi_chunk_prefill, on by default since stop
+    # 38) should make a small chunk free for a long prompt: the lone prompt's prefill by chunk, with it and without,
+    # then the prefix-cache workloads at chunks 64 and 128 beside the default 256
+    timeout 170 python3 -m benchmarks.prefill_cost --lengths 1024,4096 --repeats 2 --paths \
+      fixed_shape:prefill_chunk_size=64,fixed_shape:prefill_chunk_size=64:multi_chunk_prefill=off,fixed_shape:prefill_chunk_size=256 \
+      --out "$out/h200_prefill_cost_multi_chunk.json" > "$out/prefill_cost.log" 2>&1
+    timeout 380 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,multi_turn,few_shot,256x32 \
+      --variants fixed_shape:prefill_chunk_size=128,fixed_shape:prefill_chunk_size=64 \
+      --out "$out/h200_prefix_cache_multi_chunk.json" > "$out/prefix_cache.log" 2>&1 ;;
   issue20_joined)  # stop 38, after issue20_rest_and_chunks: decode rows ride the prefill forward
     # (decode_rides_prefill, verified per (decode size, pack size) pair at start-up): its GPU tests, then t = 0
     # ShareGPT- and RL-rollout-like, joined (the new default) against apart and standard

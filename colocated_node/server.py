@@ -62,6 +62,8 @@ class ColocatedServer(NodeServer):
         self.scheduler = make_scheduler(self.config.engine.scheduler, self.block_manager)
         if self.runner.decode_rides_prefill:
             self.scheduler.decode_rides_prefill = True
+        if self.runner.multi_chunk_prefill:
+            self.scheduler.multi_chunk_prefill = True
         self.samples: dict[int, Sample] = {}
         """id(request) -> its sample, while the scheduler holds it."""
         self.turns = TenantTurns()

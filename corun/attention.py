@@ -209,12 +209,11 @@ def attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, 
         from corun.kernels.prefill_attention import packed_prefill_attention  # NOTE: Triton only on CUDA hosts
 
         packed_prefill_attention(q, k_cache, v_cache, meta.packed_prefill, scale, out)
-        return out
-    if meta.varlen_prompts is not None:
+    elif meta.varlen_prompts is not None:
         prompts = meta.varlen_prompts
         rows = slice(prompts.first_row, prompts.first_row + prompts.num_rows)
         out[rows] = varlen_prompt_attention(q[rows], k_cache, v_cache, prompts, scale)
-        return out
+    # NOTE: segments beside a packed pack: the decode rows of a joined forward on CPU (per-request attention)
     for seg in meta.segments:
         rows = slice(seg.query_start, seg.query_start + seg.num_query_tokens)
         out[rows] = request_attention(q[rows], k[rows], v[rows], k_cache, v_cache, seg, scale)

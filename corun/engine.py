@@ -44,6 +44,8 @@ class LLMEngine:
         self.scheduler = make_scheduler(config.scheduler, self.block_manager)
         if self.runner.decode_rides_prefill:
             self.scheduler.decode_rides_prefill = True
+        if self.runner.multi_chunk_prefill:
+            self.scheduler.multi_chunk_prefill = True
         self.eos_token_ids = frozenset(self.runner.arch.eos_token_ids)
         self.stats = EngineStats()
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from corun.attention import num_sms
+from corun.chunk_invariance import several_chunks_match
 from corun.cublas import apply_cublas_split_k
 from corun.cuda_graphs import CapturedGraphs
 from corun.decode_ahead import (
@@ -121,6 +122,10 @@ class ModelRunner:
         self.joined_shapes: set[tuple[int, int]] = set()
         """(decode rows, pack rows) pairs a decode step and a prefill pack run joined in one forward at
         (SchedulerConfig.decode_rides_prefill): those verified at start-up to change no bits."""
+        self.multi_chunk_prefill = False
+        """Whether a prompt may run several of its chunks in one prefill forward: only through the packed kernel,
+        whose reduction order for a token is set by its position (per-chunk SDPA on CPU is not: measured, 1 of 10
+        prompts' token 1 moved), and where the start-up probe agrees (corun/chunk_invariance.py)."""
         self.num_joined_forwards = 0
         """Prefill forwards that carried a decode step (counted as a prefill forward and a decode forward too)."""
         self.set_up_fixed_shapes(capture_decode_graph, runs_mixed_steps)
@@ -167,6 +172,8 @@ class ModelRunner:
             self.pack_sizes = equivalent_pack_sizes(self, sched.prefill_pack_sizes)
             if self.prefill_graph is not None:
                 self.prefill_graph.keep(self.pack_sizes)
+        if self.mode == "fixed_shape" and sched.prefill_pack_tokens and sched.multi_chunk_prefill:
+            self.multi_chunk_prefill = self.packed_prefill_kernel and several_chunks_match(self)
         if with_decode and self.mode == "fixed_shape" and sched.prefill_pack_tokens and sched.decode_rides_prefill:
             self.joined_shapes = verified_joined_shapes(self)
 

@@ -4,11 +4,13 @@ prompt up to the chunk's end (wire/prefix_hash.py), shared by reference count, e
 Only KV a cold prefill computes bit for bit may be served. A chunk's KV is a function of its tokens, the tokens
 before it and the forward's shape; in fixed_shape mode a full chunk (prefill_chunk_size tokens, starting at a
 multiple of it) is always computed by one prefill forward of the same shape (natural length, its bucket, or a
-verified pack size), reading the chunks before it from the cache. So the chunks kept are exactly those: never a
-partial last chunk (its length is the prompt's), never a block written by decode steps (all of those are past the
-prompt). The chunk rule is the scheduler's (prefill_chunk_size, in the fingerprint), a function of the prompt
-alone. A hit is capped so that at least the prompt's last chunk is prefilled: its last row gives token 1 (with every
-chunk cached, the last one is computed again, as vLLM recomputes the last token).
+verified pack size), reading the chunks before it from the cache, or together with the chunks before it in one
+forward where the runner verified that this gives the same bits (SchedulerConfig.multi_chunk_prefill). So the chunks
+kept are exactly those: never a partial last chunk (its length is the prompt's), never a block written by decode
+steps (all of those are past the prompt). The chunk rule is the scheduler's (prefill_chunk_size, in the
+fingerprint), a function of the prompt alone. A hit is capped so that at least the prompt's last chunk is prefilled:
+its last row gives token 1 (with every chunk cached, the last one is computed again, as vLLM recomputes the last
+token).
 
 Block states (each block is in exactly one): free (BlockManager.free_block_ids), private to a request
 (BlockManager.allocated_block_ids), or a cached chunk's. A cached chunk is held (num_holders > 0: requests

@@ -52,6 +52,9 @@ class NodeRunner(Protocol):
 
     def run_decode(self, requests: list[Request]) -> list[SampledToken]: ...
 
+    multi_chunk_prefill: bool
+    """Whether a prompt may run several of its chunks in one prefill forward (SchedulerConfig.multi_chunk_prefill)."""
+
     decode_rides_prefill: bool
     """Whether a prefill forward may carry the decode step (SchedulerConfig.decode_rides_prefill, verified)."""
 

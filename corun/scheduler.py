@@ -208,6 +208,8 @@ class FixedShapeScheduler(Scheduler):
         self.decode_rides_prefill = False
         """Set by the owner when its runner joins a decode step to a prefill forward (ModelRunner.joined_shapes):
         every prefill forward then carries the decode step of the requests decoding (a batch with both)."""
+        self.multi_chunk_prefill = False
+        """Set by the owner when its runner verified that a prompt may run several chunks in one forward."""
 
     def schedule(self) -> ScheduledBatch | None:
         decoding = [r for r in self.running if not r.is_prefilling]
@@ -234,7 +236,8 @@ class FixedShapeScheduler(Scheduler):
     def prefill_chunks(self, max_rows: int | None = None) -> list[PrefillChunk]:
         """Algorithm 1 (and packed prefill): the chunk in progress, else an admissible waiting request's."""
         prefilling = [r for r in self.running if r.is_prefilling]
-        return pack_prefill_chunks(self.cfg, self.block_manager, prefilling, self.waiting_order(), self.admit, max_rows)
+        return pack_prefill_chunks(self.cfg, self.block_manager, prefilling, self.waiting_order(), self.admit, max_rows,
+                                   self.multi_chunk_prefill)
 
 
 class MixedScheduler(Scheduler):
@@ -264,13 +267,15 @@ PREFIX_WAIT_SCAN = 1024
 
 def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefilling: list[Request],
                         waiting: Iterable[Request], admit: Callable[[Request], bool],
-                        max_rows: int | None = None) -> list[PrefillChunk]:
+                        max_rows: int | None = None, multi_chunk: bool = False) -> list[PrefillChunk]:
     """The prefill forward of a fixed_shape engine and of a prefill node: the next chunk of every prompt being
     prefilled, then of newly admitted ones (waiting in FIFO order; admit answers False when a request does not fit,
     which stops admission), while they fit one forward: one chunk alone (isolated), or prefill_pack_tokens rows and
     prefill_pack_seqs prompts (packed). Chunks are cut at multiples of prefill_chunk_size whatever else is packed,
     so a prompt's cuts depend on the prompt alone. max_rows caps the pack's rows (the engine's budget while it
-    decodes); the forward then runs at the smallest verified pack size that holds them.
+    decodes); the forward then runs at the smallest verified pack size that holds them. multi_chunk: a prompt takes
+    as many of its next chunks as the rows left hold (the runner verified that this changes no bits;
+    SchedulerConfig.multi_chunk_prefill), except one asking for prompt logprobs.
     With a prefix cache, a waiting prompt whose next chunk an admitted prompt is computing now waits for it (the
     requests behind it go first): it will be served that chunk from the cache instead of computing it again (the 4
     continuations of a multiple-choice question, arriving together). Only when a prompt starts changes: a hit gives
@@ -278,8 +283,14 @@ def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefi
     rows_left, max_prompts = cfg.prefill_pack_tokens or cfg.prefill_chunk_size, cfg.prefill_seqs_per_forward
     rows_left = rows_left if max_rows is None else min(rows_left, max_rows)
     chunks = []
+
+    def next_piece(request: Request) -> PrefillChunk:
+        if not multi_chunk or request.params.prompt_logprobs is not None:
+            return next_chunk(request, cfg.prefill_chunk_size)
+        return next_chunk(request, max(1, rows_left // cfg.prefill_chunk_size) * cfg.prefill_chunk_size)
+
     for request in prefilling:
-        chunk = next_chunk(request, cfg.prefill_chunk_size)
+        chunk = next_piece(request)
         if len(chunks) < max_prompts and chunk.num_tokens <= rows_left:
             chunks.append(chunk)
             rows_left -= chunk.num_tokens
@@ -291,7 +302,7 @@ def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefi
             continue
         if not admit(request):
             break
-        chunks.append(next_chunk(request, cfg.prefill_chunk_size))
+        chunks.append(next_piece(request))
         rows_left -= chunks[-1].num_tokens
         in_flight |= block_manager.chunks_in_flight([request])
     return chunks

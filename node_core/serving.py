@@ -40,6 +40,7 @@ def engine_facts(config: EngineConfig, model_digest: str) -> dict:
     engine["cache"].pop("memory_budget_bytes")
     engine["scheduler"].pop("async_scheduling")  # NOTE: when the host reads a step's tokens, not what they are
     engine["scheduler"].pop("decode_rides_prefill")  # NOTE: which forward carries a step, joined only where verified
+    engine["scheduler"].pop("multi_chunk_prefill")  # NOTE: how many chunks a forward carries, only where verified
     # NOTE: the CPU thread count changes GEMM reductions (measured: logprobs of 7 of 32 prompts moved between 1
     # and 2 threads), so the effective count is part of what determines outputs.
     engine["num_threads"] = torch.get_num_threads()

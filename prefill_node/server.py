@@ -97,7 +97,7 @@ class PrefillServer(NodeServer):
         prefilled, then of newly admitted ones (waiting in fair_order, while their prompts' blocks fit)."""
         return pack_prefill_chunks(self.config.engine.scheduler, self.block_manager,
                                    [p.request for p in self.prefilling], (p.request for p in self.fair_order()),
-                                   self.admit)
+                                   self.admit, multi_chunk=self.runner.multi_chunk_prefill)
 
     def fair_order(self) -> list[PendingPrefill]:
         """The waiting prompts in the order they may start: tenant by tenant (node_core/tenant_turns.py)."""

@@ -170,6 +170,15 @@ class SchedulerConfig:
     machine, benchmarks/results/h200_budget_*.json): at t = 0 a budget of one full pack (8192) gave 1.00-1.06x of
     a 2048 budget (1024x2048 4,820 against 4,560 tok/s: a small budget adds decode steps at small batches while the
     batch fills), and at Poisson 16 and 32 req/s the same good requests (294 and 300 of 300)."""
+    multi_chunk_prefill: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
+                                                                  metavar="on|off"))
+    """fixed_shape with packed prefill: a prompt runs as many of its chunks in one forward as the pack has rows for
+    (cut at multiples of prefill_chunk_size as before, so the prefix cache keeps them chunk by chunk), where the
+    start-up probe (corun/chunk_invariance.py) finds that a prompt's chunks give it the same K, V and token-1 logits
+    in one forward as one by one; elsewhere one chunk per prompt per forward. A prompt asking for prompt logprobs runs
+    a chunk per forward (its logprobs are computed per chunk). So a small chunk (more prefix-cache hits) no longer
+    costs a long prompt a forward per chunk. NOTE: measured on the H200 (8B shape): chunk by chunk and whole gave
+    the same bits in 6 of 6 cases (benchmarks/results/h200_chunk_invariance.json); its speed is not measured yet."""
     decode_rides_prefill: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
                                                                    metavar="on|off"))
     """fixed_shape with packed prefill, on an engine or colocated node: while requests decode, each prefill forward

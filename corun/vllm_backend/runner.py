@@ -145,7 +145,7 @@ class VllmModelRunner:
             chunk.request.prompt_logprobs = [None, *tensor_logprobs(tensors, chunk.request.params.prompt_logprobs)]
         return sample_requests(self.sampler, logits, [chunk.request], self.config.max_logprobs)
 
-    decode_rides_prefill = False
+    decode_rides_prefill = multi_chunk_prefill = False
     """vLLM's worker runs one kind of step at a time here: the engine refuses corun's shape settings."""
 
     def run_prefill_and_decode(self, chunks: list[PrefillChunk], decodes: list[Request]) -> list[SampledToken]:

@@ -172,7 +172,9 @@ def test_random_kills_during_200_streams(cluster):
     assert len(done) >= NUM_REQUESTS * 0.9, f"{len(errors)} gave up: {errors}"
     print(f"chaos: {len(chaos.kills)} kills ({', '.join(chaos.kills)}), removed "
           f"{', '.join(removal.node_id for removal in chaos.removals)}, {len(done)} done, {len(errors)} errors")
-    assert_idle_counts_return(cluster, timeout_s=LEASE_S * 2 + 30, removals=chaos.removals)
+    # NOTE: generous: restarted nodes load again before they answer (38 s ran out on a loaded 2-core host once); a
+    # leaked block or lease never returns, however long the wait
+    assert_idle_counts_return(cluster, timeout_s=LEASE_S * 2 + 120, removals=chaos.removals)
 
 
 def assert_idle_counts_return(cluster: LocalCluster, timeout_s: float, removals=()) -> None:

@@ -39,7 +39,7 @@ PACKED = SchedulerConfig(mode="mixed", max_num_seqs=9, max_model_len=99, prefill
                          max_num_batched_tokens=77, prefill_buckets=(), prefill_pack_tokens=64, prefill_pack_seqs=3,
                          prefill_pack_sizes=(16, 48), decode_step_sizes=(4, 8), prefill_token_budget=5,
                          piecewise_graphs=False, async_scheduling=False, decode_kv_split_tokens=128,
-                         decode_rides_prefill=False)
+                         decode_rides_prefill=False, multi_chunk_prefill=False)
 BUCKETED = dataclasses.replace(PACKED, prefill_buckets=(8, 16), prefill_pack_tokens=0, prefill_pack_sizes="auto")
 """NOTE: buckets and packing exclude each other: one of the two configs sets each."""
 ENGINES = [EngineConfig(model="m", dtype="bfloat16", device="cuda:1", seed=7, max_logprobs=5, use_cuda_graph=False,
