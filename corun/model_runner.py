@@ -249,6 +249,7 @@ class ModelRunner:
         finishing = [chunk.request for chunk in chunks if chunk.is_last]
         return self.sample(logits, finishing) if finishing else []
 
+    @torch.inference_mode()
     def run_prefill_and_decode(self, chunks: list[PrefillChunk], decodes: list[Request]) -> list[SampledToken]:
         """A prefill pack and the decode step of the requests decoding, in one forward where their pair of sizes was
         verified (joined_shapes), else one after the other: -> the decode rows' tokens, then token 1 of the

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -185,8 +186,25 @@ def node_id(role: Role, index: int) -> str:
     return f"{role}-{index}"
 
 
+EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+FREE_PORT_TRIES = 64
+
+
 def free_port(host: str) -> int:
-    with socket.socket() as s:
+    """A port nothing is bound to on host, for a process started next to bind: picked at random below the kernel's
+    ephemeral range. NOTE: a port the kernel hands out for port 0 lies in that range, where it may give it next as an
+    outgoing connection's source port before the new process binds it (seen with two test workers: 'Address already
+    in use'); below it only another listener can take it, and a random pick makes two launchers' picks collide
+    rarely."""
+    first_ephemeral = 32768
+    with contextlib.suppress(OSError, ValueError):
+        first_ephemeral = int(EPHEMERAL_PORTS_FILE.read_text().split()[0])
+    low, high = max(1024, first_ephemeral // 2), first_ephemeral - 1
+    for port in random.SystemRandom().sample(range(low, high + 1), min(FREE_PORT_TRIES, high - low + 1)):
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind((host, port))
+            return port
+    with socket.socket() as s:  # NOTE: every pick taken: the kernel's choice
         s.bind((host, 0))
         return s.getsockname()[1]
 

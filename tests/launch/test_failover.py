@@ -140,7 +140,7 @@ def short_completion(api, prompt: str) -> list[int]:
                                   extra_body=EXTRA_BODY).choices[0].model_extra["token_ids"]
 
 
-def strand_claims_on_a_stopped_decode_node(cluster, api, references: list[list[int]], attempts: int = 4):
+def strand_claims_on_a_stopped_decode_node(cluster, api, references: list[list[int]], attempts: int = 10):
     """A decode node stopped (SIGSTOP) in its hand-off, under HAND_OFF_PROMPTS: prefill-0 is stopped while a decode
     node's claims wait on it, that decode node is stopped, prefill-0 resumes and answers them: its leases are
     claimed, never to be read while the node stays stopped. -> (its name, its process), once its requests

@@ -1,0 +1,27 @@
+"""free_port picks ports below the kernel's ephemeral range, where no outgoing connection takes them first."""
+
+import socket
+
+from launch.cluster import EPHEMERAL_PORTS_FILE, free_port
+
+
+def test_a_free_port_binds_and_lies_below_the_ephemeral_range():
+    first_ephemeral = int(EPHEMERAL_PORTS_FILE.read_text().split()[0]) if EPHEMERAL_PORTS_FILE.exists() else 32768
+    ports = {free_port("127.0.0.1") for _ in range(20)}
+    assert all(1024 <= port < first_ephemeral for port in ports)
+    assert len(ports) > 1  # NOTE: random picks, so two launchers rarely pick the same
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))
+
+
+def test_a_port_someone_listens_on_is_never_given():
+    taken = [socket.socket() for _ in range(3)]
+    try:
+        for s in taken:  # NOTE: listeners in the range free_port picks from
+            s.bind(("127.0.0.1", free_port("127.0.0.1")))
+            s.listen()
+        busy = {s.getsockname()[1] for s in taken}
+        assert not busy & {free_port("127.0.0.1") for _ in range(50)}
+    finally:
+        for s in taken:
+            s.close()
