@@ -30,7 +30,6 @@ import multiprocessing
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ from benchmarks.cpu_usage import (
 from benchmarks.fake_output import MIN_VOCAB_SIZE
 from benchmarks.report import emit
 from benchmarks.router_load_client import LoadPlan, Schedule, run_worker
+from launch.cluster import free_port as launch_free_port
 from launch.cluster import router_argv, router_environment
 from launch.routers import one_of_several
 from wire.config import RouterConfig
@@ -213,9 +213,7 @@ def start_router(index: int, num_routers: int, port: int, metrics_dir: str, args
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return launch_free_port("127.0.0.1")  # NOTE: below the ephemeral range (launch/cluster.py)
 
 
 def wait_until_healthy(router: RouterProcess) -> None:

@@ -2,13 +2,14 @@
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+
+from launch.cluster import free_port as launch_free_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -31,9 +32,7 @@ def test_the_router_never_imports_torch(tiny_model_dir):
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return launch_free_port("127.0.0.1")  # NOTE: below the ephemeral range (launch/cluster.py)
 
 
 def test_python_m_router_serves_and_stops_on_sigterm(tiny_model_dir):
