@@ -188,6 +188,8 @@ def node_id(role: Role, index: int) -> str:
 
 EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 FREE_PORT_TRIES = 64
+FREE_PORTS_FROM = 20000
+"""free_port's lowest pick: above the ports other cluster software claims (Ray's worker ports are 10002-19999)."""
 
 
 def free_port(host: str) -> int:
@@ -199,7 +201,8 @@ def free_port(host: str) -> int:
     first_ephemeral = 32768
     with contextlib.suppress(OSError, ValueError):
         first_ephemeral = int(EPHEMERAL_PORTS_FILE.read_text().split()[0])
-    low, high = max(1024, first_ephemeral // 2), first_ephemeral - 1
+    low = FREE_PORTS_FROM if first_ephemeral > FREE_PORTS_FROM + 1024 else first_ephemeral // 2
+    high = first_ephemeral - 1
     for port in random.SystemRandom().sample(range(low, high + 1), min(FREE_PORT_TRIES, high - low + 1)):
         with socket.socket() as s, contextlib.suppress(OSError):
             s.bind((host, port))

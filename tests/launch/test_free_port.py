@@ -1,14 +1,15 @@
-"""free_port picks ports below the kernel's ephemeral range, where no outgoing connection takes them first."""
+"""free_port picks ports below the kernel's ephemeral range, where no outgoing connection takes them first, and above
+Ray's worker ports (a Ray head on a picked port once collided with them)."""
 
 import socket
 
-from launch.cluster import EPHEMERAL_PORTS_FILE, free_port
+from launch.cluster import EPHEMERAL_PORTS_FILE, FREE_PORTS_FROM, free_port
 
 
 def test_a_free_port_binds_and_lies_below_the_ephemeral_range():
     first_ephemeral = int(EPHEMERAL_PORTS_FILE.read_text().split()[0]) if EPHEMERAL_PORTS_FILE.exists() else 32768
     ports = {free_port("127.0.0.1") for _ in range(20)}
-    assert all(1024 <= port < first_ephemeral for port in ports)
+    assert all(min(FREE_PORTS_FROM, first_ephemeral // 2) <= port < first_ephemeral for port in ports)
     assert len(ports) > 1  # NOTE: random picks, so two launchers rarely pick the same
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports.pop()))
