@@ -23,34 +23,10 @@ import torch
 
 from benchmarks.harness import gpu_name
 from benchmarks.report import emit
+from corun.chunk_invariance import outputs, prefill, probe_prompt
 from corun.llm import LLM
-from corun.request import Request
 from corun.scheduler import PrefillChunk
-from corun.step_inputs import build_prefill_pack
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
-from wire.sampling_params import SamplingParams
-
-
-def prompt_request(name: str, length: int, first_block: int, block_size: int, vocab: int,
-                   rng: random.Random) -> Request:
-    params = SamplingParams(seed=rng.randrange(2**31))
-    request = Request(name, [rng.randrange(vocab) for _ in range(length)], params, params.seed, frozenset())
-    request.block_ids = list(range(first_block, first_block + -(-length // block_size)))
-    return request
-
-
-def prefill(runner, chunks: list[PrefillChunk]) -> torch.Tensor:
-    """One packed forward of chunks at the smallest kept pack size that holds them: the finishing prompts'
-    token-1 logits."""
-    sched = runner.config.scheduler
-    rows = next(size for size in runner.pack_sizes if size >= sum(c.num_tokens for c in chunks))
-    pack = build_prefill_pack(chunks, rows, sched.prefill_pack_seqs, runner.block_size, runner.table_rows)
-    return runner.padded_prefill_logits(pack).clone()
-
-
-def kv_of(runner, request: Request) -> list[torch.Tensor]:
-    blocks = torch.tensor(request.block_ids, device=runner.device)
-    return [cache[blocks].clone() for layer in runner.kv_cache.layers for cache in layer]
 
 
 def compare(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict:
@@ -60,19 +36,17 @@ def compare(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict:
 
 
 def probe(runner, length: int, chunk: int, rng: random.Random) -> dict:
-    block_size, vocab = runner.block_size, runner.arch.vocab_size
-    request = prompt_request("probe", length, 1, block_size, vocab, rng)
+    """The engine's start-up check (corun/chunk_invariance.py) on one length, with how far apart any difference is."""
+    request = probe_prompt(runner, "probe", length, 1, rng)
     logits = None
     for start in range(0, length, chunk):
         logits = prefill(runner, [PrefillChunk(request, start, min(chunk, length - start))])
-    by_chunk = [logits[:1]] + kv_of(runner, request)
-    whole = prefill(runner, [PrefillChunk(request, 0, length)])
-    alone = [whole[:1]] + kv_of(runner, request)
+    by_chunk = outputs(runner, request, logits[:1])
+    alone = outputs(runner, request, prefill(runner, [PrefillChunk(request, 0, length)])[:1])
     # NOTE: the same prompt after two others in one forward (its rows elsewhere, other sequences beside it)
-    others = [prompt_request(f"other-{i}", chunk, 1 + len(request.block_ids) * (i + 1), block_size, vocab, rng)
-              for i in range(2)]
+    others = [probe_prompt(runner, f"other-{i}", chunk, 1 + len(request.block_ids) * (i + 1), rng) for i in range(2)]
     packed = prefill(runner, [PrefillChunk(o, 0, chunk) for o in others] + [PrefillChunk(request, 0, length)])
-    beside = [packed[2:3]] + kv_of(runner, request)
+    beside = outputs(runner, request, packed[2:3])
     return {"prompt_tokens": length, "chunk": chunk, "one_forward": compare(by_chunk, alone),
             "one_forward_packed": compare(by_chunk, beside)}
 
