@@ -61,11 +61,13 @@ case $part in
     done ;;
   issue25_multi_chunk)  # not run yet: a prompt's chunks in one forward (multi_chunk_prefill, on by default since stop
     # 38) should make a small chunk free for a long prompt: the lone prompt's prefill by chunk, with it and without,
-    # then the prefix-cache workloads at chunks 64 and 128 beside the default 256
-    timeout 170 python3 -m benchmarks.prefill_cost --lengths 1024,4096 --repeats 2 --paths \
+    # then the prefix-cache workloads at chunks 64 and 128 beside the default 256 (first its GPU test)
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_multi_chunk_prefill.py \
+      > "$out/gpu_tests.log" 2>&1
+    timeout 160 python3 -m benchmarks.prefill_cost --lengths 1024,4096 --repeats 2 --paths \
       fixed_shape:prefill_chunk_size=64,fixed_shape:prefill_chunk_size=64:multi_chunk_prefill=off,fixed_shape:prefill_chunk_size=256 \
       --out "$out/h200_prefill_cost_multi_chunk.json" > "$out/prefill_cost.log" 2>&1
-    timeout 380 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,multi_turn,few_shot,256x32 \
+    timeout 330 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,multi_turn,few_shot,256x32 \
       --variants fixed_shape:prefill_chunk_size=128,fixed_shape:prefill_chunk_size=64 \
       --out "$out/h200_prefix_cache_multi_chunk.json" > "$out/prefix_cache.log" 2>&1 ;;
   issue20_joined)  # stop 38, after issue20_rest_and_chunks: decode rows ride the prefill forward

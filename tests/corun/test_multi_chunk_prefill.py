@@ -101,3 +101,37 @@ def test_inverse_several_chunks_on_the_per_chunk_sdpa_path_change_the_bits(tiny_
     if first_difference(expected, got) is None:
         pytest.skip("per-chunk SDPA gave the same bits in one forward on this CPU: nothing to show")
     assert first_difference(expected, got) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_the_gpu_several_chunks_per_forward_keep_every_output_bitwise(dtype):
+    """The CUDA defaults (packed prefill through the kernel, in graphs): prompts of several chunks, with and without
+    the prefix cache, against one chunk per forward."""
+    import torch
+
+    def make(multi_chunk: bool, caching: bool = False) -> LLM:
+        sched = SchedulerConfig(max_num_seqs=16, max_model_len=1024, prefill_chunk_size=64, max_num_batched_tokens=512,
+                                prefill_pack_seqs=4, multi_chunk_prefill=multi_chunk)
+        return LLM.from_config(EngineConfig(model="random:qwen3-tiny", dtype=dtype, device="cuda", scheduler=sched,
+                                            cache=CacheConfig(num_blocks=2048, enable_prefix_caching=caching)))
+
+    gen = torch.Generator().manual_seed(5)
+    shared = torch.randint(0, 2000, (200,), generator=gen).tolist()
+    batch = [torch.randint(0, 2000, (n,), generator=gen).tolist() for n in (3, 65, 130, 300, 700)]
+    batch += [shared + torch.randint(0, 2000, (n,), generator=gen).tolist() for n in (10, 70, 150)]
+    multi = make(multi_chunk=True)
+    if not multi.engine.runner.multi_chunk_prefill:
+        pytest.skip(f"the chunk-invariance probe found other bits in one forward on this GPU in {dtype}")
+    one = make(multi_chunk=False)
+    before = (multi.engine.stats.num_prefill_forwards, one.engine.stats.num_prefill_forwards)
+    expected = completions(one.generate(batch, PARAMS))
+    together = completions(multi.generate(batch, PARAMS))
+    forwards = (multi.engine.stats.num_prefill_forwards - before[0], one.engine.stats.num_prefill_forwards - before[1])
+    assert first_difference(expected, together) is None
+    assert first_difference(expected[-3:], [completions(multi.generate([p], PARAMS))[0] for p in batch[-3:]]) is None
+    cached = make(multi_chunk=True, caching=True)
+    warm = [cached.generate([p], PARAMS)[0] for p in batch]
+    assert first_difference(expected, completions(warm)) is None
+    assert sum(o.num_cached_tokens for o in warm) > 0
+    assert forwards[0] < forwards[1], f"prefill forwards {forwards}: the chunks did not share forwards"
