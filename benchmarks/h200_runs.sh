@@ -48,6 +48,19 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue20_tenth)  # stop 39, after issue20_joined_rest (joined forwards ran eagerly on the small packs of Poisson
+    # arrivals: TPOT p50 20.1 ms against 9.7 apart) and issue25_multi_chunk (chunk 64 free with multi-chunk): captured
+    # packs joined only from 1024 rows, decode candidates every 16 rows, the chunk auto (64 on CUDA with packed
+    # prefill), prompt logprobs through multi-chunk. GPU tests, 8B determinism, Poisson 32, the prefix cache at defaults
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_joined_steps.py \
+      tests/corun/test_multi_chunk_prefill.py tests/corun/test_prefix_cache_gpu.py > "$out/gpu_tests.log" 2>&1
+    timeout 120 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun --out "$out/h200_determinism_stop39.json" > "$out/det.log" 2>&1
+    timeout 100 $BENCH --num-requests 300 --request-rate 32 --workloads sharegpt --max-seconds 22 \
+      --goodput ttft:500 tpot:50 --modes "corun,standard" --out "$out/h200_poisson_32_stop39.json" \
+      > "$out/poisson_32.log" 2>&1
+    timeout 130 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,multi_turn,few_shot,256x32 \
+      --out "$out/h200_prefix_cache_stop39.json" > "$out/prefix_cache.log" 2>&1 ;;
   issue20_joined_rest)  # not run yet (stop 38's device time ended): with decode rows riding the prefill forward,
     # the 8B determinism suite, the other two t = 0 rows and the Poisson rows (standard, corun, corun apart)
     timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \

@@ -57,7 +57,7 @@ def add_profiling_flags(cmd) -> None:
     cmd.add_argument("--kv-capacity-tokens", type=int, default=None, help="KV tokens per decode instance "
                      "(default: the profile's)")
     cmd.add_argument("--prefill-chunk-size", type=int, default=None,
-                     help=f"default: the profile's; {SchedulerConfig.prefill_chunk_size} to profile")
+                     help="default: the profile's; the device's default (auto) to profile")
     cmd.add_argument("--block-size", type=int, default=None,
                      help=f"default: the profile's; {CacheConfig.block_size} to profile")
     cmd.add_argument("--prefill-token-budget", type=int, default=None, help="prompt tokens a colocated node "

@@ -17,6 +17,7 @@ token count, attention eager between them (corun/piecewise_graphs.py; SchedulerC
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -56,9 +57,11 @@ from corun.step_inputs import (
     join_decode_and_pack,
 )
 from corun.structured import grammars_for
-from wire.config import EngineConfig
+from wire.config import DEFAULT_PREFILL_CHUNK, EngineConfig
 from wire.outputs import TokenLogprobs
 from wire.seeding import sample_seed
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -174,6 +177,10 @@ class ModelRunner:
                 self.prefill_graph.keep(self.pack_sizes)
         if self.mode == "fixed_shape" and sched.prefill_pack_tokens and sched.multi_chunk_prefill:
             self.multi_chunk_prefill = self.packed_prefill_kernel and several_chunks_match(self)
+            if not self.multi_chunk_prefill and self.on_cuda and sched.prefill_chunk_size < DEFAULT_PREFILL_CHUNK:
+                logger.warning("a prompt's chunks gave other bits in one forward on this device: each forward runs "
+                               "one chunk of %d tokens per prompt, which slows long prompts; consider "
+                               "--prefill-chunk-size %d", sched.prefill_chunk_size, DEFAULT_PREFILL_CHUNK)
         if with_decode and self.mode == "fixed_shape" and sched.prefill_pack_tokens and sched.decode_rides_prefill:
             self.joined_shapes = verified_joined_shapes(self)
 
@@ -306,26 +313,31 @@ class ModelRunner:
         """For each chunk wanting them (rows in chunk order from row 0): the logprobs of the prompt tokens its
         rows predict, with params.prompt_logprobs alternatives, appended to its request's prompt_logprobs.
 
-        NOTE: the chunk's rows go through lm_head and log_softmax together, at the chunk's length: a function
-        of the prompt alone, as the forward is."""
-        row = 0
-        for chunk in chunks:
-            request, start, count = chunk.request, chunk.start, chunk.num_tokens
-            k = request.params.prompt_logprobs
-            targets = request.prompt_token_ids[start + 1:start + count + 1]  # NOTE: the last row predicts output
-            if k is not None and targets:
-                logprobs = self.sampler.log_softmax(self.model.compute_logits(hidden[row:row + count]).float())
-                logprobs = logprobs[:len(targets)]
-                target_ids = torch.tensor(targets, device=logprobs.device).unsqueeze(1)
-                chosen = logprobs.gather(1, target_ids).squeeze(1).tolist()
-                top_values, top_ids = logprobs.topk(k, dim=1) if k else (logprobs[:, :0], logprobs[:, :0])
-                request.prompt_logprobs += [
-                    TokenLogprobs(t, lp, tuple(zip(ids, values, strict=True)))
-                    for t, lp, ids, values in zip(targets, chosen, top_ids.tolist(), top_values.tolist(),
-                                                  strict=True)]
-            if k is not None and start == 0:
-                request.prompt_logprobs.insert(0, None)
-            row += count
+        NOTE: each prefill chunk's rows go through lm_head and log_softmax together, at the chunk's length, also
+        where a prompt ran several chunks in this forward (multi_chunk_prefill): a function of the prompt alone, as
+        the forward is."""
+        row, chunk_size = 0, self.config.scheduler.prefill_chunk_size
+        for piece in chunks:
+            if piece.request.params.prompt_logprobs is not None:
+                for start in range(piece.start, piece.start + piece.num_tokens, chunk_size):
+                    count = min(chunk_size, piece.start + piece.num_tokens - start)
+                    offset = row + start - piece.start
+                    self.add_chunk_prompt_logprobs(piece.request, start, hidden[offset:offset + count])
+            row += piece.num_tokens
+
+    def add_chunk_prompt_logprobs(self, request: Request, start: int, hidden: torch.Tensor) -> None:
+        k = request.params.prompt_logprobs
+        targets = request.prompt_token_ids[start + 1:start + len(hidden) + 1]  # NOTE: the last row predicts output
+        if targets:
+            logprobs = self.sampler.log_softmax(self.model.compute_logits(hidden).float())[:len(targets)]
+            target_ids = torch.tensor(targets, device=logprobs.device).unsqueeze(1)
+            chosen = logprobs.gather(1, target_ids).squeeze(1).tolist()
+            top_values, top_ids = logprobs.topk(k, dim=1) if k else (logprobs[:, :0], logprobs[:, :0])
+            request.prompt_logprobs += [
+                TokenLogprobs(t, lp, tuple(zip(ids, values, strict=True)))
+                for t, lp, ids, values in zip(targets, chosen, top_ids.tolist(), top_values.tolist(), strict=True)]
+        if start == 0:
+            request.prompt_logprobs.insert(0, None)
 
     @torch.inference_mode()
     def prefill_pack_hidden(self, inputs: PrefillPackInputs) -> torch.Tensor:

@@ -275,7 +275,7 @@ def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefi
     so a prompt's cuts depend on the prompt alone. max_rows caps the pack's rows (the engine's budget while it
     decodes); the forward then runs at the smallest verified pack size that holds them. multi_chunk: a prompt takes
     as many of its next chunks as the rows left hold (the runner verified that this changes no bits;
-    SchedulerConfig.multi_chunk_prefill), except one asking for prompt logprobs.
+    SchedulerConfig.multi_chunk_prefill; prompt logprobs are still computed chunk by chunk).
     With a prefix cache, a waiting prompt whose next chunk an admitted prompt is computing now waits for it (the
     requests behind it go first): it will be served that chunk from the cache instead of computing it again (the 4
     continuations of a multiple-choice question, arriving together). Only when a prompt starts changes: a hit gives
@@ -285,7 +285,7 @@ def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefi
     chunks = []
 
     def next_piece(request: Request) -> PrefillChunk:
-        if not multi_chunk or request.params.prompt_logprobs is not None:
+        if not multi_chunk:
             return next_chunk(request, cfg.prefill_chunk_size)
         return next_chunk(request, max(1, rows_left // cfg.prefill_chunk_size) * cfg.prefill_chunk_size)
 

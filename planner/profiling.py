@@ -64,7 +64,7 @@ def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_ro
         KVHandoff(source="not measured (profile_engine asked not to); taken as zero")
     resolved = engine.config.scheduler  # NOTE: 'auto' settings as the engine resolved them on its device
     return PerformanceProfile(
-        max_num_seqs=sched.max_num_seqs, prefill_chunk_size=sched.prefill_chunk_size,
+        max_num_seqs=sched.max_num_seqs, prefill_chunk_size=resolved.prefill_chunk_size,
         prefill_points=tuple(prefill_points), decode_points=tuple(decode_points),
         kv_capacity_tokens=engine.block_manager.num_usable_blocks * config.cache.block_size,
         max_model_len=sched.max_model_len, block_size=config.cache.block_size,

@@ -14,6 +14,22 @@ from wire.auth import API_KEY_ENV, check_api_key
 from wire.flags import NOT_A_FLAG, flag, format_switch, name_parser, parse_switch
 
 DEFAULT_PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
+DEFAULT_PREFILL_CHUNK = 256
+"""prefill_chunk_size where a prompt runs one chunk per forward (CPU, isolated prefill). Measured (issue 25): on the
+H200 (8B shape, packed prefill, t = 0) against 512 with the cache off it gave 1.00-1.03x on the shared-prefix
+workloads and, against 4096, 1.00x/1.02x/1.05x on ShareGPT-/BurstGPT-like and 1024x2048
+(benchmarks/results/h200_prefix_cache.json, h200_chunk_size.json), while its cache hits went from 0.63 to 0.95 of
+the few-shot prompt tokens (2.6x -> 8.7x); on the 2-core CPU host (tiny model, isolated prefill) 1.01-1.02x on
+prompts of 256 and 768 tokens (cpu_chunk_size.json). Smaller chunks cost a long prompt a forward each there: a lone
+4096-token prompt chunk by chunk took 188 ms at 256, 305 at 128, 608 at 64 (h200_prefill_cost_by_chunk.json)."""
+SMALL_PREFILL_CHUNK = 64
+"""prefill_chunk_size on CUDA with packed prefill, where a prompt runs as many chunks in one forward as the pack holds
+(multi_chunk_prefill), so the small chunk costs a long prompt nothing and hits more of the prefix cache. Measured on
+the H200 (8B shape, one call, benchmarks/results/h200_prefill_cost_multi_chunk.json, h200_prefix_cache_multi_chunk.json):
+a lone 1024-/4096-token prompt prefilled in 25.8/106.9 ms at 64 against 25.5/107.2 at 256 (119.7/610.2 at 64 one chunk
+per forward); the cache on against off at 64 / 256: multiple choice 3.18x / 2.21x (hits 0.69 / 0.55), multi-turn
+1.46x / 1.23x, few-shot 12.8x / 12.6x, no shared prefix 1.00x / 1.00x; with the cache off 64 gave 0.99-1.05x of
+256. Block-aligned (a multiple of CacheConfig.block_size, 16), which the prefix cache needs."""
 """`--prefill-buckets default`: fine steps where a prefill is launch-bound, coarser where it is compute-bound;
 none above 1024, where the eager forward's launches hide behind its kernels."""
 
@@ -97,17 +113,11 @@ class SchedulerConfig:
     """N: the most requests running at once; in fixed_shape mode every decode step computes exactly N rows."""
     max_model_len: int = 1024
     """Longest sequence (prompt + generated tokens) a request may reach."""
-    prefill_chunk_size: int = 256
+    prefill_chunk_size: int | None = None
     """Prompts longer than this are prefilled in chunks of exactly this many tokens (the last one shorter). Also the
-    prefix cache's unit (CacheConfig.enable_prefix_caching): only whole chunks are shared. 256, measured (issue 25):
-    on the H200 (8B shape, packed prefill, t = 0) against 512 with the cache off it gave 1.00-1.03x on the
-    shared-prefix workloads and, against 4096, 1.00x/1.02x/1.05x on ShareGPT-/BurstGPT-like and 1024x2048
-    (benchmarks/results/h200_prefix_cache.json, h200_chunk_size.json), while its cache hits went from 0.63 to 0.95 of
-    the few-shot prompt tokens (2.6x -> 8.7x); on the 2-core CPU host (tiny model, isolated prefill) 1.01-1.02x on
-    prompts of 256 and 768 tokens (cpu_chunk_size.json). The price: a prompt's chunks run one forward after another,
-    so a lone 4096-token prompt prefills in 188 ms against 128 at 512 (h200_prefill_cost_by_chunk.json); 64 or 128
-    (multiple choice 3.25x / 2.9x) cost it 608 / 305 ms. Smaller first chunks would not help: what a shared context
-    loses is its tail after the last whole chunk."""
+    prefix cache's unit (CacheConfig.enable_prefix_caching): only whole chunks are shared. None (auto):
+    SMALL_PREFILL_CHUNK (64) on CUDA with packed prefill (where a prompt runs several chunks in one forward,
+    multi_chunk_prefill), DEFAULT_PREFILL_CHUNK (256) elsewhere (see resolve_shape_defaults)."""
     max_num_batched_tokens: int = 2048
     """mixed mode: token budget of one mixed prefill+decode step; fixed_shape on CUDA: the packed prefill forward's
     rows (T) when prefill_pack_tokens is auto."""
@@ -215,10 +225,11 @@ class SchedulerConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "mode", canonical_mode(self.mode))  # NOTE: an old name becomes the new one here
-        for name in ("max_num_seqs", "max_model_len", "prefill_chunk_size", "max_num_batched_tokens",
-                     "prefill_pack_seqs"):
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "prefill_pack_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prefill_chunk_size is not None and self.prefill_chunk_size < 1:
+            raise ValueError(f"prefill_chunk_size must be >= 1, got {self.prefill_chunk_size}")
         if self.decode_kv_split_tokens < 0 or self.decode_kv_split_tokens % DECODE_TILE_TOKENS:
             raise ValueError(f"decode_kv_split_tokens must be a multiple of {DECODE_TILE_TOKENS} (0 = no split), "
                              f"got {self.decode_kv_split_tokens}")
@@ -240,7 +251,7 @@ class SchedulerConfig:
                              f"prefill on, or 'auto', got {pack_sizes}")
         if self.prefill_pack_tokens and buckets not in (AUTO, ()):
             raise ValueError("prefill_buckets (isolated prefill) and prefill_pack_tokens (packed) exclude each other")
-        if self.prefill_pack_tokens and self.prefill_chunk_size > self.prefill_pack_tokens:
+        if self.prefill_pack_tokens and (self.prefill_chunk_size or 0) > self.prefill_pack_tokens:
             raise ValueError(f"packed prefill needs prefill_chunk_size ({self.prefill_chunk_size}) <= "
                              f"prefill_pack_tokens ({self.prefill_pack_tokens})")
 
@@ -255,8 +266,8 @@ class SchedulerConfig:
 
     @property
     def is_resolved(self) -> bool:
-        return AUTO not in (self.prefill_buckets, self.decode_step_sizes, self.prefill_pack_sizes) and \
-            self.prefill_pack_tokens is not None and self.prefill_token_budget is not None
+        return AUTO not in (self.prefill_buckets, self.decode_step_sizes, self.prefill_pack_sizes) and None not in (
+            self.prefill_pack_tokens, self.prefill_token_budget, self.prefill_chunk_size)
 
     @property
     def decode_wait_tokens(self) -> int:
@@ -264,6 +275,9 @@ class SchedulerConfig:
         budget = self.prefill_token_budget
         return self.max_num_batched_tokens if budget is None else budget
 
+
+DECODE_SIZE_STEP = 16
+"""Decode step candidates are multiples of this (auto_decode_step_candidates)."""
 
 PACK_SIZE_LADDER = (192, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
 """Row counts worth trying for packed prefill: steps of at most 1.5x, so a pack pays at most half again its rows."""
@@ -276,12 +290,16 @@ def auto_pack_size_candidates(pack_tokens: int) -> tuple[int, ...]:
 
 
 def auto_decode_step_candidates(max_num_seqs: int) -> tuple[int, ...]:
-    """Smaller decode steps worth trying: powers of two from 16 and every eighth of N from N/2 (for N = 256:
-    16, 32, 64, 128, 160, 192, 224, the set measured on the H200). Only those that reproduce the N-row step's bits
-    are kept at start-up, so a generous list costs start-up time, never outputs."""
-    powers = [16 * 2**i for i in range(max_num_seqs.bit_length()) if 16 * 2**i < max_num_seqs]
+    """Smaller decode steps worth trying: every multiple of DECODE_SIZE_STEP below N, and every eighth of N from N/2
+    (for N = 256: 16, 32, ..., 240, the sizes mixed mode captures from 16 on). Only those that reproduce the N-row
+    step's bits are kept at start-up, so a generous list costs start-up time and graph memory, never outputs.
+    NOTE: steps of 16 since issue 20's tenth round. With the earlier set (16, 32, 64, 128, 160, 192, 224) a batch of
+    65-127 requests ran at 128 rows: at Poisson ShareGPT-like 32 req/s (H200, 8B shape, one machine,
+    benchmarks/results/h200_defaults_poisson_32_stop38.json) 540 of 1,996 steps ran at 128 and 477 at 64, and TPOT
+    p50 was 9.70 ms against mixed mode's 9.07; the H200 kept every size from 16 to 256 there (stop 37)."""
+    steps = [size for size in range(DECODE_SIZE_STEP, max_num_seqs, DECODE_SIZE_STEP)]
     eighths = [max_num_seqs * k // 8 for k in range(4, 8) if max_num_seqs * k % 8 == 0]
-    return tuple(sorted({s for s in powers + eighths if 1 <= s < max_num_seqs}))
+    return tuple(sorted({s for s in steps + eighths if 1 <= s < max_num_seqs}))
 
 
 def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: bool, backend: str) -> SchedulerConfig:
@@ -305,11 +323,15 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     pack_tokens = sched.prefill_pack_tokens
     if pack_tokens is None:
         wanted = fast_cuda and sched.prefill_buckets in (AUTO, ())
-        pack_tokens = max(sched.max_num_batched_tokens, sched.prefill_chunk_size) if wanted else 0
+        pack_tokens = max(sched.max_num_batched_tokens, sched.prefill_chunk_size or 0) if wanted else 0
+    chunk = sched.prefill_chunk_size
+    if chunk is None:
+        several_per_forward = fast_cuda and pack_tokens and sched.multi_chunk_prefill
+        chunk = min(SMALL_PREFILL_CHUNK, pack_tokens) if several_per_forward else DEFAULT_PREFILL_CHUNK
     buckets = sched.prefill_buckets
     if buckets == AUTO:
         wanted = fast_cuda and not pack_tokens
-        longest = min(sched.prefill_chunk_size, sched.max_model_len)
+        longest = min(chunk, sched.max_model_len)
         buckets = tuple(b for i, b in enumerate(DEFAULT_PREFILL_BUCKETS)
                         if i == 0 or DEFAULT_PREFILL_BUCKETS[i - 1] < longest) if wanted else ()
     sizes = sched.decode_step_sizes
@@ -318,7 +340,7 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     pack_sizes = sched.prefill_pack_sizes
     if pack_sizes == AUTO:
         pack_sizes = auto_pack_size_candidates(pack_tokens) if fast_cuda else ()
-    return dataclasses.replace(sched, prefill_pack_tokens=pack_tokens, prefill_buckets=buckets,
+    return dataclasses.replace(sched, prefill_chunk_size=chunk, prefill_pack_tokens=pack_tokens, prefill_buckets=buckets,
                                decode_step_sizes=sizes, prefill_pack_sizes=pack_sizes,
                                prefill_token_budget=sched.decode_wait_tokens)
 
@@ -398,10 +420,10 @@ class EngineConfig:
         """This config with every 'auto' shape setting resolved for its device. An engine (LLMEngine, a node
         server, the vLLM engine) resolves its config once when it is built; the fingerprint hashes the result. The
         config as asked keeps 'auto', so it travels to node processes and bench variants as the user gave it."""
-        caching = self.cache.enable_prefix_caching and self.scheduler.mode == "fixed_shape" and \
-            self.backend == "native" and self.scheduler.prefill_chunk_size % self.cache.block_size == 0
-        return dataclasses.replace(self, scheduler=resolve_shape_defaults(self.scheduler, self.device,
-                                                                          self.use_cuda_graph, self.backend),
+        sched = resolve_shape_defaults(self.scheduler, self.device, self.use_cuda_graph, self.backend)
+        caching = self.cache.enable_prefix_caching and sched.mode == "fixed_shape" and \
+            self.backend == "native" and sched.prefill_chunk_size % self.cache.block_size == 0
+        return dataclasses.replace(self, scheduler=sched,
                                    cache=dataclasses.replace(self.cache, enable_prefix_caching=caching))
 
     @property

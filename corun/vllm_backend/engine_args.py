@@ -45,7 +45,7 @@ def vllm_environment(config: EngineConfig) -> dict[str, str]:
 
 def vllm_engine_kwargs(config: EngineConfig) -> dict:
     """vllm.EngineArgs keywords for this configuration."""
-    sched = config.scheduler
+    sched = config.resolved().scheduler  # NOTE: the chunk size's 'auto', as this backend resolves it
     fixed_shape = sched.mode == "fixed_shape"
     kwargs = {
         "model": config.model, "tokenizer": config.model, "skip_tokenizer_init": True, "dtype": config.dtype,

@@ -7,11 +7,13 @@ the probe rejects on this machine (decode steps of 2 rows, where a CPU GEMM row'
 them; where this machine rejects none, that half is skipped, saying why.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from corun import LLM, SamplingParams
-from corun.joined_steps import joined_matches_apart
+from corun.joined_steps import MIN_PACK_ROWS_OVER_A_GRAPH, joinable_pack_sizes, joined_matches_apart
 from tests.conftest import varied_prompts
 from tests.corun.test_determinism import completions, first_difference
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -84,22 +86,32 @@ def test_inverse_a_pair_the_probe_rejects_changes_the_bits(tiny_model_dir):
     assert first_difference(apart, forced) is not None, f"pairs the probe rejects ({sorted(rejected)}) gave the bits"
 
 
+def test_captured_packs_are_joined_only_from_the_size_where_eager_costs_nothing():
+    graphs = SimpleNamespace(graphs={192: None, 512: None, 1024: None, 2048: None})
+    runner = SimpleNamespace(pack_sizes=[192, 512, 1024, 2048, 8192], prefill_graph=graphs)
+    assert joinable_pack_sizes(runner) == [1024, 2048, 8192]  # NOTE: 8192 has no graph: eager anyway
+    assert joinable_pack_sizes(SimpleNamespace(pack_sizes=[192, 512], prefill_graph=None)) == [192, 512]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_on_the_gpu_joined_forwards_keep_every_output_bitwise(dtype):
     """The CUDA defaults (packed prefill in graphs, decode graphs at verified sizes, async scheduling): more prompts
-    than a pack holds, so later packs carry the decode steps of earlier prompts."""
+    than a pack holds, so later packs carry the decode steps of earlier prompts (captured packs from
+    MIN_PACK_ROWS_OVER_A_GRAPH rows)."""
     def make(rides: bool) -> LLM:
-        sched = SchedulerConfig(max_num_seqs=16, max_model_len=512, prefill_chunk_size=64, max_num_batched_tokens=256,
+        sched = SchedulerConfig(max_num_seqs=16, max_model_len=2048, prefill_chunk_size=64, max_num_batched_tokens=2048,
                                 prefill_pack_seqs=4, decode_rides_prefill=rides)
         return LLM.from_config(EngineConfig(model="random:qwen3-tiny", dtype=dtype, device="cuda", scheduler=sched,
                                             cache=CacheConfig(num_blocks=2048)))
 
     gen = torch.Generator().manual_seed(3)
-    batch = [torch.randint(0, 2000, (n,), generator=gen).tolist() for n in (1, 3, 17, 64, 65, 130, 200, 300, 5, 90)]
+    lengths = (1, 3, 17, 64, 65, 130, 200, 300, 5, 90, 1100, 1500)  # NOTE: the last pack holds >= 1024 rows
+    batch = [torch.randint(0, 2000, (n,), generator=gen).tolist() for n in lengths]
     joined = make(rides=True)
     if not joined.engine.runner.joined_shapes:  # NOTE: the H200 in float32: every pair rejected (stop 38)
         pytest.skip(f"no (decode, pack) pair matched the forwards apart on this GPU in {dtype}: nothing runs joined")
+    assert min(pack for _, pack in joined.engine.runner.joined_shapes) >= MIN_PACK_ROWS_OVER_A_GRAPH
     apart = completions(make(rides=False).generate(batch, PARAMS))
     together = completions(joined.generate(batch, PARAMS))
     alone = [completions(joined.generate([p], PARAMS))[0] for p in batch[:3]]

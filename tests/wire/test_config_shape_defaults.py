@@ -8,6 +8,8 @@ from wire.config import (
     AUTO,
     DECODE_TILE_TOKENS,
     DEFAULT_PREFILL_BUCKETS,
+    DEFAULT_PREFILL_CHUNK,
+    SMALL_PREFILL_CHUNK,
     EngineConfig,
     SchedulerConfig,
     auto_decode_step_candidates,
@@ -35,7 +37,7 @@ def test_cuda_gets_packed_prefill_at_the_batch_token_budget_with_pack_and_decode
     sched = resolved(max_num_seqs=256, prefill_chunk_size=4096, max_num_batched_tokens=8192, max_model_len=6144)
     assert (sched.prefill_pack_tokens, sched.prefill_buckets) == (8192, ())
     assert sched.prefill_pack_sizes == auto_pack_size_candidates(8192)
-    assert sched.decode_step_sizes == (16, 32, 64, 128, 160, 192, 224)
+    assert sched.decode_step_sizes == tuple(range(16, 256, 16))  # NOTE: the sizes mixed mode captures from 16
     assert resolved(prefill_chunk_size=4096, max_num_batched_tokens=2048).prefill_pack_tokens == 4096  # NOTE: >= chunk
 
 
@@ -46,6 +48,18 @@ def test_cuda_gets_buckets_up_to_the_chunk_size_when_packing_is_off():
         DEFAULT_PREFILL_BUCKETS
     assert resolved(prefill_chunk_size=500, max_model_len=6144, prefill_pack_tokens=0).prefill_buckets[-1] == 512
     assert resolved(prefill_buckets=(16, 32)).prefill_pack_tokens == 0  # NOTE: buckets asked for: isolated
+
+
+def test_the_chunk_is_small_only_where_a_prompt_runs_several_chunks_per_forward():
+    assert SchedulerConfig().prefill_chunk_size is None  # NOTE: auto
+    assert resolved().prefill_chunk_size == SMALL_PREFILL_CHUNK
+    assert resolved(max_num_batched_tokens=32).prefill_chunk_size == 32  # NOTE: never above the pack's rows
+    one_per_forward = (resolved(multi_chunk_prefill=False), resolved(prefill_pack_tokens=0), resolved(device="cpu"),
+                       resolved(use_cuda_graph=False), resolved(mode="mixed"), resolved(backend="vllm"))
+    assert {sched.prefill_chunk_size for sched in one_per_forward} == {DEFAULT_PREFILL_CHUNK}
+    assert resolved(prefill_chunk_size=512).prefill_chunk_size == 512
+    assert resolved(prefill_chunk_size=512).prefill_pack_tokens == 2048
+    assert SMALL_PREFILL_CHUNK % 16 == DEFAULT_PREFILL_CHUNK % 16 == 0  # NOTE: whole KV blocks, for the prefix cache
 
 
 def test_cpu_no_graphs_other_modes_and_the_vllm_engine_get_the_papers_shapes():
