@@ -59,6 +59,7 @@ def test_the_child_really_runs_another_cpu_capability(child_env):
 
 
 @pytest.mark.slow
+@pytest.mark.long_pole
 @pytest.mark.timeout(1800)  # NOTE: the child's own tests each have pytest's 600 s hang guard
 def test_numerics_tests_pass_under_another_cpu_capability(child_env):
     result = run_python(["-m", "pytest", "-q", "-m", "numerics", "-p", "no:cacheprovider", str(TESTS)], child_env)
