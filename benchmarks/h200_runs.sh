@@ -48,6 +48,16 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue20_tenth_b)  # after issue20_tenth (whose prefix-cache GPU test hit an index out of bounds: the decode-size probe
+    # gave each of 16 rows a block of its own in a cache of 13; such a size is no longer tried): the GPU tests again,
+    # t = 0 ShareGPT- and RL-rollout-like with decode steps every 16 rows, multi-turn at chunk 32 (issue 25's 1.5x)
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_prefix_cache_gpu.py \
+      tests/corun/test_decode_sizes.py > "$out/gpu_tests.log" 2>&1
+    timeout 200 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --modes standard,corun --out "$out/h200_t0_stop39.json" > "$out/bench.log" 2>&1
+    timeout 100 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multi_turn,256x32 \
+      --variants fixed_shape:prefill_chunk_size=32 --out "$out/h200_prefix_cache_chunk32.json" \
+      > "$out/prefix_cache.log" 2>&1 ;;
   issue20_tenth)  # stop 39, after issue20_joined_rest (joined forwards ran eagerly on the small packs of Poisson
     # arrivals: TPOT p50 20.1 ms against 9.7 apart) and issue25_multi_chunk (chunk 64 free with multi-chunk): captured
     # packs joined only from 1024 rows, decode candidates every 16 rows, the chunk auto (64 on CUDA with packed

@@ -50,6 +50,8 @@ def equivalent_decode_sizes(runner: ProbedRunner, candidates: tuple[int, ...]) -
 
 def matches_full_step(runner: ProbedRunner, size: int) -> bool:
     """Every row filled, and one row among padding: the two ends of what a step of `size` rows carries."""
+    if runner.kv_cache.num_blocks - 1 < size:
+        return False  # NOTE: a cache too small to give each probe row a block of its own: nothing is kept untried
     for num_real in sorted({1, size}):
         requests = probe_requests(runner, num_real, random.Random(PROBE_SEED + 1000 * size + num_real))
         full, small = probe_outputs(runner, requests, runner.max_num_seqs), probe_outputs(runner, requests, size)
