@@ -55,7 +55,7 @@ case $part in
       tests/corun/test_decode_sizes.py > "$out/gpu_tests.log" 2>&1
     timeout 200 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun --out "$out/h200_t0_stop39.json" > "$out/bench.log" 2>&1
-    timeout 100 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multi_turn,256x32 \
+    timeout 120 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multi_turn,256x32 \
       --variants fixed_shape:prefill_chunk_size=32 --out "$out/h200_prefix_cache_chunk32.json" \
       > "$out/prefix_cache.log" 2>&1 ;;
   issue20_tenth)  # stop 39, after issue20_joined_rest (joined forwards ran eagerly on the small packs of Poisson
