@@ -156,7 +156,9 @@ class SchedulerConfig:
     row's logits and sampled outputs are bitwise those of the N-row step (kernels choose their algorithm by
     shape alone, so agreement there means the same reduction order for every input); a step of k running
     requests then runs at the smallest kept size >= k. Which pass depends on the GPU and kernels (measured on the
-    H200, Qwen3-8B shape, N = 256: 128, 160 and 224; not 192 or below 128). () = every step at N (the paper).
+    H200, Qwen3-8B shape, N = 256: with cuBLAS split-K 128, 160 and 224 only; without it, the default since issue 20's
+    eighth round, every candidate from 16 to 240: benchmarks/results/h200_determinism_stop39.json). () = every step at
+    N (the paper).
     auto: auto_decode_step_candidates(N) on CUDA, () on CPU (see resolve_shape_defaults)."""
     decode_kv_split_tokens: int = 0
     """fixed_shape on CUDA: > 0 cuts each decode row's context into ranges of this many tokens (a multiple of
