@@ -48,6 +48,13 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue25_chunk32)  # after issue20_tenth_b (chunk 32: multi-turn 1.53x against 1.47x at 64, no shared prefix 0.994x):
+    # a lone prompt's prefill at 32 and 64 with multi-chunk, then every prefix-cache workload at 32
+    timeout 120 python3 -m benchmarks.prefill_cost --lengths 1024,4096 --repeats 2 --paths \
+      fixed_shape:prefill_chunk_size=32,fixed_shape:prefill_chunk_size=64 \
+      --out "$out/h200_prefill_cost_chunk32.json" > "$out/prefill_cost.log" 2>&1
+    timeout 150 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,few_shot,multi_turn,256x32 \
+      --prefill-chunk-size 32 --out "$out/h200_prefix_cache_chunk32_all.json" > "$out/prefix_cache.log" 2>&1 ;;
   issue20_tenth_b)  # after issue20_tenth (whose prefix-cache GPU test hit an index out of bounds: the decode-size probe
     # gave each of 16 rows a block of its own in a cache of 13; such a size is no longer tried): the GPU tests again,
     # t = 0 ShareGPT- and RL-rollout-like with decode steps every 16 rows, multi-turn at chunk 32 (issue 25's 1.5x)
