@@ -14,6 +14,8 @@ from wire.auth import API_KEY_ENV, check_api_key
 from wire.flags import NOT_A_FLAG, flag, format_switch, name_parser, parse_switch
 
 DEFAULT_PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
+"""`--prefill-buckets default`: fine steps where a prefill is launch-bound, coarser where it is compute-bound;
+none above 1024, where the eager forward's launches hide behind its kernels."""
 DEFAULT_PREFILL_CHUNK = 256
 """prefill_chunk_size where a prompt runs one chunk per forward (CPU, isolated prefill). Measured (issue 25): on the
 H200 (8B shape, packed prefill, t = 0) against 512 with the cache off it gave 1.00-1.03x on the shared-prefix
@@ -22,16 +24,18 @@ workloads and, against 4096, 1.00x/1.02x/1.05x on ShareGPT-/BurstGPT-like and 10
 the few-shot prompt tokens (2.6x -> 8.7x); on the 2-core CPU host (tiny model, isolated prefill) 1.01-1.02x on
 prompts of 256 and 768 tokens (cpu_chunk_size.json). Smaller chunks cost a long prompt a forward each there: a lone
 4096-token prompt chunk by chunk took 188 ms at 256, 305 at 128, 608 at 64 (h200_prefill_cost_by_chunk.json)."""
-SMALL_PREFILL_CHUNK = 64
+SMALL_PREFILL_CHUNK = 32
 """prefill_chunk_size on CUDA with packed prefill, where a prompt runs as many chunks in one forward as the pack holds
-(multi_chunk_prefill), so the small chunk costs a long prompt nothing and hits more of the prefix cache. Measured on
-the H200 (8B shape, one call, benchmarks/results/h200_prefill_cost_multi_chunk.json, h200_prefix_cache_multi_chunk.json):
-a lone 1024-/4096-token prompt prefilled in 25.8/106.9 ms at 64 against 25.5/107.2 at 256 (119.7/610.2 at 64 one chunk
-per forward); the cache on against off at 64 / 256: multiple choice 3.18x / 2.21x (hits 0.69 / 0.55), multi-turn
-1.46x / 1.23x, few-shot 12.8x / 12.6x, no shared prefix 1.00x / 1.00x; with the cache off 64 gave 0.99-1.05x of
-256. Block-aligned (a multiple of CacheConfig.block_size, 16), which the prefix cache needs."""
-"""`--prefill-buckets default`: fine steps where a prefill is launch-bound, coarser where it is compute-bound;
-none above 1024, where the eager forward's launches hide behind its kernels."""
+(multi_chunk_prefill), so a small chunk costs a long prompt nothing and hits more of the prefix cache (a hit stops at
+the last whole chunk of the shared part). Measured on the H200 (8B shape, engine, 256 requests at t = 0, cache on
+against off; benchmarks/results/h200_prefix_cache_chunk32_all.json, h200_prefix_cache_multi_chunk.json,
+h200_prefill_cost_chunk32.json, h200_prefill_cost_multi_chunk.json), chunk 32 / 64 / 256: multiple choice 3.34x /
+3.18x / 2.21x, multi-turn 1.52x / 1.46x / 1.23x (1.53x against 1.47x in a second call), few-shot 13.0x / 12.8x /
+12.6x, no shared prefix 0.99x / 1.00x / 1.00x; a lone 1024-/4096-token prompt prefilled in 23.9/107.5 ms at 32 against
+24.3/109.8 at 64 (one call) and 25.8/106.9 at 64 against 25.5/107.2 at 256 (another); at 64 one chunk per forward
+took 119.7/610.2. With the cache off, 32 and 64 gave 0.99-1.05x of 256. The price, not measured: a request asking for
+prompt logprobs computes them chunk by chunk, so it reads the LM head once per 32 prompt tokens. Block-aligned (a
+multiple of CacheConfig.block_size, 16), which the prefix cache needs."""
 
 AUTO = "auto"
 """A shape setting resolved on the device when the EngineConfig is built (resolve_shape_defaults): the values that
@@ -116,7 +120,7 @@ class SchedulerConfig:
     prefill_chunk_size: int | None = None
     """Prompts longer than this are prefilled in chunks of exactly this many tokens (the last one shorter). Also the
     prefix cache's unit (CacheConfig.enable_prefix_caching): only whole chunks are shared. None (auto):
-    SMALL_PREFILL_CHUNK (64) on CUDA with packed prefill (where a prompt runs several chunks in one forward,
+    SMALL_PREFILL_CHUNK (32) on CUDA with packed prefill (where a prompt runs several chunks in one forward,
     multi_chunk_prefill), DEFAULT_PREFILL_CHUNK (256) elsewhere (see resolve_shape_defaults)."""
     max_num_batched_tokens: int = 2048
     """mixed mode: token budget of one mixed prefill+decode step; fixed_shape on CUDA: the packed prefill forward's

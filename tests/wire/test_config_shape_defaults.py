@@ -53,7 +53,7 @@ def test_cuda_gets_buckets_up_to_the_chunk_size_when_packing_is_off():
 def test_the_chunk_is_small_only_where_a_prompt_runs_several_chunks_per_forward():
     assert SchedulerConfig().prefill_chunk_size is None  # NOTE: auto
     assert resolved().prefill_chunk_size == SMALL_PREFILL_CHUNK
-    assert resolved(max_num_batched_tokens=32).prefill_chunk_size == 32  # NOTE: never above the pack's rows
+    assert resolved(max_num_batched_tokens=16).prefill_chunk_size == 16  # NOTE: never above the pack's rows
     one_per_forward = (resolved(multi_chunk_prefill=False), resolved(prefill_pack_tokens=0), resolved(device="cpu"),
                        resolved(use_cuda_graph=False), resolved(mode="mixed"), resolved(backend="vllm"))
     assert {sched.prefill_chunk_size for sched in one_per_forward} == {DEFAULT_PREFILL_CHUNK}
