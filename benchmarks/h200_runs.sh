@@ -48,6 +48,10 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue25_http)  # after issue25_chunk32 (the default chunk is now 32 on CUDA): the same workloads through HTTP, a
+    # colocated node (`corun serve --prefill 0 --decode 0 --colocated 1`), cache on then off
+    timeout 230 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,few_shot,multi_turn,256x32 \
+      --paths http --out "$out/h200_prefix_cache_http_stop39.json" > "$out/prefix_cache_http.log" 2>&1 ;;
   issue25_chunk32)  # after issue20_tenth_b (chunk 32: multi-turn 1.53x against 1.47x at 64, no shared prefix 0.994x):
     # a lone prompt's prefill at 32 and 64 with multi-chunk, then every prefix-cache workload at 32
     timeout 120 python3 -m benchmarks.prefill_cost --lengths 1024,4096 --repeats 2 --paths \
