@@ -20,7 +20,7 @@ DEFAULT_PREFILL_CHUNK = 256
 """prefill_chunk_size where a prompt runs one chunk per forward (CPU, isolated prefill). Measured (issue 25): on the
 H200 (8B shape, packed prefill, t = 0) against 512 with the cache off it gave 1.00-1.03x on the shared-prefix
 workloads and, against 4096, 1.00x/1.02x/1.05x on ShareGPT-/BurstGPT-like and 1024x2048
-(benchmarks/results/h200_prefix_cache.json, h200_chunk_size.json), while its cache hits went from 0.63 to 0.95 of
+(benchmarks/results/h200_prefix_cache_stop33.json, h200_chunk_size.json), while its cache hits went from 0.63 to 0.95 of
 the few-shot prompt tokens (2.6x -> 8.7x); on the 2-core CPU host (tiny model, isolated prefill) 1.01-1.02x on
 prompts of 256 and 768 tokens (cpu_chunk_size.json). Smaller chunks cost a long prompt a forward each there: a lone
 4096-token prompt chunk by chunk took 188 ms at 256, 305 at 128, 608 at 64 (h200_prefill_cost_by_chunk.json)."""
