@@ -346,8 +346,8 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     pack_sizes = sched.prefill_pack_sizes
     if pack_sizes == AUTO:
         pack_sizes = auto_pack_size_candidates(pack_tokens) if fast_cuda else ()
-    return dataclasses.replace(sched, prefill_chunk_size=chunk, prefill_pack_tokens=pack_tokens, prefill_buckets=buckets,
-                               decode_step_sizes=sizes, prefill_pack_sizes=pack_sizes,
+    return dataclasses.replace(sched, prefill_chunk_size=chunk, prefill_pack_tokens=pack_tokens,
+                               prefill_buckets=buckets, decode_step_sizes=sizes, prefill_pack_sizes=pack_sizes,
                                prefill_token_budget=sched.decode_wait_tokens)
 
 
