@@ -162,6 +162,9 @@ class NodePool:
         """model_facts() once a node has answered (None if none did within timeout_s).
 
         NOTE: not once every node has: a node that never comes up must not delay every request."""
+        facts = self.model_facts()
+        if facts is not None:  # NOTE: every request asks; once a node answered, no task, no timer
+            return facts
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._until_one_answered(), timeout_s)
         return self.model_facts()
