@@ -53,8 +53,7 @@ from benchmarks.cpu_usage import (
 from benchmarks.fake_output import MIN_VOCAB_SIZE
 from benchmarks.report import emit
 from benchmarks.router_load_client import LoadPlan, Schedule, run_worker
-from launch.cluster import free_port as launch_free_port
-from launch.cluster import router_argv, router_environment
+from launch.cluster import free_port, router_argv, router_environment
 from launch.routers import one_of_several
 from wire.config import RouterConfig
 
@@ -155,7 +154,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             stack.callback(stop_child, decode.process)
             for num_routers in args.routers:
                 with contextlib.ExitStack() as router_stack:
-                    routers, port = [], free_port()
+                    routers, port = [], free_port("127.0.0.1")
                     metrics_dir = router_stack.enter_context(tempfile.TemporaryDirectory(prefix="router-metrics-"))
                     for index in range(num_routers):
                         router = start_router(index, num_routers, port, metrics_dir, args, prefill, decode, log_dir)
@@ -200,7 +199,7 @@ def start_router(index: int, num_routers: int, port: int, metrics_dir: str, args
     """Router index of num_routers on port, started as launch/routers.py starts them."""
     # NOTE: admission must never refuse a stream: the benchmark measures streaming, not 429s
     max_pending = 2 * max(args.streams) + 64
-    control_port = free_port() if num_routers > 1 else None
+    control_port = free_port("127.0.0.1") if num_routers > 1 else None
     several = one_of_several(index, control_port, metrics_dir) if control_port else {}
     router = RouterConfig(model=args.model, prefill_addresses=(prefill.address,), decode_addresses=(decode.address,),
                           port=port, served_model_name=SERVED_MODEL_NAME, max_pending_requests=max_pending, **several)
@@ -210,10 +209,6 @@ def start_router(index: int, num_routers: int, port: int, metrics_dir: str, args
                           env=router_environment(router))
     print(f"router {index}: pid {process.pid}, {url}", file=sys.stderr, flush=True)
     return RouterProcess(process, url, own_url)
-
-
-def free_port() -> int:
-    return launch_free_port("127.0.0.1")  # NOTE: below the ephemeral range (launch/cluster.py)
 
 
 def wait_until_healthy(router: RouterProcess) -> None:

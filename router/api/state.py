@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 from collections.abc import Iterator
@@ -78,13 +77,7 @@ class RouterState:
     def system_fingerprint(self) -> str:
         """Changes whenever anything that determines outputs changes: a node's fingerprint, the model, the length."""
         facts = self.pool.model_facts()
-        return fingerprint_of(tuple(sorted(self.pool.node_fingerprints())), self.config.served_model_name,
-                              None if facts is None else facts.max_model_len)
-
-
-@functools.lru_cache(maxsize=64)
-def fingerprint_of(node_fingerprints: tuple[str, ...], served_model_name: str, max_model_len: int | None) -> str:
-    """NOTE: cached: every response carries it, and its inputs change only when the pool does."""
-    identity = {"node_fingerprints": list(node_fingerprints), "served_model_name": served_model_name,
-                "max_model_len": max_model_len}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        identity = {"node_fingerprints": sorted(self.pool.node_fingerprints()),
+                    "served_model_name": self.config.served_model_name,
+                    "max_model_len": None if facts is None else facts.max_model_len}
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from launch.cluster import free_port as launch_free_port
+from launch.cluster import free_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -31,12 +31,8 @@ def test_the_router_never_imports_torch(tiny_model_dir):
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
-def free_port() -> int:
-    return launch_free_port("127.0.0.1")  # NOTE: below the ephemeral range (launch/cluster.py)
-
-
 def test_python_m_router_serves_and_stops_on_sigterm(tiny_model_dir):
-    port = free_port()
+    port = free_port("127.0.0.1")
     command = [sys.executable, "-m", "router", "--model", tiny_model_dir, "--prefill-address", "tcp://127.0.0.1:1",
                "--decode-address", "tcp://127.0.0.1:2", "--port", str(port), "--served-model-name", "m"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
