@@ -107,7 +107,7 @@ def test_inverse_several_chunks_on_the_per_chunk_sdpa_path_change_the_bits(tiny_
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_on_the_gpu_several_chunks_per_forward_keep_every_output_bitwise(dtype):
     """The CUDA defaults (packed prefill through the kernel, in graphs): prompts of several chunks, with and without
-    the prefix cache, against one chunk per forward."""
+    the prefix cache and with prompt logprobs, against one chunk per forward."""
     import torch
 
     def make(multi_chunk: bool, caching: bool = False) -> LLM:
@@ -130,6 +130,9 @@ def test_on_the_gpu_several_chunks_per_forward_keep_every_output_bitwise(dtype):
     forwards = (multi.engine.stats.num_prefill_forwards - before[0], one.engine.stats.num_prefill_forwards - before[1])
     assert first_difference(expected, together) is None
     assert first_difference(expected[-3:], [completions(multi.generate([p], PARAMS))[0] for p in batch[-3:]]) is None
+    with_prompt_logprobs = [[(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs)
+                             for o in llm.generate(batch, WITH_PROMPT_LOGPROBS)] for llm in (one, multi)]
+    assert with_prompt_logprobs[1] == with_prompt_logprobs[0]  # NOTE: computed chunk by chunk in either case
     cached = make(multi_chunk=True, caching=True)
     warm = [cached.generate([p], PARAMS)[0] for p in batch]
     assert first_difference(expected, completions(warm)) is None
