@@ -48,6 +48,15 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue25_final_a)  # stop 40: the GPU multi-chunk test with prompt logprobs (written at stop 39, not run yet), the 8B
+    # prefix cache's determinism at the default chunk (32; stop 33's run was at 256), and the two prefill figures of
+    # issue 20 with cuBLAS split-K off as the engine runs (prefill_cost had started CUDA before the engine set it)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_multi_chunk_prefill.py \
+      > "$out/gpu_tests.log" 2>&1
+    timeout 240 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt \
+      --determinism --paths none --out "$out/h200_prefix_cache_determinism_chunk32.json" > "$out/det.log" 2>&1
+    timeout 120 python3 -m benchmarks.prefill_cost --paths corun,corun:prefill_chunk_size=32 --lengths 64,4096 \
+      --prefill-chunk-size 4096 --repeats 3 --out "$out/h200_prefill_cost_no_split_k.json" > "$out/prefill_cost.log" 2>&1 ;;
   issue25_http)  # after issue25_chunk32 (the default chunk is now 32 on CUDA): the same workloads through HTTP, a
     # colocated node (`corun serve --prefill 0 --decode 0 --colocated 1`), cache on then off
     timeout 230 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,few_shot,multi_turn,256x32 \

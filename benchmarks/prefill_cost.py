@@ -83,10 +83,13 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
+    # NOTE: the GPU's name first: it applies the default cuBLAS setting (no split-K) before measure_hardware's GEMMs
+    # start cuBLAS, so every path measures what the engine runs by default
+    gpu = gpu_name() if torch.cuda.is_available() else None
     hardware = measure_hardware(args.device)
     base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=max(lengths) + 16,
                            prefill_chunk_size=args.prefill_chunk_size)
-    report = {"gpu": gpu_name() if torch.cuda.is_available() else None, "hardware": hardware,
+    report = {"gpu": gpu, "hardware": hardware,
               "command": vars(args), "paths": {}}
     for spec in map(canonical_mode_spec, args.paths.split(",")):
         config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,

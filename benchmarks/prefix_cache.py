@@ -9,8 +9,8 @@ cache_off to the workloads' results (corun bench's fields, and each workload's h
 
 - The engine (`corun bench`'s run_bench, each run starting cold) at the engine flags given; --variants: more mode
   specs (benchmarks.harness.scheduler_for: e.g. another prefill_chunk_size), each on and off, under "variants".
-- --paths http: a colocated node (`corun serve --prefill 0 --decode 0 --colocated 1`) on the same device, cache on then
-  off, through HTTP (`corun bench --url`), its cache reset before each workload: under "http".
+- --paths http: a colocated node (`corun serve --prefill 0 --decode 0 --colocated 1`, --routers K) on the same device,
+  cache on then off, through HTTP (`corun bench --url`), its cache reset before each workload: under "http".
 - --determinism: prompts of the shared-prefix workloads on the engine, cache off (each alone) against cache on
   (each alone after the others of its group, all at once, after a reset), token ids and logprobs bitwise.
 """
@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=None, help="cut each run (the JSON marks it truncated)")
     parser.add_argument("--variants", default="", help="more mode specs to run on and off (comma-separated)")
     parser.add_argument("--paths", default="engine", help="engine, http (a colocated node on the device) or both")
+    parser.add_argument("--routers", type=int, default=1, help="router processes in front of the node (--paths http)")
     parser.add_argument("--determinism", action="store_true", help="also cold vs warm bitwise on the engine")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             report.setdefault("variants", {})[spec] = on_and_off(base, spec, workloads, args.max_seconds)
             save()
     if "http" in paths:
-        report["http"] = through_http(base, workloads, args.max_seconds)
+        report["http"] = through_http(base, workloads, args.max_seconds, args.routers)
         save()
     print(json.dumps({"speedup": report.get("speedup"), "http": report.get("http", {}).get("speedup"),
                       "variants": {k: v["speedup"] for k, v in report.get("variants", {}).items()},
@@ -112,17 +113,17 @@ def speedups(modes: dict) -> dict:
 
 
 # --- through HTTP -------------------------------------------------------------------------------------------------
-def through_http(base: EngineConfig, workloads, max_seconds: float | None) -> dict:
+def through_http(base: EngineConfig, workloads, max_seconds: float | None, num_routers: int = 1) -> dict:
     from launch.cluster import ClusterConfig, free_port
     from launch.local import LocalCluster
 
     config = dataclasses.replace(base, model=model_dir(base.model))
     vocab = PRESETS[base.model.removeprefix("random:")]["vocab_size"] if is_random_spec(base.model) else None
     gpus = (base.device.partition(":")[2] or "0",) if base.device.startswith("cuda") else ()
-    report = {"deployment": "corun serve --prefill 0 --decode 0 --colocated 1", "modes": {}}
+    report = {"deployment": f"corun serve --prefill 0 --decode 0 --colocated 1 --routers {num_routers}", "modes": {}}
     for label, enabled in (("cache_on", True), ("cache_off", False)):
         cluster_config = ClusterConfig(with_cache(config, enabled), num_prefill=0, num_decode=0, num_colocated=1,
-                                       port=free_port("127.0.0.1"), colocated_gpus=gpus,
+                                       num_routers=num_routers, port=free_port("127.0.0.1"), colocated_gpus=gpus,
                                        decode_kv_cache_mib=base.cache.memory_budget_bytes // 2**20,
                                        startup_timeout_s=900)
         report["modes"][label] = {}
