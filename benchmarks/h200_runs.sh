@@ -48,6 +48,14 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue25_final_http)  # after issue25_final_a (determinism 128 of 128 at chunk 32, the GPU multi-chunk test passed): the
+    # workloads through HTTP with two router processes (multiple choice missed with one: 2.74x, TTFT 0.44x; each of its
+    # requests has one output token, so the router's ~1.3 ms per request counts in full), then one router again, both
+    # in this call
+    timeout 300 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,few_shot,multi_turn,256x32 \
+      --paths http --routers 2 --out "$out/h200_prefix_cache_http_routers2.json" > "$out/prefix_cache_http_2.log" 2>&1
+    timeout 200 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,256x32 \
+      --paths http --routers 1 --out "$out/h200_prefix_cache_http_routers1.json" > "$out/prefix_cache_http_1.log" 2>&1 ;;
   issue25_final_a)  # stop 40: the GPU multi-chunk test with prompt logprobs (written at stop 39, not run yet), the 8B
     # prefix cache's determinism at the default chunk (32; stop 33's run was at 256), and the two prefill figures of
     # issue 20 with cuBLAS split-K off as the engine runs (prefill_cost had started CUDA before the engine set it)
