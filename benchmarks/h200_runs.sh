@@ -48,6 +48,23 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue20_final_t0)  # stop 40: issue 20's t = 0 table at today's defaults in one call (h200_defaults.json): standard
+    # (graph-captured), corun (the defaults, packed sizes from 32 rows) and the variant nearest it (prefill forwards
+    # not carrying decode rows)
+    timeout 560 $BENCH --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --modes standard,corun,corun:decode_rides_prefill=off --out "$out/h200_defaults.json" > "$out/bench.log" 2>&1 ;;
+  issue20_final_poisson)  # stop 40: the packed ladder now starts at 32 rows (it began at 192, split-K's limit): a lone
+    # short prompt's prefill at the defaults, the 8B determinism suite through the new sizes, then Poisson
+    # ShareGPT-like at 16 and 32 req/s at today's defaults, one call
+    timeout 90 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64,4096 --prefill-chunk-size 4096 \
+      --repeats 3 --out "$out/h200_prefill_cost_ladder32.json" > "$out/prefill_cost.log" 2>&1
+    timeout 120 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun --out "$out/h200_determinism_stop40.json" > "$out/det.log" 2>&1
+    for rate in 16 32; do
+      timeout 280 $BENCH --workloads sharegpt --num-requests 300 --request-rate $rate --max-seconds 22 \
+        --modes "corun,standard" --goodput ttft:500 tpot:50 \
+        --out "$out/h200_defaults_poisson_$rate.json" > "$out/bench_poisson_$rate.log" 2>&1
+    done ;;
   issue25_final_http)  # after issue25_final_a (determinism 128 of 128 at chunk 32, the GPU multi-chunk test passed): the
     # workloads through HTTP with two router processes (multiple choice missed with one: 2.74x, TTFT 0.44x; each of its
     # requests has one output token, so the router's ~1.3 ms per request counts in full), then one router again, both

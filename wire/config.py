@@ -150,8 +150,9 @@ class SchedulerConfig:
     prompts and kept only if every prompt's KV and token-1 logits and samples are bitwise those of the T-row
     forward; a pack of r rows then runs at the smallest kept size >= r, so a lone prompt does not pay T rows and
     outputs do not change. Which pass depends on the GPU and kernels (measured on the H200, Qwen3-8B shape: every
-    projection gives a row the same bits at 192 and at every count from 320 to 8448, so all of those; not 256 and
-    below, but 192: benchmarks/results/h200_gemm_row_invariance.json). () = every pack at T. auto: the candidates
+    projection gave a row the same bits at 192 and at every count from 320 to 8448 with cuBLAS split-K on,
+    benchmarks/results/h200_gemm_row_invariance.json; every count from 1 to 8192 without it, the default,
+    h200_gemm_rows_no_split_k.json). () = every pack at T. auto: the candidates
     of auto_pack_size_candidates(T) on CUDA with graphs, () elsewhere (see resolve_shape_defaults)."""
     decode_step_sizes: Sizes = field(default=AUTO, metadata=flag(parse=parse_sizes, format=format_sizes,
                                                                  metavar="SIZES|none|auto"))
@@ -285,8 +286,13 @@ class SchedulerConfig:
 DECODE_SIZE_STEP = 16
 """Decode step candidates are multiples of this (auto_decode_step_candidates)."""
 
-PACK_SIZE_LADDER = (192, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
-"""Row counts worth trying for packed prefill: steps of at most 1.5x, so a pack pays at most half again its rows."""
+PACK_SIZE_LADDER = (32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
+                    16384)
+"""Row counts worth trying for packed prefill: steps of at most 1.5x from 64, so a pack pays at most half again its
+rows. NOTE: from 32 since stop 40; it began at 192, the smallest count the H200 verified while cuBLAS split-K was on.
+Without split-K (the default since stop 37) every GEMM row count from 1 to 8192 gives a row the same bits there
+(benchmarks/results/h200_gemm_rows_no_split_k.json), and a lone 64-token prompt paid 192 rows: 7.25 ms, 1.88x the
+weight-read floor (h200_prefill_cost_no_split_k.json)."""
 
 
 def auto_pack_size_candidates(pack_tokens: int) -> tuple[int, ...]:
@@ -316,8 +322,8 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     machine, benchmarks/results/h200_pack_sizes_t0.json, issue 20): against bucketed isolated prefill (one CUDA
     graph per bucket, the default before) it gave 1.00x, 1.09x, 1.06x and 1.23x at t = 0 (ShareGPT-, BurstGPT-,
     RL-rollout-like, 1024x2048; 0.998-0.919x the graph-captured mixed mode), and at Poisson 16 req/s 294 good
-    requests of 300 against 296 (mixed 287); a lone short prompt pays >= 192 rows instead of its bucket, the
-    smallest size the H200 verifies (64 tokens: ~1.2x the bucket's time). Verified smaller decode steps carried
+    requests of 300 against 296 (mixed 287); a lone short prompt pays the smallest verified size that holds it
+    (the ladder starts at 32 rows; it started at 192 until stop 40). Verified smaller decode steps carried
     743 of 962 steps at 128 rows (6.7 ms against 8.3 at 256). On CPU there are no graphs to amortise: padding rows
     are pure extra work, so prefill runs at natural length, one prompt per forward; a smaller decode step saves
     little against per-request attention and not every CPU keeps one (an AMX host kept only N), so every step runs

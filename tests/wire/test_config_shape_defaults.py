@@ -9,6 +9,7 @@ from wire.config import (
     DECODE_TILE_TOKENS,
     DEFAULT_PREFILL_BUCKETS,
     DEFAULT_PREFILL_CHUNK,
+    PACK_SIZE_LADDER,
     SMALL_PREFILL_CHUNK,
     EngineConfig,
     SchedulerConfig,
@@ -76,7 +77,7 @@ def test_packed_prefill_takes_no_buckets_but_keeps_decode_candidates():
 def test_pack_size_candidates_resolve_below_t_on_cuda_only():
     sched = resolved(max_num_seqs=256, prefill_pack_tokens=8192, prefill_chunk_size=4096)
     assert sched.prefill_pack_sizes == auto_pack_size_candidates(8192)
-    assert sched.prefill_pack_sizes[0] == 192 and max(sched.prefill_pack_sizes) < 8192
+    assert sched.prefill_pack_sizes[0] == PACK_SIZE_LADDER[0] and max(sched.prefill_pack_sizes) < 8192
     assert resolved(prefill_pack_tokens=2048, device="cpu").prefill_pack_sizes == ()
     assert resolved(prefill_pack_tokens=0).prefill_pack_sizes == ()  # NOTE: no packed prefill, nothing to try
     assert resolved(prefill_pack_tokens=2048, prefill_pack_sizes=(512,)).prefill_pack_sizes == (512,)
