@@ -84,7 +84,8 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
     result = summarize_http(records, len(workload.lengths), elapsed, arrivals, slo, truncated)
     cpu = router_cpu(router_cpu_seconds(metrics_before), router_cpu_seconds(metrics_after),
                      sum(r.num_tokens for r in records), sum(len(r.chunk_at) for r in records))
-    return result | cpu | prefix_cache_hit_rate(metrics_before, metrics_after)
+    return (result | cpu | prefix_cache_hit_rate(metrics_before, metrics_after)
+            | node_loop(metrics_before, metrics_after))
 
 
 async def stream_workload(session: aiohttp.ClientSession, url: str, workload: Workload, vocab_size: int,
@@ -158,6 +159,21 @@ def prefix_cache_hit_rate(before: dict[str, list[float]], after: dict[str, list[
     if hits is None or queries is None:
         return {"hit_rate": None}
     return {"prefix_cache_hit_tokens": int(hits), "hit_rate": round(hits / queries, 4) if queries else 0.0}
+
+
+NODE_LOOP_COUNTERS = {**{f"{phase}_s": f"corun_node_loop_{phase}_seconds_total"
+                         for phase in ("receive", "schedule", "run", "postprocess", "turns")},
+                      "prefill_forwards": "corun_node_num_prefill_forwards_total",
+                      "decode_steps": "corun_node_num_decode_steps_total"}
+"""Where the nodes' loops spent the run (node_core/server.py NodeServer.turn), summed over the nodes."""
+
+
+def node_loop(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict:
+    """The nodes' loop phases and forwards over the run ({} where the server has no such counters): what a front
+    door's per-request work costs the node that serves it, next to the engine bench's forward counts."""
+    deltas = {key: round(sum(after[name]) - sum(before[name]), 4)
+              for key, name in NODE_LOOP_COUNTERS.items() if name in after and name in before}
+    return {"node_loop": deltas} if deltas else {}
 
 
 def router_cpu(before: float | None, after: float | None, num_tokens: int, num_chunks: int) -> dict:

@@ -35,6 +35,10 @@ def test_every_request_streams_to_its_end_with_the_engine_schema(cluster, tiny_m
         assert result["itl_ms"]["p50"] > 0 and result["tpot_ms"]["p50"] > 0
         # NOTE: the router's own CPU from its /metrics, per token and per chunk (a chunk holds >= 1 token)
         assert result["router_cpu_s"] > 0 and result["router_cpu_us_per_chunk"] >= result["router_cpu_us_per_token"] > 0
+        # NOTE: the nodes' loops over the run: a forward per workload at least, and its time within the phases'
+        loop = result["node_loop"]
+        assert loop["prefill_forwards"] >= 1 and loop["decode_steps"] >= 1
+        assert 0 < loop["run_s"] <= loop["turns_s"] and loop["receive_s"] >= 0
     engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=128),
                           scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512))
     colocated = run_bench(engine, ["fixed_shape"], WORKLOADS[:1], slo=slo)["modes"]["fixed_shape"]["short"]
