@@ -48,6 +48,11 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue25_mc_probe)  # after issue25_final_http (multiple choice through HTTP 2.82x with 1 router, 2.77x with 2: the
+    # router's CPU is not what holds it): the engine and a colocated node through HTTP in one call, cache on and off,
+    # with the node's loop phases and forwards over each HTTP run (corun bench --url's node_loop)
+    timeout 300 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice --paths engine,http \
+      --out "$out/h200_prefix_cache_mc_probe.json" > "$out/prefix_cache_mc_probe.log" 2>&1 ;;
   issue20_final_t0)  # stop 40: issue 20's t = 0 table at today's defaults in one call (h200_defaults.json): standard
     # (graph-captured), corun (the defaults, packed sizes from 32 rows) and the variant nearest it (prefill forwards
     # not carrying decode rows)
