@@ -48,6 +48,13 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue20_prefill_64_profile)  # after issue20_final_poisson (a lone 64-token prompt 6.24 ms, 16 tokens 6.07, against a
+    # 3.90 ms weight-read floor): where a short prompt's prefill goes, kernel by kernel, at the defaults; the packed
+    # graph GPU tests with the ladder from 32
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_prefill_graphs.py \
+      > "$out/gpu_tests.log" 2>&1
+    timeout 200 python3 -m benchmarks.prefill_profile --lengths 16,64 --repeats 5 --out-dir "$out" \
+      > "$out/profile.log" 2>&1 ;;
   issue25_mc_probe)  # after issue25_final_http (multiple choice through HTTP 2.82x with 1 router, 2.77x with 2: the
     # router's CPU is not what holds it): the engine and a colocated node through HTTP in one call, cache on and off,
     # with the node's loop phases and forwards over each HTTP run (corun bench --url's node_loop)
