@@ -5,9 +5,8 @@ encode holds it throughout (tokenizers 0.23; measured: a ticking thread stalls f
 of text), as do json.loads and freeing a long prompt's encoding. A 20 MB prompt blocked /health for 20 s tokenized
 on the loop, and as long (21 s) in asyncio.to_thread. So bodies of LARGE_BODY_BYTES or more are parsed in worker
 processes, which share no GIL with the loop (/health then answered within 13 ms throughout); smaller ones in a
-thread, which copies nothing between processes and holds the GIL for tens of milliseconds at most; those with
-little text (most requests: a short prompt, or token ids however many) on the loop itself, where they cost less than
-the hop to a thread.
+thread, which copies nothing between processes and holds the GIL for tens of milliseconds at most; the smallest
+(most requests: a short prompt or token ids) on the loop itself, where they cost less than the hop to a thread.
 
 A parse in a worker has a deadline (RouterConfig.parse_timeout_s) and ends when its client goes: either way its
 worker is killed, which is the only way to stop an encode, and frees what it held at once; the next large body
@@ -39,11 +38,9 @@ LARGE_BODY_BYTES = 32 * 2**10
 """From this size on a body is parsed in a worker process: below it, tokenizing holds the GIL ~25 ms at most
 (measured on the tiny model's BPE), and the copies to a worker (~1 ms) would cost more than they save."""
 INLINE_BODY_BYTES = 1024
-"""A body with less text than this is parsed on the event loop: at most ~0.3 ms (measured: a 1.3 KiB prompt,
-completion or chat), where the hop to a thread and back cost the loop ~0.1 ms of CPU per request besides the parse
-(~0.04 ms for the router benchmark's 32 token ids)."""
-NOT_TEXT = b"0123456789,[] \t\r\n"
-"""What a body of token ids is made of: JSON decodes it in C, with nothing to tokenize, however long it is."""
+"""Below this size a body is parsed on the event loop: at most ~0.3 ms (measured: a 1.3 KiB prompt, completion or
+chat), where the hop to a thread and back cost the loop ~0.1 ms of CPU per request besides the parse (~0.04 ms for
+the router benchmark's 32 token ids)."""
 NUM_WORKER_PROCESSES = min(4, os.cpu_count() or 1)
 """Large bodies parsed at once; more wait their turn (queued, not refused: admission comes after parsing)."""
 ORPHAN_CHECK_S = 0.5
@@ -64,7 +61,7 @@ class Offload:
         self._turns: asyncio.Semaphore | None = None
 
     async def run(self, work: Callable[..., T], body: bytes, *args) -> T:
-        if len(body) < INLINE_BODY_BYTES or (len(body) < LARGE_BODY_BYTES and not holds_text(body)):
+        if len(body) < INLINE_BODY_BYTES:
             return work(self._tokenizer, body, *args)
         if len(body) < LARGE_BODY_BYTES:
             return await asyncio.to_thread(work, self._tokenizer, body, *args)
@@ -105,14 +102,6 @@ class Offload:
     def _kill(self, worker: ParserProcess) -> None:
         self._workers.discard(worker)
         worker.kill()
-
-
-def holds_text(body: bytes) -> bool:
-    """Whether the body has INLINE_BODY_BYTES or more of anything but digits, commas, brackets and whitespace: text
-    to tokenize or to render. NOTE: a prompt of token ids has none but its field names, so a few thousand of them
-    are parsed on the loop, in the order they came: through a thread, 256 requests at once reached the nodes over
-    their whole parse instead of as each was read (multiple choice through HTTP, benchmarks/results/README.md)."""
-    return len(body.translate(None, NOT_TEXT)) >= INLINE_BODY_BYTES
 
 
 def parse_failure(error: BaseException, parse_timeout_s: float) -> BaseException:

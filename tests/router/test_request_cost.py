@@ -178,29 +178,3 @@ def test_a_client_that_hangs_up_mid_parse_stops_its_parser_process(long_context)
         pids = parsing_pids(long_context.state.offload)
     wait_for(lambda: not any(is_running(pid) for pid in pids))
     assert post(long_context.base_url + "/v1/completions", VALID).status == 200
-
-
-def parsing_thread(tokenizer, body: bytes) -> int:
-    import threading
-
-    return threading.get_ident()
-
-
-def test_token_ids_are_parsed_on_the_loop_and_text_in_a_thread(tiny_model_dir, tokenizer):
-    """What costs a thread hop is text to tokenize; a body of token ids (lm-eval's, the bench's) has none, however
-    long: it is parsed on the event loop, as each request is read."""
-    import threading
-
-    token_ids = json.dumps({"model": "m", "prompt": list(range(1000, 1900))}).encode()  # NOTE: ~4.5 KiB
-    text = json.dumps({"model": "m", "prompt": "word " * 900}).encode()
-    assert 1024 < len(token_ids) < LARGE_BODY_BYTES and 1024 < len(text) < LARGE_BODY_BYTES
-
-    async def scenario():
-        offload = Offload(tiny_model_dir, tokenizer, parse_timeout_s=3.0)
-        try:
-            return await offload.run(parsing_thread, token_ids), await offload.run(parsing_thread, text)
-        finally:
-            offload.close()
-
-    on_ids, on_text = asyncio.run(scenario())
-    assert on_ids == threading.get_ident() and on_text != threading.get_ident()
