@@ -48,10 +48,6 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
-  issue25_mc_inline)  # after issue25_mc_probe (through HTTP 2.90x against the engine's 3.33x; the node waited ~0.2 s
-    # for requests): the router now parses bodies of token ids on its event loop instead of a thread; the same probe
-    timeout 300 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice --paths engine,http \
-      --out "$out/h200_prefix_cache_mc_inline.json" > "$out/prefix_cache_mc_inline.log" 2>&1 ;;
   issue20_prefill_64_profile)  # after issue20_final_poisson (a lone 64-token prompt 6.24 ms, 16 tokens 6.07, against a
     # 3.90 ms weight-read floor): where a short prompt's prefill goes, kernel by kernel, at the defaults; the packed
     # graph GPU tests with the ladder from 32
