@@ -48,6 +48,10 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue20_t0_repeat)  # after issue20_final_t0 (ShareGPT-like 1.001x and RL-rollout-like 1.002x standard: inside the
+    # spread of earlier calls): the two thin rows again on another machine, standard first as there
+    timeout 300 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --modes standard,corun --out "$out/h200_defaults_t0_repeat.json" > "$out/bench.log" 2>&1 ;;
   issue20_prefill_64_profile)  # after issue20_final_poisson (a lone 64-token prompt 6.24 ms, 16 tokens 6.07, against a
     # 3.90 ms weight-read floor): where a short prompt's prefill goes, kernel by kernel, at the defaults; the packed
     # graph GPU tests with the ladder from 32
