@@ -288,11 +288,12 @@ DECODE_SIZE_STEP = 16
 
 PACK_SIZE_LADDER = (32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
                     16384)
-"""Row counts worth trying for packed prefill: steps of at most 1.5x from 64, so a pack pays at most half again its
-rows. NOTE: from 32 since stop 40; it began at 192, the smallest count the H200 verified while cuBLAS split-K was on.
+"""Row counts worth trying for packed prefill: steps of at most 1.5x, so a pack pays at most half again its rows.
+NOTE: from 32 since stop 40; it began at 192, the smallest count the H200 verified while cuBLAS split-K was on.
 Without split-K (the default since stop 37) every GEMM row count from 1 to 8192 gives a row the same bits there
-(benchmarks/results/h200_gemm_rows_no_split_k.json), and a lone 64-token prompt paid 192 rows: 7.25 ms, 1.88x the
-weight-read floor (h200_prefill_cost_no_split_k.json)."""
+(benchmarks/results/h200_gemm_rows_no_split_k.json). A lone 64-token prompt paid 192 rows, 7.25 ms
+(h200_prefill_cost_no_split_k.json); with the ladder from 32 the H200 kept every size and it took 6.24 ms, 8B
+determinism unchanged (h200_prefill_cost_ladder32.json, h200_determinism_stop40.json)."""
 
 
 def auto_pack_size_candidates(pack_tokens: int) -> tuple[int, ...]:
