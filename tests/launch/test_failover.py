@@ -146,23 +146,20 @@ def strand_claims_on_a_stopped_decode_node(cluster, api, references: list[list[i
     """A decode node stopped (SIGSTOP) in its hand-off, under HAND_OFF_PROMPTS: prefill-0 is stopped while a decode
     node's claims wait on it, that decode node is stopped, prefill-0 resumes and answers them: its leases are
     claimed, never to be read while the node stays stopped. -> (its name, its process), once its requests
-    completed on the other decode node, bitwise as undisturbed. An attempt that found no claim waiting tries again."""
+    completed on the other decode node, bitwise as undisturbed. An attempt that found no claim waiting tries again.
+
+    NOTE: a claim waits only if its lease was announced within about a claim's round trip before prefill-0 stopped;
+    so prefill-0 stands still in short spells (CLAIM_WATCH_S, then runs again for a moment) until a decode node
+    shows a claim waiting, rather than once at a moment chosen from the stats (which missed ten times in a row on a
+    loaded host)."""
     prefill = dict(cluster.processes)["prefill-0"]
     for _ in range(attempts):
+        reset_prefix_cache(cluster)  # NOTE: cold: each prompt's prefill takes time, the hand-offs spread out
         with concurrent.futures.ThreadPoolExecutor(len(HAND_OFF_PROMPTS)) as pool:
             outputs = [pool.submit(short_completion, api, prompt) for prompt in HAND_OFF_PROMPTS]
-            # NOTE: several leases on their way to the decode nodes: several claims to strand
-            while prefill_stats(cluster)["num_leased"] < 4 and not all(output.done() for output in outputs):
-                time.sleep(0.005)
-            prefill.send_signal(signal.SIGSTOP)
-            # NOTE: the claims pile up while it stands still, for half a second: within the router's heartbeat
-            # timeout (0.8 s) and far within the decode nodes' claim timeout (10 s)
-            claiming, deadline = {}, time.monotonic() + 0.5
-            while time.monotonic() < deadline:
-                stats = node_stats(cluster, cluster.decode_addresses)
-                claiming = {name: s["num_claiming"] for name, s in stats.items()}
-            victim = max(claiming, key=claiming.get)
-            process = dict(cluster.processes)[victim] if claiming[victim] else None
+            claiming = stop_prefill_while_a_claim_waits(cluster, prefill, outputs)
+            victim = max(claiming, key=claiming.get) if claiming else None
+            process = dict(cluster.processes)[victim] if victim is not None and claiming[victim] else None
             if process is not None:
                 process.send_signal(signal.SIGSTOP)
             prefill.send_signal(signal.SIGCONT)
@@ -173,8 +170,31 @@ def strand_claims_on_a_stopped_decode_node(cluster, api, references: list[list[i
         if process is not None:  # NOTE: its claims all waited on a handshake with prefill-0, none was sent
             process.send_signal(signal.SIGCONT)
             cluster.wait_healthy()
-        print("no decode node claimed a lease while prefill-0 stood still: again")
+        print(f"no decode node claimed a lease while prefill-0 stood still (claims waiting: {claiming}): again")
     raise AssertionError(f"no decode node claimed a lease while prefill-0 stood still, in {attempts} attempts")
+
+
+CLAIM_WATCH_S = 0.05
+"""Each spell prefill-0 stands still: a claim in flight reaches it well within (two processes on one host), far
+within the router's heartbeat timeout (0.8 s) and the decode nodes' claim timeout (10 s)."""
+
+
+def stop_prefill_while_a_claim_waits(cluster, prefill, outputs) -> dict[str, int]:
+    """Stop prefill-0 in spells until a decode node has claims waiting on it (-> each decode node's count; prefill-0
+    left stopped), or until every output is done (-> {}; prefill-0 running)."""
+    while not all(output.done() for output in outputs):
+        prefill.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + CLAIM_WATCH_S
+        while time.monotonic() < deadline:
+            stats = node_stats(cluster, cluster.decode_addresses)
+            claiming = {name: s["num_claiming"] for name, s in stats.items()}
+            if any(claiming.values()):
+                time.sleep(0.1)  # NOTE: more claims may follow the first
+                stats = node_stats(cluster, cluster.decode_addresses)
+                return {name: s["num_claiming"] for name, s in stats.items()}
+        prefill.send_signal(signal.SIGCONT)
+        time.sleep(0.01)
+    return {}
 
 
 def prefill_stats(cluster) -> dict:
