@@ -59,6 +59,13 @@ case $part in
       > "$out/gpu_tests.log" 2>&1
     timeout 200 python3 -m benchmarks.prefill_profile --lengths 16,64 --repeats 5 --out-dir "$out" \
       > "$out/profile.log" 2>&1 ;;
+  issue25_mc_clients)  # stop 40, second session (259 s of device time left: one short call): multiple choice through
+    # HTTP with the requests sent from client processes (benchmarks/http_clients.py; auto: one per 4 cores), since one
+    # client process spends about what the router does per request; 1 router, then 2 if the time lasts
+    timeout 140 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice --paths http \
+      --out "$out/h200_prefix_cache_mc_clients.json" > "$out/prefix_cache_mc_clients.log" 2>&1
+    timeout 100 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice --paths http --routers 2 \
+      --out "$out/h200_prefix_cache_mc_clients_routers2.json" > "$out/prefix_cache_mc_clients_routers2.log" 2>&1 ;;
   issue25_mc_probe)  # after issue25_final_http (multiple choice through HTTP 2.82x with 1 router, 2.77x with 2: the
     # router's CPU is not what holds it): the engine and a colocated node through HTTP in one call, cache on and off,
     # with the node's loop phases and forwards over each HTTP run (corun bench --url's node_loop)

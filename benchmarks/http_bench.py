@@ -10,38 +10,20 @@ side in one report.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import sys
-import time
-from dataclasses import dataclass, field
 
 import aiohttp
 
 from benchmarks.harness import RequestOutcome, SLOTargets, outcome_summary, percentile
+from benchmarks.http_clients import (
+    StreamedRequest,
+    auto_client_processes,
+    open_session,
+    stream_bodies,
+    stream_in_processes,
+)
 from planner.workloads import Arrivals, Workload, make_prompts
-from wire.auth import bearer_headers
-
-REQUEST_TIMEOUT_S = 3600.0
-
-
-@dataclass
-class StreamedRequest:
-    """What one streamed request saw, in seconds from the run's start."""
-
-    arrived_at: float
-    chunk_at: list[float] = field(default_factory=list)
-    """When each chunk carrying tokens arrived."""
-    chunk_tokens: list[int] = field(default_factory=list)
-    """How many tokens each of those chunks carried (more than one when the router fell behind the steps)."""
-    num_tokens: int = 0
-    finish_reason: str | None = None
-    error: str | None = None
-
-    def outcome(self) -> RequestOutcome:
-        ttft = self.chunk_at[0] - self.arrived_at if self.chunk_at else None
-        tpot = (self.chunk_at[-1] - self.chunk_at[0]) / (self.num_tokens - 1) if self.num_tokens > 1 else None
-        return RequestOutcome(self.finish_reason is not None and self.error is None, ttft, tpot)
 
 
 async def served_model_name(session: aiohttp.ClientSession, url: str) -> str:
@@ -50,73 +32,43 @@ async def served_model_name(session: aiohttp.ClientSession, url: str) -> str:
         return (await response.json())["data"][0]["id"]
 
 
-async def stream_one(session: aiohttp.ClientSession, url: str, body: dict, record: StreamedRequest,
-                     start: float) -> None:
-    try:
-        async with session.post(f"{url}/v1/completions", json=body) as response:
-            if response.status != 200:
-                record.error = f"HTTP {response.status}: {(await response.text())[:200]}"
-                return
-            async for line in response.content:
-                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                    continue
-                for choice in json.loads(line[6:]).get("choices", []):
-                    token_ids = choice.get("token_ids") or []
-                    if token_ids:
-                        record.chunk_at.append(time.perf_counter() - start)
-                        record.chunk_tokens.append(len(token_ids))
-                        record.num_tokens += len(token_ids)
-                    record.finish_reason = choice.get("finish_reason") or record.finish_reason
-    except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-        record.error = repr(error)
-
-
 async def run_http_workload_async(url: str, workload: Workload, vocab_size: int, arrivals: Arrivals,
                                   slo: SLOTargets, seed: int, max_seconds: float | None,
-                                  max_concurrency: int | None, api_key: str | None = None) -> dict:
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
-                                     headers=bearer_headers(api_key)) as session:
+                                  max_concurrency: int | None, api_key: str | None = None,
+                                  client_processes: int = 1) -> dict:
+    async with open_session(api_key) as session:
         metrics_before = await scrape(session, url)
         records, elapsed, truncated = await stream_workload(session, url, workload, vocab_size, arrivals, seed,
-                                                            max_seconds, max_concurrency)
+                                                            max_seconds, max_concurrency, client_processes, api_key)
         metrics_after = await scrape(session, url)
     result = summarize_http(records, len(workload.lengths), elapsed, arrivals, slo, truncated)
     cpu = router_cpu(router_cpu_seconds(metrics_before), router_cpu_seconds(metrics_after),
                      sum(r.num_tokens for r in records), sum(len(r.chunk_at) for r in records))
     return (result | cpu | prefix_cache_hit_rate(metrics_before, metrics_after)
-            | node_loop(metrics_before, metrics_after))
+            | node_loop(metrics_before, metrics_after) | {"client_processes": client_processes})
 
 
 async def stream_workload(session: aiohttp.ClientSession, url: str, workload: Workload, vocab_size: int,
-                          arrivals: Arrivals, seed: int, max_seconds: float | None,
-                          max_concurrency: int | None) -> tuple[list[StreamedRequest], float, bool]:
-    """Every request of the workload streamed at its arrival time -> (what each saw, seconds, whether the run was
-    cut at max_seconds)."""
+                          arrivals: Arrivals, seed: int, max_seconds: float | None, max_concurrency: int | None,
+                          client_processes: int = 1,
+                          api_key: str | None = None) -> tuple[list[StreamedRequest], float, bool]:
+    """Every request of the workload streamed at its arrival time, from this process (session) or from
+    client_processes processes -> (what each request that arrived saw, seconds, whether the run was cut at
+    max_seconds)."""
     prompts = make_prompts(workload, vocab_size, seed)
+    bodies = request_bodies(await served_model_name(session, url), prompts)
     times = arrivals.times(len(prompts))
-    limit = asyncio.Semaphore(max_concurrency or len(prompts))
-    model = await served_model_name(session, url)
-    records: list[StreamedRequest] = []
-    start = time.perf_counter()
+    if client_processes > 1:
+        return await asyncio.to_thread(stream_in_processes, url, bodies, times, max_seconds, max_concurrency,
+                                       client_processes, api_key)
+    return await stream_bodies(session, url, bodies, times, max_seconds, max_concurrency)
 
-    async def send(prompt, arrive_at: float) -> None:
-        await asyncio.sleep(max(0.0, arrive_at - (time.perf_counter() - start)))
-        _, token_ids, params = prompt
-        record = StreamedRequest(time.perf_counter() - start)
-        records.append(record)
-        body = {"model": model, "prompt": token_ids, "max_tokens": params.max_tokens,
-                "temperature": params.temperature, "seed": params.seed, "ignore_eos": params.ignore_eos,
-                "stream": True, "return_token_ids": True}
-        async with limit:
-            await stream_one(session, url, body, record, start)
 
-    tasks = [asyncio.ensure_future(send(prompt, at)) for prompt, at in zip(prompts, times, strict=True)]
-    done, pending = await asyncio.wait(tasks, timeout=max_seconds)
-    for task in pending:  # NOTE: cut at max_seconds: what is still streaming counts as unfinished
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    return records, time.perf_counter() - start, bool(pending)
+def request_bodies(model: str, prompts) -> list[dict]:
+    return [{"model": model, "prompt": token_ids, "max_tokens": params.max_tokens,
+             "temperature": params.temperature, "seed": params.seed, "ignore_eos": params.ignore_eos,
+             "stream": True, "return_token_ids": True}
+            for _, token_ids, params in prompts]
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, list[float]]:
@@ -186,12 +138,18 @@ def router_cpu(before: float | None, after: float | None, num_tokens: int, num_c
             "router_cpu_us_per_chunk": round(1e6 * cpu_s / max(1, num_chunks), 2)}
 
 
+def outcome(record: StreamedRequest) -> RequestOutcome:
+    ttft = record.chunk_at[0] - record.arrived_at if record.chunk_at else None
+    tpot = (record.chunk_at[-1] - record.chunk_at[0]) / (record.num_tokens - 1) if record.num_tokens > 1 else None
+    return RequestOutcome(record.finish_reason is not None and record.error is None, ttft, tpot)
+
+
 def summarize_http(records: list[StreamedRequest], num_requests: int, elapsed: float, arrivals: Arrivals,
                    slo: SLOTargets, truncated: bool) -> dict:
     itls = [b - a for record in records for a, b in zip(record.chunk_at, record.chunk_at[1:])]
     num_tokens = sum(record.num_tokens for record in records)
     errors = [record.error for record in records if record.error]
-    result = outcome_summary([record.outcome() for record in records], num_requests, num_tokens, elapsed, slo)
+    result = outcome_summary([outcome(record) for record in records], num_requests, num_tokens, elapsed, slo)
     return result | {
         "itl_ms": {"p50": round(1e3 * percentile(itls, 0.5), 3), "p99": round(1e3 * percentile(itls, 0.99), 3)},
         "arrivals": arrivals.describe(), "prefill_path": "served", "num_errors": len(errors),
@@ -201,8 +159,9 @@ def summarize_http(records: list[StreamedRequest], num_requests: int, elapsed: f
 def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_model_len: int, *,
                    arrivals: Arrivals, slo: SLOTargets, seed: int = 0, max_seconds: float | None = None,
                    max_concurrency: int | None = None, label: str | None = None,
-                   api_key: str | None = None) -> dict:
-    """One report in the engine bench's schema, its one mode named after the URL."""
+                   api_key: str | None = None, client_processes: int | None = None) -> dict:
+    """One report in the engine bench's schema, its one mode named after the URL. client_processes: how many
+    processes send the requests (benchmarks/http_clients.py; None: auto_client_processes())."""
     from benchmarks.harness import progress_line
     from planner.workloads import check_fits
 
@@ -213,7 +172,8 @@ def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_mod
     for workload in workloads:
         try:
             result = asyncio.run(run_http_workload_async(url, workload, vocab_size, arrivals, slo, seed,
-                                                         max_seconds, max_concurrency, api_key))
+                                                         max_seconds, max_concurrency, api_key,
+                                                         client_processes or auto_client_processes()))
         except (aiohttp.ClientError, OSError) as error:
             raise ValueError(f"cannot reach the router at {url}: {error}") from None
         if math.isnan(result["ttft_s"]["p50"]):  # NOTE: not one token came back: a report of NaNs helps no one

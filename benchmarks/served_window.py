@@ -21,7 +21,8 @@ import urllib.request
 
 import aiohttp
 
-from benchmarks.http_bench import REQUEST_TIMEOUT_S, StreamedRequest, stream_workload
+from benchmarks.http_bench import stream_workload
+from benchmarks.http_clients import REQUEST_TIMEOUT_S, StreamedRequest
 from planner.workloads import Arrivals, Workload
 
 MIN_TPOT_TOKENS = 16

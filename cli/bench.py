@@ -22,10 +22,13 @@ def run_url_bench(args, base, workloads: list[Workload], arrivals: Arrivals, slo
 
     if args.modes:
         raise ValueError("--modes: the cluster at --url runs the modes its nodes were started with")
+    if args.client_processes is not None and args.client_processes < 1:
+        raise ValueError(f"--client-processes must be at least 1 (got {args.client_processes})")
     vocab_size = ModelArchConfig.from_dir(base.model).vocab_size
     return run_http_bench(args.url.rstrip("/"), workloads, vocab_size, base.scheduler.max_model_len,
                           arrivals=arrivals, slo=slo, seed=args.seed, max_seconds=args.max_seconds,
                           max_concurrency=args.max_concurrency, label=args.label,
+                          client_processes=args.client_processes,
                           api_key=resolve_api_key(args.api_key, os.environ))
 
 
@@ -65,6 +68,9 @@ def add_bench(commands) -> None:
     served.add_argument("--url", default=None, help="the router, e.g. http://127.0.0.1:8000: stream every request "
                         "to it instead of running engines here")
     served.add_argument("--max-concurrency", type=int, default=None, help="--url: most requests in flight")
+    served.add_argument("--client-processes", type=int, default=None,
+                        help="--url: processes that send the requests, so that the client is not what is measured "
+                             "(default: one per 4 cores, 1 to 8)")
     served.add_argument("--api-key", default=None, help=f"--url: the router's key (default: ${API_KEY_ENV})")
     served.add_argument("--label", default=None, help="--url: the mode name in the report (default served@URL)")
     cmd.set_defaults(run=run_bench_command)

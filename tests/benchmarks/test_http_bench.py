@@ -92,3 +92,20 @@ def test_a_cluster_behind_an_api_key_is_benched_with_it(tiny_model_dir, capsys, 
         assert main(argv) == 0  # NOTE: or from the environment, as the router takes it
     finally:
         keyed.stop()
+
+
+def test_requests_sent_from_two_client_processes_all_stream_to_their_end(cluster):
+    """benchmarks/http_clients.py: the requests dealt to two processes, started together at t = 0."""
+    report = run_http_bench(cluster.url, WORKLOADS[1:], 2048, 512, arrivals=Arrivals(), slo=SLOTargets(),
+                            label="cluster", client_processes=2)
+    result = report["modes"]["cluster"]["mixed"]
+    assert result["client_processes"] == 2 and result["num_errors"] == 0 and not result["truncated"]
+    assert result["num_finished"] == len(WORKLOADS[1].lengths)
+    assert result["output_tokens"] == sum(num_out for _, num_out in WORKLOADS[1].lengths)
+    assert 0 < result["ttft_s"]["p50"] <= result["ttft_s"]["p99"] <= result["seconds"]
+
+
+def test_client_processes_default_to_one_per_four_cores():
+    from benchmarks.http_clients import auto_client_processes
+
+    assert [auto_client_processes(n) for n in (1, 2, 4, 16, 64, 128)] == [1, 1, 1, 4, 8, 8]
