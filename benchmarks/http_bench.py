@@ -17,11 +17,11 @@ import aiohttp
 
 from benchmarks.harness import RequestOutcome, SLOTargets, outcome_summary, percentile
 from benchmarks.http_clients import (
+    ClientProcesses,
     StreamedRequest,
     auto_client_processes,
     open_session,
     stream_bodies,
-    stream_in_processes,
 )
 from planner.workloads import Arrivals, Workload, make_prompts
 
@@ -37,9 +37,22 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
                                   max_concurrency: int | None, api_key: str | None = None,
                                   client_processes: int = 1) -> dict:
     async with open_session(api_key) as session:
-        metrics_before = await scrape(session, url)
-        records, elapsed, truncated = await stream_workload(session, url, workload, vocab_size, arrivals, seed,
-                                                            max_seconds, max_concurrency, client_processes, api_key)
+        prompts = make_prompts(workload, vocab_size, seed)
+        bodies = request_bodies(await served_model_name(session, url), prompts)
+        times = arrivals.times(len(prompts))
+        if client_processes > 1:
+            # NOTE: the processes start (seconds of imports) before the window the server's counters are read over
+            clients = await asyncio.to_thread(ClientProcesses, url, bodies, times, max_seconds, max_concurrency,
+                                              client_processes, api_key)
+            try:
+                metrics_before = await scrape(session, url)
+                records, elapsed, truncated = await asyncio.to_thread(clients.run)
+            finally:
+                clients.close()
+        else:
+            metrics_before = await scrape(session, url)
+            records, elapsed, truncated = await stream_bodies(session, url, bodies, times, max_seconds,
+                                                              max_concurrency)
         metrics_after = await scrape(session, url)
     result = summarize_http(records, len(workload.lengths), elapsed, arrivals, slo, truncated)
     cpu = router_cpu(router_cpu_seconds(metrics_before), router_cpu_seconds(metrics_after),
@@ -49,19 +62,13 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
 
 
 async def stream_workload(session: aiohttp.ClientSession, url: str, workload: Workload, vocab_size: int,
-                          arrivals: Arrivals, seed: int, max_seconds: float | None, max_concurrency: int | None,
-                          client_processes: int = 1,
-                          api_key: str | None = None) -> tuple[list[StreamedRequest], float, bool]:
-    """Every request of the workload streamed at its arrival time, from this process (session) or from
-    client_processes processes -> (what each request that arrived saw, seconds, whether the run was cut at
-    max_seconds)."""
+                          arrivals: Arrivals, seed: int, max_seconds: float | None,
+                          max_concurrency: int | None) -> tuple[list[StreamedRequest], float, bool]:
+    """Every request of the workload streamed at its arrival time from this process -> (what each request that
+    arrived saw, seconds, whether the run was cut at max_seconds)."""
     prompts = make_prompts(workload, vocab_size, seed)
     bodies = request_bodies(await served_model_name(session, url), prompts)
-    times = arrivals.times(len(prompts))
-    if client_processes > 1:
-        return await asyncio.to_thread(stream_in_processes, url, bodies, times, max_seconds, max_concurrency,
-                                       client_processes, api_key)
-    return await stream_bodies(session, url, bodies, times, max_seconds, max_concurrency)
+    return await stream_bodies(session, url, bodies, arrivals.times(len(prompts)), max_seconds, max_concurrency)
 
 
 def request_bodies(model: str, prompts) -> list[dict]:

@@ -109,3 +109,11 @@ def test_client_processes_default_to_one_per_four_cores():
     from benchmarks.http_clients import auto_client_processes
 
     assert [auto_client_processes(n) for n in (1, 2, 4, 16, 64, 128)] == [1, 1, 1, 4, 8, 8]
+
+
+def test_each_client_process_sends_a_run_of_consecutive_requests():
+    from benchmarks.http_clients import contiguous_shares
+
+    shares = contiguous_shares(10, 4)
+    assert [list(share) for share in shares] == [[0, 1], [2, 3, 4], [5, 6], [7, 8, 9]]
+    assert [list(share) for share in contiguous_shares(2, 4)] == [[], [0], [], [1]]
