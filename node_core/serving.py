@@ -18,6 +18,7 @@ from corun.cublas import split_k_in_effect
 from wire import protocol
 from wire.config import EngineConfig, NodeConfig
 from wire.flags import add_flags, config_from_args
+from wire.gc_heap import freeze_startup_heap
 from wire.node_auth import ClusterKey, admit_only_members
 from wire.supervision import end_with_supervisor
 
@@ -220,6 +221,7 @@ def serve(role: str, server_factory, config: NodeConfig) -> int:
     logger.info("%s node %s shapes: prefill %s, decode steps at %s rows, %d (decode, pack) pairs joined", role,
                 config.node_id, getattr(runner, "prefill_path", "vLLM's"), getattr(runner, "decode_sizes", "vLLM's"),
                 len(getattr(runner, "joined_shapes", ())))
+    freeze_startup_heap()  # NOTE: the model's modules and the graphs' bookkeeping are never walked again
     try:
         while not stopping:
             server.step()

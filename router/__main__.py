@@ -17,6 +17,7 @@ from aiohttp import web
 from router.app import create_app, create_control_app, start_site
 from wire.config import RouterConfig
 from wire.flags import add_flags, config_from_args
+from wire.gc_heap import freeze_startup_heap
 from wire.supervision import end_with_supervisor
 
 logger = logging.getLogger("router")
@@ -44,6 +45,7 @@ async def serve(app: web.Application, config: RouterConfig) -> None:
     try:
         if config.control_port is not None:
             control = await start_site(create_control_app(app), config.host, config.control_port)
+        freeze_startup_heap()
         logger.info("router %slistening on http://%s:%d (prefill %s, decode %s, colocated %s)",
                     f"{config.instance_name} " if config.instance_name else "", config.host, config.port,
                     ", ".join(config.prefill_addresses) or "-", ", ".join(config.decode_addresses) or "-",
