@@ -37,9 +37,7 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
                                   max_concurrency: int | None, api_key: str | None = None,
                                   client_processes: int = 1) -> dict:
     async with open_session(api_key) as session:
-        prompts = make_prompts(workload, vocab_size, seed)
-        bodies = request_bodies(await served_model_name(session, url), prompts)
-        times = arrivals.times(len(prompts))
+        bodies, times = await workload_requests(session, url, workload, vocab_size, arrivals, seed)
         if client_processes > 1:
             # NOTE: the processes start (seconds of imports) before the window the server's counters are read over
             clients = await asyncio.to_thread(ClientProcesses, url, bodies, times, max_seconds, max_concurrency,
@@ -66,9 +64,15 @@ async def stream_workload(session: aiohttp.ClientSession, url: str, workload: Wo
                           max_concurrency: int | None) -> tuple[list[StreamedRequest], float, bool]:
     """Every request of the workload streamed at its arrival time from this process -> (what each request that
     arrived saw, seconds, whether the run was cut at max_seconds)."""
+    bodies, times = await workload_requests(session, url, workload, vocab_size, arrivals, seed)
+    return await stream_bodies(session, url, bodies, times, max_seconds, max_concurrency)
+
+
+async def workload_requests(session: aiohttp.ClientSession, url: str, workload: Workload, vocab_size: int,
+                            arrivals: Arrivals, seed: int) -> tuple[list[dict], list[float]]:
+    """The workload's streaming /v1/completions bodies (token-id prompts, the engine bench's) and arrival times."""
     prompts = make_prompts(workload, vocab_size, seed)
-    bodies = request_bodies(await served_model_name(session, url), prompts)
-    return await stream_bodies(session, url, bodies, arrivals.times(len(prompts)), max_seconds, max_concurrency)
+    return request_bodies(await served_model_name(session, url), prompts), arrivals.times(len(prompts))
 
 
 def request_bodies(model: str, prompts) -> list[dict]:

@@ -1,4 +1,5 @@
-"""`corun bench --url`'s requests sent from several client processes, so that the client is not what is measured.
+"""`corun bench --url`'s client: each request streamed and what it saw, sent from this process or from several client
+processes, so that the client is not what is measured.
 
 One asyncio process spends about as much CPU per request as the router does (measured on a 2-core host: ~0.7-0.9 ms
 for a 500-token-id completion, most of it opening the connection and framing the request): 256 requests arriving
