@@ -263,7 +263,9 @@ def tpot_exceed(stats: WorkloadStats, model, instance_rate: float, cycle_s: floa
 def normal_survival(z: np.ndarray) -> np.ndarray:
     """P(N(0, 1) > z), vectorized: erfc by Numerical Recipes' Chebyshev fit (relative error < 1.2e-7), as the
     TPOT mixture evaluates it over every request and draw at each step of a bisection."""
-    x = np.abs(np.asarray(z, dtype=float)) / math.sqrt(2)
+    # NOTE: capped where exp(-x * x) is 0 in float64 already (x > 27.3): a request with no spread comes as z ~ 1e300,
+    # whose square overflowed (a RuntimeWarning, though the result was right)
+    x = np.minimum(np.abs(np.asarray(z, dtype=float)) / math.sqrt(2), 40.0)
     t = 1 / (1 + 0.5 * x)
     polynomial = 0.17087277
     for coefficient in (-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196,

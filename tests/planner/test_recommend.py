@@ -3,6 +3,7 @@ summary, the plot, and the SLO flags' unit: milliseconds everywhere, old spellin
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -227,3 +228,12 @@ def test_normal_survival_matches_erfc():
     z = np.linspace(-6, 6, 241)
     expected = np.array([0.5 * math.erfc(x / math.sqrt(2)) for x in z])
     assert np.allclose(normal_survival(z), expected, rtol=1e-6, atol=1e-12)
+
+
+def test_normal_survival_of_a_spread_of_zero_is_exact_and_quiet():
+    """A request with no spread reaches it as z ~ +-1e300 (capacity_model divides by max(spread, 1e-300))."""
+    z = np.array([1e300, -1e300, 40.0, -40.0, 1e10])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NOTE: x * x overflowed here (a RuntimeWarning) before the cap
+        survival = normal_survival(z)
+    assert survival.tolist() == [0.0, 1.0, 0.0, 1.0, 0.0]
