@@ -176,6 +176,8 @@ def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_mod
     from benchmarks.harness import progress_line
     from planner.workloads import check_fits
 
+    if client_processes is not None and client_processes < 1:
+        raise ValueError(f"client_processes (--client-processes) must be at least 1, not {client_processes}")
     for workload in workloads:
         check_fits(workload, max_model_len)
     mode = label or f"served@{url}"

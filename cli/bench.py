@@ -22,8 +22,6 @@ def run_url_bench(args, base, workloads: list[Workload], arrivals: Arrivals, slo
 
     if args.modes:
         raise ValueError("--modes: the cluster at --url runs the modes its nodes were started with")
-    if args.client_processes is not None and args.client_processes < 1:
-        raise ValueError(f"--client-processes must be at least 1 (got {args.client_processes})")
     vocab_size = ModelArchConfig.from_dir(base.model).vocab_size
     return run_http_bench(args.url.rstrip("/"), workloads, vocab_size, base.scheduler.max_model_len,
                           arrivals=arrivals, slo=slo, seed=args.seed, max_seconds=args.max_seconds,
