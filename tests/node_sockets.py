@@ -5,6 +5,7 @@ from collections.abc import Iterator
 
 import zmq
 
+from wire import protocol
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
 
@@ -24,3 +25,13 @@ def router_socket(address: str) -> Iterator[zmq.Socket]:
         yield socket
     finally:
         socket.close()
+
+
+def deliver(node, socket: zmq.Socket, message, timeout_s: float = 10.0) -> None:
+    """Send a message and wait until it waits on the node's socket, so the node's next step receives it.
+
+    NOTE: a step that finds nothing waits only IDLE_RECEIVE_MS (none while busy); on a loaded host the message can
+    take longer than that to cross loopback TCP, and a test that sent then stepped once saw no message (CI)."""
+    socket.send(protocol.encode(message))
+    if not node.sockets.server.poll(int(timeout_s * 1000)):
+        raise AssertionError(f"{type(message).__name__} did not reach {node.config.node_id} in {timeout_s} s")

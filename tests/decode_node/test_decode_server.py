@@ -17,6 +17,7 @@ import zmq
 from decode_node.server import DecodeServer
 from launch.local import free_port
 from prefill_node.server import PrefillServer
+from tests.node_sockets import deliver
 from tests.transfer.copy_transport import CopyReceiver, CopySender
 from transfer.fake import FakeKVTransferAgent
 from wire import protocol
@@ -234,7 +235,7 @@ def test_abort_while_claiming_frees_the_blocks_without_a_reply(bench):
     result, prompt = bench.prefilled("claiming")
     bench.send_decode(result, prompt)
     bench.until(lambda _: bench.decode.claiming)
-    bench.to_decode.send(protocol.encode(protocol.Abort("claiming")))
+    deliver(bench.decode, bench.to_decode, protocol.Abort("claiming"))
     replies = bench.step(20)
     assert not any(isinstance(r, protocol.TokenEvent) for r in replies)
     bench.assert_idle()
@@ -245,7 +246,7 @@ def test_abort_while_transferring_frees_the_blocks_once_the_read_ends(bench):
     result, prompt = bench.prefilled("transferring")
     bench.send_decode(result, prompt)
     bench.receive_until_transferring("transferring")
-    bench.to_decode.send(protocol.encode(protocol.Abort("transferring")))
+    deliver(bench.decode, bench.to_decode, protocol.Abort("transferring"))
     bench.decode.receive(timeout_ms=100)
     assert bench.decode.transferring["transferring"].aborted
     replies = bench.step(5)
@@ -258,7 +259,7 @@ def test_abort_while_running_stops_the_stream_and_frees_the_slot(bench):
     result, prompt = bench.prefilled("running")
     bench.send_decode(result, prompt)
     first = bench.until(lambda replies: bench.decode.running)
-    bench.to_decode.send(protocol.encode(protocol.Abort("running")))
+    deliver(bench.decode, bench.to_decode, protocol.Abort("running"))
     rest = bench.step(10)
     assert sum(len(e.token_ids) for e in first + rest) < PARAMS.max_tokens
     assert not any(getattr(e, "finish_reason", None) for e in first + rest)

@@ -10,7 +10,7 @@ import pytest
 
 from launch.local import free_port
 from prefill_node.server import PrefillServer
-from tests.node_sockets import router_socket, small_engine
+from tests.node_sockets import deliver, router_socket, small_engine
 from wire import protocol
 from wire.config import NodeConfig
 from wire.sampling_params import SamplingParams
@@ -74,7 +74,7 @@ def test_a_claimed_lease_is_not_aborted_but_expires_a_lease_after_its_claim(serv
     [again] = exchange(server, router, claim_kv("b"))
     assert not again.ok and "already claimed" in again.reason
     time.sleep(0.2)
-    router.send(protocol.encode(protocol.Abort("b")))
+    deliver(server, router, protocol.Abort("b"))
     for _ in range(5):
         server.step()
     # NOTE: it may be being read
@@ -89,7 +89,7 @@ def test_a_released_claim_frees_the_lease_at_once(server, router):
     exchange(server, router, prefill("r", 20))
     [claim] = exchange(server, router, claim_kv("r"))
     assert claim.ok
-    router.send(protocol.encode(protocol.ReleaseKV("r", "the READ failed")))
+    deliver(server, router, protocol.ReleaseKV("r", "the READ failed"))
     server.step()
     assert "r" not in server.transport.leases and server.block_manager.num_free_blocks == free_before
     assert server.stats()["num_released_unread"] == 1 and server.transport.counters.lease_expiries == 0
@@ -113,10 +113,10 @@ def test_the_leases_a_gone_decode_process_claimed_end_at_once_and_no_other(serve
         [reply] = exchange(server, router, claim_kv(request_id, node_id, instance_id))
         assert reply.ok
     for node_id, instance_id in (("decode-0", "decode-0-older"), ("decode-0", "unknown"), ("decode-2", "decode-0-a")):
-        router.send(protocol.encode(protocol.InstanceGone(node_id, instance_id)))
+        deliver(server, router, protocol.InstanceGone(node_id, instance_id))
         server.step()
     assert server.transport.leases.keys() == prompts.keys() and server.stats()["num_released_unread"] == 0
-    router.send(protocol.encode(protocol.InstanceGone("decode-0", "decode-0-a")))
+    deliver(server, router, protocol.InstanceGone("decode-0", "decode-0-a"))
     server.step()
     assert server.transport.leases.keys() == {"other-node", "restarted", "unclaimed"}
     assert server.block_manager.num_free_blocks == free_before - sum(blocks[r] for r in server.transport.leases)
@@ -131,10 +131,10 @@ def test_the_leases_a_gone_decode_process_claimed_end_at_once_and_no_other(serve
 
 def test_an_abort_during_prefill_frees_the_blocks_when_it_ends(server, router):
     free_before = server.block_manager.num_free_blocks
-    router.send(protocol.encode(prefill("long", 40)))  # NOTE: three chunks: the abort lands between them
+    deliver(server, router, prefill("long", 40))  # NOTE: three chunks: the abort lands between them
     server.step()
     assert server.prefilling
-    router.send(protocol.encode(protocol.Abort("long")))
+    deliver(server, router, protocol.Abort("long"))
     for _ in range(4):
         server.step()
     assert not server.transport.leases and not server.prefilling and server.block_manager.num_free_blocks == free_before
