@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import random
 from dataclasses import dataclass
@@ -116,12 +117,14 @@ class FakeNode:
         if address is None:
             address = f"tcp://127.0.0.1:{self._socket.bind_to_random_port('tcp://127.0.0.1')}"
         else:
-            self._socket.bind(address)
+            await bind_when_free(self._socket, address)
         self.address = address
         self._spawn(self._serve())
         return self.address
 
     async def close(self) -> None:
+        """NOTE: zmq's I/O thread unbinds the address after close returns: a node restarted on it waits for that
+        (bind_when_free)."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -263,3 +266,17 @@ def token_event(request: DecodeRequest, index: int, group: list[tuple[int, Token
         finish_reason = "stop" if token_ids[-1] in request.params.stop_token_ids else "length"
     logprobs = None if request.params.logprobs is None else [lp for _, lp in group]
     return TokenEvent(request.request_id, token_ids, logprobs, finish_reason, index=index)
+
+
+async def bind_when_free(socket: zmq.asyncio.Socket, address: str, timeout_s: float = 10.0) -> None:
+    """Bind address once the socket closed on it has let it go: a closed zmq socket's I/O thread unbinds a moment
+    later (on a loaded host, after the restarted node's bind: EADDRINUSE)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            socket.bind(address)
+            return
+        except zmq.ZMQError as error:
+            if error.errno != errno.EADDRINUSE or asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(0.01)
