@@ -37,10 +37,12 @@ T = TypeVar("T")
 LARGE_BODY_BYTES = 32 * 2**10
 """From this size on a body is parsed in a worker process: below it, tokenizing holds the GIL ~25 ms at most
 (measured on the tiny model's BPE), and the copies to a worker (~1 ms) would cost more than they save."""
-INLINE_BODY_BYTES = 1024
-"""Below this size a body is parsed on the event loop: at most ~0.3 ms (measured: a 1.3 KiB prompt, completion or
-chat), where the hop to a thread and back cost the loop ~0.1 ms of CPU per request besides the parse (~0.04 ms for
-the router benchmark's 32 token ids)."""
+INLINE_BODY_BYTES = 4 * 2**10
+"""Below this size a body is parsed on the event loop, where the hop to a thread and back cost the loop ~0.1 ms of
+CPU per request besides the parse. Measured on a 2-core AMD EPYC: 500 token ids (2.3 KiB) parse in ~0.15 ms, a
+4 KiB text prompt in ~3 ms, a 4 KiB chat about as long, nearly all of it in the tokenizer's encode, which holds the
+GIL in a thread too: the loop would wait for it either way. (1 KiB until stop 41: prompts of token ids, as lm-eval's
+multiple choice sends them, paid the hop.)"""
 NUM_WORKER_PROCESSES = min(4, os.cpu_count() or 1)
 """Large bodies parsed at once; more wait their turn (queued, not refused: admission comes after parsing)."""
 ORPHAN_CHECK_S = 0.5

@@ -105,7 +105,9 @@ def check_prompt(prompt: tuple[int, ...], max_tokens: int, model: ModelInfo) -> 
             f"This model's maximum context length is {model.max_model_len} tokens. However, you requested "
             f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, {max_tokens} for the completion).",
             param="max_tokens" if len(prompt) < model.max_model_len else "prompt")
-    out_of_vocab = [t for t in prompt if not 0 <= t < model.vocab_size]
-    if out_of_vocab:
-        raise bad_request(f"token id {out_of_vocab[0]} in the prompt is outside the vocabulary "
-                          f"[0, {model.vocab_size})", param="prompt")
+    # NOTE: min and max loop in C (a comprehension took ~50 us per 500 ids, twice per request): the offender is
+    # looked for only once there is one
+    if min(prompt) < 0 or max(prompt) >= model.vocab_size:
+        first = next(t for t in prompt if not 0 <= t < model.vocab_size)
+        raise bad_request(f"token id {first} in the prompt is outside the vocabulary [0, {model.vocab_size})",
+                          param="prompt")

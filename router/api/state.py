@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 from collections.abc import Iterator
@@ -76,8 +77,13 @@ class RouterState:
 
     def system_fingerprint(self) -> str:
         """Changes whenever anything that determines outputs changes: a node's fingerprint, the model, the length."""
-        facts = self.pool.model_facts()
-        identity = {"node_fingerprints": sorted(self.pool.node_fingerprints()),
-                    "served_model_name": self.config.served_model_name,
-                    "max_model_len": None if facts is None else facts.max_model_len}
-        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        identity = self.pool.identity()
+        return system_fingerprint(identity.fingerprints, self.config.served_model_name,
+                                  None if identity.facts is None else identity.facts.max_model_len)
+
+
+@functools.lru_cache(maxsize=16)
+def system_fingerprint(node_fingerprints: frozenset[str], served_model_name: str, max_model_len: int | None) -> str:
+    identity = {"node_fingerprints": sorted(node_fingerprints), "served_model_name": served_model_name,
+                "max_model_len": max_model_len}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -148,7 +148,7 @@ class UnknownNode(ValueError):
 def pick(nodes: list[NodeClient], node_id: str) -> NodeClient:
     """The node whose id (from its Pong) or address is node_id."""
     for node in nodes:
-        pong = node.status().pong
+        pong = node.latest_pong
         if node_id == node.address or (pong is not None and pong.node_id == node_id):
             return node
     raise UnknownNode(f"no {nodes[0].role if nodes else 'such'} node {node_id!r}")

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 
 import zmq.asyncio
 
@@ -45,6 +46,8 @@ class NodePool:
                                     ("colocated", config.colocated_addresses))}
         self._ping_task: asyncio.Task | None = None
         self._nonces = itertools.count()
+        self._identity: PoolIdentity | None = None
+        self._identity_key: tuple = ()
 
     @property
     def prefill_nodes(self) -> list[NodeClient]:
@@ -153,10 +156,21 @@ class NodePool:
         now = time.monotonic()
         return [node.status(now) for node in self.nodes]
 
+    def identity(self) -> PoolIdentity:
+        """What the nodes' latest Pongs say of the model and their fingerprints. Every request asks (its limits, its
+        system_fingerprint): read again from the Pongs only when a node was added or removed or one reported other
+        facts or another fingerprint (NodeClient.identity_version)."""
+        key = tuple((node, node.identity_version) for node in self.nodes)
+        if self._identity is None or key != self._identity_key:
+            self._identity, self._identity_key = read_identity(self.nodes), key
+        return self._identity
+
     def model_facts(self) -> ModelFacts | None:
         """What the nodes report of the model (None before any answered); PoolMismatch if they disagree."""
-        pongs = [status.pong for status in self.statuses() if status.pong is not None]
-        return agreed_model_facts(pongs) if pongs else None
+        identity = self.identity()
+        if identity.mismatch is not None:
+            raise PoolMismatch(identity.mismatch)
+        return identity.facts
 
     async def learned_model_facts(self, timeout_s: float) -> ModelFacts | None:
         """model_facts() once a node has answered (None if none did within timeout_s).
@@ -170,11 +184,11 @@ class NodePool:
         return self.model_facts()
 
     async def _until_one_answered(self) -> None:
-        while all(node.status().pong is None for node in self.nodes):
+        while all(node.latest_pong is None for node in self.nodes):
             await asyncio.sleep(0.02)
 
-    def node_fingerprints(self) -> set[str]:
-        return {status.pong.fingerprint for status in self.statuses() if status.pong is not None}
+    def node_fingerprints(self) -> frozenset[str]:
+        return self.identity().fingerprints
 
     async def wait_until_healthy(self, timeout_s: float) -> None:
         """For direct (non-HTTP) users: wait for every node's first Pong."""
@@ -209,8 +223,30 @@ class NodePool:
             nonce = next(self._nonces)
             for node in self.nodes:
                 node.post(Ping(nonce))
-            all_answered = all(node.status().pong is not None for node in self.nodes)
+            all_answered = all(node.latest_pong is not None for node in self.nodes)
             await asyncio.sleep(PING_INTERVAL_S if all_answered else FIRST_PING_INTERVAL_S)
+
+
+@dataclass(frozen=True)
+class PoolIdentity:
+    """What the nodes that answered agree on (NodePool.identity)."""
+
+    facts: ModelFacts | None
+    """The model as every node reports it; None before any answered, or when they disagree."""
+    mismatch: str | None
+    """What two nodes disagree on (PoolMismatch's message); None if nothing."""
+    fingerprints: frozenset[str]
+
+
+def read_identity(nodes: list[NodeClient]) -> PoolIdentity:
+    pongs = [pong for pong in (node.latest_pong for node in nodes) if pong is not None]
+    fingerprints = frozenset(pong.fingerprint for pong in pongs)
+    if not pongs:
+        return PoolIdentity(None, None, fingerprints)
+    try:
+        return PoolIdentity(agreed_model_facts(pongs), None, fingerprints)
+    except PoolMismatch as mismatch:
+        return PoolIdentity(None, str(mismatch), fingerprints)
 
 
 class PoolMismatch(ValueError):

@@ -103,6 +103,7 @@ class FakeNode:
                  default_facts: ModelFacts):
         self.role, self.node_id, self.candidate_ids, self.behaviour = role, node_id, candidate_ids, behaviour
         self.model_facts = behaviour.model_facts or default_facts
+        self.fingerprint = FAKE_FINGERPRINT
         self.received: list = []
         self.instance_id = "instance-1"
         """What its Pongs report: tests change it to play a node restarted in place."""
@@ -145,7 +146,7 @@ class FakeNode:
             message = decode(payload)
             self.received.append(message)
             if isinstance(message, Ping):
-                await self._reply(identity, Pong(message.nonce, self.node_id, self.role, FAKE_FINGERPRINT,
+                await self._reply(identity, Pong(message.nonce, self.node_id, self.role, self.fingerprint,
                                                  self.model_facts, self.stats(), instance_id=self.instance_id,
                                                  capacity=self.behaviour.capacity))
             elif self.behaviour.error is not None and hasattr(message, "params"):

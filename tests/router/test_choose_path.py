@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from router.nodes.choice import LeastOutstandingWork, NoNodeAvailable, Placement, RoutedRequest
-from router.nodes.client import NodeStatus
 from router.nodes.pool import NodePool
 from wire.config import RouterConfig
 
@@ -26,7 +25,7 @@ def routed(placement: Placement = Placement()) -> RoutedRequest:
 
 def set_health(node, healthy: bool) -> None:
     """What the node's pings would have said (no node answers here)."""
-    node.status = lambda now=None: NodeStatus(node.index, node.role, node.address, healthy, node.draining, None, None)
+    node._healthy_at = lambda now: healthy
 
 
 def mark_healthy(pool: NodePool) -> None:

@@ -94,6 +94,7 @@ def test_an_empty_prompt_is_a_400(router, prompt):
 
 def test_token_ids_outside_the_vocabulary_are_a_400(router):
     assert_error(completions(router, {**VALID, "prompt": [1, 2, 2048]}), 400, "2048", "vocabulary")
+    assert_error(completions(router, {**VALID, "prompt": [5, -3, 7, -4]}), 400, "token id -3 ", "vocabulary")
     assert_error(completions(router, {**VALID, "prompt": [-1]}), 400, "-1")
 
 

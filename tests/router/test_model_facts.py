@@ -5,7 +5,7 @@ import msgspec
 import pytest
 
 from tests.router.fake_nodes import FakeBehaviour
-from tests.router.harness import RouterHarness, get, model_facts, post
+from tests.router.harness import RouterHarness, get, model_facts, post, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -36,3 +36,25 @@ def test_a_pool_whose_nodes_disagree_is_refused_naming_the_field(tiny_model_dir,
         assert refused.status == 503 and "disagree on max_model_len" in refused.body["error"]["message"]
         health = get(router.base_url + "/health")
         assert health.status == 503 and "max_model_len" in health.body["error"]
+
+
+def test_what_the_nodes_report_is_read_again_once_a_pong_changes_it(tiny_model_dir, word_token_ids):
+    """The router reads the pool's facts from the Pongs again only when one reports other facts or another
+    fingerprint (every request asks): a restarted pool with a longer context and another fingerprint is taken at
+    its next Pong, and a node that then disagrees is refused."""
+    facts = msgspec.structs.replace(model_facts(tiny_model_dir), max_model_len=40)
+    behaviour = FakeBehaviour(model_facts=facts)
+    with RouterHarness(tiny_model_dir, word_token_ids, prefill=behaviour, decode=behaviour) as router:
+        router.wait_until_healthy()
+        before = completions(router, max_tokens=2)
+        assert before.status == 200 and completions(router, max_tokens=45).status == 400
+        for node in router.nodes:
+            node.model_facts = msgspec.structs.replace(facts, max_model_len=60)
+            node.fingerprint = "fake-node-fingerprint-v2"
+        wait_for(lambda: completions(router, max_tokens=45).status == 200, timeout_s=10)
+        after = completions(router, max_tokens=2)
+        assert after.body["system_fingerprint"] != before.body["system_fingerprint"]
+        router.nodes[0].model_facts = msgspec.structs.replace(facts, max_model_len=50)
+        wait_for(lambda: completions(router, max_tokens=2).status == 503, timeout_s=10)
+        refused = completions(router, max_tokens=2)
+        assert "disagree on max_model_len" in refused.body["error"]["message"]

@@ -5,7 +5,6 @@ nodes): least loaded, as today's policy."""
 import asyncio
 
 from router.nodes.choice import LeastOutstandingWork, RoutedRequest
-from router.nodes.client import NodeStatus
 from router.nodes.pool import NodePool
 from router.nodes.prefix_routing import PrefixAffinity
 from wire.config import RouterConfig
@@ -24,8 +23,7 @@ def pool_of(num_prefill: int, chunk_tokens: int = CHUNK) -> NodePool:
 def healthy_with_capacity(pool: NodePool, nodes, chunk_tokens: int) -> NodePool:
     """The nodes healthy, their Pongs what a node with a prefix cache of chunk_tokens would have said."""
     for node in nodes:
-        node.status = lambda now=None, node=node: NodeStatus(node.index, node.role, node.address, True, False, None,
-                                                            None)
+        node._healthy_at = lambda now: True
         node._latest_pong = Pong(0, f"{node.role}-{node.index}", node.role, "f", ModelFacts(256, 2048, 20),
                                  capacity=NodeCapacity(8, 100, 16, chunk_tokens))
     return pool

@@ -4,13 +4,14 @@ length, not by the body size; a parse in a worker process has a deadline and sto
 import asyncio
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from router.api.errors import RequestError
-from router.api.offload import LARGE_BODY_BYTES, Offload
+from router.api.offload import INLINE_BODY_BYTES, LARGE_BODY_BYTES, Offload
 from router.api.openai_api import ModelInfo, parse_body
 from router.api.tokens import tokenize_body
 from tests.router.harness import post, wait_for
@@ -123,6 +124,32 @@ LARGE = b" " * LARGE_BODY_BYTES
 
 def sleep_forever(tokenizer, body: bytes) -> None:
     time.sleep(3600)
+
+
+def where_parsed(tokenizer, body: bytes) -> tuple[int, int]:
+    return os.getpid(), threading.get_ident()
+
+
+def test_each_body_size_is_parsed_where_its_tier_says(tiny_model_dir, tokenizer):
+    """On the loop below INLINE_BODY_BYTES (500 token ids, lm-eval's multiple choice, included), in a thread below
+    LARGE_BODY_BYTES, in a parser process from there on."""
+    five_hundred_ids = json.dumps({"prompt": list(range(1000, 1500)), "max_tokens": 1}).encode()
+    assert len(five_hundred_ids) < INLINE_BODY_BYTES
+
+    async def scenario():
+        offload = Offload(tiny_model_dir, tokenizer, parse_timeout_s=30.0)
+        here = os.getpid(), threading.get_ident()
+        try:
+            assert await offload.run(where_parsed, five_hundred_ids) == here
+            assert await offload.run(where_parsed, b" " * (INLINE_BODY_BYTES - 1)) == here
+            in_thread = await offload.run(where_parsed, b" " * INLINE_BODY_BYTES)
+            assert in_thread[0] == here[0] and in_thread[1] != here[1]
+            assert (await offload.run(where_parsed, b" " * (LARGE_BODY_BYTES - 1)))[0] == here[0]
+            assert (await offload.run(where_parsed, LARGE))[0] != here[0]
+        finally:
+            offload.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_parse_past_its_deadline_is_a_413_and_its_worker_is_stopped(tiny_model_dir, tokenizer):
