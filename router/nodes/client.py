@@ -190,12 +190,16 @@ class NodeClient:
         self._watch_task = asyncio.create_task(self._watch_loop(), name=f"watch {self.address}")
 
     async def close(self) -> None:
+        if self._socket is not None:
+            # NOTE: before the monitor's own socket closes (its task's end): a disable_monitor after that can hang
+            # for good, libzmq sending its stop event to a pipe nobody reads (pyzmq#1020; seen once in the suite,
+            # in a router harness's close)
+            self._socket.disable_monitor()
         for task in (self._receive_task, self._monitor_task, self._watch_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         if self._socket is not None:
-            self._socket.disable_monitor()
             self._socket.close()
 
     def send(self, message) -> asyncio.Future:
