@@ -191,9 +191,9 @@ class NodeClient:
 
     async def close(self) -> None:
         if self._socket is not None:
-            # NOTE: before the monitor's own socket closes (its task's end): a disable_monitor after that can hang
-            # for good, libzmq sending its stop event to a pipe nobody reads (pyzmq#1020; seen once in the suite,
-            # in a router harness's close)
+            # NOTE: the monitor is stopped before its own socket closes (the monitor task's end, which does the same;
+            # this covers a task cancelled before it ran). The other order can hang for good: libzmq's blocking send
+            # of its stop event to a peer that is gone, inside zmq_socket_monitor, which holds the GIL (pyzmq#1020)
             self._socket.disable_monitor()
         for task in (self._receive_task, self._monitor_task, self._watch_task):
             if task is not None:
@@ -323,6 +323,7 @@ class NodeClient:
                     self._num_disconnects += 1
                     self.fail_open_requests("its connection closed")
         finally:
+            self._socket.disable_monitor()  # NOTE: first: see close()
             monitor.close()
 
     def fail_open_requests(self, why: str) -> None:
