@@ -158,9 +158,9 @@ asyncio.run(main(int(sys.argv[1])))
 
 def test_a_node_client_always_closes():
     """A node removed (`corun scale`) or a router stopping closes its NodeClients. Stopping the socket's monitor after
-    the monitor's own socket had closed hung for good, inside libzmq and holding the GIL: the whole process froze
-    (seen once in the suite; 300 start/close cycles hung every time). In a child process, so that a hang fails the
-    test instead of freezing this one."""
+    the monitor's own socket had closed could hang for good, inside libzmq and holding the GIL: the whole process
+    froze (a suite run's worker did; with the receive loop draining queued replies, 300 start/close cycles hung every
+    time). In a child process, so that a hang fails the test instead of freezing this one."""
     result = subprocess.run([sys.executable, "-c", CLOSE_LOOP, "300"], capture_output=True, text=True, timeout=60,
                             cwd=REPO)
     assert result.returncode == 0 and result.stdout.strip() == "closed 300", result.stderr
