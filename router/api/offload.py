@@ -41,7 +41,7 @@ INLINE_BODY_BYTES = 4 * 2**10
 """Below this size a body is parsed on the event loop, where the hop to a thread and back cost the loop ~0.1 ms of
 CPU per request besides the parse. Measured on a 2-core AMD EPYC: 500 token ids (2.3 KiB) parse in ~0.15 ms, a
 4 KiB text prompt in ~3 ms, a 4 KiB chat about as long, nearly all of it in the tokenizer's encode, which holds the
-GIL in a thread too: the loop would wait for it either way. (1 KiB until stop 41: prompts of token ids, as lm-eval's
+GIL in a thread too: the loop would wait for it either way. (1 KiB until stop 40: prompts of token ids, as lm-eval's
 multiple choice sends them, paid the hop.)"""
 NUM_WORKER_PROCESSES = min(4, os.cpu_count() or 1)
 """Large bodies parsed at once; more wait their turn (queued, not refused: admission comes after parsing)."""
