@@ -78,12 +78,12 @@ class RouterState:
     def system_fingerprint(self) -> str:
         """Changes whenever anything that determines outputs changes: a node's fingerprint, the model, the length."""
         identity = self.pool.identity()
-        return system_fingerprint(identity.fingerprints, self.config.served_model_name,
+        return fingerprint_digest(identity.fingerprints, self.config.served_model_name,
                                   None if identity.facts is None else identity.facts.max_model_len)
 
 
 @functools.lru_cache(maxsize=16)
-def system_fingerprint(node_fingerprints: frozenset[str], served_model_name: str, max_model_len: int | None) -> str:
+def fingerprint_digest(node_fingerprints: frozenset[str], served_model_name: str, max_model_len: int | None) -> str:
     identity = {"node_fingerprints": sorted(node_fingerprints), "served_model_name": served_model_name,
                 "max_model_len": max_model_len}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

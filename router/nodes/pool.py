@@ -47,7 +47,7 @@ class NodePool:
         self._ping_task: asyncio.Task | None = None
         self._nonces = itertools.count()
         self._identity: PoolIdentity | None = None
-        self._identity_key: tuple = ()
+        self._identity_key: tuple | None = None
 
     @property
     def prefill_nodes(self) -> list[NodeClient]:
@@ -161,7 +161,7 @@ class NodePool:
         system_fingerprint): read again from the Pongs only when a node was added or removed or one reported other
         facts or another fingerprint (NodeClient.identity_version)."""
         key = tuple((node, node.identity_version) for node in self.nodes)
-        if self._identity is None or key != self._identity_key:
+        if key != self._identity_key:
             self._identity, self._identity_key = read_identity(self.nodes), key
         return self._identity
 
@@ -186,9 +186,6 @@ class NodePool:
     async def _until_one_answered(self) -> None:
         while all(node.latest_pong is None for node in self.nodes):
             await asyncio.sleep(0.02)
-
-    def node_fingerprints(self) -> frozenset[str]:
-        return self.identity().fingerprints
 
     async def wait_until_healthy(self, timeout_s: float) -> None:
         """For direct (non-HTTP) users: wait for every node's first Pong."""
