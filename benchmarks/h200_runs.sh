@@ -48,6 +48,16 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue20_tail_rows)  # stop 41: ShareGPT-like at t = 0 was 0.994x standard in issue20_t0_repeat's second run (7,866
+    # against 7,914 tok/s); the whole gap (55 ms) is in the tail's 500 steps while their medians tie (5.487 against
+    # 5.493 ms): the tail by active-row count, corun with and without its prefix cache (standard runs none), and the
+    # two modes again in the other order
+    timeout 150 $BENCH --workloads sharegpt --max-seconds 10 --modes standard,corun \
+      --out "$out/h200_tail_rows_1.json" > "$out/bench_1.log" 2>&1
+    timeout 100 $BENCH --workloads sharegpt --max-seconds 10 --modes corun --no-enable-prefix-caching \
+      --out "$out/h200_tail_rows_no_cache.json" > "$out/bench_no_cache.log" 2>&1
+    timeout 150 $BENCH --workloads sharegpt --max-seconds 10 --modes corun,standard \
+      --out "$out/h200_tail_rows_2.json" > "$out/bench_2.log" 2>&1 ;;
   issue20_t0_repeat)  # after issue20_final_t0 (ShareGPT-like 1.001x and RL-rollout-like 1.002x standard: inside the
     # spread of earlier calls): the two thin rows again on another machine, standard first as there
     timeout 300 $BENCH --workloads sharegpt,rl_rollout --max-seconds 10 --goodput ttft:500 tpot:50 \

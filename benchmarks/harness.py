@@ -309,10 +309,20 @@ def tail_summary(decode_steps: list[tuple[float, list[int]]], max_num_seqs: int)
     tail = [(t, ctx) for t, ctx in decode_steps if ctx and len(ctx) <= max_num_seqs // 8]
     if not tail:
         return {"steps": 0}
+    by_rows: dict[int, list[float]] = {}
+    for t, ctx in tail:
+        by_rows.setdefault(len(ctx), []).append(t)
     return {"steps": len(tail), "seconds": round(sum(t for t, _ in tail), 3),
             "median_ms": round(1e3 * statistics.median(t for t, _ in tail), 3),
+            "mean_ms": round(1e3 * statistics.fmean(t for t, _ in tail), 3),
+            "p90_ms": round(1e3 * percentile([t for t, _ in tail], 0.9), 3),
+            "max_ms": round(1e3 * max(t for t, _ in tail), 3),
             "median_active_rows": statistics.median(len(c) for _, c in tail),
-            "median_longest_context": statistics.median(max(c) for _, c in tail)}
+            "median_longest_context": statistics.median(max(c) for _, c in tail),
+            # NOTE: where a tail's total differs while its median does not: steps, seconds and median per row count
+            "by_active_rows": {rows: {"steps": len(ts), "seconds": round(sum(ts), 4),
+                                      "median_ms": round(1e3 * statistics.median(ts), 3)}
+                               for rows, ts in sorted(by_rows.items())}}
 
 
 def progress_line(mode: str, workload: str, result: dict) -> str:
