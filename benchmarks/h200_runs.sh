@@ -48,6 +48,13 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
+  issue25_mc_warm)  # stop 41 (no device time was left to run it): multiple choice through HTTP (1 router), the clients'
+    # connections opened before the start (--warm-connections: an evaluation harness's session holds them open) and
+    # not; on the H200 in stop 41's first call, cold connections gave throughput 3.12x and TTFT p50 0.43x (target 0.4)
+    for warm in "" --warm-connections; do
+      timeout 140 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice --paths http $warm \
+        --out "$out/h200_prefix_cache_mc${warm:+_warm}.json" > "$out/prefix_cache_mc${warm:+_warm}.log" 2>&1
+    done ;;
   issue20_tail_rows)  # stop 41: ShareGPT-like at t = 0 was 0.994x standard in issue20_t0_repeat's second run (7,866
     # against 7,914 tok/s); the whole gap (55 ms) is in the tail's 500 steps while their medians tie (5.487 against
     # 5.493 ms): the tail by active-row count, corun with and without its prefix cache (standard runs none), and the

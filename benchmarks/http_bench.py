@@ -20,6 +20,7 @@ from benchmarks.http_clients import (
     ClientProcesses,
     StreamedRequest,
     auto_client_processes,
+    open_connections,
     open_session,
     stream_bodies,
 )
@@ -35,19 +36,21 @@ async def served_model_name(session: aiohttp.ClientSession, url: str) -> str:
 async def run_http_workload_async(url: str, workload: Workload, vocab_size: int, arrivals: Arrivals,
                                   slo: SLOTargets, seed: int, max_seconds: float | None,
                                   max_concurrency: int | None, api_key: str | None = None,
-                                  client_processes: int = 1) -> dict:
+                                  client_processes: int = 1, warm_connections: bool = False) -> dict:
     async with open_session(api_key) as session:
         bodies, times = await workload_requests(session, url, workload, vocab_size, arrivals, seed)
         if client_processes > 1:
             # NOTE: the processes start (seconds of imports) before the window the server's counters are read over
             clients = await asyncio.to_thread(ClientProcesses, url, bodies, times, max_seconds, max_concurrency,
-                                              client_processes, api_key)
+                                              client_processes, api_key, warm_connections)
             try:
                 metrics_before = await scrape(session, url)
                 records, elapsed, truncated = await asyncio.to_thread(clients.run)
             finally:
                 clients.close()
         else:
+            if warm_connections:
+                await open_connections(session, url, min(len(bodies), max_concurrency or len(bodies)))
             metrics_before = await scrape(session, url)
             records, elapsed, truncated = await stream_bodies(session, url, bodies, times, max_seconds,
                                                               max_concurrency)
@@ -56,7 +59,8 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
     cpu = router_cpu(router_cpu_seconds(metrics_before), router_cpu_seconds(metrics_after),
                      sum(r.num_tokens for r in records), sum(len(r.chunk_at) for r in records))
     return (result | cpu | prefix_cache_hit_rate(metrics_before, metrics_after)
-            | node_loop(metrics_before, metrics_after) | {"client_processes": client_processes})
+            | node_loop(metrics_before, metrics_after)
+            | {"client_processes": client_processes, "warm_connections": warm_connections})
 
 
 async def stream_workload(session: aiohttp.ClientSession, url: str, workload: Workload, vocab_size: int,
@@ -170,9 +174,11 @@ def summarize_http(records: list[StreamedRequest], num_requests: int, elapsed: f
 def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_model_len: int, *,
                    arrivals: Arrivals, slo: SLOTargets, seed: int = 0, max_seconds: float | None = None,
                    max_concurrency: int | None = None, label: str | None = None,
-                   api_key: str | None = None, client_processes: int | None = None) -> dict:
+                   api_key: str | None = None, client_processes: int | None = None,
+                   warm_connections: bool = False) -> dict:
     """One report in the engine bench's schema, its one mode named after the URL. client_processes: how many
-    processes send the requests (benchmarks/http_clients.py; None: auto_client_processes())."""
+    processes send the requests (benchmarks/http_clients.py; None: auto_client_processes()). warm_connections: the
+    connections the requests will use are opened before the run starts (http_clients.open_connections)."""
     from benchmarks.harness import progress_line
     from planner.workloads import check_fits
 
@@ -186,7 +192,8 @@ def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_mod
         try:
             result = asyncio.run(run_http_workload_async(url, workload, vocab_size, arrivals, slo, seed,
                                                          max_seconds, max_concurrency, api_key,
-                                                         client_processes or auto_client_processes()))
+                                                         client_processes or auto_client_processes(),
+                                                         warm_connections))
         except (aiohttp.ClientError, OSError) as error:
             raise ValueError(f"cannot reach the router at {url}: {error}") from None
         if math.isnan(result["ttft_s"]["p50"]):  # NOTE: not one token came back: a report of NaNs helps no one

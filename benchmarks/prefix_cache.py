@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--routers", type=int, default=1, help="router processes in front of the node (--paths http)")
     parser.add_argument("--client-processes", type=int, default=None,
                         help="--paths http: processes that send the requests (default: one per 4 cores, 1 to 8)")
+    parser.add_argument("--warm-connections", action="store_true",
+                        help="--paths http: the clients open their connections before each run starts, as an "
+                             "evaluation harness's session holds them (benchmarks/http_clients.py, open_connections)")
     parser.add_argument("--determinism", action="store_true", help="also cold vs warm bitwise on the engine")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             report.setdefault("variants", {})[spec] = on_and_off(base, spec, workloads, args.max_seconds)
             save()
     if "http" in paths:
-        report["http"] = through_http(base, workloads, args.max_seconds, args.routers, args.client_processes)
+        report["http"] = through_http(base, workloads, args.max_seconds, args.routers, args.client_processes,
+                                      args.warm_connections)
         save()
     print(json.dumps({"speedup": report.get("speedup"), "http": report.get("http", {}).get("speedup"),
                       "variants": {k: v["speedup"] for k, v in report.get("variants", {}).items()},
@@ -116,7 +120,7 @@ def speedups(modes: dict) -> dict:
 
 # --- through HTTP -------------------------------------------------------------------------------------------------
 def through_http(base: EngineConfig, workloads, max_seconds: float | None, num_routers: int = 1,
-                 client_processes: int | None = None) -> dict:
+                 client_processes: int | None = None, warm_connections: bool = False) -> dict:
     from launch.cluster import ClusterConfig, free_port
     from launch.local import LocalCluster
 
@@ -135,7 +139,8 @@ def through_http(base: EngineConfig, workloads, max_seconds: float | None, num_r
                 reset_prefix_cache(cluster.url)
                 run = run_http_bench(cluster.url, [workload], vocab or vocab_of(config), base.scheduler.max_model_len,
                                      arrivals=DEFAULT_ARRIVALS, slo=SLOTargets(), max_seconds=max_seconds,
-                                     label=label, client_processes=client_processes)
+                                     label=label, client_processes=client_processes,
+                                     warm_connections=warm_connections)
                 report["modes"][label][workload.name] = run["modes"][label][workload.name]
     report["speedup"] = speedups(report["modes"])
     return report

@@ -26,7 +26,7 @@ def run_url_bench(args, base, workloads: list[Workload], arrivals: Arrivals, slo
     return run_http_bench(args.url.rstrip("/"), workloads, vocab_size, base.scheduler.max_model_len,
                           arrivals=arrivals, slo=slo, seed=args.seed, max_seconds=args.max_seconds,
                           max_concurrency=args.max_concurrency, label=args.label,
-                          client_processes=args.client_processes,
+                          client_processes=args.client_processes, warm_connections=args.warm_connections,
                           api_key=resolve_api_key(args.api_key, os.environ))
 
 
@@ -69,6 +69,10 @@ def add_bench(commands) -> None:
     served.add_argument("--client-processes", type=int, default=None,
                         help="--url: processes that send the requests, so that the client is not what is measured "
                              "(default: one per 4 cores, 1 to 8)")
+    served.add_argument("--warm-connections", action="store_true",
+                        help="--url: open the connections the requests will use before the run starts, as a client "
+                             "mid-run holds them (an evaluation harness's session); default: each request opens its "
+                             "own when it is sent")
     served.add_argument("--api-key", default=None, help=f"--url: the router's key (default: ${API_KEY_ENV})")
     served.add_argument("--label", default=None, help="--url: the mode name in the report (default served@URL)")
     cmd.set_defaults(run=run_bench_command)

@@ -94,12 +94,15 @@ def test_a_cluster_behind_an_api_key_is_benched_with_it(tiny_model_dir, capsys, 
         keyed.stop()
 
 
-def test_requests_sent_from_two_client_processes_all_stream_to_their_end(cluster):
-    """benchmarks/http_clients.py: the requests dealt to two processes, started together at t = 0."""
+@pytest.mark.parametrize("warm_connections", [False, True])
+def test_requests_sent_from_two_client_processes_all_stream_to_their_end(cluster, warm_connections):
+    """benchmarks/http_clients.py: the requests dealt to two processes, started together at t = 0 (their connections
+    opened before, or each by its request)."""
     report = run_http_bench(cluster.url, WORKLOADS[1:], 2048, 512, arrivals=Arrivals(), slo=SLOTargets(),
-                            label="cluster", client_processes=2)
+                            label="cluster", client_processes=2, warm_connections=warm_connections)
     result = report["modes"]["cluster"]["mixed"]
     assert result["client_processes"] == 2 and result["num_errors"] == 0 and not result["truncated"]
+    assert result["warm_connections"] == warm_connections
     assert result["num_finished"] == len(WORKLOADS[1].lengths)
     assert result["output_tokens"] == sum(num_out for _, num_out in WORKLOADS[1].lengths)
     assert 0 < result["ttft_s"]["p50"] <= result["ttft_s"]["p99"] <= result["seconds"]
@@ -117,3 +120,53 @@ def test_each_client_process_sends_a_run_of_consecutive_requests():
     shares = contiguous_shares(10, 4)
     assert [list(share) for share in shares] == [[0, 1], [2, 3, 4], [5, 6], [7, 8, 9]]
     assert [list(share) for share in contiguous_shares(2, 4)] == [[], [0], [], [1]]
+
+
+@pytest.mark.parametrize("num_warmed", [3, 1])
+def test_warmed_connections_carry_the_requests_sent_after_them(num_warmed):
+    """open_connections leaves its connections idle in the session's pool, and requests sent at once afterwards
+    each take one of them instead of opening their own; the inverse: with one warmed for three requests, the two
+    others open connections of their own, on ports the warm-up never used."""
+    import asyncio
+
+    from aiohttp import web
+
+    from benchmarks.http_clients import open_connections, open_session
+
+    async def run() -> tuple[set[int], list[int]]:
+        warm_ports: set[int] = set()
+        request_ports: list[int] = []
+
+        async def models(request: web.Request) -> web.Response:
+            warm_ports.add(request.transport.get_extra_info("peername")[1])
+            await asyncio.sleep(0.05)  # NOTE: held open together, so that the warm-up opens `count` connections
+            return web.json_response({"data": []})
+
+        async def completions(request: web.Request) -> web.Response:
+            request_ports.append(request.transport.get_extra_info("peername")[1])
+            await asyncio.sleep(0.05)
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port("127.0.0.1")
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        try:
+            async with open_session(None) as session:
+                await open_connections(session, url, num_warmed)
+
+                async def post() -> None:
+                    async with session.post(f"{url}/v1/completions", json={}) as response:
+                        await response.read()
+                await asyncio.gather(post(), post(), post())
+        finally:
+            await runner.cleanup()
+        return warm_ports, request_ports
+
+    warm_ports, request_ports = asyncio.run(run())
+    assert len(warm_ports) == num_warmed and len(request_ports) == len(set(request_ports)) == 3
+    assert len(set(request_ports) & warm_ports) == num_warmed
