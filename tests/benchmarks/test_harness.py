@@ -147,3 +147,18 @@ def test_cli_writes_strict_json_with_arrivals_and_goodput(tiny_model_dir, capsys
     assert report["arrivals"]["request_rate"] == "inf" and report["command"]["request_rate"] == "inf"
     assert report["slo_targets"] == {"ttft_ms": 100000.0, "tpot_ms": 100000.0}
     assert report["modes"]["fixed_shape"]["small"]["num_good"] == 2
+
+
+def test_the_tail_is_reported_by_active_row_count():
+    """decode_step.tail: steps of at most N/8 running requests, summed and timed per count of them, so that a tail whose
+    total differs while its median does not shows which steps differ."""
+    from benchmarks.harness import tail_summary
+
+    steps = [(0.010, [100] * 200), (0.005, [900]), (0.007, [900]), (0.006, [50, 60]), (0.004, [70, 80, 90])]
+    tail = tail_summary(steps, max_num_seqs=32)
+    assert tail["steps"] == 4 and tail["seconds"] == 0.022 and tail["median_longest_context"] == 495.0
+    assert tail["mean_ms"] == 5.5 and tail["max_ms"] == 7.0
+    assert tail["by_active_rows"] == {1: {"steps": 2, "seconds": 0.012, "median_ms": 6.0},
+                                      2: {"steps": 1, "seconds": 0.006, "median_ms": 6.0},
+                                      3: {"steps": 1, "seconds": 0.004, "median_ms": 4.0}}
+    assert tail_summary(steps[:1], max_num_seqs=32) == {"steps": 0}
