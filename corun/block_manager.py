@@ -117,14 +117,17 @@ class BlockManager:
             return set()
         return {key for request in requests for key in self.chunk_keys(request)[request.num_chunks_offered:]}
 
-    def waits_for_chunk_in_flight(self, request: Request, in_flight: set[bytes]) -> bool:
-        """The first chunk the waiting request would compute is one an admitted request is computing: admitted
-        later, it is served that chunk from the cache."""
-        if not in_flight:
+    def waits_for_chunk_in_flight(self, request: Request, in_flight: set[bytes],
+                                  computed_now: set[bytes] = frozenset()) -> bool:
+        """The first chunk the waiting request would compute is one an admitted request computes in a later forward
+        (in_flight), or, for a request asking prompt_logprobs, in this one (computed_now: the logprobs a cached chunk
+        serves are kept with it once its forward ends): admitted later, it is served that chunk from the cache."""
+        waiting_on = in_flight | computed_now if request.params.prompt_logprobs is not None else in_flight
+        if not waiting_on:
             return False
         num_hits = len(self.cached_prefix(request))
         return num_hits < (request.num_prompt_tokens - 1) // self.prefix_cache.chunk_size and \
-            self.chunk_keys(request)[num_hits] in in_flight
+            self.chunk_keys(request)[num_hits] in waiting_on
 
     def chunk_keys(self, request: Request) -> list[bytes]:
         """The hash chain of the request's full prompt chunks (computed once per request)."""
@@ -138,15 +141,19 @@ class BlockManager:
         next_token = request.prompt_token_ids[(chunk_index + 1) * self.prefix_cache.chunk_size]
         return request.params.prompt_logprobs, next_token
 
-    def cache_prefilled(self, request: Request) -> None:
-        """Offer the cache the request's full prompt chunks whose KV its prefill forwards have written; each one no
-        other request cached first becomes a cached chunk, held by this request until it ends. A request asking
-        prompt_logprobs leaves its chunks' with them (cached by it or by another)."""
+    def cache_scheduled(self, request: Request, end: int) -> list[bytes]:
+        """The full prompt chunks a prefill piece ending at prompt position end completes, cached as soon as its
+        forward is scheduled (each one no other request cached first becomes a cached chunk, held by this request
+        until it ends): a prompt admitted to the same forward is served them, its rows reading the K and V that
+        forward writes, since each layer writes every row's K and V before any row attends (as a prompt's own chunks
+        in one forward do: SchedulerConfig.multi_chunk_prefill). So the 4 continuations of a multiple-choice
+        question prefill in their context's forward instead of the next one. NOTE: a forward once scheduled always
+        runs (LLMEngine.step, the nodes' turns). -> the keys of the full chunks the piece computes."""
         cache = self.prefix_cache
         if cache is None:
-            return
+            return []
         keys = self.chunk_keys(request)
-        num_done = min(request.num_computed_tokens, request.num_prompt_tokens) // cache.chunk_size
+        num_done = min(end, request.num_prompt_tokens) // cache.chunk_size
         blocks_per_chunk = cache.chunk_size // self.block_size
         for k in range(request.num_chunks_offered, num_done):
             block_ids = tuple(request.block_ids[k * blocks_per_chunk:(k + 1) * blocks_per_chunk])
@@ -154,8 +161,23 @@ class BlockManager:
             if chunk is not None:
                 self.allocated_block_ids.difference_update(block_ids)
                 request.cached_chunks.append(chunk)
-            self.store_prompt_logprobs(request, k, chunk or cache.chunks.get(keys[k]))
+        first = request.num_chunks_offered
         request.num_chunks_offered = max(request.num_chunks_offered, num_done)
+        return keys[first:num_done]
+
+    def cache_prefilled(self, request: Request, start: int, end: int) -> None:
+        """After the forward of the request's prefill piece [start, end): its full chunks cached (cache_scheduled,
+        for a caller that did not cache them when it scheduled the forward) and, when the request asked
+        prompt_logprobs, those the piece's rows gave kept with them (cached by it or by another)."""
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        self.cache_scheduled(request, end)
+        if request.params.prompt_logprobs is None:
+            return
+        keys = self.chunk_keys(request)
+        for k in range(start // cache.chunk_size, min(end, request.num_prompt_tokens) // cache.chunk_size):
+            self.store_prompt_logprobs(request, k, cache.chunks.get(keys[k]))
 
     def store_prompt_logprobs(self, request: Request, chunk_index: int, chunk: CachedChunk | None) -> None:
         """The chunk's rows' prompt logprobs (targets: the prompt tokens after each row), when the request computed

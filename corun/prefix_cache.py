@@ -4,8 +4,10 @@ prompt up to the chunk's end (wire/prefix_hash.py), shared by reference count, e
 Only KV a cold prefill computes bit for bit may be served. A chunk's KV is a function of its tokens, the tokens
 before it and the forward's shape; in fixed_shape mode a full chunk (prefill_chunk_size tokens, starting at a
 multiple of it) is always computed by one prefill forward of the same shape (natural length, its bucket, or a
-verified pack size), reading the chunks before it from the cache, or together with the chunks before it in one
-forward where the runner verified that this gives the same bits (SchedulerConfig.multi_chunk_prefill). So the chunks
+verified pack size), reading the chunks before it from the cache (written by an earlier forward, or by another
+prompt's rows of the same one: each layer writes every row's K and V before any row attends, and a chunk is cached as
+its forward is packed, BlockManager.cache_scheduled), or together with the chunks before it in one forward where the
+runner verified that this gives the same bits (SchedulerConfig.multi_chunk_prefill). So the chunks
 kept are exactly those: never a partial last chunk (its length is the prompt's), never a block written by decode
 steps (all of those are past the prompt). The chunk rule is the scheduler's (prefill_chunk_size, in the
 fingerprint), a function of the prompt alone. A hit is capped so that at least the prompt's last chunk is prefilled:

@@ -197,7 +197,7 @@ class Scheduler:
     def update_from_output(self, batch: ScheduledBatch) -> None:
         """After the batch's forward: the full prompt chunks it completed go to the prefix cache (if any)."""
         for chunk in batch.prefill_chunks:
-            self.block_manager.cache_prefilled(chunk.request)
+            self.block_manager.cache_prefilled(chunk.request, chunk.start, chunk.start + chunk.num_tokens)
 
 
 class FixedShapeScheduler(Scheduler):
@@ -276,34 +276,43 @@ def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefi
     decodes); the forward then runs at the smallest verified pack size that holds them. multi_chunk: a prompt takes
     as many of its next chunks as the rows left hold (the runner verified that this changes no bits;
     SchedulerConfig.multi_chunk_prefill; prompt logprobs are still computed chunk by chunk).
-    With a prefix cache, a waiting prompt whose next chunk an admitted prompt is computing now waits for it (the
-    requests behind it go first): it will be served that chunk from the cache instead of computing it again (the 4
-    continuations of a multiple-choice question, arriving together). Only when a prompt starts changes: a hit gives
-    the bits a cold prefill computes."""
+    With a prefix cache, the full chunks a piece completes are cached as it is packed (BlockManager.cache_scheduled),
+    so a prompt sharing them that is packed later in the same forward is served them (its rows read the K and V the
+    forward writes): the 4 continuations of a multiple-choice question, arriving together, prefill in their
+    context's forward. A waiting prompt whose next chunk an admitted prompt computes in a later forward waits for it
+    (the requests behind it go first), as does one asking prompt logprobs for a chunk computed in this forward (they
+    are kept with the chunk once the forward ends): admitted then, it is served that chunk from the cache instead
+    of computing it again. Only when a prompt starts changes: a hit gives the bits a cold prefill computes."""
     rows_left, max_prompts = cfg.prefill_pack_tokens or cfg.prefill_chunk_size, cfg.prefill_seqs_per_forward
     rows_left = rows_left if max_rows is None else min(rows_left, max_rows)
     chunks = []
+    computed_now: set[bytes] = set()
+    """The full chunks this forward computes (cached as they are packed)."""
 
     def next_piece(request: Request) -> PrefillChunk:
         if not multi_chunk:
             return next_chunk(request, cfg.prefill_chunk_size)
         return next_chunk(request, max(1, rows_left // cfg.prefill_chunk_size) * cfg.prefill_chunk_size)
 
+    def pack(chunk: PrefillChunk) -> None:
+        nonlocal rows_left
+        chunks.append(chunk)
+        rows_left -= chunk.num_tokens
+        computed_now.update(block_manager.cache_scheduled(chunk.request, chunk.start + chunk.num_tokens))
+
     for request in prefilling:
         chunk = next_piece(request)
         if len(chunks) < max_prompts and chunk.num_tokens <= rows_left:
-            chunks.append(chunk)
-            rows_left -= chunk.num_tokens
+            pack(chunk)
     in_flight = block_manager.chunks_in_flight(prefilling)
     for request in list(itertools.islice(waiting, PREFIX_WAIT_SCAN)):
         if len(chunks) >= max_prompts or min(request.num_prompt_tokens, cfg.prefill_chunk_size) > rows_left:
             break
-        if block_manager.waits_for_chunk_in_flight(request, in_flight):
+        if block_manager.waits_for_chunk_in_flight(request, in_flight, computed_now):
             continue
         if not admit(request):
             break
-        chunks.append(next_piece(request))
-        rows_left -= chunks[-1].num_tokens
+        pack(next_piece(request))
         in_flight |= block_manager.chunks_in_flight([request])
     return chunks
 

@@ -121,7 +121,7 @@ class PrefillServer(NodeServer):
         of each sample: lease its KV (the cached chunks it holds too: held until the lease ends) and answer the
         router."""
         for chunk in chunks:
-            self.block_manager.cache_prefilled(chunk.request)
+            self.block_manager.cache_prefilled(chunk.request, chunk.start, chunk.start + chunk.num_tokens)
         finished: dict[int, list[SampledToken]] = {}
         for item in sampled:
             finished.setdefault(id(item.request), []).append(item)

@@ -271,6 +271,38 @@ def test_prompts_arriving_together_wait_for_a_shared_chunk_in_flight(tiny_model_
     assert_no_leak(llm)
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("params", [PARAMS, WITH_PROMPT_LOGPROBS], ids=["plain", "prompt_logprobs"])
+def test_continuations_prefill_in_the_forward_that_completes_their_context(tiny_model_dir, params):
+    """The full chunks a forward completes are cached as it is packed, so continuations waiting for their context's
+    last chunk are packed into the forward that computes it, reading the K and V it writes: their first tokens come
+    a forward earlier, and bit for bit those of the cache off. The inverse of the timing: a continuation asking
+    prompt logprobs still waits a forward (they are kept with a chunk once its forward ends), and is then served
+    them with the chunk."""
+    context = list(range(400, 450))  # NOTE: 3 whole chunks, then 2 tokens
+    prompts = [context + [7 + i, 8 + i] for i in range(4)]
+    expected, _ = outputs(packed(tiny_model_dir, False), prompts, params, together=True)
+    llm = packed(tiny_model_dir, True)
+    engine = llm.engine
+    first_token_step = {}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"choice-{i}", prompt, params)
+    step = 0
+    while engine.has_unfinished():
+        step += 1
+        for item in engine.step():
+            first_token_step.setdefault(item.request.request_id, step)
+    context_done = engine.stats.num_prefill_forwards - 1  # NOTE: the first choice's last forward is its own tail's
+    later = [first_token_step[f"choice-{i}"] for i in range(1, 4)]
+    if params.prompt_logprobs is None:
+        assert later == [context_done] * 3
+    else:
+        assert later == [context_done + 1] * 3
+    served, cached = outputs(llm, prompts, params, together=True)
+    assert served == expected and cached == [3 * CHUNK] * 3 + [3 * CHUNK]
+    assert_no_leak(llm)
+
+
 def packed(model: str, enable_prefix_caching: bool) -> LLM:
     """Packed prefill (the CUDA default): up to 4 prompts' chunks in one 64-row forward."""
     return LLM.from_config(EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
