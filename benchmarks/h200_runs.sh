@@ -48,9 +48,18 @@ case $part in
     timeout 420 $BENCH --workloads sharegpt,rl_rollout,1024x2048 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --modes standard,corun,corun:prefill_token_budget=0,corun:prefill_token_budget=16384,corun:decode_step_sizes=4/8/16/32/64/128/160/192/224 \
       --out "$out/h200_budget_t0_stop38.json" > "$out/bench.log" 2>&1 ;;
-  issue25_mc_warm)  # stop 41 (no device time was left to run it): multiple choice through HTTP (1 router), the clients'
-    # connections opened before the start (--warm-connections: an evaluation harness's session holds them open) and
-    # not; on the H200 in stop 41's first call, cold connections gave throughput 3.12x and TTFT p50 0.43x (target 0.4)
+  issue25_same_forward)  # stop 41 (no device time was left to run it), two calls: first, the prefix cache's GPU tests
+    # and 8B determinism now that a chunk is cached as its forward is packed (continuations join their context's
+    # forward, reading the K and V it writes), then multiple choice on the engine, cache on and off
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_prefix_cache_gpu.py \
+      tests/corun/test_multi_chunk_prefill.py > "$out/gpu_tests.log" 2>&1
+    timeout 240 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt \
+      --determinism --paths none --out "$out/h200_prefix_cache_determinism_stop41.json" > "$out/det.log" 2>&1
+    timeout 150 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice --paths engine \
+      --out "$out/h200_prefix_cache_mc_engine_stop41.json" > "$out/prefix_cache_mc_engine.log" 2>&1 ;;
+  issue25_mc_warm)  # the second: multiple choice through HTTP (1 router), the clients' connections opened before the
+    # start (--warm-connections: an evaluation harness's session holds them open) and not; in stop 41's first call
+    # (before continuations joined their context's forward), cold connections gave 3.12x and TTFT p50 0.43x (target 0.4)
     for warm in "" --warm-connections; do
       timeout 140 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice --paths http $warm \
         --out "$out/h200_prefix_cache_mc${warm:+_warm}.json" > "$out/prefix_cache_mc${warm:+_warm}.log" 2>&1
