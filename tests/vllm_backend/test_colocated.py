@@ -86,13 +86,34 @@ def test_every_decode_step_computes_n_rows_and_every_prefill_one_prompts_chunk(c
     assert MAX_NUM_SEQS in logits_rows and min(logits_rows) == MAX_NUM_SEQS
 
 
-def test_admission_waits_for_the_whole_sequence_and_never_preempts(tiny_model_dir):
-    """A KV cache of 23 usable 32-token blocks: a 150-token prompt + 12 tokens reserves 6, so 3 run at once."""
+def admission_job(tiny_model_dir) -> dict:
     rng = random.Random(9)
-    job = {"model": tiny_model_dir, "mode": "fixed_shape", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
-           "max_model_len": 512, "kv_mib": 3, "requests": requests(rng, [150] * 6), "background": [],
-           "needle_after_steps": 0}
-    run = run_script(job)
+    return {"model": tiny_model_dir, "mode": "fixed_shape", "threads": 1, "max_num_seqs": MAX_NUM_SEQS,
+            "chunk": CHUNK, "max_model_len": 512, "kv_mib": 3, "requests": requests(rng, [150] * 6), "background": [],
+            "needle_after_steps": 0}
+
+
+def eos_job(tiny_model_dir, params: dict) -> dict:
+    return {"model": tiny_model_dir, "mode": "fixed_shape", "threads": 1, "max_num_seqs": MAX_NUM_SEQS,
+            "chunk": CHUNK, "together_only": True, "requests": [{"prompt": [5, 6, 7], "params": params}]}
+
+
+EOS_PARAMS = {"temperature": 0.7, "seed": 1, "max_tokens": 10, "logit_bias": {"2047": 100.0}, "min_tokens": 3}
+GENERATION_CONFIG_EOS_PARAMS = {**EOS_PARAMS, "logit_bias": {"2045": 100.0}}
+
+
+@pytest.fixture(scope="module")
+def one_thread_runs(tiny_model_dir) -> dict[str, dict]:
+    """The one-thread fixed_shape jobs of the tests below, each on its own engine, in one engine_script process:
+    vLLM's start-up there is most of each one's time."""
+    jobs = {"admission": admission_job(tiny_model_dir), "eos": eos_job(tiny_model_dir, EOS_PARAMS),
+            "generation_config_eos": eos_job(tiny_model_dir, GENERATION_CONFIG_EOS_PARAMS)}
+    return dict(zip(jobs, run_script(list(jobs.values())), strict=True))
+
+
+def test_admission_waits_for_the_whole_sequence_and_never_preempts(one_thread_runs):
+    """A KV cache of 23 usable 32-token blocks: a 150-token prompt + 12 tokens reserves 6, so 3 run at once."""
+    run = one_thread_runs["admission"]
     assert run["max_decode_batch"] == 3 and run["num_preempted"] == 0
     assert run["alone"] == run["together"]
 
@@ -105,22 +126,16 @@ def test_inverse_vllm_default_scheduling_differs(tiny_model_dir):
     assert differing, "vLLM's default scheduling gave the same bits alone and batched: the check cannot fail here"
 
 
-def test_eos_stops_after_min_tokens(tiny_model_dir):
+def test_eos_stops_after_min_tokens(one_thread_runs):
     """vLLM without a tokenizer knows no EOS: the engine hands it the model's. A bias makes EOS certain, min_tokens
     holds it off for 3 tokens."""
-    params = {"temperature": 0.7, "seed": 1, "max_tokens": 10, "logit_bias": {"2047": 100.0}, "min_tokens": 3}
-    job = {"model": tiny_model_dir, "mode": "fixed_shape", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
-           "together_only": True, "requests": [{"prompt": [5, 6, 7], "params": params}]}
-    (output,) = run_script(job)["together"]
+    (output,) = one_thread_runs["eos"]["together"]
     assert output["tokens"][3:] == [2047] and 2047 not in output["tokens"][:3] and output["finish_reason"] == "stop"
 
 
-def test_generation_configs_eos_stops_as_on_corun_engine(tiny_model_dir):
+def test_generation_configs_eos_stops_as_on_corun_engine(tiny_model_dir, one_thread_runs):
     """The tiny model's generation_config.json adds EOS 2045 to config.json's 2047: both engines stop on it."""
-    params = {"temperature": 0.7, "seed": 1, "max_tokens": 10, "logit_bias": {"2045": 100.0}, "min_tokens": 3}
-    job = {"model": tiny_model_dir, "mode": "fixed_shape", "threads": 1, "max_num_seqs": MAX_NUM_SEQS, "chunk": CHUNK,
-           "together_only": True, "requests": [{"prompt": [5, 6, 7], "params": params}]}
-    (output,) = run_script(job)["together"]
+    (output,) = one_thread_runs["generation_config_eos"]["together"]
     assert output["tokens"][3:] == [2045] and output["finish_reason"] == "stop"
-    corun = LLM(tiny_model_dir).generate([[5, 6, 7]], SamplingParams(**params))[0].outputs[0]
+    corun = LLM(tiny_model_dir).generate([[5, 6, 7]], SamplingParams(**GENERATION_CONFIG_EOS_PARAMS))[0].outputs[0]
     assert corun.token_ids[3:] == [2045] and corun.finish_reason == "stop"

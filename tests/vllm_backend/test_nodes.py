@@ -64,19 +64,35 @@ def complete(url: str, prompt: list[int], params: dict, n: int = 1) -> list[tupl
     return [(choice.model_extra["token_ids"], choice.logprobs.token_logprobs) for choice in response.choices]
 
 
-def colocated(model_dir: str, mode: str, threads: int) -> list[tuple[list[int], list[float]]]:
-    outputs = colocated_outputs(model_dir, mode, threads, PARAMS)
+def colocated_records(outputs: list[dict]) -> list[tuple[list[int], list[float]]]:
     return [(o["tokens"], [float.fromhex(v) for v in o["logprobs"]]) for o in outputs]
 
 
-def colocated_outputs(model_dir: str, mode: str, threads: int, params: list[dict]) -> list[dict]:
-    """engine_script's outputs of PROMPTS with these params, all submitted at once to the colocated vLLM engine."""
-    job = {"model": model_dir, "mode": mode, "threads": threads, "max_num_seqs": N, "chunk": CHUNK,
-           "together_only": True, "requests": [{"prompt": p, "params": q} for p, q in zip(PROMPTS, params)]}
-    result = subprocess.run([str(VLLM_PYTHON), "-m", "tests.vllm_backend.engine_script", json.dumps(job)],
+def colocated_job(model_dir: str, mode: str, threads: int, params: list[dict]) -> dict:
+    """engine_script's job: PROMPTS with these params, all submitted at once to the colocated vLLM engine."""
+    return {"model": model_dir, "mode": mode, "threads": threads, "max_num_seqs": N, "chunk": CHUNK,
+            "together_only": True, "requests": [{"prompt": p, "params": q} for p, q in zip(PROMPTS, params)]}
+
+
+def colocated_outputs(*jobs: dict) -> list[list[dict]]:
+    """Each job's outputs, the jobs run one after the other in one engine_script process."""
+    result = subprocess.run([str(VLLM_PYTHON), "-m", "tests.vllm_backend.engine_script", json.dumps(list(jobs))],
                             capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])["together"]
+    return [run["together"] for run in json.loads(result.stdout.strip().splitlines()[-1])]
+
+
+PROMPT_LOGPROBS_PARAMS = [{"temperature": 0.0, "max_tokens": 1, "prompt_logprobs": 1}] * len(PROMPTS)
+"""What the colocated engine computes the echo loglikelihoods' reference with."""
+
+
+@pytest.fixture(scope="module")
+def colocated_fixed_shape(tiny_model_dir) -> dict[str, list[dict]]:
+    """The colocated engine's outputs under CoRun's rules, on one thread as the nodes: PARAMS' and prompt logprobs'
+    (one process: vLLM's start-up there is most of each run's time)."""
+    jobs = {"params": colocated_job(tiny_model_dir, "fixed_shape", 1, PARAMS),
+            "prompt_logprobs": colocated_job(tiny_model_dir, "fixed_shape", 1, PROMPT_LOGPROBS_PARAMS)}
+    return dict(zip(jobs, colocated_outputs(*jobs.values()), strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +108,15 @@ def test_alone_equals_concurrent(cluster, alone):
     assert concurrent == alone
 
 
-def test_cluster_equals_colocated_vllm_engine(alone, tiny_model_dir):
-    assert alone == colocated(tiny_model_dir, "fixed_shape", threads=1)
+def test_cluster_equals_colocated_vllm_engine(alone, colocated_fixed_shape):
+    assert alone == colocated_records(colocated_fixed_shape["params"])
 
 
 def test_inverse_vllm_default_scheduling_differs(alone, tiny_model_dir):
     """The comparison above can fail here: the colocated engine under vLLM's own scheduling (prompt chunks mixed
     with decodes under a 64-token budget, batch-sized shapes, split KV), on 2 threads, gives other bits."""
-    assert alone != colocated(tiny_model_dir, "mixed", threads=2)
+    (mixed,) = colocated_outputs(colocated_job(tiny_model_dir, "mixed", 2, PARAMS))
+    assert alone != colocated_records(mixed)
 
 
 def test_kv_crossed_over_nixl_from_vllm_tensors(cluster, alone):
@@ -126,15 +143,14 @@ def loglikelihood(url: str, prompt: list[int]) -> list[float | None]:
         return json.loads(response.read())["choices"][0]["logprobs"]["token_logprobs"]
 
 
-def test_echo_loglikelihood_is_the_colocated_engines_prompt_logprobs(cluster, tiny_model_dir):
+def test_echo_loglikelihood_is_the_colocated_engines_prompt_logprobs(cluster, colocated_fixed_shape):
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         concurrent = list(pool.map(lambda prompt: loglikelihood(cluster, prompt), PROMPTS))
     assert concurrent == [loglikelihood(cluster, prompt) for prompt in PROMPTS]
-    params = [{"temperature": 0.0, "max_tokens": 1, "prompt_logprobs": 1}] * len(PROMPTS)
     expected = [[None, *(float.fromhex(entry[1]) for entry in o["prompt_logprobs"][1:])]
-                for o in colocated_outputs(tiny_model_dir, "fixed_shape", 1, params)]
+                for o in colocated_fixed_shape["prompt_logprobs"]]
     assert concurrent == expected and len(expected[3]) == 300  # NOTE: bitwise; a 5-chunk prompt among them
 
 
