@@ -47,6 +47,13 @@ def other_capability_summary(env: dict[str, str]) -> str:
     return " ".join(f"{name}={env[name]}" for name in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS"))
 
 
+def numerics_modules(session) -> list[str]:
+    """The modules of this session's numerics tests (the child collects those alone: collecting every module took
+    it several seconds more), or all of tests/ where this session collected none (this module run alone)."""
+    modules = sorted({str(item.path) for item in session.items if item.get_closest_marker("numerics") is not None})
+    return modules or [str(TESTS)]
+
+
 def tail(result: subprocess.CompletedProcess) -> str:
     return "\n".join((result.stdout + result.stderr).splitlines()[-OUTPUT_TAIL_LINES:])
 
@@ -61,7 +68,8 @@ def test_the_child_really_runs_another_cpu_capability(child_env):
 @pytest.mark.slow
 @pytest.mark.long_pole
 @pytest.mark.timeout(1800)  # NOTE: the child's own tests each have pytest's 600 s hang guard
-def test_numerics_tests_pass_under_another_cpu_capability(child_env):
-    result = run_python(["-m", "pytest", "-q", "-m", "numerics", "-p", "no:cacheprovider", str(TESTS)], child_env)
+def test_numerics_tests_pass_under_another_cpu_capability(child_env, request):
+    result = run_python(["-m", "pytest", "-q", "-m", "numerics", "-p", "no:cacheprovider",
+                         *numerics_modules(request.session)], child_env)
     exit_code = result.returncode  # NOTE: 5 (nothing collected) fails too: a marker nobody carries is a no-op
     assert exit_code == 0, f"the numerics tests under {other_capability_summary(child_env)}:\n{tail(result)}"
