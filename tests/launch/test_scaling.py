@@ -45,9 +45,22 @@ def wait_until_healthy(cluster, timeout_s: float = 60) -> None:
         time.sleep(0.1)
 
 
+def start_1p1d(tiny_model_dir) -> LocalCluster:
+    return LocalCluster(ClusterConfig(engine_config(tiny_model_dir), port=free_port("127.0.0.1"))).start()
+
+
 @pytest.fixture
 def local_cluster(tiny_model_dir):
-    cluster = LocalCluster(ClusterConfig(engine_config(tiny_model_dir), port=free_port("127.0.0.1"))).start()
+    """A 1P1D cluster of the test's own: the test scales it."""
+    cluster = start_1p1d(tiny_model_dir)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def unscaled_cluster(tiny_model_dir):
+    """A 1P1D cluster the tests of refusals share: each checks that what it asked left the pool as it was."""
+    cluster = start_1p1d(tiny_model_dir)
     yield cluster
     cluster.stop()
 
@@ -75,12 +88,13 @@ def test_removing_nodes_drains_them_while_they_stream_and_loses_nothing(local_cl
     assert outputs(local_cluster, PROMPTS[:3]) == before[:3]
 
 
-def test_the_last_node_of_a_role_cannot_be_drained(local_cluster):
+def test_the_last_node_of_a_role_cannot_be_drained(unscaled_cluster):
     with pytest.raises(ValueError, match="last decode node that takes requests"):
-        local_cluster.remove_node("decode-0")
+        unscaled_cluster.remove_node("decode-0")
     with pytest.raises(ValueError, match="no running node 'decode-7'"):
-        local_cluster.remove_node("decode-7")
-    assert outputs(local_cluster, PROMPTS[:2])  # NOTE: the refused drain left it serving
+        unscaled_cluster.remove_node("decode-7")
+    assert outputs(unscaled_cluster, PROMPTS[:2])  # NOTE: the refused drain left it serving
+    assert roles_in_pool(unscaled_cluster) == [("decode", "decode-0"), ("prefill", "prefill-0")]
 
 
 def test_corun_scale_adds_and_removes_nodes_of_corun_serve(tiny_model_dir):
@@ -149,8 +163,8 @@ def test_ray_with_two_nodes_on_one_host_scales_out_and_in(tiny_model_dir):
         hosts.shutdown()
 
 
-def test_the_admin_api_refuses_what_it_cannot_do_with_a_clear_message(local_cluster):
-    url, decode = local_cluster.url, local_cluster.node_addresses["decode-0"]
+def test_the_admin_api_refuses_what_it_cannot_do_with_a_clear_message(unscaled_cluster):
+    url, decode = unscaled_cluster.url, unscaled_cluster.node_addresses["decode-0"]
     cases = [("POST", {"role": "router", "address": "tcp://127.0.0.1:1"},
               "role must be one of prefill, decode, colocated"),
              ("POST", {"role": "decode", "address": "127.0.0.1:1"}, "address must be tcp://HOST:PORT"),
@@ -161,4 +175,4 @@ def test_the_admin_api_refuses_what_it_cannot_do_with_a_clear_message(local_clus
     for method, body, message in cases:
         with pytest.raises(ValueError, match=message):
             scaling.router_admin(url, method, body)
-    assert roles_in_pool(local_cluster) == [("decode", "decode-0"), ("prefill", "prefill-0")]
+    assert roles_in_pool(unscaled_cluster) == [("decode", "decode-0"), ("prefill", "prefill-0")]
