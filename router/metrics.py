@@ -17,6 +17,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from router.nodes.client import NodeStatus
+from router.token_tally import StreamedTokenTally
 from wire.iteration_tokens import ITERATION_TOKENS_BUCKETS
 from wire.iteration_tokens import STAT_KEY as ITERATION_TOKENS_KEY
 from wire.iteration_tokens import read_stat as read_iteration_tokens
@@ -103,6 +104,9 @@ class RouterMetrics:
                                      registry=self.registry).labels(model_name)
         self.generated_tokens = Counter("vllm:generation_tokens", "Tokens returned to clients", MODEL_LABEL,
                                         registry=self.registry).labels(model_name)
+        self.streamed_tokens = StreamedTokenTally(self.generated_tokens, self.inter_token_latency,
+                                                  INTER_TOKEN_LATENCY_BUCKETS_S)
+        """Where each streamed token is counted (vllm:generation_tokens, vllm:inter_token_latency_seconds)."""
         self.request_success = Counter("vllm:request_success", "Samples finished, by finish reason",
                                        [*MODEL_LABEL, "finished_reason"], registry=self.registry)
         self.registry.register(NodeStatsCollector(node_statuses, model_name))
@@ -121,7 +125,9 @@ class RouterMetrics:
         return self._token_histograms[name]
 
     def refresh(self) -> None:
-        """This process' gauges as of now (beside other routers, each refreshes its own every REFRESH_S)."""
+        """This process' gauges as of now (beside other routers, each refreshes its own every REFRESH_S), and its
+        tokens counted since the last loop turn."""
+        self.streamed_tokens.flush()
         self.in_flight.set(self._count_in_flight())
         times = os.times()
         self.cpu_seconds.set(times.user + times.system)

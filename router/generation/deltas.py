@@ -64,9 +64,8 @@ async def prompt_deltas(pool: NodePool, tokenizer: Tokenizer, metrics: RouterMet
                 metrics.time_to_first_token.observe(now - start)
             num_events += 1
             sample = samples[event.index]
-            sample.observe_arrival(now, metrics)
             delta = to_delta(sample.detokenizer, index + event.index, event, params.stop_token_ids)
-            metrics.generated_tokens.inc(len(delta.token_ids))
+            sample.observe_arrival(now, metrics, len(delta.token_ids))
             yield delta
             if delta.finish_reason is not None:
                 stopped.add(event.index)
@@ -90,9 +89,8 @@ def delta_push(outlet: DeltaOutlet, samples: list[SampleTiming], index: int, par
         sample, sink = samples[event.index], outlet.sink
         if sample.first is None or sink is None or not sink.accepts(index + event.index):
             return False
-        sample.observe_arrival(time.monotonic(), metrics)
         delta = to_delta(sample.detokenizer, index + event.index, event, params.stop_token_ids)
-        metrics.generated_tokens.inc(len(delta.token_ids))
+        sample.observe_arrival(time.monotonic(), metrics, len(delta.token_ids))
         sink.take(delta)
         return True
     return push
@@ -145,11 +143,13 @@ class SampleTiming:
         self.last = start
         self.detokenizer = detokenizer
 
-    def observe_arrival(self, now: float, metrics: RouterMetrics) -> None:
+    def observe_arrival(self, now: float, metrics: RouterMetrics, num_tokens: int) -> None:
+        """num_tokens of this sample arrived at now (a delta's: its tokens kept after a stop)."""
         if self.first is None:
             self.first = now
+            metrics.streamed_tokens.add(num_tokens, None)
         else:
-            metrics.inter_token_latency.observe(now - self.last)
+            metrics.streamed_tokens.add(num_tokens, now - self.last)
         self.last = now
 
     def observe_finish(self, now: float, metrics: RouterMetrics, finish_reason: str) -> None:
