@@ -95,14 +95,32 @@ def pytest_runtest_logreport(report):
                                       "text": text}) + "\n")
 
 
+def group_order(items):
+    """A test's place by its group's: the groups with a long_pole test first, then those with a slow one, then the
+    rest as collected. The workers take groups in this order (pytest_configure turns xdist's own order off), one
+    whenever the last has at most two tests left, so the longest start early and the short ones even out the
+    end."""
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(group_name(item), []).append(item)
+    rank = {name: (not any(t.get_closest_marker("long_pole") for t in tests),
+                   not any(t.get_closest_marker("slow") for t in tests)) for name, tests in groups.items()}
+    return lambda item: rank[group_name(item)]
+
+
+def group_name(item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark.args else mark.kwargs["name"]
+
+
 @pytest.hookimpl(tryfirst=True)  # NOTE: before xdist's own, which names each test's group from its marks
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    items.sort(key=lambda item: item.get_closest_marker("long_pole") is None)  # NOTE: stable: the rest keep order
     for item in items:  # NOTE: under `--dist loadgroup` a module runs on one worker: its module fixtures start once
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=group_order(items))  # NOTE: stable: each group's tests keep their order
     if os.environ.get("MKL_CBWR") != MKL_DEFAULT_MODE:
         for item in items:
             if item.get_closest_marker("mkl_default_mode") is not None:
@@ -117,6 +135,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    # NOTE: xdist's loadscope and loadgroup reorder the groups by their number of tests, longest first: the
+    # several-minute other-capability run (two tests) was taken near the end, the other worker idle meanwhile
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     # NOTE: without a GPU, Triton kernels run in Triton's CPU interpreter (set before anything imports triton).
     import os
 
