@@ -161,14 +161,19 @@ class DecoderLM(nn.Module):
     def __init__(self, cfg: ModelArchConfig, max_positions: int):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # NOTE: no initial draw: every loader fills the weights (a checkpoint's, or fill_random_). On the meta device
+        # (load_model) nn.Embedding's own draw runs through torch's Python references, whose first call imports
+        # torch._dynamo: 1.5 s of CPU, a third of a CPU node's start-up
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tied_matmul = F.linear
         self.ops = TorchOps
         """The glue between the GEMMs: TorchOps, or FusedOps when the fused Triton path is on (use_fused_kernels)."""
-        cos, sin = cos_sin_table(cfg, max_positions)
+        with torch.device("cpu"):  # NOTE: real tables under any device (meta: as the embedding's draw above)
+            cos, sin = cos_sin_table(cfg, max_positions)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 

@@ -66,10 +66,8 @@ def load_model(model_dir: str | Path, dtype: str, device: str, max_positions: in
         raise ValueError(f"checkpoint mismatch in {model_dir}: missing {sorted(missing)[:5]}, "
                          f"unexpected {sorted(unexpected)[:5]}")
     model.load_state_dict(state, assign=True, strict=False)
-    # NOTE: the rope tables were built on the meta device with the module; build them for real. They stay
-    # float32 (the forward casts the rows it uses), as transformers keeps them.
-    model.rope_cos, model.rope_sin = cos_sin_table(cfg, max_positions)
     model = model.to(device=device, dtype=DTYPES[dtype])
+    # NOTE: the rope tables stay float32 (the forward casts the rows it uses), as transformers keeps them
     model.rope_cos, model.rope_sin = cos_sin_table(cfg, max_positions)
     model.rope_cos, model.rope_sin = model.rope_cos.to(device), model.rope_sin.to(device)
     return model.eval().requires_grad_(False)

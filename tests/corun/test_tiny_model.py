@@ -139,3 +139,15 @@ def test_tokenizer_does_not_import_torch(model_dir):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                             cwd=REPO_ROOT, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_loading_it_leaves_torch_dynamo_unimported(model_dir):
+    """A node's start-up loads the model and nothing else needs torch._dynamo (~1.5 s of CPU to import): built on
+    the meta device, the model must run no op through torch's Python references (their first call imports it)."""
+    script = ("import sys; from corun.models.loader import load_model; "
+              f"model = load_model({str(model_dir)!r}, 'float32', 'cpu', 64); "
+              "print(model.rope_cos.device, model.embed_tokens.weight.device, 'torch._dynamo' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                            cwd=REPO_ROOT, check=True)
+    assert result.stdout.split() == ["cpu", "cpu", "False"]
