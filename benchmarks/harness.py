@@ -25,11 +25,10 @@ from corun.cublas import apply_cublas_split_k
 from corun.engine import LLMEngine
 from corun.request import Request
 from planner.slo import checked_target_ms
-from planner.workloads import Arrivals, Workload, check_fits, make_prompts
+from planner.workloads import DEFAULT_ARRIVALS, Arrivals, Workload, check_fits, make_prompts
 from wire.config import EngineConfig, SchedulerConfig, canonical_mode_spec
 from wire.engine_args import parse_buckets, parse_switch
 
-DEFAULT_ARRIVALS = Arrivals()
 GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms"}
 """--goodput key -> SLOTargets field (vLLM's names; e2el is not measured here)."""
 

@@ -6,8 +6,7 @@ import json
 import os
 import sys
 
-from benchmarks.harness import DEFAULT_ARRIVALS, parse_goodput, run_bench
-from planner.workloads import PAPER_WORKLOADS, Arrivals, Workload, default_workloads, make_workload
+from planner.workloads import DEFAULT_ARRIVALS, PAPER_WORKLOADS, Arrivals, Workload, default_workloads, make_workload
 from wire.auth import API_KEY_ENV, resolve_api_key
 from wire.engine_args import add_engine_args, engine_config_from_args
 
@@ -79,6 +78,9 @@ def add_bench(commands) -> None:
 
 
 def run_bench_command(args) -> int:
+    # NOTE: here, not at the top: the harness imports torch (2 s), which `corun serve` and `corun scale` never need
+    from benchmarks.harness import parse_goodput, run_bench
+
     base = engine_config_from_args(args)
     arrivals = Arrivals(args.request_rate, args.burstiness, args.seed)
     slo = parse_goodput(args.goodput)

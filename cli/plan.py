@@ -15,7 +15,6 @@ from planner.perf_profile import PerformanceModel, PerformanceProfile
 from planner.plan import DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
 from planner.plan_sim import check_plan
 from planner.plot import rate_sweep, write_plot
-from planner.profiling import profile_engine
 from planner.recommend import Recommendation, recommend
 from planner.slo import SLO
 from wire.config import CacheConfig, DType, EngineConfig, SchedulerConfig
@@ -161,6 +160,8 @@ def decode_config(args, profile: PerformanceProfile) -> DecodeConfig:
 
 
 def measure_profile(args) -> PerformanceProfile:
+    from planner.profiling import profile_engine  # NOTE: here, not at the top: it imports torch (as cli/bench.py)
+
     block_size = CacheConfig.block_size if args.block_size is None else args.block_size
     num_blocks = None if args.kv_capacity_tokens is None else args.kv_capacity_tokens // block_size + 1
     scheduler = {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len,

@@ -162,3 +162,7 @@ class Arrivals:
         """JSON-safe (no Infinity): rate inf is written "inf", as vLLM's result files do."""
         rate = "inf" if math.isinf(self.request_rate) else self.request_rate
         return {"request_rate": rate, "burstiness": self.burstiness, "seed": self.seed}
+
+
+DEFAULT_ARRIVALS = Arrivals()
+"""Every request at t=0 (`corun bench`'s default, and the harness')."""

@@ -8,6 +8,8 @@ import argparse
 import dataclasses
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,13 @@ def test_every_flag_the_readme_names_is_a_flag_of_a_corun_program():
 def test_every_launch_config_field_has_a_docstring_as_its_help(config_class):
     for each in config_flags(config_class):
         assert each.help and each.help == field_docs(each.owner).get(each.path[-1]), each.field
+
+
+def test_corun_serve_and_corun_scale_import_no_torch():
+    """The `corun` program with every subcommand's flags, and the local launcher `corun serve` runs: torch (2 s of
+    CPU to import, hundreds of MB) is for the commands that run an engine here (bench, profile), not for the
+    launcher that supervises the nodes nor for a control-port client."""
+    script = "import sys, cli.main, launch.local; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    assert result.stdout.strip() == "False"
