@@ -85,10 +85,11 @@ def test_a_node_restarted_in_place_at_once_fails_its_streams_over_within_a_secon
     ran there died (the connection closes; the new instance's Pongs carry another instance id)."""
     cluster_1p2d.wait_healthy()
     api = client(cluster_1p2d)
-    references = [api.completions.create(model="corun-tiny", prompt=PROMPT, max_tokens=150, temperature=0.8, seed=s,
-                                         extra_body=EXTRA_BODY).choices[0].model_extra["token_ids"]
-                  for s in range(8)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        # NOTE: undisturbed, run together as the streams will be (batched or alone, a request's tokens are the same)
+        references = list(pool.map(lambda s: api.completions.create(
+            model="corun-tiny", prompt=PROMPT, max_tokens=150, temperature=0.8, seed=s,
+            extra_body=EXTRA_BODY).choices[0].model_extra["token_ids"], range(8)))
         streams = [pool.submit(stream_with_gaps, api, s) for s in range(8)]
         wait_for_stats(cluster_1p2d, lambda stats: sum(s.get("num_running", 0) for s in stats.values()) >= 6)
         victim = max((n for n in node_stats(cluster_1p2d) if n.startswith("decode")),
@@ -255,10 +256,10 @@ def test_a_busy_prefill_node_killed_under_long_prompts_loses_none_of_them(cluste
     """Issue 23 (finding 6's run): a prefill SIGKILL under 16 long prompts failed 8 of them. Killed while it holds
     queued prompts and restarted in place at once: every request completes, bitwise as undisturbed."""
     api = client(cluster_2p1d)
-    references = [long_completion(api, prompt) for prompt in LONG_PROMPTS]
-    # NOTE: cold again, so that the prompts queue on the prefill nodes (cached, only their last chunks would run)
-    reset_prefix_cache(cluster_2p1d)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        references = list(pool.map(lambda prompt: long_completion(api, prompt), LONG_PROMPTS))  # NOTE: undisturbed
+        # NOTE: cold again, so that the prompts queue on the prefill nodes (cached, only their last chunks would run)
+        reset_prefix_cache(cluster_2p1d)
         outputs = [pool.submit(long_completion, api, prompt) for prompt in LONG_PROMPTS]
         stats = wait_for_stats(cluster_2p1d, lambda stats: stats["prefill-0"]["num_waiting"] > 0)
         assert stats["prefill-0"]["num_waiting"] > 0, "prefill-0 never held a queued prompt"
