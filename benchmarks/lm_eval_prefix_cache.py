@@ -67,8 +67,10 @@ def evaluate(url: str, model_dir: str, task_dir: Path, num_concurrent: int) -> t
     os.chdir(task_dir)  # NOTE: the task's data_files are relative to it
     try:
         started = time.perf_counter()
+        # NOTE: include_defaults False: lm-eval's own tasks go unindexed (some 10 s of reading their YAML files)
+        tasks = TaskManager(include_path=str(task_dir), include_defaults=False)
         results = lm_eval.simple_evaluate(model="local-completions", model_args=model_args, tasks=[TASK],
-                                          log_samples=True, task_manager=TaskManager(include_path=str(task_dir)))
+                                          log_samples=True, task_manager=tasks)
         seconds = time.perf_counter() - started
     finally:
         os.chdir(cwd)

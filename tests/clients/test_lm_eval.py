@@ -28,7 +28,7 @@ def evaluate(cluster, model_dir: str, num_concurrent: int) -> dict:
                   f"tokenizer={model_dir},num_concurrent={num_concurrent},max_retries=1")
     results = lm_eval.simple_evaluate(model="local-completions", model_args=model_args,
                                       tasks=["corun_tiny_mc", "corun_tiny_gen"], log_samples=True,
-                                      task_manager=TaskManager(include_path=str(TASKS)))
+                                      task_manager=TaskManager(include_path=str(TASKS), include_defaults=False))
     return {task: [(s["doc_id"], s["resps"], s["filtered_resps"]) for s in samples]
             for task, samples in results["samples"].items()}
 
