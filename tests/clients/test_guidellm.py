@@ -36,11 +36,15 @@ def guidellm_run(cluster, model_dir: str, request_format: str, tmp_path: Path) -
             "--profile", f"kind=concurrent,streams={STREAMS}",
             "--constraint", f"kind=max_requests,count={REQUESTS}",
             "--data", f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}",
+            # NOTE: its loader makes no more prompts ahead than the run sends (by default 4096: seconds of CPU)
+            "--data-loader", f"kind=pytorch,prefetch_factor={REQUESTS}",
             "--tokenizer", f"kind=huggingface_auto,model={model_dir}",
             "--output", f"kind=json,path={report}",
             "--disable-console-interactive"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_HOME": str(tmp_path / "hf")}
+           "HF_HOME": str(tmp_path / "hf"),
+           # NOTE: one sender process runs the 8 streams (by default one each, every one importing guidellm anew)
+           "GUIDELLM__MAX_WORKER_PROCESSES": "1"}
     done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return json.loads(report.read_text())
@@ -65,6 +69,7 @@ def test_guidellm_streams_every_request_successfully(cluster, tiny_model_dir, re
     [benchmark] = guidellm_run(cluster, tiny_model_dir, request_format, tmp_path)["benchmarks"]
     made = benchmark["scheduler_metrics"]["requests_made"]
     assert made == {"successful": REQUESTS, "errored": 0, "incomplete": 0, "total": REQUESTS}
+    assert benchmark["metrics"]["request_concurrency"]["successful"]["max"] == STREAMS
     requests = benchmark["requests"]
     assert not requests["errored"] and not requests["incomplete"] and len(requests["successful"]) == REQUESTS
     for request in requests["successful"]:
