@@ -59,6 +59,7 @@ def create_app(config: RouterConfig) -> web.Application:
     add_token_routes(app)
     add_prefix_cache_routes(app)
     app.on_startup.append(start_pool)
+    app.on_shutdown.append(begin_closing)
     app.on_cleanup.append(close_pool)
     return app
 
@@ -120,6 +121,12 @@ async def start_pool(app: web.Application) -> None:
     await app[STATE_KEY].pool.start()
     if app[STATE_KEY].metrics.multiprocess_dir is not None:
         app[REFRESH_TASK_KEY] = asyncio.create_task(refresh_metrics(app[STATE_KEY].metrics), name="metrics refresh")
+
+
+async def begin_closing(app: web.Application) -> None:
+    """NOTE: aiohttp runs on_shutdown once the listening sockets are closed and before it waits for the open
+    requests (AppRunner.cleanup): those then end at their first failure."""
+    app[STATE_KEY].pool.begin_closing()
 
 
 async def refresh_metrics(metrics: RouterMetrics) -> None:

@@ -91,7 +91,7 @@ async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int],
                         yield event if attempt == 1 else replace(event, request_id=request_id)
             return
         except GenerationError as error:
-            if error.status not in RETRYABLE_STATUSES or attempt == MAX_ATTEMPTS:
+            if error.status not in RETRYABLE_STATUSES or attempt == MAX_ATTEMPTS or pool.closing:
                 raise
             logger.warning("request %s: attempt %d failed (%s); retrying", request_id, attempt, error.message)
 
@@ -321,7 +321,8 @@ async def send_within(node: NodeClient, message, timeout_s: float) -> None:
         while not (await asyncio.wait({sending}, timeout=NODE_CHECK_INTERVAL_S))[0]:
             now = loop.time()
             unhealthy_since = None if node.healthy else (unhealthy_since or now)
-            if now >= deadline or (unhealthy_since is not None and now - unhealthy_since >= UNREACHABLE_AFTER_S):
+            if (now >= deadline or node.router_closing
+                    or (unhealthy_since is not None and now - unhealthy_since >= UNREACHABLE_AFTER_S)):
                 raise node_failure(node, 503, "is unreachable")
     finally:
         sending.cancel()

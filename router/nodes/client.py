@@ -140,6 +140,8 @@ class NodeClient:
         """No new requests: it is being removed (router/admin.py)."""
         self.given_up = False
         """The launcher gave up restarting this node (router/api/admin.py): it stays listed, unhealthy."""
+        self.router_closing = False
+        """The router is stopping (NodePool.begin_closing): a send this node cannot take now fails at once."""
         self._context = context
         self._socket: zmq.asyncio.Socket | None = None
         self._request_queues: dict[str, ReplyQueue] = {}

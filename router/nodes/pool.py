@@ -48,6 +48,8 @@ class NodePool:
         self._nonces = itertools.count()
         self._identity: PoolIdentity | None = None
         self._identity_key: tuple | None = None
+        self.closing = False
+        """The router is stopping (begin_closing): a failed request is not tried again."""
 
     @property
     def prefill_nodes(self) -> list[NodeClient]:
@@ -69,6 +71,15 @@ class NodePool:
         for node in self.nodes:
             node.start()
         self._ping_task = asyncio.create_task(self._ping_loop(), name="ping nodes")
+
+    def begin_closing(self) -> None:
+        """The router stops: its open requests run on, but one that fails ends with its error at once. NOTE: a
+        launcher stops the nodes before their routers (launch/local.py, LocalCluster.stop), so the requests open then
+        fail; a retry would wait UNREACHABLE_AFTER_S for each of two more attempts on nodes that are not coming
+        back, holding the router's stop (and its SIGTERM grace) ~7 s."""
+        self.closing = True
+        for node in self.nodes:
+            node.router_closing = True
 
     async def close(self) -> None:
         if self._ping_task is not None:

@@ -60,6 +60,7 @@ class RouterHarness:
         self._thread = threading.Thread(target=self._loop.run_forever, name="router-harness", daemon=True)
         self.base_url = ""
         self.state: RouterState | None = None
+        self._stopped = False
 
     def __enter__(self) -> RouterHarness:
         self._thread.start()
@@ -68,7 +69,7 @@ class RouterHarness:
 
     def __exit__(self, *exc_info) -> None:
         try:
-            self.call(self._stop)
+            self.call(self.stop)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
@@ -96,7 +97,12 @@ class RouterHarness:
         host, port = self._runner.addresses[0][:2]
         self.base_url = f"http://{host}:{port}"
 
-    async def _stop(self) -> None:
+    async def stop(self) -> None:
+        """The router's stop (what SIGTERM runs: aiohttp's cleanup), then the fake nodes'; once (the block's end
+        after a test's own call does nothing)."""
+        if self._stopped:
+            return
+        self._stopped = True
         await self._runner.cleanup()
         await asyncio.gather(*(node.close() for node in self.nodes))
         self._context.term()

@@ -103,6 +103,47 @@ def test_a_failure_that_persists_gives_up_after_three_attempts(tiny_model_dir, w
         assert len(router.decode_nodes[0].request_ids(DecodeRequest)) == 6
 
 
+def test_a_stopping_router_ends_a_failed_request_at_once_without_retrying(tiny_model_dir, word_token_ids):
+    """Once the router stops (NodePool.begin_closing), a failure ends its request: its launcher stopped the nodes
+    first, and two more attempts would each wait for nodes that are not coming back. The inverse is the test above:
+    the same failures, the router not stopping, take three attempts."""
+    broken = FakeBehaviour(fail_after_tokens=2, num_failures=10)
+    with RouterHarness(tiny_model_dir, word_token_ids, num_decode=1, decode=broken) as router:
+        router.call(begin_closing(router))
+        streamed = post(router.base_url + "/v1/completions", {**BODY, "max_tokens": 8, "stream": True})
+        events = sse_events(streamed.body)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 503
+        assert len(router.decode_nodes[0].request_ids(DecodeRequest)) == 1
+
+
+def begin_closing(router: RouterHarness):
+    async def run() -> None:
+        router.state.pool.begin_closing()
+    return run
+
+
+def test_the_router_s_stop_begins_closing_before_it_waits_for_open_streams(tiny_model_dir, word_token_ids):
+    """aiohttp's cleanup (what SIGTERM runs) closes the pool for retries before it waits for the open requests: a
+    stream whose node fails during the stop ends there (NOTE: the node fails 1 s of token delays after the first
+    token, long after the stop began)."""
+    failing = FakeBehaviour(event_delay_s=0.25, fail_after_tokens=5, num_failures=10)
+    with RouterHarness(tiny_model_dir, word_token_ids, num_decode=1, decode=failing) as router:
+        events = router.call(lambda: stream_through_the_stop(router), timeout_s=20)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 503
+    assert len(router.decode_nodes[0].request_ids(DecodeRequest)) == 1
+
+
+async def stream_through_the_stop(router: RouterHarness) -> list:
+    async with aiohttp.ClientSession(timeout=NO_CLIENT_TIMEOUT) as session:
+        body = {**BODY, "max_tokens": 20, "stream": True}
+        async with session.post(router.base_url + "/v1/completions", json=body) as reply:
+            first = await reply.content.readline()
+            stopping = asyncio.create_task(router.stop())
+            rest = await reply.read()
+            await stopping
+    return sse_events((first + rest).decode())
+
+
 @pytest.mark.parametrize("params", [{"max_tokens": 1}, {"max_tokens": 5, "stop_token_ids": "FIRST"}])
 def test_a_request_finished_by_its_first_token_skips_decode(tiny_model_dir, word_token_ids, tokenizer, params):
     prompt_ids = tokenizer.encode(BODY["prompt"])
