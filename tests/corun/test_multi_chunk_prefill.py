@@ -6,6 +6,8 @@ for a token is set by its position, and where its start-up probe agrees. On that
 logprobs and prompt logprobs are bitwise those of one chunk per forward, alone, batched and served from the prefix
 cache, and long prompts really take fewer forwards. The inverse shows why the rule names the kernel: forced on the
 per-chunk SDPA path (CPU's), a prompt's chunks in one forward change some prompt's bits on this machine.
+
+NOTE: on the tiny model's two-layer variant: every prompt forward here runs in Triton's interpreter, seconds a layer.
 """
 
 import pytest
@@ -48,13 +50,13 @@ def on_the_kernel(llm: LLM, multi_chunk: bool, probed: LLM | None = None) -> LLM
 
 
 @pytest.fixture(scope="module")
-def multi(tiny_model_dir):
-    return on_the_kernel(make_llm(tiny_model_dir, multi_chunk=True), multi_chunk=True)
+def multi(two_layer_tiny_model_dir):
+    return on_the_kernel(make_llm(two_layer_tiny_model_dir, multi_chunk=True), multi_chunk=True)
 
 
 @pytest.fixture(scope="module")
-def one_chunk(tiny_model_dir):
-    return on_the_kernel(make_llm(tiny_model_dir, multi_chunk=False), multi_chunk=False)
+def one_chunk(two_layer_tiny_model_dir):
+    return on_the_kernel(make_llm(two_layer_tiny_model_dir, multi_chunk=False), multi_chunk=False)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +69,8 @@ def one_chunk_reference(one_chunk):
     return prompts, expected, one_chunk.engine.stats.num_prefill_forwards - forwards_before
 
 
-def test_only_the_packed_kernel_with_the_probe_agreeing_runs_several_chunks(tiny_model_dir, multi, one_chunk):
-    sdpa = make_llm(tiny_model_dir, multi_chunk=True)
+def test_only_the_packed_kernel_with_the_probe_agreeing_runs_several_chunks(two_layer_tiny_model_dir, multi, one_chunk):
+    sdpa = make_llm(two_layer_tiny_model_dir, multi_chunk=True)
     assert not sdpa.engine.runner.multi_chunk_prefill and not sdpa.engine.scheduler.multi_chunk_prefill
     assert multi.engine.runner.multi_chunk_prefill == several_chunks_match(multi.engine.runner)
     assert multi.engine.scheduler.multi_chunk_prefill == multi.engine.runner.multi_chunk_prefill
@@ -88,7 +90,7 @@ def test_several_chunks_in_one_forward_keep_every_output_bitwise(multi, one_chun
     assert forwards[0] < forwards[1], f"prefill forwards {forwards}: the chunks did not share forwards"
 
 
-def test_prompt_logprobs_and_prefix_cache_hits_keep_their_bits(tiny_model_dir, multi, one_chunk,
+def test_prompt_logprobs_and_prefix_cache_hits_keep_their_bits(two_layer_tiny_model_dir, multi, one_chunk,
                                                                 one_chunk_reference):
     if not multi.engine.runner.multi_chunk_prefill:
         pytest.skip("the probe found other bits in one forward on this CPU: every forward runs one chunk per prompt")
@@ -98,7 +100,7 @@ def test_prompt_logprobs_and_prefix_cache_hits_keep_their_bits(tiny_model_dir, m
     got = [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs)
            for o in multi.generate(prompts, WITH_PROMPT_LOGPROBS)]
     assert got == expected
-    cached = on_the_kernel(make_llm(tiny_model_dir, multi_chunk=True, caching=True), multi_chunk=True, probed=multi)
+    cached = on_the_kernel(make_llm(two_layer_tiny_model_dir, multi_chunk=True, caching=True), multi_chunk=True, probed=multi)
     cache_prompts, cold, _ = one_chunk_reference
     warm = [cached.generate([p], PARAMS)[0] for p in cache_prompts]  # NOTE: later prompts hit their family's chunks
     assert first_difference(cold, completions(warm)) is None
@@ -106,12 +108,12 @@ def test_prompt_logprobs_and_prefix_cache_hits_keep_their_bits(tiny_model_dir, m
 
 
 @pytest.mark.numerics  # NOTE: the kernel tests above run in Triton's interpreter (numpy's rounding): not marked
-def test_inverse_several_chunks_on_the_per_chunk_sdpa_path_change_the_bits(tiny_model_dir):
+def test_inverse_several_chunks_on_the_per_chunk_sdpa_path_change_the_bits(two_layer_tiny_model_dir):
     """Proves the comparison can fail here, and why the rule names the kernel: on CPU's per-chunk SDPA path (the
     kernel chosen by the query count and the mask), a prompt's chunks in one forward change some prompt's bits."""
     prompts = shared_prefix_prompts(seed=3)
-    expected = completions(make_llm(tiny_model_dir, multi_chunk=False).generate(prompts, PARAMS))
-    forced = make_llm(tiny_model_dir, multi_chunk=False)
+    expected = completions(make_llm(two_layer_tiny_model_dir, multi_chunk=False).generate(prompts, PARAMS))
+    forced = make_llm(two_layer_tiny_model_dir, multi_chunk=False)
     forced.engine.runner.multi_chunk_prefill = forced.engine.scheduler.multi_chunk_prefill = True
     got = completions(forced.generate(prompts, PARAMS))
     if first_difference(expected, got) is None:
