@@ -17,7 +17,9 @@ CHUNK = 16
 NUM_BLOCKS = 256
 """8 MiB of KV: every test's requests and cached chunks with room to spare (nothing evicted but where a test asks).
 NOTE: the default budget's 512 MiB took each of the module's ~20 engines a third of a second to zero."""
-ENGINE = dict(prefill_chunk_size=CHUNK, max_model_len=256, num_threads=1, num_blocks=NUM_BLOCKS)
+# NOTE: N = 16 rows (the default 32), still more than any test runs at once: every decode step computes N rows, and
+# most prompts here run alone
+ENGINE = dict(prefill_chunk_size=CHUNK, max_model_len=256, num_threads=1, num_blocks=NUM_BLOCKS, max_num_seqs=16)
 PARAMS = SamplingParams(temperature=0.8, seed=7, max_tokens=8, logprobs=3, ignore_eos=True)
 WITH_PROMPT_LOGPROBS = SamplingParams(temperature=0.8, seed=7, max_tokens=8, logprobs=3, ignore_eos=True,
                                       prompt_logprobs=2)
