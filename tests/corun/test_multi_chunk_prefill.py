@@ -100,7 +100,8 @@ def test_prompt_logprobs_and_prefix_cache_hits_keep_their_bits(two_layer_tiny_mo
     got = [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs)
            for o in multi.generate(prompts, WITH_PROMPT_LOGPROBS)]
     assert got == expected
-    cached = on_the_kernel(make_llm(two_layer_tiny_model_dir, multi_chunk=True, caching=True), multi_chunk=True, probed=multi)
+    cached = on_the_kernel(make_llm(two_layer_tiny_model_dir, multi_chunk=True, caching=True), multi_chunk=True,
+                           probed=multi)
     cache_prompts, cold, _ = one_chunk_reference
     warm = [cached.generate([p], PARAMS)[0] for p in cache_prompts]  # NOTE: later prompts hit their family's chunks
     assert first_difference(cold, completions(warm)) is None
