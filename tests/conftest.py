@@ -27,6 +27,14 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny-model")))
 
 
+@pytest.fixture(scope="session")
+def two_layer_tiny_model_dir(tmp_path_factory) -> str:
+    """The tiny model with two of its four layers, for tests whose every forward runs in Triton's CPU interpreter
+    (seconds a layer) and whose property is the step's path, not the depth: a second layer still reads the first's
+    output and has KV of its own."""
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny-model-two-layers"), num_hidden_layers=2))
+
+
 def varied_prompts(num: int, seed: int, min_words: int = 3, max_words: int = 120) -> list[str]:
     """Prompts of very different lengths (some longer than the tests' prefill chunk)."""
     rng = random.Random(seed)

@@ -106,7 +106,9 @@ def test_inverse_mixed_batching_diverges_needle(mixed_llm):
 def test_batched_decode_path_on_cpu(tiny_model_dir, mode):
     """The CUDA path's step building (batched decode rows + prompt segments), run on CPU with the torch kernel:
     corun stays bitwise identical bs1 vs bsN through it, and it agrees with the per-request path's tokens."""
-    llm = LLM(tiny_model_dir, mode=mode, max_num_batched_tokens=4096, **ENGINE)
+    # NOTE: rows for the 8 prompts, not N: each batched decode step attends over every row's whole window, the
+    # padding rows' too, and a prompt alone decodes at the engine's one size
+    llm = LLM(tiny_model_dir, mode=mode, max_num_batched_tokens=4096, **{**ENGINE, "max_num_seqs": 8})
     reference = completions(llm.generate(varied_prompts(8, seed=3), PARAMS))
     llm.engine.runner.batched_decode_rows = True
     batched = completions(llm.generate(varied_prompts(8, seed=3), PARAMS))

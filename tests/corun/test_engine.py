@@ -213,16 +213,18 @@ def test_seed_does_not_matter_at_temperature_zero(llm):
     assert a.token_ids == b.token_ids
 
 
-def test_batch_invariant_mode_runs_prompts_through_the_packed_kernel(tiny_model_dir):
+def test_batch_invariant_mode_runs_prompts_through_the_packed_kernel(two_layer_tiny_model_dir):
     """batch_invariant mode on CPU (its Triton kernels in the interpreter): mixed steps with several prompt chunks
     go through one packed prefill launch and give the tokens fixed_shape mode gives (float32: same argmax here)."""
     from corun import LLM, SamplingParams
 
     prompts = [[5, 6, 7, 8, 9], list(range(20, 61)), [3]]
-    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    invariant = LLM(tiny_model_dir, mode="batch_invariant", max_num_seqs=4, max_model_len=128,
+    # NOTE: two tokens take three steps (each seconds in Triton's interpreter): the first prompt's second token is
+    # decoded in the step that holds the long prompt's later chunk and the last prompt, then a step of decodes
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    invariant = LLM(two_layer_tiny_model_dir, mode="batch_invariant", max_num_seqs=4, max_model_len=128,
                     prefill_chunk_size=16, max_num_batched_tokens=32)
-    reference = LLM(tiny_model_dir, mode="fixed_shape", max_num_seqs=4, max_model_len=128)
+    reference = LLM(two_layer_tiny_model_dir, mode="fixed_shape", max_num_seqs=4, max_model_len=128)
     ours = [o.outputs[0].token_ids for o in invariant.generate(prompts, params)]
     assert invariant.engine.stats.max_prefill_batch > 1
     assert ours == [o.outputs[0].token_ids for o in reference.generate(prompts, params)]

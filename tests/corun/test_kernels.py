@@ -24,7 +24,13 @@ gpu_only = pytest.mark.gpu  # NOTE: a GPU fact
 BF16 = pytest.param(torch.bfloat16, marks=gpu_only)
 
 
-def paged_case(num_rows: int, dtype, seed: int = 0, num_heads: int = 32, num_kv_heads: int = 8,
+HEADS, KV_HEADS = (32, 8) if ON_GPU else (8, 2)
+"""Query and kv heads of the cases. NOTE: on CPU, two kv heads of four query heads each: the GPU cases' GQA group
+at a quarter of the programs, which Triton's interpreter runs one at a time (every kv head's programs walk the
+same positions)."""
+
+
+def paged_case(num_rows: int, dtype, seed: int = 0, num_heads: int = HEADS, num_kv_heads: int = KV_HEADS,
                head_dim: int = 128 if ON_GPU else 32, block_size: int = 16, window_blocks: int = 64 if ON_GPU else 20):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     num_blocks = num_rows * window_blocks + 1
@@ -114,7 +120,7 @@ def test_batch_invariant_linear_matches_and_is_invariant_where_cublas_is_not():
 def prefill_case(num_tokens: int, dtype, seed: int):
     q, k_cache, v_cache, tables, _ = paged_case(1, dtype, seed=seed, window_blocks=-(-num_tokens // 16))
     gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
-    prompt = torch.randn(num_tokens, 32, q.shape[-1], generator=gen, device=DEVICE).to(dtype)
+    prompt = torch.randn(num_tokens, HEADS, q.shape[-1], generator=gen, device=DEVICE).to(dtype)
     return prompt, k_cache, v_cache, tables[0]
 
 

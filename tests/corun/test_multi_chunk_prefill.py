@@ -6,6 +6,8 @@ for a token is set by its position, and where its start-up probe agrees. On that
 logprobs and prompt logprobs are bitwise those of one chunk per forward, alone, batched and served from the prefix
 cache, and long prompts really take fewer forwards. The inverse shows why the rule names the kernel: forced on the
 per-chunk SDPA path (CPU's), a prompt's chunks in one forward change some prompt's bits on this machine.
+
+NOTE: on the tiny model's two-layer variant: every prompt forward here runs in Triton's interpreter, seconds a layer.
 """
 
 import pytest
@@ -29,51 +31,67 @@ def make_llm(model: str, multi_chunk: bool, caching: bool = False) -> LLM:
         multi_chunk_prefill=multi_chunk), cache=CacheConfig(num_blocks=600, enable_prefix_caching=caching)))
 
 
-def on_the_kernel(llm: LLM, multi_chunk: bool) -> LLM:
-    """Prompt attention through the packed Triton kernel (as on CUDA), then the start-up rule applied again."""
+def on_the_kernel(llm: LLM, multi_chunk: bool, probed: LLM | None = None) -> LLM:
+    """Prompt attention through the packed Triton kernel (as on CUDA), then the start-up rule applied again.
+    probed: an engine of the same model and scheduler already on the kernel, whose probes' answers are taken."""
     runner = llm.engine.runner
     runner.packed_prefill_kernel = True
-    runner.multi_chunk_prefill = multi_chunk and several_chunks_match(runner)
+    if probed is None:
+        runner.multi_chunk_prefill = multi_chunk and several_chunks_match(runner)
+        runner.joined_shapes = verified_joined_shapes(runner)  # NOTE: prefill forwards carry decode steps here too
+    else:
+        # NOTE: the probes run forwards of the model at the runner's pack and decode sizes, which the prefix cache
+        # leaves as they are; in Triton's interpreter they cost seconds
+        runner.multi_chunk_prefill = multi_chunk and probed.engine.runner.multi_chunk_prefill
+        runner.joined_shapes = set(probed.engine.runner.joined_shapes)
     llm.engine.scheduler.multi_chunk_prefill = runner.multi_chunk_prefill
-    runner.joined_shapes = verified_joined_shapes(runner)  # NOTE: prefill forwards carry decode steps here too
     llm.engine.scheduler.decode_rides_prefill = runner.decode_rides_prefill
     return llm
 
 
 @pytest.fixture(scope="module")
-def multi(tiny_model_dir):
-    return on_the_kernel(make_llm(tiny_model_dir, multi_chunk=True), multi_chunk=True)
+def multi(two_layer_tiny_model_dir):
+    return on_the_kernel(make_llm(two_layer_tiny_model_dir, multi_chunk=True), multi_chunk=True)
 
 
 @pytest.fixture(scope="module")
-def one_chunk(tiny_model_dir):
-    return on_the_kernel(make_llm(tiny_model_dir, multi_chunk=False), multi_chunk=False)
+def one_chunk(two_layer_tiny_model_dir):
+    return on_the_kernel(make_llm(two_layer_tiny_model_dir, multi_chunk=False), multi_chunk=False)
 
 
-def test_only_the_packed_kernel_with_the_probe_agreeing_runs_several_chunks(tiny_model_dir, multi, one_chunk):
-    sdpa = make_llm(tiny_model_dir, multi_chunk=True)
+@pytest.fixture(scope="module")
+def one_chunk_reference(one_chunk):
+    """-> (prompts, their completions at one chunk per forward, the prefill forwards that took). NOTE: one run
+    shared by the tests that compare against it: at one chunk per forward in Triton's interpreter, it costs seconds."""
+    prompts = shared_prefix_prompts(seed=3)  # NOTE: 32-78 tokens: 2-5 chunks each
+    forwards_before = one_chunk.engine.stats.num_prefill_forwards
+    expected = completions(one_chunk.generate(prompts, PARAMS))
+    return prompts, expected, one_chunk.engine.stats.num_prefill_forwards - forwards_before
+
+
+def test_only_the_packed_kernel_with_the_probe_agreeing_runs_several_chunks(two_layer_tiny_model_dir, multi, one_chunk):
+    sdpa = make_llm(two_layer_tiny_model_dir, multi_chunk=True)
     assert not sdpa.engine.runner.multi_chunk_prefill and not sdpa.engine.scheduler.multi_chunk_prefill
     assert multi.engine.runner.multi_chunk_prefill == several_chunks_match(multi.engine.runner)
     assert multi.engine.scheduler.multi_chunk_prefill == multi.engine.runner.multi_chunk_prefill
     assert not one_chunk.engine.scheduler.multi_chunk_prefill
 
 
-def test_several_chunks_in_one_forward_keep_every_output_bitwise(multi, one_chunk):
+def test_several_chunks_in_one_forward_keep_every_output_bitwise(multi, one_chunk_reference):
     if not multi.engine.runner.multi_chunk_prefill:
         pytest.skip("the probe found other bits in one forward on this CPU: every forward runs one chunk per prompt")
-    prompts = shared_prefix_prompts(seed=3)  # NOTE: 41-78 tokens: 3-5 chunks each
-    forwards_before = (multi.engine.stats.num_prefill_forwards, one_chunk.engine.stats.num_prefill_forwards)
-    expected = completions(one_chunk.generate(prompts, PARAMS))
+    prompts, expected, one_chunk_forwards = one_chunk_reference
+    forwards_before = multi.engine.stats.num_prefill_forwards
     together = completions(multi.generate(prompts, PARAMS))
-    forwards = (multi.engine.stats.num_prefill_forwards - forwards_before[0],
-                one_chunk.engine.stats.num_prefill_forwards - forwards_before[1])
+    forwards = (multi.engine.stats.num_prefill_forwards - forwards_before, one_chunk_forwards)
     alone = [completions(multi.generate([p], PARAMS))[0] for p in prompts[:3]]
     assert first_difference(expected, together) is None
     assert first_difference(expected[:3], alone) is None
     assert forwards[0] < forwards[1], f"prefill forwards {forwards}: the chunks did not share forwards"
 
 
-def test_prompt_logprobs_and_prefix_cache_hits_keep_their_bits(tiny_model_dir, multi, one_chunk):
+def test_prompt_logprobs_and_prefix_cache_hits_keep_their_bits(two_layer_tiny_model_dir, multi, one_chunk,
+                                                                one_chunk_reference):
     if not multi.engine.runner.multi_chunk_prefill:
         pytest.skip("the probe found other bits in one forward on this CPU: every forward runs one chunk per prompt")
     prompts = shared_prefix_prompts(seed=4)
@@ -82,20 +100,21 @@ def test_prompt_logprobs_and_prefix_cache_hits_keep_their_bits(tiny_model_dir, m
     got = [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs)
            for o in multi.generate(prompts, WITH_PROMPT_LOGPROBS)]
     assert got == expected
-    cached = on_the_kernel(make_llm(tiny_model_dir, multi_chunk=True, caching=True), multi_chunk=True)
-    cold = completions(one_chunk.generate(prompts, PARAMS))
-    warm = [cached.generate([p], PARAMS)[0] for p in prompts]  # NOTE: later prompts hit their family's chunks
+    cached = on_the_kernel(make_llm(two_layer_tiny_model_dir, multi_chunk=True, caching=True), multi_chunk=True,
+                           probed=multi)
+    cache_prompts, cold, _ = one_chunk_reference
+    warm = [cached.generate([p], PARAMS)[0] for p in cache_prompts]  # NOTE: later prompts hit their family's chunks
     assert first_difference(cold, completions(warm)) is None
     assert sum(o.num_cached_tokens for o in warm) > 0
 
 
 @pytest.mark.numerics  # NOTE: the kernel tests above run in Triton's interpreter (numpy's rounding): not marked
-def test_inverse_several_chunks_on_the_per_chunk_sdpa_path_change_the_bits(tiny_model_dir):
+def test_inverse_several_chunks_on_the_per_chunk_sdpa_path_change_the_bits(two_layer_tiny_model_dir):
     """Proves the comparison can fail here, and why the rule names the kernel: on CPU's per-chunk SDPA path (the
     kernel chosen by the query count and the mask), a prompt's chunks in one forward change some prompt's bits."""
     prompts = shared_prefix_prompts(seed=3)
-    expected = completions(make_llm(tiny_model_dir, multi_chunk=False).generate(prompts, PARAMS))
-    forced = make_llm(tiny_model_dir, multi_chunk=False)
+    expected = completions(make_llm(two_layer_tiny_model_dir, multi_chunk=False).generate(prompts, PARAMS))
+    forced = make_llm(two_layer_tiny_model_dir, multi_chunk=False)
     forced.engine.runner.multi_chunk_prefill = forced.engine.scheduler.multi_chunk_prefill = True
     got = completions(forced.generate(prompts, PARAMS))
     if first_difference(expected, got) is None:

@@ -14,7 +14,12 @@ from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 from wire.prefix_hash import chunk_hash_chain
 
 CHUNK = 16
-ENGINE = dict(prefill_chunk_size=CHUNK, max_model_len=256, num_threads=1)
+NUM_BLOCKS = 256
+"""8 MiB of KV: every test's requests and cached chunks with room to spare (nothing evicted but where a test asks).
+NOTE: the default budget's 512 MiB took each of the module's ~20 engines a third of a second to zero."""
+# NOTE: N = 16 rows (the default 32), still more than any test runs at once: every decode step computes N rows, and
+# most prompts here run alone
+ENGINE = dict(prefill_chunk_size=CHUNK, max_model_len=256, num_threads=1, num_blocks=NUM_BLOCKS, max_num_seqs=16)
 PARAMS = SamplingParams(temperature=0.8, seed=7, max_tokens=8, logprobs=3, ignore_eos=True)
 WITH_PROMPT_LOGPROBS = SamplingParams(temperature=0.8, seed=7, max_tokens=8, logprobs=3, ignore_eos=True,
                                       prompt_logprobs=2)
@@ -81,7 +86,7 @@ def test_warm_prompts_after_others_with_their_prefix_are_bitwise_cold(tiny_model
 def test_prompts_after_eviction_and_after_a_reset_are_bitwise_cold(tiny_model_dir, cold):
     prompts, expected, _ = cold
     # NOTE: 12 blocks: one request (<= 78 + 8 tokens: 6 blocks) and a few cached chunks at a time
-    llm = LLM(tiny_model_dir, num_blocks=13, **ENGINE)
+    llm = LLM(tiny_model_dir, **{**ENGINE, "num_blocks": 13})
     cache = llm.engine.block_manager.prefix_cache
     for _ in range(2):
         assert outputs(llm, prompts)[0] == expected
@@ -307,4 +312,4 @@ def packed(model: str, enable_prefix_caching: bool) -> LLM:
     """Packed prefill (the CUDA default): up to 4 prompts' chunks in one 64-row forward."""
     return LLM.from_config(EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
         max_model_len=256, prefill_chunk_size=CHUNK, prefill_pack_tokens=64, prefill_pack_seqs=4),
-        cache=CacheConfig(enable_prefix_caching=enable_prefix_caching)))
+        cache=CacheConfig(num_blocks=NUM_BLOCKS, enable_prefix_caching=enable_prefix_caching)))
