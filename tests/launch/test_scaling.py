@@ -45,6 +45,13 @@ def wait_until_healthy(cluster, timeout_s: float = 60) -> None:
         time.sleep(0.1)
 
 
+def wait_until_every_node_answers(api_url: str, api_key: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(n["healthy"] for n in scaling.router_admin(api_url, "GET", api_key=api_key)["nodes"]):
+        assert time.monotonic() < deadline, "the added node never answered"
+        time.sleep(0.1)
+
+
 def start_1p1d(tiny_model_dir) -> LocalCluster:
     return LocalCluster(ClusterConfig(engine_config(tiny_model_dir), port=free_port("127.0.0.1"))).start()
 
@@ -119,6 +126,9 @@ def test_corun_scale_adds_and_removes_nodes_of_corun_serve(tiny_model_dir):
         assert unauthorized.returncode == 2 and "API key is required" in unauthorized.stderr
         added = scale("add", "decode")
         assert added.returncode == 0 and added.stdout.strip() == "decode-1 added"
+        # NOTE: an added node takes requests once it answers (LocalCluster.add_node), which `corun scale` does not
+        # wait for: removing the only node that answers before then would leave no decode node serving
+        wait_until_every_node_answers(f"http://127.0.0.1:{port}", API_KEY)
         removed = scale("remove", "decode-0")
         assert removed.returncode == 0 and removed.stdout.strip() == "decode-0 removed"
         refused = scale("remove", "decode-1")
