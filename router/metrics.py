@@ -104,8 +104,7 @@ class RouterMetrics:
                                      registry=self.registry).labels(model_name)
         self.generated_tokens = Counter("vllm:generation_tokens", "Tokens returned to clients", MODEL_LABEL,
                                         registry=self.registry).labels(model_name)
-        self.streamed_tokens = StreamedTokenTally(self.generated_tokens, self.inter_token_latency,
-                                                  INTER_TOKEN_LATENCY_BUCKETS_S)
+        self.streamed_tokens = StreamedTokenTally(self.generated_tokens, self.inter_token_latency)
         """Where each streamed token is counted (vllm:generation_tokens, vllm:inter_token_latency_seconds)."""
         self.request_success = Counter("vllm:request_success", "Samples finished, by finish reason",
                                        [*MODEL_LABEL, "finished_reason"], registry=self.registry)

@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import asyncio
 from bisect import bisect_left
-from collections.abc import Sequence
 
 from prometheus_client import Counter, Histogram
 
 
 class StreamedTokenTally:
-    def __init__(self, generated_tokens: Counter, inter_token_latency: Histogram, bounds: Sequence[float]):
-        """generated_tokens, inter_token_latency: the labelled children the tally writes to; bounds: the
-        histogram's bucket bounds (without +Inf)."""
+    def __init__(self, generated_tokens: Counter, inter_token_latency: Histogram):
+        """generated_tokens, inter_token_latency: the labelled children the tally writes to."""
         self._generated_tokens = generated_tokens
         self._inter_token_latency = inter_token_latency
-        self._bounds = tuple(float(bound) for bound in bounds)
+        self._bounds = tuple(inter_token_latency._upper_bounds)
+        """The histogram's own bucket bounds, +Inf last (see flush on its internals)."""
         self._num_tokens = 0
-        self._gap_counts = [0] * (len(self._bounds) + 1)
-        """Per bucket (le bound i, the last +Inf): gaps since the last flush (not cumulative)."""
+        self._gap_counts = [0] * len(self._bounds)
+        """Per bucket (le bound i): gaps since the last flush (not cumulative)."""
         self._gap_sum = 0.0
         self._flush_scheduled = False
 

@@ -38,14 +38,8 @@ def roles_in_pool(cluster) -> list[tuple[str, str]]:
     return sorted((n["role"], n["node_id"]) for n in scaling.router_admin(cluster.url, "GET")["nodes"])
 
 
-def wait_until_healthy(cluster, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not all(n["healthy"] for n in scaling.router_admin(cluster.url, "GET")["nodes"]):
-        assert time.monotonic() < deadline, "the added node never answered"
-        time.sleep(0.1)
-
-
-def wait_until_every_node_answers(api_url: str, api_key: str, timeout_s: float = 60) -> None:
+def wait_until_healthy(api_url: str, api_key: str | None = None, timeout_s: float = 60) -> None:
+    """Until every node of the router's pool answers (an added node takes requests from then on)."""
     deadline = time.monotonic() + timeout_s
     while not all(n["healthy"] for n in scaling.router_admin(api_url, "GET", api_key=api_key)["nodes"]):
         assert time.monotonic() < deadline, "the added node never answered"
@@ -75,7 +69,7 @@ def unscaled_cluster(tiny_model_dir):
 def test_an_added_decode_node_takes_requests_and_outputs_stay_the_same(local_cluster):
     before = outputs(local_cluster)
     assert local_cluster.add_node("decode") == "decode-1"
-    wait_until_healthy(local_cluster)
+    wait_until_healthy(local_cluster.url)
     after = outputs(local_cluster)
     assert after == before
     assert node_stats(local_cluster)["decode-1"]["num_finished"] > 0  # NOTE: it really served some
@@ -85,7 +79,7 @@ def test_removing_nodes_drains_them_while_they_stream_and_loses_nothing(local_cl
     before = outputs(local_cluster)
     local_cluster.add_node("decode")
     local_cluster.add_node("prefill")
-    wait_until_healthy(local_cluster)
+    wait_until_healthy(local_cluster.url)
     during = outputs(local_cluster, while_running=lambda: (local_cluster.remove_node("decode-0"),
                                                            local_cluster.remove_node("prefill-0")))
     assert during == before  # NOTE: every stream finished, bitwise, though its nodes were removed under it
@@ -128,7 +122,7 @@ def test_corun_scale_adds_and_removes_nodes_of_corun_serve(tiny_model_dir):
         assert added.returncode == 0 and added.stdout.strip() == "decode-1 added"
         # NOTE: an added node takes requests once it answers (LocalCluster.add_node), which `corun scale` does not
         # wait for: removing the only node that answers before then would leave no decode node serving
-        wait_until_every_node_answers(f"http://127.0.0.1:{port}", API_KEY)
+        wait_until_healthy(f"http://127.0.0.1:{port}", API_KEY)
         removed = scale("remove", "decode-0")
         assert removed.returncode == 0 and removed.stdout.strip() == "decode-0 removed"
         refused = scale("remove", "decode-1")
@@ -160,7 +154,7 @@ def test_ray_with_two_nodes_on_one_host_scales_out_and_in(tiny_model_dir):
         cluster = RayCluster(config).start()
         before = outputs(cluster, PROMPTS[:6])
         assert cluster.add_node("decode") == "decode-1"
-        wait_until_healthy(cluster)
+        wait_until_healthy(cluster.url)
         during = outputs(cluster, PROMPTS[:6], while_running=lambda: cluster.remove_node("decode-0"))
         assert during == before
         assert roles_in_pool(cluster) == [("decode", "decode-1"), ("prefill", "prefill-0")]

@@ -33,7 +33,7 @@ def samples(registry: CollectorRegistry, name: str) -> dict:
 def test_a_flushed_tally_exposes_what_observing_each_token_exposes():
     reference, ref_tokens, ref_gaps = series("ref")
     tallied, tokens, gaps = series("tally")
-    tally = StreamedTokenTally(tokens, gaps, INTER_TOKEN_LATENCY_BUCKETS_S)
+    tally = StreamedTokenTally(tokens, gaps)
     tally.add(2, None)  # NOTE: a sample's first tokens: counted, no gap
     ref_tokens.inc(2)
     for gap in GAPS:
@@ -79,6 +79,6 @@ def test_every_turn_is_flushed_once_and_render_flushes_first():
 
 def test_outside_an_event_loop_each_add_is_written_at_once():
     _, tokens, gaps = series("sync")
-    tally = StreamedTokenTally(tokens, gaps, INTER_TOKEN_LATENCY_BUCKETS_S)
+    tally = StreamedTokenTally(tokens, gaps)
     tally.add(3, 0.5)
     assert tokens._value.get() == 3 and gaps._sum.get() == 0.5
