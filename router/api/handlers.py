@@ -205,3 +205,6 @@ class ChoiceTotals:
 
     def take(self, delta: ChoiceDelta) -> None:
         self.choices[delta.index].add(delta)
+
+    def take_text(self, index: int, text: str, token_ids: list[int]) -> None:
+        self.choices[index].add(ChoiceDelta(index, text, tuple(token_ids), None, None))

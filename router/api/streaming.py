@@ -143,6 +143,16 @@ class ChunkWriter:
         for event in self.events(delta):
             self._transport.write(b"%x\r\n%b\r\n" % (len(event), event))
 
+    def take_text(self, index: int, text: str, token_ids: list[int]) -> None:
+        """take() of a plain delta (router/generation/deltas.py, DeltaSink), from its choice's chunk template when
+        it has one."""
+        plain = self._plain_chunks.get(index)
+        if plain is None:
+            self.take(ChoiceDelta(index, text, tuple(token_ids), None, None))
+            return
+        self.num_tokens += 0 if self.ctx.output.drop_generated else len(token_ids)
+        self._transport.write(plain.http_chunk(text, token_ids))
+
     def events(self, delta: ChoiceDelta) -> list[bytes]:
         """The server-sent events of one delta: its chunk, after the choice's opening chunks on a chat choice's
         first delta."""
@@ -226,6 +236,18 @@ class PlainChunk:
             return self._before_text + text + self._after_text
         ids = JSON_ENCODER.encode(delta.token_ids)
         return self._before_ids + ids + self._before_text + text + self._after_text
+
+    def http_chunk(self, text: str, token_ids: list[int]) -> bytes:
+        """event() of a plain delta of text and token_ids, framed as one HTTP chunk (size line, data, CRLF), built
+        in one join."""
+        encoded_text = JSON_ENCODER.encode(text)
+        if not self._with_ids:
+            size = len(self._before_text) + len(encoded_text) + len(self._after_text)
+            return b"".join((b"%x\r\n" % size, self._before_text, encoded_text, self._after_text, b"\r\n"))
+        ids = JSON_ENCODER.encode(token_ids)
+        size = len(self._before_ids) + len(ids) + len(self._before_text) + len(encoded_text) + len(self._after_text)
+        return b"".join((b"%x\r\n" % size, self._before_ids, ids, self._before_text, encoded_text,
+                         self._after_text, b"\r\n"))
 
 
 TEXT_MARK = b"\x01"

@@ -28,6 +28,10 @@ class DeltaSink(Protocol):
     def take(self, delta: ChoiceDelta) -> None:
         """The delta, delivered as the consumer would have delivered it."""
 
+    def take_text(self, index: int, text: str, token_ids: list[int]) -> None:
+        """take(ChoiceDelta(index, text, token_ids, None, None)): a plain delta (text and token ids alone), without
+        building it."""
+
 
 @dataclass
 class DeltaOutlet:
@@ -89,6 +93,12 @@ def delta_push(outlet: DeltaOutlet, samples: list[SampleTiming], index: int, par
         sample, sink = samples[event.index], outlet.sink
         if sample.first is None or sink is None or not sink.accepts(index + event.index):
             return False
+        if event.logprobs is None and event.prompt_logprobs is None and event.num_cached_tokens is None:
+            # NOTE: the common streamed token (issue 21): its text and ids go as they are, no delta built
+            text = sample.detokenizer.add_running(event.token_ids)
+            sample.observe_arrival(time.monotonic(), metrics, len(event.token_ids))
+            sink.take_text(index + event.index, text, event.token_ids)
+            return True
         delta = to_delta(sample.detokenizer, index + event.index, event, params.stop_token_ids)
         sample.observe_arrival(time.monotonic(), metrics, len(delta.token_ids))
         sink.take(delta)

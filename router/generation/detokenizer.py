@@ -49,12 +49,11 @@ class IncrementalDetokenizer:
         self._token_ids: list[int] = []
         self._step = tokenizer.decode_stream(skip_special_tokens)
         self._text = ""
+        """With stop strings: the output's text so far, and what of it is shown (_emitted)."""
         self._emitted = ""
+        self._num_emitted_chars = 0
+        """Without stop strings: how many characters the deltas have shown."""
         self.stopped = False
-
-    @property
-    def text(self) -> str:
-        return self._emitted
 
     @property
     def num_tokens(self) -> int:
@@ -63,7 +62,9 @@ class IncrementalDetokenizer:
     def add(self, token_ids: list[int], finished: bool) -> TextDelta:
         """Offer new tokens; finished means the node ended the output after them (flush everything)."""
         if not self._stop_strings:
-            return self._add_without_stop_strings(token_ids, finished)
+            if finished:
+                return self._finish_without_stop_strings(token_ids)
+            return TextDelta(self.add_running(token_ids), len(token_ids), stopped=False)
         start = len(self._emitted)
         for count, token_id in enumerate(token_ids, start=1):
             self._token_ids.append(token_id)
@@ -72,19 +73,27 @@ class IncrementalDetokenizer:
                 return TextDelta(self._emitted[start:], count, stopped=True)
         return TextDelta(self._emitted[start:], len(token_ids), stopped=False)
 
-    def _add_without_stop_strings(self, token_ids: list[int], finished: bool) -> TextDelta:
-        """add() when nothing can cut the output: every token's text is visible at once. NOTE: the common case,
-        and the router's per-token path: one call, no per-token stop check."""
-        start = len(self._emitted)
+    def add_running(self, token_ids: list[int]) -> str:
+        """The text of tokens that do not end the output, of a detokenizer without stop strings (nothing can cut
+        it: every token's text is visible at once). NOTE: the router's per-token path (router/generation/deltas.py,
+        delta_push): one call, no stop check, no TextDelta; and the text so far is counted, not kept, since
+        growing a string attribute copies it whole per token."""
         self._token_ids += token_ids
-        if finished:
-            self._text = self._tokenizer.decode(self._token_ids, skip_special_tokens=self._skip_special_tokens)
-        elif len(token_ids) == 1:  # NOTE: a streamed token's (a router keeping up gets them one by one)
-            self._text += self._step(token_ids[0]) or ""
+        if len(token_ids) == 1:  # NOTE: a streamed token's (a router keeping up gets them one by one)
+            text = self._step(token_ids[0]) or ""
         else:
-            self._text += "".join(filter(None, map(self._step, token_ids)))
-        self._emitted = self._text
-        return TextDelta(self._emitted[start:], len(token_ids), stopped=False)
+            text = "".join(filter(None, map(self._step, token_ids)))
+        self._num_emitted_chars += len(text)
+        return text
+
+    def _finish_without_stop_strings(self, token_ids: list[int]) -> TextDelta:
+        """The last tokens: the whole output decoded once, so that the text is exactly its decode (an unfinished
+        character's replacement included); the delta is what the streamed steps had not shown."""
+        self._token_ids += token_ids
+        text = self._tokenizer.decode(self._token_ids, skip_special_tokens=self._skip_special_tokens)
+        delta = TextDelta(text[self._num_emitted_chars:], len(token_ids), stopped=False)
+        self._num_emitted_chars = len(text)
+        return delta
 
     def _advance(self, is_last: bool) -> bool:
         """Take in the newest token; True when a stop string matched."""

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Container
 
 from msgspec.structs import replace
 
@@ -188,13 +188,11 @@ async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: Rou
     decode_request = DecodeRequest(request_id, routed.prompt_token_ids, params, to_decode, prefill.kv)
     with_prompt = {first.index for first in to_decode}
     kv_read = False
-    if push is not None:
-        push = after_first_events(push, with_prompt)
     try:
         # NOTE: chosen only now, so that the decode work of requests prefilled meanwhile counts in the choice.
         decode_node = choose(pool.choose_decode, routed)
         async with contextlib.aclosing(run_decode(decode_node, decode_request, pool.request_timeout_s,
-                                                  is_done, push)) as events:
+                                                  is_done, push, with_prompt)) as events:
             async for event in events:
                 kv_read = True
                 # NOTE: the prompt's logprobs and cached tokens travel with each sample's first event
@@ -206,11 +204,6 @@ async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: Rou
     finally:
         if not kv_read:
             prefill_node.post(Abort(request_id))
-
-
-def after_first_events(push: TokenPush, with_prompt: set[int]) -> TokenPush:
-    """push for every event but a sample's first (decode_prefilled gives it the prompt's logprobs)."""
-    return lambda event: event.index not in with_prompt and push(event)
 
 
 def choose(choose_node: Callable[[RoutedRequest], NodeClient | None], request: RoutedRequest) -> NodeClient | None:
@@ -245,11 +238,13 @@ async def run_prefill(node: NodeClient, request: PrefillRequest, num_samples: in
 
 async def run_decode(node: NodeClient, request: DecodeRequest | GenerateRequest, timeout_s: float,
                      is_done: Callable[[int], bool] = lambda index: False,
-                     push: TokenPush | None = None) -> AsyncIterator[TokenEvent]:
+                     push: TokenPush | None = None,
+                     yield_next: Container[int] = frozenset()) -> AsyncIterator[TokenEvent]:
     """The samples' token events until each finished; a sample is_done says the consumer ended is aborted on
     the node at its next event (which is dropped). A decode node decodes request.first_tokens' samples, a
     colocated node every sample of the GenerateRequest. push: takes the events it can of running samples, not
-    their last (the node's receive loop hands it them)."""
+    their last (the node's receive loop hands it them), nor those of samples in yield_next (the caller's live set:
+    decode_prefilled gives a sample's first event the prompt's logprobs, then takes it out)."""
     if isinstance(request, GenerateRequest):
         running = set(range(request.params.n))
     else:
@@ -257,7 +252,7 @@ async def run_decode(node: NodeClient, request: DecodeRequest | GenerateRequest,
     aborted: set[int] = set()
     with node.open_request(request.request_id, work=len(running)) as replies:
         if push is not None:
-            replies.push = running_push(push, running, is_done)
+            replies.push = running_push(push, running, is_done, yield_next)
         try:
             await send_within(node, request, timeout_s)
             while running:
@@ -282,12 +277,13 @@ async def run_decode(node: NodeClient, request: DecodeRequest | GenerateRequest,
                 node.post(Abort(request.request_id))
 
 
-def running_push(push: TokenPush, running: set[int], is_done: Callable[[int], bool]) -> Callable[[object], bool]:
+def running_push(push: TokenPush, running: set[int], is_done: Callable[[int], bool],
+                 yield_next: Container[int] = frozenset()) -> Callable[[object], bool]:
     """push for the replies run_decode would yield as they are: token events of running samples, not their last,
-    nor one of a sample its consumer has ended (run_decode aborts it)."""
+    nor one of a sample its consumer has ended (run_decode aborts it), nor one of a sample in yield_next."""
     def push_running(reply) -> bool:
         return (type(reply) is TokenEvent and reply.finish_reason is None and reply.index in running
-                and not is_done(reply.index) and push(reply))
+                and reply.index not in yield_next and not is_done(reply.index) and push(reply))
     return push_running
 
 

@@ -80,7 +80,7 @@ class ReplyQueue(asyncio.Queue):
 
     def offer(self, reply, now: float) -> None:
         """A reply from the node (now: the loop's time): pushed when push takes it, else queued for the consumer."""
-        if self.push is not None and self.waiting_since is not None and self.empty():
+        if self.push is not None and self.waiting_since is not None and not self._queue:
             try:
                 pushed = self.push(reply)
             except Exception:  # NOTE: the node's receive loop must outlive any one request's failure

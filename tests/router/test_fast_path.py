@@ -60,8 +60,10 @@ def test_a_push_that_declines_leaves_every_event_to_the_generator(word_token_ids
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_a_fast_streamed_response_matches_the_full_one(tiny_model_dir, word_token_ids, monkeypatch, path):
     taken, added = [], []
-    take, accepts = ChunkWriter.take, ChoiceTotals.accepts
+    take, take_text, accepts = ChunkWriter.take, ChunkWriter.take_text, ChoiceTotals.accepts
     monkeypatch.setattr(ChunkWriter, "take", lambda writer, delta: taken.append(delta) or take(writer, delta))
+    monkeypatch.setattr(ChunkWriter, "take_text", lambda writer, index, text, ids: taken.append(text) or take_text(
+        writer, index, text, ids))
     # NOTE: only the fast path asks a full response's totals whether they accept a delta
     monkeypatch.setattr(ChoiceTotals, "accepts", lambda totals, index: added.append(index) or accepts(totals, index))
     body = {"max_tokens": 16, "n": 2, "seed": 7, "return_token_ids": True, "ignore_eos": True}
@@ -126,15 +128,24 @@ def test_a_client_that_does_not_keep_up_or_is_gone_is_left_to_its_coroutine(toke
     assert not writer.accepts(0)
 
 
-def test_a_fast_chunk_is_the_chunk_the_coroutine_writes_in_http_chunked_framing(tokenizer):
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+@pytest.mark.parametrize("return_token_ids", [False, True])
+@pytest.mark.parametrize("take", ["take", "take_text"])
+def test_a_fast_chunk_is_the_chunk_the_coroutine_writes_in_http_chunked_framing(tokenizer, kind, return_token_ids,
+                                                                                take):
     from router.api.responses import ResponseContext, chunk_choice
     from router.api.streaming import ChunkEncoder
+    from router.generation.output import OutputOptions
 
-    ctx = ResponseContext("completion", "r", 0, "m", "fp", 1, None, tokenizer, prompts=((1,),))
+    ctx = ResponseContext(kind, "r", 0, "m", "fp", 1, None, tokenizer, OutputOptions(return_token_ids=return_token_ids),
+                          prompts=((1,),))
     transport = StubTransport()
     writer = open_writer(ctx, transport)
-    delta = ChoiceDelta(0, " b\u00e9", (2, 3), None, None)
-    writer.take(delta)
+    delta = ChoiceDelta(0, ' b\u00e9"\n\u2028', (2, 3), None, None)
+    if take == "take":
+        writer.take(delta)
+    else:
+        writer.take_text(0, delta.text, list(delta.token_ids))
     (written,) = transport.written
     event = ChunkEncoder(ctx).event(chunk_choice(ctx, delta, 0)[0])
     assert written == b"%x\r\n" % len(event) + event + b"\r\n"
