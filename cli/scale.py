@@ -8,6 +8,7 @@ import time
 import urllib.error
 import urllib.request
 
+from launch.cluster import STARTUP_TIMEOUT_S
 from launch.removals import FINAL_STATES, POLL_S
 from wire.auth import API_KEY_ENV, bearer_headers, check_api_key, resolve_api_key
 
@@ -23,6 +24,11 @@ def add_scale(commands) -> None:
     action = cmd.add_subparsers(dest="action", required=True)
     add = action.add_parser("add", help="start one more node of a role and add it to the router's pool")
     add.add_argument("role", choices=["prefill", "decode", "colocated"])
+    add.add_argument("--no-wait", action="store_true", help="return once the node is started and in the routers' "
+                     "pools, before it answers (by default: once every router has it answering, so that it takes "
+                     "requests)")
+    add.add_argument("--timeout-s", type=float, default=STARTUP_TIMEOUT_S,
+                     help="how long to wait for the added node to answer (its model load)")
     remove = action.add_parser("remove", help="drain a node (no new requests; what it holds finishes), then stop it")
     remove.add_argument("node_id", help="e.g. decode-1")
     cmd.set_defaults(run=run_scale)
@@ -36,7 +42,12 @@ def run_scale(args) -> int:
     if args.action == "add":
         added = call(url, urllib.request.Request(f"{url}/nodes", json.dumps({"role": args.role}).encode(),
                                                  {"Content-Type": "application/json", **headers}, method="POST"))
-        print(added["node_id"], "added")
+        node_id = added["node_id"]
+        if args.no_wait:
+            print(node_id, "started")
+            return 0
+        wait_until_serving(url, headers, node_id, args.timeout_s)
+        print(node_id, "added")
         return 0
     removal = call(url, urllib.request.Request(f"{url}/nodes/{args.node_id}", headers=headers, method="DELETE"))
     # NOTE: the drain runs in corun serve (its drain_timeout_s ends it); this only watches it
@@ -47,6 +58,19 @@ def run_scale(args) -> int:
         raise ValueError(f"{args.node_id} not removed: {removal['message']}")
     print(args.node_id, "removed")
     return 0
+
+
+def wait_until_serving(url: str, headers: dict, node_id: str, timeout_s: float) -> None:
+    """Until every router has the added node answering. NOTE: until then it takes no requests: a removal of the
+    role's other node (add, then remove) would leave nothing serving."""
+    deadline = time.monotonic() + timeout_s
+    while (state := call(url, urllib.request.Request(f"{url}/nodes/{node_id}", headers=headers))["state"]) != "serving":
+        if state != "starting":
+            raise ValueError(f"{node_id} was started but is {state}: see corun serve's log")
+        if time.monotonic() >= deadline:
+            raise ValueError(f"{node_id} was started but did not answer within {timeout_s:g} s; it stays in the "
+                             "pool and takes requests once it answers")
+        time.sleep(POLL_S)
 
 
 def call(url: str, request: urllib.request.Request) -> dict:

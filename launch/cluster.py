@@ -44,6 +44,8 @@ STOP_GRACE_S = 10.0
 """How long a launcher waits for a process it stops (SIGTERM) before it kills it (SIGKILL)."""
 KEY_DIR_PREFIX = "corun-cluster-key-"
 """The cluster key's private directory: KEY_DIR_PREFIX{launcher pid}-XXXX in the temporary directory."""
+STARTUP_TIMEOUT_S = 180.0
+"""ClusterConfig.startup_timeout_s's default, and how long `corun scale add` waits for the node it added."""
 
 
 class StartupError(RuntimeError):
@@ -82,7 +84,7 @@ class ClusterConfig(RouterSettings, NodeSettings):
     decode_kv_cache_mib: int | None = None
     """KV cache of each decode node and each colocated node (it holds every running request's context); None: the
     engine's. Nodes that share a GPU split it: weights once per node, plus these."""
-    startup_timeout_s: float = 180.0
+    startup_timeout_s: float = STARTUP_TIMEOUT_S
     """How long every node may take to answer the router's pings (model load) before start() gives up."""
     drain_timeout_s: float = 600.0
     """How long a node being removed may take to finish what it holds; one that still holds work then is

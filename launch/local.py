@@ -97,11 +97,16 @@ class LocalCluster:
         return address
 
     def add_node(self, role: str) -> str:
-        """One more node of this role, in the router's pool (it takes requests once it answers); -> its id."""
+        """One more node of this role, in the router's pool (it takes requests once it answers: node_state); -> its
+        id."""
         index = self.num_started[role]
         address = self.start_node(role, index)
         self.routers.add_node(role, address)
         return launch.node_id(role, index)
+
+    def node_address(self, node_id: str) -> str | None:
+        """The running node's address, None for no such node."""
+        return self.node_addresses.get(node_id)
 
     def begin_removal(self, node_id: str) -> Removal:
         """Drain the node in every router (the routers send it nothing new; what it holds finishes), in a thread:

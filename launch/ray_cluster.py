@@ -208,6 +208,10 @@ class RayCluster:
         self.routers.add_node(role, node.address)
         return node.name
 
+    def node_address(self, node_id: str) -> str | None:
+        """The running node's address, None for no such node."""
+        return next((node.address for node in self.nodes if node.name == node_id), None)
+
     def begin_removal(self, node_id: str) -> Removal:
         """Drain the node in every router (nothing new; what it holds finishes), in a thread: restart_dead_nodes()
         stops its actor once drained (launch/removals.py)."""

@@ -143,6 +143,17 @@ class RouterGroup:
         for url in self.admin_urls:
             scaling.router_admin(url, "POST", {"role": role, "address": address}, self.config.api_key)
 
+    def node_state(self, address: str) -> str:
+        """An added node's state in the routers' pools: "serving" once every router lists it answering (it takes
+        requests from then on), "given_up" once one has given up on it (it exited too often), else "starting"."""
+        entries = []
+        for url in self.admin_urls:
+            listed = scaling.router_admin(url, "GET", api_key=self.config.api_key)["nodes"]
+            entries.append(next((node for node in listed if node["address"] == address), None))
+        if any(entry is not None and entry["given_up"] for entry in entries):
+            return "given_up"
+        return "serving" if all(entry is not None and entry["healthy"] for entry in entries) else "starting"
+
     def stop(self, grace_s: float) -> None:
         launch.stop_processes(list(self.processes.items()), grace_s)
         self.processes.clear()

@@ -49,8 +49,9 @@ class ScaleControl:
 
         POST   /nodes     {"role": ROLE}   add a node; 200 {"node_id"} once it is started and in every router
         DELETE /nodes/ID                   begin its removal; 202 {"node_id", "state": "draining"} (409: refused)
-        GET    /nodes/ID                   its latest removal: {"node_id", "state", "message"}, the state one of
-                                           launch/removals.py's (removed, or returned to service: final)
+        GET    /nodes/ID                   its state: {"node_id", "state", "message"}: its latest removal's, one of
+                                           launch/removals.py's (removed, or returned to service: final), else
+                                           starting, serving (every router has it answering) or given_up
 
     Commands run on the serve loop's thread, between its restarts of dead nodes, so the launcher's state has one
     writer; a drain then waits in a thread of its own (launch/removals.py), never on that loop. The port itself
@@ -69,7 +70,7 @@ class ScaleControl:
                 return 400, {"error": 'POST /nodes with {"role": "prefill" | "decode" | "colocated"}'}
             return await self.submit("add_node", role)
         if method in ("DELETE", "GET") and node_id:
-            return await self.submit("begin_removal" if method == "DELETE" else "removal", node_id)
+            return await self.submit("begin_removal" if method == "DELETE" else "node_state", node_id)
         return 404, {"error": "POST /nodes, DELETE /nodes/NODE_ID or GET /nodes/NODE_ID"}
 
     async def submit(self, command: str, argument: str) -> Answer:
@@ -81,7 +82,7 @@ class ScaleControl:
     def run_pending(self, cluster) -> None:
         while not self.commands.empty():
             command, argument, done = self.commands.get()
-            if command != "removal":  # NOTE: a removal's state is polled (corun scale remove): not logged
+            if command != "node_state":  # NOTE: polled (corun scale add, corun scale remove): not logged
                 logger.info("scale: %s %s", command, argument)
             done.set_result(run_command(cluster, command, argument))
 
@@ -97,11 +98,21 @@ def run_command(cluster, command: str, argument: str) -> Answer:
             return 200, {"node_id": cluster.add_node(argument), "done": command}
         if command == "begin_removal":
             return 202, cluster.begin_removal(argument).answer()
-        removal = cluster.removals.by_node_id.get(argument)
-        return (200, removal.answer()) if removal else (404, {"error": f"no removal of {argument!r} was begun"})
+        return node_state(cluster, argument)
     except (ValueError, StartupError, OSError) as error:  # NOTE: OSError: a router or a process did not answer
         logger.warning("scale: %s %s failed: %s", command, argument, error)
         return 409, {"error": str(error)}
+
+
+def node_state(cluster, node_id: str) -> Answer:
+    """GET /nodes/ID (ScaleControl)."""
+    removal = cluster.removals.by_node_id.get(node_id)
+    if removal is not None:
+        return 200, removal.answer()
+    address = cluster.node_address(node_id)
+    if address is None:
+        return 404, {"error": f"no node {node_id!r}"}
+    return 200, {"node_id": node_id, "state": cluster.routers.node_state(address), "message": ""}
 
 
 def json_field(body: bytes, name: str):

@@ -32,6 +32,9 @@ class FakeCluster:
         self.threads.append(threading.current_thread().name)
         return f"{role}-1"
 
+    def node_address(self, node_id: str) -> str | None:
+        return None
+
 
 def start(api_key: str | None = API_KEY):
     config = ClusterConfig(EngineConfig(model="unused"), admin_port=free_port("127.0.0.1"), api_key=api_key,
@@ -101,7 +104,7 @@ def test_the_key_is_checked_first_and_bad_requests_get_an_answer():
         assert status == 400 and "Content-Length" in body["error"]
         status, body = request(config.admin_port, "GET", "/nodes/decode-0", None,
                                {"Authorization": f"Bearer {API_KEY}"})
-        assert status == 404 and "no removal of 'decode-0'" in body["error"]
+        assert status == 404 and "no node 'decode-0'" in body["error"]
         assert cluster.threads == []
     finally:
         stop.set()

@@ -3,10 +3,12 @@ requests; what it holds finishes, its KV leases read) and then stopped; nothing 
 what it was. Local launcher, `corun scale` against `corun serve`, and Ray with two nodes on one host."""
 
 import concurrent.futures
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 import ray
@@ -17,6 +19,7 @@ from launch.local import LocalCluster
 from launch.ray_cluster import RayCluster, RayClusterConfig
 from tests.conftest import varied_prompts
 from tests.launch.cluster_client import child_pids, client, complete, engine_config, node_stats, wait_for_line
+from wire.auth import bearer_headers
 
 PARAMS = {"temperature": 0.7, "seed": 9, "max_tokens": 24, "logprobs": 2}
 PROMPTS = varied_prompts(12, seed=3, max_words=60)
@@ -46,6 +49,28 @@ def wait_until_healthy(api_url: str, api_key: str | None = None, timeout_s: floa
         time.sleep(0.1)
 
 
+def control_state(control_url: str, node_id: str) -> str:
+    """corun serve's control port: GET /nodes/ID's state."""
+    request = urllib.request.Request(f"{control_url}/nodes/{node_id}", headers=bearer_headers(API_KEY))
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["state"]
+
+
+def answering(api_url: str, node_id: str) -> bool:
+    """Whether the router lists node_id answering (a node that has not answered yet has no id in the listing)."""
+    nodes = scaling.router_admin(api_url, "GET", api_key=API_KEY)["nodes"]
+    return any(n["node_id"] == node_id and n["healthy"] for n in nodes)
+
+
+def wait_until_serving(cluster, node_id: str, timeout_s: float = 60) -> None:
+    """Until the launcher says the node serves (what `corun scale add` waits for: GET /nodes/ID)."""
+    deadline = time.monotonic() + timeout_s
+    while (state := scaling.node_state(cluster, node_id)) != (200, {"node_id": node_id, "state": "serving",
+                                                                    "message": ""}):
+        assert state[1]["state"] == "starting" and time.monotonic() < deadline, state
+        time.sleep(0.1)
+
+
 def start_1p1d(tiny_model_dir) -> LocalCluster:
     return LocalCluster(ClusterConfig(engine_config(tiny_model_dir), port=free_port("127.0.0.1"))).start()
 
@@ -69,7 +94,7 @@ def unscaled_cluster(tiny_model_dir):
 def test_an_added_decode_node_takes_requests_and_outputs_stay_the_same(local_cluster):
     before = outputs(local_cluster)
     assert local_cluster.add_node("decode") == "decode-1"
-    wait_until_healthy(local_cluster.url)
+    wait_until_serving(local_cluster, "decode-1")
     after = outputs(local_cluster)
     assert after == before
     assert node_stats(local_cluster)["decode-1"]["num_finished"] > 0  # NOTE: it really served some
@@ -118,20 +143,26 @@ def test_corun_scale_adds_and_removes_nodes_of_corun_serve(tiny_model_dir):
         without_key = {name: value for name, value in os.environ.items() if name != "VLLM_API_KEY"}
         unauthorized = scale("add", "decode", env=without_key)
         assert unauthorized.returncode == 2 and "API key is required" in unauthorized.stderr
-        added = scale("add", "decode")
-        assert added.returncode == 0 and added.stdout.strip() == "decode-1 added"
-        # NOTE: an added node takes requests once it answers (LocalCluster.add_node), which `corun scale` does not
-        # wait for: removing the only node that answers before then would leave no decode node serving
-        wait_until_healthy(f"http://127.0.0.1:{port}", API_KEY)
-        removed = scale("remove", "decode-0")
-        assert removed.returncode == 0 and removed.stdout.strip() == "decode-0 removed"
-        refused = scale("remove", "decode-1")
-        assert refused.returncode == 2 and "last decode node" in refused.stderr
         api_url = f"http://127.0.0.1:{port}"
+        # NOTE: the inverse of the wait below: a node takes requests only once it answers, seconds after its start
+        # (it loads torch and the model), and --no-wait returns before that
+        started = scale("add", "decode", "--no-wait")
+        assert started.returncode == 0 and started.stdout.strip() == "decode-1 started"
+        assert control_state(control, "decode-1") == "starting"
+        assert not answering(api_url, "decode-1")
+        added = scale("add", "decode")
+        assert added.returncode == 0 and added.stdout.strip() == "decode-2 added"
+        assert control_state(control, "decode-2") == "serving" and answering(api_url, "decode-2")
+        wait_until_healthy(api_url, API_KEY)
+        for node_id in ("decode-0", "decode-1"):
+            removed = scale("remove", node_id)
+            assert removed.returncode == 0 and removed.stdout.strip() == f"{node_id} removed"
+        refused = scale("remove", "decode-2")
+        assert refused.returncode == 2 and "last decode node" in refused.stderr
         with pytest.raises(ValueError, match="API key is required"):
             scaling.router_admin(api_url, "GET")
         nodes = scaling.router_admin(api_url, "GET", api_key=API_KEY)["nodes"]
-        assert [n["node_id"] for n in nodes if n["role"] == "decode"] == ["decode-1"]
+        assert [n["node_id"] for n in nodes if n["role"] == "decode"] == ["decode-2"]
         for pid in [serve.pid, *child_pids(serve.pid)]:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 assert API_KEY.encode() not in cmdline.read()
@@ -154,10 +185,11 @@ def test_ray_with_two_nodes_on_one_host_scales_out_and_in(tiny_model_dir):
         cluster = RayCluster(config).start()
         before = outputs(cluster, PROMPTS[:6])
         assert cluster.add_node("decode") == "decode-1"
-        wait_until_healthy(cluster.url)
+        wait_until_serving(cluster, "decode-1")
         during = outputs(cluster, PROMPTS[:6], while_running=lambda: cluster.remove_node("decode-0"))
         assert during == before
         assert roles_in_pool(cluster) == [("decode", "decode-1"), ("prefill", "prefill-0")]
+        assert scaling.node_state(cluster, "decode-0")[1]["state"] == "removed"
         assert len({node.placement_group is None for node in cluster.nodes}) == 2  # NOTE: decode-1 has its own
     finally:
         if cluster is not None:
