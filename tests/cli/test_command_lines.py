@@ -137,7 +137,15 @@ def _router_parser() -> argparse.ArgumentParser:
 def every_option() -> set[str]:
     parsers = [*build_parser()._subparsers._group_actions[0].choices.values(), _router_parser(),
                node_arg_parser("decode")]
-    return {option for parser in parsers for action in parser._actions for option in action.option_strings}
+    return {option for parser in parsers for each in with_subcommands(parser) for action in each._actions
+            for option in action.option_strings}
+
+
+def with_subcommands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """parser and every parser below it (`corun scale add`'s flags are its own)."""
+    nested = [child for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+              for child in action.choices.values()]
+    return [parser, *(each for child in nested for each in with_subcommands(child))]
 
 
 OTHER_PROGRAMS_FLAGS = {"--address", "--head", "--num-cpus", "--resources", "--generate", "--port", "--dist"}
