@@ -8,8 +8,11 @@ import socket
 import threading
 import time
 
+from launch import scaling
 from launch.cluster import ClusterConfig, free_port
 from launch.removals import Removals
+from launch.restarts import RestartPolicy
+from launch.routers import RouterGroup
 from launch.scaling import ScaleControl
 from wire.config import EngineConfig
 
@@ -109,3 +112,19 @@ def test_the_key_is_checked_first_and_bad_requests_get_an_answer():
     finally:
         stop.set()
         control.close()
+
+
+def test_an_added_node_serves_once_every_router_has_it_answering(monkeypatch):
+    """RouterGroup.node_state, what GET /nodes/ID says of an added node (`corun scale add` waits for serving)."""
+    group = RouterGroup(ClusterConfig(EngineConfig(model="unused"), num_routers=2), None, RestartPolicy())
+    node = {"address": "tcp://10.0.0.5:7000", "healthy": True, "given_up": False}
+    listings = {url: [node] for url in group.admin_urls}
+    monkeypatch.setattr(scaling, "router_admin", lambda url, method, api_key=None: {"nodes": listings[url]})
+    assert group.node_state(node["address"]) == "serving"
+    first, second = group.admin_urls
+    listings[second] = [{**node, "healthy": False}]  # NOTE: one router has not had its Pong yet
+    assert group.node_state(node["address"]) == "starting"
+    listings[second] = []  # NOTE: or has not listed it yet
+    assert group.node_state(node["address"]) == "starting"
+    listings[first] = [{**node, "healthy": False, "given_up": True}]
+    assert group.node_state(node["address"]) == "given_up"
