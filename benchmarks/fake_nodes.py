@@ -5,7 +5,8 @@ nothing: the prefill node answers each PrefillRequest at once (token 0 of benchm
 no one reads); the decode node paces steps as a real one does: every --step-ms it sends each router one StepTokens
 holding, for every running sample of that router, one TokenEvent with one new token, and ends each sample at
 max_tokens (finish_reason "length"). Aborts stop samples.
-Neither makes logprobs: requests asking for them get a 400. Like a real decode node, this one never waits for the
+Logprobs (a request's `logprobs` K) are benchmarks.fake_output.output_logprobs's; prompt logprobs get a 400. Like a
+real decode node, this one never waits for the
 router: a router that falls behind holds the events in zmq's and TCP's buffers and its own queues (neither side
 has a HWM since the drops this benchmark found; a drop to a router that is gone is counted).
 
@@ -20,6 +21,7 @@ On start it prints one JSON line {"address", "control", "pid"}; it runs until SI
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -29,9 +31,10 @@ import uuid
 from dataclasses import dataclass
 
 import msgpack
+import msgspec
 import zmq
 
-from benchmarks.fake_output import TOKEN_PERIOD, output_token_id
+from benchmarks.fake_output import TOKEN_PERIOD, output_logprobs, output_token_id
 from wire.protocol import (
     Abort,
     DecodeRequest,
@@ -126,9 +129,9 @@ class FakeNode:
             if isinstance(message, Ping):
                 self.send(identity, encode(Pong(message.nonce, self.node_id, self.role, FINGERPRINT,
                                                 self.model_facts, self.stats(), instance_id=self.instance_id)))
-            elif hasattr(message, "params") and (message.params.logprobs is not None
-                                                 or message.params.prompt_logprobs is not None):
-                self.send(identity, encode(ErrorReply(message.request_id, 400, "the fake nodes make no logprobs")))
+            elif hasattr(message, "params") and message.params.prompt_logprobs is not None:
+                self.send(identity, encode(ErrorReply(message.request_id, 400, "the fake nodes make no prompt "
+                                                                               "logprobs")))
             else:
                 self.handle(identity, message)
 
@@ -183,13 +186,22 @@ class FakePrefill(FakeNode):
         self.window.requests += 1
         params, num_prompt_tokens = message.params, len(message.prompt_token_ids)
         finish_reason = "length" if params.max_tokens == 1 else None
-        first_tokens = [FirstToken(index, output_token_id(0), None, finish_reason) for index in range(params.n)]
+        logprobs = None if params.logprobs is None else output_logprobs(0, params.logprobs)
+        first_tokens = [FirstToken(index, output_token_id(0), logprobs, finish_reason) for index in range(params.n)]
         kv = None if finish_reason else KVHandle(self.node_id, self.address, (0,), num_prompt_tokens, "fake",
                                                  self.instance_id)
         self.send(identity, encode(PrefillResult(message.request_id, first_tokens, kv)))
 
 
 PACKED_TOKENS = [msgpack.packb(output_token_id(position)) for position in range(TOKEN_PERIOD)]
+
+
+@functools.cache
+def packed_logprobs(num_top: int | None) -> list[bytes]:
+    """Per output position (mod TOKEN_PERIOD): the packed logprobs of its event ([output_logprobs], or nil)."""
+    if num_top is None:
+        return [msgpack.packb(None)] * TOKEN_PERIOD
+    return [msgspec.msgpack.encode([output_logprobs(position, num_top)]) for position in range(TOKEN_PERIOD)]
 
 
 @dataclass
@@ -199,22 +211,32 @@ class RunningSample:
     """The event's bytes inside StepTokens up to its one token id."""
     tail: bytes
     last_tail: bytes
-    """The bytes after the token id: finish_reason null, or "length" on the sample's last event."""
+    """The bytes after the logprobs: finish_reason null, or "length" on the sample's last event."""
     position: int
     """The next output position to send (0 is the prefill's token)."""
     max_tokens: int
+    logprobs: list[bytes]
+    """packed_logprobs of the request's logprobs."""
+
+    def event(self, token_id: bytes, position: int) -> bytes:
+        """The event of the token at position (token_id: its id, packed)."""
+        ending = self.last_tail if position == self.max_tokens - 1 else self.tail
+        return self.head + token_id + LOGPROBS_KEY + self.logprobs[position % TOKEN_PERIOD] + ending
+
+
+LOGPROBS_KEY = msgpack.packb("logprobs")
 
 
 def token_event_parts(request_id: str, index: int) -> tuple[bytes, bytes, bytes]:
-    """(head, tail, last tail) such that head + packb(token id) + tail is the wire.protocol encoding of
-    TokenEvent(request_id, [token id], None, None, index=index) inside a StepTokens (last tail: finish_reason
-    "length")."""
+    """(head, tail, last tail) such that head + packb(token id) + LOGPROBS_KEY + packed logprobs + tail is the
+    wire.protocol encoding of TokenEvent(request_id, [token id], logprobs, None, index=index) inside a StepTokens
+    (last tail: finish_reason "length")."""
     pack = msgpack.packb
     head = b"\x87" + pack("request_id") + pack(request_id) + pack("token_ids") + b"\x91"
-    before_finish = pack("logprobs") + pack(None) + pack("finish_reason")
     after_finish = pack("prompt_logprobs") + pack(None) + pack("index") + pack(index) + pack("num_cached_tokens") + \
         pack(None)
-    return head, before_finish + pack(None) + after_finish, before_finish + pack("length") + after_finish
+    finish = pack("finish_reason")
+    return head, finish + pack(None) + after_finish, finish + pack("length") + after_finish
 
 
 STEP_TOKENS_HEAD, STEP_TOKENS_TAIL = encode(StepTokens([])).split(b"\x90")
@@ -233,11 +255,15 @@ def check_token_event_parts() -> None:
     """The hand-packed events must be byte for byte what the real nodes send: a protocol change stops the fake
     here, instead of feeding the router messages it refuses."""
     head, tail, last_tail = token_event_parts("request-x", 3)
-    for finish_reason, ending in ((None, tail), ("length", last_tail)):
-        events = [TokenEvent("request-x", [output_token_id(5)], None, finish_reason, index=3)] * 20
-        if step_tokens_bytes([head + PACKED_TOKENS[5] + ending] * 20) != encode(StepTokens(events)):
-            raise RuntimeError("wire.protocol's StepTokens changed: update token_event_parts and step_tokens_bytes "
-                               "in benchmarks/fake_nodes.py")
+    for num_top in (None, 2):
+        sample = RunningSample(b"", head, tail, last_tail, 0, 7, packed_logprobs(num_top))
+        for position, finish_reason in ((5, None), (6, "length")):
+            logprobs = None if num_top is None else [output_logprobs(position, num_top)]
+            events = [TokenEvent("request-x", [output_token_id(position)], logprobs, finish_reason, index=3)] * 20
+            if step_tokens_bytes([sample.event(PACKED_TOKENS[position], position)] * 20) != encode(
+                    StepTokens(events)):
+                raise RuntimeError("wire.protocol's StepTokens changed: update token_event_parts and "
+                                   "step_tokens_bytes in benchmarks/fake_nodes.py")
 
 
 class FakeDecode(FakeNode):
@@ -259,10 +285,11 @@ class FakeDecode(FakeNode):
             self.window.requests += 1
             for first in message.first_tokens:
                 head, tail, last_tail = token_event_parts(message.request_id, first.index)
-                sample = RunningSample(identity, head, tail, last_tail, 0, message.params.max_tokens)
+                sample = RunningSample(identity, head, tail, last_tail, 0, message.params.max_tokens,
+                                       packed_logprobs(message.params.logprobs))
                 # NOTE: as the real node once its KV read is done: the prefill's token goes out at once, then one
                 # token per step.
-                self.send(identity, step_tokens_bytes([head + msgpack.packb(first.token_id) + self.ending(sample)]))
+                self.send(identity, step_tokens_bytes([sample.event(msgpack.packb(first.token_id), 0)]))
                 sample.position = 1
                 if sample.position < sample.max_tokens:
                     self.running[(message.request_id, first.index)] = sample
@@ -271,10 +298,6 @@ class FakeDecode(FakeNode):
             for key in [key for key in self.running if key[0] == message.request_id
                         and message.index in (None, key[1])]:
                 del self.running[key]
-
-    @staticmethod
-    def ending(sample: RunningSample) -> bytes:
-        return sample.last_tail if sample.position == sample.max_tokens - 1 else sample.tail
 
     def seconds_to_next_step(self) -> float:
         return self.next_step_at - time.monotonic()
@@ -287,7 +310,7 @@ class FakeDecode(FakeNode):
         step_events: dict[bytes, list[bytes]] = {}
         for key, sample in self.running.items():
             step_events.setdefault(sample.identity, []).append(
-                sample.head + PACKED_TOKENS[sample.position % TOKEN_PERIOD] + self.ending(sample))
+                sample.event(PACKED_TOKENS[sample.position % TOKEN_PERIOD], sample.position))
             sample.position += 1
             if sample.position == sample.max_tokens:
                 finished.append(key)

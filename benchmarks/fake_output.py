@@ -6,6 +6,8 @@ knows each stream's exact expected ids without asking anyone, and the decode nod
 
 from __future__ import annotations
 
+from wire.outputs import TokenLogprobs
+
 FIRST_TOKEN_ID = 256
 """Above the byte-level pieces of a byte-BPE vocabulary: multi-character word pieces, so the router's detokenizer
 does the work it does for ordinary text."""
@@ -24,3 +26,10 @@ def output_token_id(position: int) -> int:
 def expected_output(max_tokens: int) -> list[int]:
     """A whole sample: max_tokens ids (the fakes never stop early: finish_reason "length")."""
     return [output_token_id(position) for position in range(max_tokens)]
+
+
+def output_logprobs(position: int, num_top: int) -> TokenLogprobs:
+    """The logprobs the fakes report for the token at position, with num_top alternatives (values exact in binary,
+    so that the client can compare what it reads with ==)."""
+    return TokenLogprobs(output_token_id(position), -0.5 - (position % 8) / 8,
+                         tuple((output_token_id(position + 1 + j), -2.0 - j) for j in range(num_top)))

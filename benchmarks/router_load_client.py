@@ -2,8 +2,9 @@
 streamed POST /v1/completions (a stream that ends is replaced at once) until the measured window ends.
 
 Kept light so that the client is not what is measured: token-id prompts (no tokenizing), one request body packed
-once, SSE events split and read with byte searches (json.loads only for a chunk those do not understand). Every
-finished request is checked against benchmarks.fake_output: exactly max_tokens ids, in order, finish "length".
+once, SSE events split and read with byte searches (json.loads only for a chunk those do not understand, and for
+every chunk of a run with logprobs, whose values it checks). Every finished request is checked against
+benchmarks.fake_output: exactly max_tokens ids, in order, finish "length", and with logprobs each token's logprob.
 
 Times are time.monotonic(), one system-wide clock on Linux: the benchmark's window means the same in every
 process.
@@ -20,11 +21,12 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from benchmarks.fake_output import expected_output
+from benchmarks.fake_output import expected_output, output_logprobs
 
 JSON_HEADERS = {"Content-Type": "application/json"}
-TOKEN_IDS = b'"token_ids": ['
-FINISH_REASON = b'"finish_reason": '
+TOKEN_IDS = (b'"token_ids":[', b'"token_ids": [')
+FINISH_REASON = (b'"finish_reason":', b'"finish_reason": ')
+"""The router's compact JSON first, then json.dumps' spaced layout."""
 ERROR_EVENT = b'data: {"error"'
 MAX_PROBLEMS_KEPT = 5
 RETRY_PAUSE_S = 0.1
@@ -46,6 +48,8 @@ class LoadPlan:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     parent_pid: int
+    logprobs: int | None = None
+    """The requests' logprobs field (None: not asked)."""
 
 
 @dataclass(frozen=True)
@@ -106,9 +110,11 @@ async def drive(plan: LoadPlan, schedule: Schedule) -> Tally:
     tally = Tally()
     watchdog = asyncio.create_task(exit_when_orphaned(plan.parent_pid))
     cpu = asyncio.create_task(measure_cpu(schedule, tally))
-    body = json.dumps({"model": plan.model, "prompt": list(plan.prompt_token_ids), "max_tokens": plan.max_tokens,
-                       "stream": True, "ignore_eos": True, "temperature": 0, "return_token_ids": True}).encode()
-    expected = expected_output(plan.max_tokens)
+    request = {"model": plan.model, "prompt": list(plan.prompt_token_ids), "max_tokens": plan.max_tokens,
+               "stream": True, "ignore_eos": True, "temperature": 0, "return_token_ids": True}
+    body = json.dumps(request if plan.logprobs is None else {**request, "logprobs": plan.logprobs}).encode()
+    expected = Expected(expected_output(plan.max_tokens), None if plan.logprobs is None else [
+        output_logprobs(position, plan.logprobs).logprob for position in range(plan.max_tokens)])
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
         streams = [asyncio.create_task(stream_loop(session, f"{plan.urls[i % len(plan.urls)]}/v1/completions", body,
@@ -125,7 +131,7 @@ async def drive(plan: LoadPlan, schedule: Schedule) -> Tally:
     return tally
 
 
-async def stream_loop(session: aiohttp.ClientSession, url: str, body: bytes, expected: list[int], first_at: float,
+async def stream_loop(session: aiohttp.ClientSession, url: str, body: bytes, expected: Expected, first_at: float,
                       schedule: Schedule, tally: Tally) -> None:
     await asyncio.sleep(max(0.0, first_at - time.monotonic()))
     while time.monotonic() < schedule.window_end:
@@ -139,11 +145,22 @@ async def stream_loop(session: aiohttp.ClientSession, url: str, body: bytes, exp
             await asyncio.sleep(RETRY_PAUSE_S)
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, body: bytes, expected: list[int],
+@dataclass(frozen=True)
+class Expected:
+    """A whole stream's output (benchmarks.fake_output)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    """Each token's logprob, when the requests ask for logprobs."""
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, body: bytes, expected: Expected,
                       schedule: Schedule, tally: Tally) -> None:
     sent_at = time.monotonic()
     tally.requests_started += 1
     token_ids: list[int] = []
+    logprobs: list[float] = []
+    read = read_event if expected.logprobs is None else read_event_with_logprobs
     finish_reason = None
     last_chunk_at: float | None = None
     async with session.post(url, data=body, headers=JSON_HEADERS) as response:
@@ -157,7 +174,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: bytes, exp
             events = (partial + data).split(b"\n\n")
             partial = events.pop()
             for event in events:
-                ids, finish, error = read_event(event)
+                ids, finish, error = read(event, logprobs)
                 if error is not None:
                     tally.problem("errors", error)
                     return
@@ -174,41 +191,54 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: bytes, exp
                     token_ids.extend(ids)
                     tally.tokens_total += len(ids)
                 finish_reason = finish or finish_reason
-    if token_ids == expected and finish_reason == "length":
+    logprobs_right = expected.logprobs is None or logprobs == expected.logprobs
+    if token_ids == expected.token_ids and finish_reason == "length" and logprobs_right:
         tally.completed_exact += 1
     else:
-        tally.problem("wrong_outputs", f"{len(token_ids)} tokens (expected {len(expected)}), finish_reason "
-                                       f"{finish_reason}, first ids {token_ids[:4]}")
+        tally.problem("wrong_outputs", f"{len(token_ids)} tokens (expected {len(expected.token_ids)}), finish_reason "
+                                       f"{finish_reason}, first ids {token_ids[:4]}, logprobs "
+                                       f"{'right' if logprobs_right else logprobs[:4]}")
 
 
-def read_event(event: bytes) -> tuple[list[int], str | None, str | None]:
+def read_event(event: bytes, logprobs: list[float] | None = None) -> tuple[list[int], str | None, str | None]:
     """(token ids, finish_reason, error text) of one SSE event; ([], None, None) for anything else ([DONE])."""
     if event.startswith(ERROR_EVENT):
         return [], None, event[6:300].decode(errors="replace")
     if not event.startswith(b"data: {"):
         return [], None, None
-    start = event.find(TOKEN_IDS)
-    finish_at = event.find(FINISH_REASON)
-    if start < 0 or finish_at < 0:
+    for token_ids_key, finish_key in zip(TOKEN_IDS, FINISH_REASON, strict=True):
+        start, finish_at = event.find(token_ids_key), event.find(finish_key)
+        if start >= 0 and finish_at >= 0:
+            break
+    else:
         return read_event_as_json(event)
-    start += len(TOKEN_IDS)
+    start += len(token_ids_key)
     listed = event[start:event.index(b"]", start)]
     ids = [int(part) for part in listed.split(b",")] if listed else []
-    finish_at += len(FINISH_REASON)
+    finish_at += len(finish_key)
     finish = None
     if event[finish_at:finish_at + 1] == b'"':
         finish = event[finish_at + 1:event.index(b'"', finish_at + 1)].decode()
     return ids, finish, None
 
 
-def read_event_as_json(event: bytes) -> tuple[list[int], str | None, str | None]:
+def read_event_as_json(event: bytes, logprobs: list[float] | None = None) -> tuple[list[int], str | None, str | None]:
+    """read_event through json.loads; the chunk's token logprobs go to the end of logprobs (when given)."""
     chunk = json.loads(event[6:])
     ids: list[int] = []
     finish = None
     for choice in chunk.get("choices") or []:
         ids.extend(choice.get("token_ids") or [])
         finish = choice.get("finish_reason") or finish
+        if logprobs is not None and choice.get("logprobs"):
+            logprobs.extend(choice["logprobs"]["token_logprobs"])
     return ids, finish, None
+
+
+def read_event_with_logprobs(event: bytes, logprobs: list[float]) -> tuple[list[int], str | None, str | None]:
+    if event.startswith(ERROR_EVENT) or not event.startswith(b"data: {"):
+        return read_event(event)
+    return read_event_as_json(event, logprobs)
 
 
 async def measure_cpu(schedule: Schedule, tally: Tally) -> None:

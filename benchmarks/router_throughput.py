@@ -50,6 +50,7 @@ from benchmarks.cpu_usage import (
     process_cpu_seconds,
     tree_cpu_seconds,
 )
+from benchmarks.fake_nodes import MAX_LOGPROBS
 from benchmarks.fake_output import MIN_VOCAB_SIZE
 from benchmarks.report import emit
 from benchmarks.router_load_client import LoadPlan, Schedule, run_worker
@@ -109,6 +110,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-ms", type=float, default=20.0, help="the fake decode node's step interval")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request (ignore_eos)")
     parser.add_argument("--prompt-tokens", type=int, default=32, help="token ids per prompt")
+    parser.add_argument("--logprobs", type=int, default=None,
+                        help="the requests' logprobs (alternatives per token; RL rollouts ask for them); the clients "
+                             "check each token's")
     parser.add_argument("--workers", type=int, default=2, help="client worker processes")
     parser.add_argument("--model", default="models/tiny", help="the router's tokenizer files (and vocab size)")
     parser.add_argument("--log-dir", help="keep the router's and fake nodes' logs here (default: a temporary "
@@ -118,6 +122,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--routers must be >= 1")
     if min(args.streams) < 1 or args.workers < 1 or args.max_tokens < 2 or args.prompt_tokens < 1:
         parser.error("--streams, --workers and --prompt-tokens must be >= 1, --max-tokens >= 2 (a decode)")
+    if args.logprobs is not None and not 0 <= args.logprobs <= MAX_LOGPROBS:
+        parser.error(f"--logprobs must be 0 to {MAX_LOGPROBS} (what the fake nodes report they allow)")
     if args.seconds <= 0 or args.warmup_seconds < 0 or args.step_ms <= 0:
         parser.error("--seconds and --step-ms must be > 0, --warmup-seconds >= 0")
     return args
@@ -173,7 +179,8 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     return {"benchmark": "router_throughput", "command": command_line(), "host": host_facts(),
             "settings": {"seconds": args.seconds, "warmup_seconds": args.warmup_seconds, "step_ms": args.step_ms,
                          "max_tokens": args.max_tokens, "prompt_tokens": args.prompt_tokens,
-                         "workers": args.workers, "model": args.model, "vocab_size": vocab_size},
+                         "logprobs": args.logprobs, "workers": args.workers, "model": args.model,
+                         "vocab_size": vocab_size},
             "idle": idle, "runs": runs}
 
 
@@ -281,7 +288,7 @@ def measure_run(routers: list[RouterProcess], prefill: FakeNodeProcess, decode: 
     num_workers = min(args.workers, streams)
     plans = [LoadPlan(worker, tuple(sorted({router.url for router in routers})), SERVED_MODEL_NAME,
                       tuple(range(worker, streams, num_workers)), streams, tuple(range(1, args.prompt_tokens + 1)),
-                      args.max_tokens, os.getpid())
+                      args.max_tokens, os.getpid(), args.logprobs)
              for worker in range(num_workers)]
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
@@ -369,7 +376,7 @@ def summarize_run(num_routers: int, streams: int, args: argparse.Namespace, befo
         "router_cpu_s": round(router_cpu_s, 3), "router_cpu_cores": round(router_cpu_s / window_s, 3),
         "router_saturated": router_cpu_s / window_s >= SATURATED_CORES * num_routers,
         "router_memory_at_window_end": router_memory,
-        "max_tokens": args.max_tokens, "prompt_tokens": args.prompt_tokens,
+        "max_tokens": args.max_tokens, "prompt_tokens": args.prompt_tokens, "logprobs": args.logprobs,
         "fake_decode": {
             "steps": len(intervals_ms), "late_steps_fraction": round(late / len(intervals_ms), 4) if intervals_ms
             else None, "emit_ms": quantiles([1e3 * s for s in decode_window["step_emit_s"]]),

@@ -135,6 +135,10 @@ def read_cmdline(pid: int) -> str:
 
 
 @pytest.mark.parametrize("event, expected", [
+    (b'data: {"id":"c","choices":[{"index":0,"logprobs":null,"finish_reason":null,"stop_reason":null,'
+     b'"token_ids":[645],"seed":1,"text":" x"}],"usage":null}', ([645], None, None)),
+    (b'data: {"id":"c","choices":[{"index":0,"logprobs":null,"finish_reason":"length","stop_reason":null,'
+     b'"token_ids":[1,2],"seed":1,"text":"ab"}],"usage":null}', ([1, 2], "length", None)),
     (b'data: {"id": "c", "choices": [{"index": 0, "logprobs": null, "finish_reason": null, "stop_reason": null, '
      b'"token_ids": [645], "seed": 1, "text": " x"}], "usage": null}', ([645], None, None)),
     (b'data: {"id": "c", "choices": [{"index": 0, "logprobs": null, "finish_reason": "length", "stop_reason": null, '
@@ -142,8 +146,34 @@ def read_cmdline(pid: int) -> str:
     (b'data: {"choices": [{"token_ids": [7], "finish_reason": "stop"}]}', ([7], "stop", None)),
     (b"data: [DONE]", ([], None, None)),
 ])
-def test_sse_events_are_read_without_json_where_the_router_s_layout_allows(event, expected):
+def test_sse_events_are_read_without_json_where_the_router_s_layout_allows(event, expected, monkeypatch):
+    import benchmarks.router_load_client as client
+
+    if b'"token_ids"' in event and b'"finish_reason"' in event:
+        # NOTE: the router's compact JSON included: json.loads per chunk would make the client what is measured
+        monkeypatch.setattr(client, "read_event_as_json", lambda event, logprobs=None: pytest.fail("json.loads"))
     assert read_event(event) == expected
+
+
+def test_a_run_with_logprobs_checks_each_token_s_logprob(tiny_model_dir, tmp_path):
+    from benchmarks.router_load_client import read_event_with_logprobs
+
+    chunk = (b'data: {"choices":[{"index":0,"logprobs":{"tokens":["a"],"token_logprobs":[-0.625],'
+             b'"top_logprobs":[{"a":-0.625}],"text_offset":[0]},"finish_reason":null,"token_ids":[7],"text":"a"}]}')
+    logprobs = []
+    assert read_event_with_logprobs(chunk, logprobs) == ([7], None, None) and logprobs == [-0.625]
+    out = tmp_path / "result.json"
+    result = subprocess.run(benchmark_command(tiny_model_dir, "--streams", "4", "--max-tokens", str(MAX_TOKENS),
+                                              "--logprobs", "2", "--seconds", "1", "--warmup-seconds", "0.5",
+                                              "--out", str(out)),
+                            cwd=REPO, capture_output=True, text=True, timeout=90)
+    assert result.returncode == 0, result.stderr
+    [run] = json.loads(out.read_text())["runs"]
+    clients = run["clients"]
+    assert run["logprobs"] == 2 and clients["requests_started"] >= 4
+    # NOTE: each request checked its ids and every token's logprob against benchmarks.fake_output
+    assert clients["completed_exact"] == clients["requests_started"] and clients["wrong_outputs"] == 0
+    assert_gone(child_pids(result.stderr))
 
 
 def test_an_error_event_is_an_error():
