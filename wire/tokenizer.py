@@ -38,6 +38,8 @@ class Tokenizer:
         self._chat_template = compile_chat_template(chat_template) if chat_template else None
         self._generation_eos_ids = generation_eos_ids
         self._max_chars_per_token = max_chars_per_token(backend)
+        self._token_texts: dict[int, str] = {}
+        """token_text's answers: at most one per vocabulary entry."""
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of text; special-token text such as <|im_start|> maps to its id. add_special_tokens: the
@@ -55,6 +57,14 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text alone, special tokens shown (what a logprob entry names it by). NOTE: kept once
+        decoded: every streamed token with logprobs names itself and its alternatives, a decode call each."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self._backend.decode([token_id], skip_special_tokens=False)
+        return text
 
     def decode_stream(self, skip_special_tokens: bool = True) -> Callable[[int], str | None]:
         """step(token_id) -> the text this token adds to the output so far, or None while it ends in an incomplete

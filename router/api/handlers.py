@@ -21,6 +21,7 @@ from router.api.streaming import stream_response
 from router.generation.beam_search import beam_search_deltas
 from router.generation.deltas import DeltaOutlet, merge, prompt_deltas
 from router.nodes.choice import Placement, UnknownNode
+from wire.outputs import TokenLogprobs
 from wire.seeding import seed_from_request_id
 
 logger = logging.getLogger(__name__)
@@ -206,5 +207,6 @@ class ChoiceTotals:
     def take(self, delta: ChoiceDelta) -> None:
         self.choices[delta.index].add(delta)
 
-    def take_text(self, index: int, text: str, token_ids: list[int]) -> None:
-        self.choices[index].add(ChoiceDelta(index, text, tuple(token_ids), None, None))
+    def take_text(self, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> None:
+        self.choices[index].add(ChoiceDelta(index, text, tuple(token_ids), None if logprobs is None else tuple(
+            logprobs), None))

@@ -285,7 +285,7 @@ def entry_token(ctx: ResponseContext, token_id: int) -> str:
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     # NOTE: special tokens are shown (a logprob entry must name its token even if the text hides it).
-    return tokenizer.decode([token_id], skip_special_tokens=False)
+    return tokenizer.token_text(token_id)
 
 
 def json_logprob(logprob: float) -> float:

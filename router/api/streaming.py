@@ -18,10 +18,19 @@ from aiohttp import hdrs, web
 
 from router.api.errors import error_body
 from router.api.openai_api import GenerationRequest
-from router.api.responses import ChoiceDelta, ResponseContext, chunk_choice, role_choice, usage, usage_chunk
+from router.api.responses import (
+    ChoiceDelta,
+    ResponseContext,
+    chunk_choice,
+    format_logprobs,
+    role_choice,
+    usage,
+    usage_chunk,
+)
 from router.api.tools import ToolStream
 from router.generation.deltas import DeltaOutlet
 from router.generation.pipeline import GenerationError
+from wire.outputs import TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -143,15 +152,20 @@ class ChunkWriter:
         for event in self.events(delta):
             self._transport.write(b"%x\r\n%b\r\n" % (len(event), event))
 
-    def take_text(self, index: int, text: str, token_ids: list[int]) -> None:
-        """take() of a plain delta (router/generation/deltas.py, DeltaSink), from its choice's chunk template when
-        it has one."""
+    def take_text(self, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None = None
+                  ) -> None:
+        """take() of a delta of text, token ids and logprobs alone (router/generation/deltas.py, DeltaSink), from its
+        choice's chunk template when it has one."""
         plain = self._plain_chunks.get(index)
         if plain is None:
-            self.take(ChoiceDelta(index, text, tuple(token_ids), None, None))
+            self.take(ChoiceDelta(index, text, tuple(token_ids), None if logprobs is None else tuple(logprobs), None))
             return
+        encoded_logprobs = None
+        if logprobs is not None:
+            formatted, self._text_offsets[index] = format_logprobs(self.ctx, logprobs, self._text_offsets[index])
+            encoded_logprobs = JSON_ENCODER.encode(formatted)
         self.num_tokens += 0 if self.ctx.output.drop_generated else len(token_ids)
-        self._transport.write(plain.http_chunk(text, token_ids))
+        self._transport.write(plain.http_chunk(text, token_ids, encoded_logprobs))
 
     def events(self, delta: ChoiceDelta) -> list[bytes]:
         """The server-sent events of one delta: its chunk, after the choice's opening chunks on a chat choice's
@@ -212,11 +226,12 @@ def is_plain(delta: ChoiceDelta) -> bool:
 
 
 class PlainChunk:
-    """One choice's chunk for a plain delta (is_plain, after the first) as bytes around its text and token ids: the
-    bytes of chunk_choice's chunk, written without building and encoding its dict per token."""
+    """One choice's chunk for a delta of text, token ids and (maybe) logprobs, after the choice's first: the bytes of
+    chunk_choice's chunk around those three, written without building and encoding its dict per token."""
 
     def __init__(self, ctx: ResponseContext, chunks: ChunkEncoder, index: int):
         choice, _ = chunk_choice(ctx, ChoiceDelta(index, "", (), None, None), 0)
+        choice["logprobs"] = msgspec.Raw(LOGPROBS_MARK)
         if ctx.kind == "completion":
             choice["text"] = msgspec.Raw(TEXT_MARK)
         else:
@@ -224,34 +239,40 @@ class PlainChunk:
         self._with_ids = choice["token_ids"] is not None
         if self._with_ids:
             choice["token_ids"] = msgspec.Raw(IDS_MARK)
-        # NOTE: JSON escapes every control character inside strings: the marks' bytes occur nowhere else. The ids
-        # come before the text in both kinds of chunk (chunk_choice's key order).
+        # NOTE: JSON escapes every control character inside strings: the marks' bytes occur nowhere else. The
+        # logprobs come first, then the ids, then the text, in both kinds of chunk (chunk_choice's key order).
         encoded = chunks.event(choice)
-        self._before_ids, rest = encoded.split(IDS_MARK) if self._with_ids else (b"", encoded)
-        self._before_text, self._after_text = rest.split(TEXT_MARK)
+        self._head, rest = encoded.split(LOGPROBS_MARK)
+        self._after_logprobs, rest = rest.split(IDS_MARK) if self._with_ids else (rest.split(TEXT_MARK)[0], rest)
+        self._before_text, self._tail = rest.split(TEXT_MARK)
+        if not self._with_ids:
+            self._before_text = b""
+        self._plain_head = self._head + b"null" + self._after_logprobs
+        """Up to the ids (or the text, without ids) of a delta without logprobs."""
 
     def event(self, delta: ChoiceDelta) -> bytes:
+        """The chunk of a plain delta (is_plain)."""
         text = JSON_ENCODER.encode(delta.text)
         if not self._with_ids:
-            return self._before_text + text + self._after_text
-        ids = JSON_ENCODER.encode(delta.token_ids)
-        return self._before_ids + ids + self._before_text + text + self._after_text
+            return self._plain_head + text + self._tail
+        return self._plain_head + JSON_ENCODER.encode(delta.token_ids) + self._before_text + text + self._tail
 
-    def http_chunk(self, text: str, token_ids: list[int]) -> bytes:
-        """event() of a plain delta of text and token_ids, framed as one HTTP chunk (size line, data, CRLF), built
-        in one join."""
+    def http_chunk(self, text: str, token_ids: list[int], logprobs: bytes | None = None) -> bytes:
+        """The chunk of a delta of text, token_ids and logprobs (the choice's encoded logprobs, None for none),
+        framed as one HTTP chunk (size line, data, CRLF), built in one join. NOTE: a call per streamed token."""
+        head = self._plain_head if logprobs is None else self._head + logprobs + self._after_logprobs
         encoded_text = JSON_ENCODER.encode(text)
         if not self._with_ids:
-            size = len(self._before_text) + len(encoded_text) + len(self._after_text)
-            return b"".join((b"%x\r\n" % size, self._before_text, encoded_text, self._after_text, b"\r\n"))
+            size = len(head) + len(encoded_text) + len(self._tail)
+            return b"".join((b"%x\r\n" % size, head, encoded_text, self._tail, b"\r\n"))
         ids = JSON_ENCODER.encode(token_ids)
-        size = len(self._before_ids) + len(ids) + len(self._before_text) + len(encoded_text) + len(self._after_text)
-        return b"".join((b"%x\r\n" % size, self._before_ids, ids, self._before_text, encoded_text,
-                         self._after_text, b"\r\n"))
+        size = len(head) + len(ids) + len(self._before_text) + len(encoded_text) + len(self._tail)
+        return b"".join((b"%x\r\n" % size, head, ids, self._before_text, encoded_text, self._tail, b"\r\n"))
 
 
 TEXT_MARK = b"\x01"
 IDS_MARK = b"\x02"
+LOGPROBS_MARK = b"\x03"
 
 
 class ChunkEncoder:

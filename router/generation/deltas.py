@@ -14,6 +14,7 @@ from router.generation.pipeline import TokenPush, generate
 from router.metrics import RouterMetrics
 from router.nodes.choice import Placement
 from router.nodes.pool import NodePool, PoolMismatch
+from wire.outputs import TokenLogprobs
 from wire.protocol import ModelFacts, TokenEvent
 from wire.sampling_params import SamplingParams
 from wire.tokenizer import Tokenizer
@@ -28,9 +29,9 @@ class DeltaSink(Protocol):
     def take(self, delta: ChoiceDelta) -> None:
         """The delta, delivered as the consumer would have delivered it."""
 
-    def take_text(self, index: int, text: str, token_ids: list[int]) -> None:
-        """take(ChoiceDelta(index, text, token_ids, None, None)): a plain delta (text and token ids alone), without
-        building it."""
+    def take_text(self, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> None:
+        """take(ChoiceDelta(index, text, token_ids, logprobs, None)): a delta of a running sample's tokens (no
+        finish, no prompt logprobs, no cached tokens), without building it."""
 
 
 @dataclass
@@ -93,11 +94,11 @@ def delta_push(outlet: DeltaOutlet, samples: list[SampleTiming], index: int, par
         sample, sink = samples[event.index], outlet.sink
         if sample.first is None or sink is None or not sink.accepts(index + event.index):
             return False
-        if event.logprobs is None and event.prompt_logprobs is None and event.num_cached_tokens is None:
-            # NOTE: the common streamed token (issue 21): its text and ids go as they are, no delta built
+        if event.prompt_logprobs is None and event.num_cached_tokens is None:
+            # NOTE: the common streamed token (issue 21): its text, ids and logprobs go as they are, no delta built
             text = sample.detokenizer.add_running(event.token_ids)
             sample.observe_arrival(time.monotonic(), metrics, len(event.token_ids))
-            sink.take_text(index + event.index, text, event.token_ids)
+            sink.take_text(index + event.index, text, event.token_ids, event.logprobs)
             return True
         delta = to_delta(sample.detokenizer, index + event.index, event, params.stop_token_ids)
         sample.observe_arrival(time.monotonic(), metrics, len(delta.token_ids))

@@ -4,6 +4,7 @@ gets."""
 
 import asyncio
 
+import msgspec
 import pytest
 
 from router.api.handlers import ChoiceTotals
@@ -58,15 +59,18 @@ def test_a_push_that_declines_leaves_every_event_to_the_generator(word_token_ids
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-def test_a_fast_streamed_response_matches_the_full_one(tiny_model_dir, word_token_ids, monkeypatch, path):
+@pytest.mark.parametrize("logprobs", [None, 2])
+def test_a_fast_streamed_response_matches_the_full_one(tiny_model_dir, word_token_ids, monkeypatch, path, logprobs):
     taken, added = [], []
     take, take_text, accepts = ChunkWriter.take, ChunkWriter.take_text, ChoiceTotals.accepts
     monkeypatch.setattr(ChunkWriter, "take", lambda writer, delta: taken.append(delta) or take(writer, delta))
-    monkeypatch.setattr(ChunkWriter, "take_text", lambda writer, index, text, ids: taken.append(text) or take_text(
-        writer, index, text, ids))
+    monkeypatch.setattr(ChunkWriter, "take_text", lambda writer, index, text, ids, lps: taken.append(text) or take_text(
+        writer, index, text, ids, lps))
     # NOTE: only the fast path asks a full response's totals whether they accept a delta
     monkeypatch.setattr(ChoiceTotals, "accepts", lambda totals, index: added.append(index) or accepts(totals, index))
     body = {"max_tokens": 16, "n": 2, "seed": 7, "return_token_ids": True, "ignore_eos": True}
+    if logprobs is not None:
+        body |= {"logprobs": logprobs} if path == "/v1/completions" else {"logprobs": True, "top_logprobs": logprobs}
     body |= {"prompt": "the river"} if path == "/v1/completions" else {
         "messages": [{"role": "user", "content": "the river"}]}
     with RouterHarness(tiny_model_dir, word_token_ids, decode=PACED) as router:
@@ -81,6 +85,12 @@ def test_a_fast_streamed_response_matches_the_full_one(tiny_model_dir, word_toke
         assert text == choice.get("text", choice.get("message", {}).get("content"))
         assert [t for c in parts for t in c.get("token_ids") or []] == choice["token_ids"]
         assert parts[-1]["finish_reason"] == choice["finish_reason"]
+        if logprobs is not None and path == "/v1/completions":
+            for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                assert [x for c in parts if c["logprobs"] for x in c["logprobs"][key]] == choice["logprobs"][key]
+        elif logprobs is not None:
+            assert [x for c in parts if c["logprobs"] for x in c["logprobs"]["content"]] == choice["logprobs"][
+                "content"]
     assert taken, "no streamed token took the fast path"
     assert added, "no token of the full response took the fast path"
 
@@ -130,26 +140,36 @@ def test_a_client_that_does_not_keep_up_or_is_gone_is_left_to_its_coroutine(toke
 
 @pytest.mark.parametrize("kind", ["completion", "chat"])
 @pytest.mark.parametrize("return_token_ids", [False, True])
+@pytest.mark.parametrize("num_top", [None, 2])
 @pytest.mark.parametrize("take", ["take", "take_text"])
 def test_a_fast_chunk_is_the_chunk_the_coroutine_writes_in_http_chunked_framing(tokenizer, kind, return_token_ids,
-                                                                                take):
+                                                                                num_top, take):
     from router.api.responses import ResponseContext, chunk_choice
     from router.api.streaming import ChunkEncoder
     from router.generation.output import OutputOptions
+    from wire.outputs import TokenLogprobs
 
-    ctx = ResponseContext(kind, "r", 0, "m", "fp", 1, None, tokenizer, OutputOptions(return_token_ids=return_token_ids),
-                          prompts=((1,),))
+    ctx = ResponseContext(kind, "r", 0, "m", "fp", 1, num_top, tokenizer,
+                          OutputOptions(return_token_ids=return_token_ids), prompts=((1,),))
     transport = StubTransport()
     writer = open_writer(ctx, transport)
-    delta = ChoiceDelta(0, ' b\u00e9"\n\u2028', (2, 3), None, None)
-    if take == "take":
-        writer.take(delta)
-    else:
-        writer.take_text(0, delta.text, list(delta.token_ids))
-    (written,) = transport.written
-    event = ChunkEncoder(ctx).event(chunk_choice(ctx, delta, 0)[0])
-    assert written == b"%x\r\n" % len(event) + event + b"\r\n"
-    assert writer.num_tokens == 3
+    deltas = [ChoiceDelta(0, ' b\u00e9"\n\u2028', (2, 3), None, None), ChoiceDelta(0, "c", (4,), None, None)]
+    if num_top is not None:  # NOTE: an impossible token's -inf included (JSON has none: -9999.0)
+        deltas = [msgspec.structs.replace(delta, logprobs=tuple(
+            TokenLogprobs(token, -0.5 * i - (token == 3) * float("inf"), ((token + 1, -1.0), (token + 2, -2.5)))
+            for i, token in enumerate(delta.token_ids))) for delta in deltas]
+    text_offset, expected = 0, []
+    for delta in deltas:
+        if take == "take":
+            writer.take(delta)
+        else:
+            writer.take_text(0, delta.text, list(delta.token_ids), None if delta.logprobs is None else list(
+                delta.logprobs))
+        choice, text_offset = chunk_choice(ctx, delta, text_offset)  # NOTE: completions' offsets run on
+        event = ChunkEncoder(ctx).event(choice)
+        expected.append(b"%x\r\n" % len(event) + event + b"\r\n")
+    assert transport.written == expected
+    assert writer.num_tokens == 4
 
 
 def test_a_failing_push_fails_its_request_not_the_receive_loop():
