@@ -243,10 +243,11 @@ class PlainChunk:
         # logprobs come first, then the ids, then the text, in both kinds of chunk (chunk_choice's key order).
         encoded = chunks.event(choice)
         self._head, rest = encoded.split(LOGPROBS_MARK)
-        self._after_logprobs, rest = rest.split(IDS_MARK) if self._with_ids else (rest.split(TEXT_MARK)[0], rest)
-        self._before_text, self._tail = rest.split(TEXT_MARK)
-        if not self._with_ids:
-            self._before_text = b""
+        if self._with_ids:
+            self._after_logprobs, rest = rest.split(IDS_MARK)
+            self._before_text, self._tail = rest.split(TEXT_MARK)
+        else:
+            (self._after_logprobs, self._tail), self._before_text = rest.split(TEXT_MARK), b""
         self._plain_head = self._head + b"null" + self._after_logprobs
         """Up to the ids (or the text, without ids) of a delta without logprobs."""
 
