@@ -64,12 +64,18 @@ def wait_until_serving(url: str, headers: dict, node_id: str, timeout_s: float) 
     """Until every router has the added node answering. NOTE: until then it takes no requests: a removal of the
     role's other node (add, then remove) would leave nothing serving."""
     deadline = time.monotonic() + timeout_s
-    while (state := call(url, urllib.request.Request(f"{url}/nodes/{node_id}", headers=headers))["state"]) != "serving":
+    while True:
+        try:
+            state, why = call(url, urllib.request.Request(f"{url}/nodes/{node_id}", headers=headers))["state"], ""
+        except ValueError as error:  # NOTE: a router being restarted, say: asked again until the timeout
+            state, why = "starting", f" (its state could not be read: {error})"
+        if state == "serving":
+            return
         if state != "starting":
             raise ValueError(f"{node_id} was started but is {state}: see corun serve's log")
         if time.monotonic() >= deadline:
-            raise ValueError(f"{node_id} was started but did not answer within {timeout_s:g} s; it stays in the "
-                             "pool and takes requests once it answers")
+            raise ValueError(f"{node_id} was started but did not answer within {timeout_s:g} s{why}; it stays in "
+                             "the pool and takes requests once it answers")
         time.sleep(POLL_S)
 
 

@@ -4,9 +4,12 @@ Content-Length is a 400, and a legitimate command still runs on the serve loop's
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
+
+import pytest
 
 from launch import scaling
 from launch.cluster import ClusterConfig, free_port
@@ -128,3 +131,39 @@ def test_an_added_node_serves_once_every_router_has_it_answering(monkeypatch):
     assert group.node_state(node["address"]) == "starting"
     listings[first] = [{**node, "healthy": False, "given_up": True}]
     assert group.node_state(node["address"]) == "given_up"
+
+
+class ScriptedRouters:
+    """RouterGroup.node_state's answers, one per call: a state, or an exception to raise."""
+
+    def __init__(self, answers: list):
+        self.answers = answers
+
+    def node_state(self, address: str) -> str:
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+@pytest.mark.parametrize("answers, outcome", [
+    ([OSError("router restarting"), "starting", "serving"], None),
+    (["starting", "given_up"], "decode-1 was started but is given_up"),
+    ([OSError("router gone")], "did not answer within 0.5 s (its state could not be read: router gone)"),
+])
+def test_corun_scale_add_waits_through_unreadable_states_until_serving_or_refused(answers, outcome):
+    from cli.scale import wait_until_serving
+
+    config, control, cluster, stop = start()
+    cluster.routers = ScriptedRouters(answers)
+    cluster.node_address = lambda node_id: "tcp://127.0.0.1:9" if node_id == "decode-1" else None
+    try:
+        url, headers = f"http://127.0.0.1:{config.admin_port}", {"Authorization": f"Bearer {API_KEY}"}
+        if outcome is None:
+            wait_until_serving(url, headers, "decode-1", timeout_s=DEADLINE_S)
+        else:
+            with pytest.raises(ValueError, match=re.escape(outcome)):
+                wait_until_serving(url, headers, "decode-1", timeout_s=0.5)
+    finally:
+        stop.set()
+        control.close()
