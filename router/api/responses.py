@@ -169,10 +169,11 @@ def echoed_logprobs(ctx: ResponseContext, prompt_ids, prompt_logprobs) -> dict:
     offset = 0
     for position, token_id in enumerate(prompt_ids):
         lp = prompt_logprobs[position] if prompt_logprobs is not None else None
-        token = entry_token(ctx, token_id)
+        text = token_text(ctx.tokenizer, token_id)
+        token = f"token_id:{token_id}" if ctx.tokens_as_ids else text  # NOTE: entry_token, its text looked up once
         body["tokens"].append(token)
         body["text_offset"].append(offset)
-        offset += len(token_text(ctx.tokenizer, token_id))  # NOTE: offsets count text, not "token_id:<id>"
+        offset += len(text)  # NOTE: offsets count text, not "token_id:<id>"
         if lp is None:
             body["token_logprobs"].append(None)
             body["top_logprobs"].append(None)
@@ -251,12 +252,13 @@ def completion_logprobs(ctx: ResponseContext, logprobs, text_offset: int) -> tup
     """{tokens, token_logprobs, top_logprobs (token text -> logprob, chosen token included), text_offset}."""
     body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for lp in logprobs:
-        token = entry_token(ctx, lp.token_id)
+        text = token_text(ctx.tokenizer, lp.token_id)
+        token = f"token_id:{lp.token_id}" if ctx.tokens_as_ids else text  # NOTE: entry_token, text looked up once
         body["tokens"].append(token)
         body["token_logprobs"].append(json_logprob(lp.logprob))
         body["top_logprobs"].append(top_logprobs_of(ctx, token, lp))
         body["text_offset"].append(text_offset)
-        text_offset += len(token_text(ctx.tokenizer, lp.token_id))  # NOTE: text, not "token_id:<id>"
+        text_offset += len(text)  # NOTE: text, not "token_id:<id>"
     return body, text_offset
 
 
