@@ -169,8 +169,7 @@ def echoed_logprobs(ctx: ResponseContext, prompt_ids, prompt_logprobs) -> dict:
     offset = 0
     for position, token_id in enumerate(prompt_ids):
         lp = prompt_logprobs[position] if prompt_logprobs is not None else None
-        text = token_text(ctx.tokenizer, token_id)
-        token = f"token_id:{token_id}" if ctx.tokens_as_ids else text  # NOTE: entry_token, its text looked up once
+        token, text = entry_token_and_text(ctx, token_id)
         body["tokens"].append(token)
         body["text_offset"].append(offset)
         offset += len(text)  # NOTE: offsets count text, not "token_id:<id>"
@@ -252,8 +251,7 @@ def completion_logprobs(ctx: ResponseContext, logprobs, text_offset: int) -> tup
     """{tokens, token_logprobs, top_logprobs (token text -> logprob, chosen token included), text_offset}."""
     body = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for lp in logprobs:
-        text = token_text(ctx.tokenizer, lp.token_id)
-        token = f"token_id:{lp.token_id}" if ctx.tokens_as_ids else text  # NOTE: entry_token, text looked up once
+        token, text = entry_token_and_text(ctx, lp.token_id)
         body["tokens"].append(token)
         body["token_logprobs"].append(json_logprob(lp.logprob))
         body["top_logprobs"].append(top_logprobs_of(ctx, token, lp))
@@ -282,7 +280,13 @@ def token_entry(ctx: ResponseContext, token_id: int, logprob: float) -> dict:
 
 def entry_token(ctx: ResponseContext, token_id: int) -> str:
     """How a logprob entry names its token: its text, or "token_id:<id>" (return_tokens_as_token_ids)."""
-    return f"token_id:{token_id}" if ctx.tokens_as_ids else token_text(ctx.tokenizer, token_id)
+    return entry_token_and_text(ctx, token_id)[0]
+
+
+def entry_token_and_text(ctx: ResponseContext, token_id: int) -> tuple[str, str]:
+    """(entry_token, the token's text), the text looked up once (completions' offsets count text)."""
+    text = token_text(ctx.tokenizer, token_id)
+    return (f"token_id:{token_id}" if ctx.tokens_as_ids else text), text
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> str:
