@@ -4,7 +4,7 @@ As `vllm bench serve` measures a server: each request is a streaming /v1/complet
 (the engine bench's prompts, so both see the same requests), sent at its arrival time. TTFT is from the request's
 arrival to its first streamed token; ITL the gaps between streamed chunks; TPOT a request's mean gap between its
 later tokens. The result has the engine bench's schema (plus itl_ms), so colocated and served runs sit side by
-side in one report.
+side in one report. Like the engine bench, each workload's clock starts after a warm-up of a few requests.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 
 import aiohttp
 
-from benchmarks.harness import RequestOutcome, SLOTargets, outcome_summary, percentile
+from benchmarks.harness import WARM_UP_REQUESTS, RequestOutcome, SLOTargets, outcome_summary, percentile
 from benchmarks.http_clients import (
     ClientProcesses,
     StreamedRequest,
@@ -39,6 +39,7 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
                                   client_processes: int = 1, warm_connections: bool = False) -> dict:
     async with open_session(api_key) as session:
         bodies, times = await workload_requests(session, url, workload, vocab_size, arrivals, seed)
+        await warm_up(session, url, bodies[0]["model"], workload, vocab_size, seed)
         if client_processes > 1:
             # NOTE: the processes start (seconds of imports) before the window the server's counters are read over
             clients = await asyncio.to_thread(ClientProcesses, url, bodies, times, max_seconds, max_concurrency,
@@ -77,6 +78,22 @@ async def workload_requests(session: aiohttp.ClientSession, url: str, workload: 
     """The workload's streaming /v1/completions bodies (token-id prompts, the engine bench's) and arrival times."""
     prompts = make_prompts(workload, vocab_size, seed)
     return request_bodies(await served_model_name(session, url), prompts), arrivals.times(len(prompts))
+
+
+async def warm_up(session: aiohttp.ClientSession, url: str, model: str, workload: Workload, vocab_size: int,
+                  seed: int) -> None:
+    """The engine bench's warm-up (benchmarks/harness.py warm_up) through the front door, before the clock starts:
+    a few prompts of the workload for 2 tokens each, so that kernels compiled at first use and the clients' and
+    router's first-request costs are not paid by whichever run comes first, as the engine bench's runs never pay
+    them. The prompts are drawn with another seed, so no prefix of the measured ones is cached by them (a server
+    without /reset_prefix_cache, vLLM's, is measured cold too)."""
+    prompts = make_prompts(workload, vocab_size, seed + 1)
+    chosen = sorted(prompts[:64], key=lambda p: len(p[1]))[-WARM_UP_REQUESTS // 2:] + prompts[:WARM_UP_REQUESTS // 2]
+    bodies = [body | {"max_tokens": min(2, body["max_tokens"])} for body in request_bodies(model, chosen)]
+    records, _, _ = await stream_bodies(session, url, bodies, [0.0] * len(bodies), None, None)
+    errors = [record.error for record in records if record.error]
+    if errors:
+        raise ValueError(f"the warm-up requests to {url} failed: {errors[:3]}")
 
 
 def request_bodies(model: str, prompts) -> list[dict]:
