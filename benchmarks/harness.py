@@ -139,6 +139,9 @@ class Trace:
     first_at: dict[str, float] = field(default_factory=dict)
     last_at: dict[str, float] = field(default_factory=dict)
     decode_steps: list[tuple[float, list[int]]] = field(default_factory=list)
+    token_gaps: list[float] = field(default_factory=list)
+    """Between each request's consecutive tokens: the engine's ITL, which a stream through the router can match at
+    best (a prefill forward between two decode steps is a gap here too)."""
 
     def next_arrival(self) -> float:
         return self.arrival_at[len(self.requests)] if len(self.requests) < len(self.arrival_at) else math.inf
@@ -264,9 +267,15 @@ def timed_step(engine: LLMEngine, trace: Trace, start: float) -> None:
     # NOTE: a pure decode step samples exactly the requests that were decoding (ids, not list scans)
     if sampled and {id(s.request) for s in sampled} == {id(r) for r in decoding}:
         trace.decode_steps.append((now - step_start, context_lens))
+    at = now - start
     for item in sampled:
-        trace.first_at.setdefault(item.request.request_id, now - start)
-        trace.last_at[item.request.request_id] = now - start
+        rid = item.request.request_id
+        last = trace.last_at.get(rid)
+        if last is None:
+            trace.first_at[rid] = at
+        else:
+            trace.token_gaps.append(at - last)
+        trace.last_at[rid] = at
 
 
 def outcome_summary(outcomes: Sequence[RequestOutcome], num_requests: int, num_tokens: int, elapsed: float,
@@ -286,6 +295,8 @@ def outcome_summary(outcomes: Sequence[RequestOutcome], num_requests: int, num_t
 def summarize(engine: LLMEngine, trace: Trace, elapsed: float, hardware: dict, slo: SLOTargets) -> dict:
     num_tokens = sum(len(r.output_token_ids) for r in trace.requests)
     result = outcome_summary(trace.outcomes(), len(trace.arrival_at), num_tokens, elapsed, slo)
+    result["itl_ms"] = {"p50": round(1e3 * percentile(trace.token_gaps, 0.5), 3),
+                        "p99": round(1e3 * percentile(trace.token_gaps, 0.99), 3)}
     result["num_decode_steps"] = len(trace.decode_steps)
     if trace.decode_steps and hardware:
         result["decode_step"] = decode_step_summary(engine, trace.decode_steps, hardware)
@@ -329,7 +340,7 @@ def progress_line(mode: str, workload: str, result: dict) -> str:
     ttft, tpot = result["ttft_s"], result["tpot_ms"]
     cut_short = " TRUNCATED" if result["truncated"] else ""
     served = ""
-    if "itl_ms" in result:  # NOTE: a run through the router (corun bench --url)
+    if "itl_ms" in result:  # NOTE: the engine's token gaps, or a stream's through the router (corun bench --url)
         served = f", ITL p50/p99 {result['itl_ms']['p50']}/{result['itl_ms']['p99']} ms"
         if result.get("router_cpu_us_per_token") is not None:
             served += f", router CPU {result['router_cpu_us_per_token']} us/token"

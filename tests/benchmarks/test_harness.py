@@ -31,6 +31,10 @@ def test_bench_reports_every_mode_and_workload(tiny_model_dir, tmp_path):
         assert result["output_tokens"] == sum(o for _, o in workload.lengths)
         assert result["num_finished"] == 6 and result["truncated"] is False
         assert result["num_decode_steps"] > 0 and result["ttft_s"]["p50"] <= result["seconds"]
+        # NOTE: the engine's token gaps (ITL): a request's TPOT is the mean of its gaps, so the largest gap of the
+        # run (p99 of these few) is at least the largest TPOT, and no gap exceeds the run
+        itl, tpot = result["itl_ms"], result["tpot_ms"]
+        assert 0 < itl["p50"] <= itl["p99"] <= 1e3 * result["seconds"] and itl["p99"] >= tpot["p99"] - 1e-3
 
 
 def test_old_mode_names_run_and_are_reported_by_their_new_names(tiny_model_dir):
