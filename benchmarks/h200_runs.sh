@@ -35,6 +35,12 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  front_door_defaults)  # stop 44: front_door at the defaults a user gets (its --prefill-chunk-size was 4096 until now,
+    # so every prefill forward ran 4096 rows against the default 2048, and a colocated node's streams waited ~100 ms
+    # for each: ITL p99 107-114 ms), the HTTP runs after corun bench --url's warm-up, the engine's own ITL p99 beside
+    # each HTTP run's (itl_p99_ms), on the router's text and logprob lanes (stop 43)
+    timeout 590 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
+      --out "$out/h200_front_door.json" > "$out/front_door.log" 2>&1 ;;
   issue25_warm_up_stop44)  # stop 44: multiple choice through HTTP missed TTFT p50 <= 0.4x narrowly (0.408-0.437) while
     # its throughput and its engine rows were met; the HTTP runs had no warm-up (the engine bench's runs all do), so the
     # run a fresh cluster served first paid the first-use costs: MC (warm connections) and multi-turn and the
