@@ -35,6 +35,15 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_user_defaults_t0)  # not run yet (stop 44 found it): every issue-20 table ran $BENCH, whose
+    # --prefill-chunk-size 4096 --max-num-batched-tokens 8192 made corun's "defaults" pack prefill forwards of 8192 rows
+    # (h200_defaults.json: packed-T8192) and standard's mixed steps 8192 tokens, where a user without flags gets 2048
+    # for both: the t = 0 table again with no engine flag but the model's and the memory's, beside the T8192 variant
+    timeout 560 python3 -m cli.main bench --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256 \
+      --max-model-len 6144 --kv-cache-mib 112000 --num-requests 256 --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
+      --modes standard,corun,corun:max_num_batched_tokens=8192,standard:max_num_batched_tokens=8192 \
+      --out "$out/h200_defaults_user.json" > "$out/bench.log" 2>&1 ;;
   front_door_defaults)  # stop 44: front_door at the defaults a user gets (its --prefill-chunk-size was 4096 until now,
     # so every prefill forward ran 4096 rows against the default 2048, and a colocated node's streams waited ~100 ms
     # for each: ITL p99 107-114 ms), the HTTP runs after corun bench --url's warm-up, the engine's own ITL p99 beside
