@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from corun.block_manager import make_block_manager
+from corun.device_facts import resolved_on_device
 from corun.model_runner import ModelRunner, SampledToken
 from corun.request import Request, RequestStatus
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, make_scheduler
@@ -38,7 +39,7 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
-        self.config = config = config.resolved()
+        self.config = config = resolved_on_device(config)
         self.runner = ModelRunner(config, runs_mixed_steps=config.scheduler.mode != "fixed_shape")
         self.block_manager = make_block_manager(config, self.runner.kv_cache.num_blocks)
         self.scheduler = make_scheduler(config.scheduler, self.block_manager)

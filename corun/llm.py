@@ -22,7 +22,7 @@ class LLM:
     def __init__(self, model: str, *, mode: str = SchedulerConfig.mode,
                  max_num_seqs: int = SchedulerConfig.max_num_seqs, max_model_len: int = SchedulerConfig.max_model_len,
                  prefill_chunk_size: int | None = SchedulerConfig.prefill_chunk_size,
-                 max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
+                 max_num_batched_tokens: int | None = SchedulerConfig.max_num_batched_tokens,
                  block_size: int = CacheConfig.block_size, num_blocks: int | None = CacheConfig.num_blocks,
                  dtype: str = EngineConfig.dtype, device: str = EngineConfig.device, seed: int = EngineConfig.seed,
                  use_cuda_graph: bool = EngineConfig.use_cuda_graph,

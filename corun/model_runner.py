@@ -36,6 +36,7 @@ from corun.decode_ahead import (
     tokens_ahead,
 )
 from corun.decode_sizes import equivalent_decode_sizes
+from corun.device_facts import resolved_on_device
 from corun.joined_steps import verified_joined_shapes
 from corun.kv_cache import PagedKVCache
 from corun.models.config import ModelArchConfig
@@ -83,7 +84,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, capture_decode_graph: bool = True, runs_mixed_steps: bool = False):
         """capture_decode_graph: False on prefill-only nodes, which never run the decode step. runs_mixed_steps:
         the colocated engine of a mixed-step mode, the only runner that runs mixed steps (run_mixed)."""
-        self.config = config = config.resolved()
+        self.config = config = resolved_on_device(config)
         if config.device.startswith("cuda"):  # NOTE: before the first CUDA call, which fixes cuBLAS's workspace
             apply_cublas_split_k(config.cublas_split_k)
         if config.num_threads is not None:

@@ -16,6 +16,7 @@ import uuid
 from typing import ClassVar
 
 from corun.block_manager import make_block_manager
+from corun.device_facts import resolved_on_device
 from corun.model_runner import ModelRunner, SampledToken
 from corun.models.loader import model_digest
 from corun.request import Request
@@ -88,7 +89,7 @@ class NodeServer:
 
     def __init__(self, config: NodeConfig, capture_decode_graph: bool = True):
         # NOTE: 'auto' shapes resolve here, on the node's own device, before the fingerprint hashes them
-        self.config = config = dataclasses.replace(config, engine=config.engine.resolved())
+        self.config = config = dataclasses.replace(config, engine=resolved_on_device(config.engine))
         self.instance_id = uuid.uuid4().hex
         """This process: a node restarted on the same address gets another one."""
         self.runner: NodeRunner = make_model_runner(config.engine, capture_decode_graph)

@@ -37,6 +37,22 @@ took 119.7/610.2. With the cache off, 32 and 64 gave 0.99-1.05x of 256. The pric
 prompt logprobs computes them chunk by chunk, so it reads the LM head once per 32 prompt tokens. Block-aligned (a
 multiple of CacheConfig.block_size, 16), which the prefix cache needs."""
 
+DEFAULT_BATCHED_TOKENS = 2048
+"""max_num_batched_tokens on CPU and on GPUs under LARGE_GPU_BYTES (vLLM's API-server default there)."""
+LARGE_GPU_BATCHED_TOKENS = 8192
+"""max_num_batched_tokens on a large GPU (LARGE_GPU_BYTES or more, not an A100), as vLLM's API server sets it there.
+Measured on the H200 (8B shape, bf16, N = 256, one run, benchmarks/results/h200_defaults_user.json, stop 44): at t = 0
+fixed_shape at 2048 gave 0.989x / 0.957x / 0.995x / 0.863x of 8192 (ShareGPT-, BurstGPT-, RL-rollout-like,
+1024x2048: 8192 prefills 4 times the tokens per forward while decode rows ride each one, and a 10-s window of a t = 0
+run is mostly prefill) and TTFT p50 1.09-1.13x; mixed mode at 2048 0.94x / 0.89x / 0.99x / 0.74x of itself at 8192.
+The price: a decoding request waits for a whole forward, so ITL p99 at t = 0 went from 57-71 ms to 192-205 ms, and
+BurstGPT-like TPOT p99 from 63 to 131 ms (every earlier issue-20 table ran at 8192: h200_defaults.json). Poisson
+ShareGPT-like at 16 and 32 req/s ran at 8192 in stop 40 (h200_defaults_poisson_*.json, default corun 297 and 300 of
+300 good) and at 2048 now (297 and 300 of 300: the same)."""
+LARGE_GPU_BYTES = 70 * 2**30
+"""vLLM's line for its larger defaults (H100, H200; an A100 of 80 GiB keeps the smaller: a larger budget measured
+slower there, vllm-project/vllm#17885)."""
+
 AUTO = "auto"
 """A shape setting resolved on the device when the EngineConfig is built (resolve_shape_defaults): the values that
 measured fastest there, so a user without tuning flags gets the benchmarked path."""
@@ -122,9 +138,10 @@ class SchedulerConfig:
     prefix cache's unit (CacheConfig.enable_prefix_caching): only whole chunks are shared. None (auto):
     SMALL_PREFILL_CHUNK (32) on CUDA with packed prefill (where a prompt runs several chunks in one forward,
     multi_chunk_prefill), DEFAULT_PREFILL_CHUNK (256) elsewhere (see resolve_shape_defaults)."""
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None
     """mixed mode: token budget of one mixed prefill+decode step; fixed_shape on CUDA: the packed prefill forward's
-    rows (T) when prefill_pack_tokens is auto."""
+    rows (T) when prefill_pack_tokens is auto. None (auto): LARGE_GPU_BATCHED_TOKENS on a large GPU, else
+    DEFAULT_BATCHED_TOKENS (see resolve_shape_defaults)."""
     prefill_buckets: Sizes = field(default=AUTO, metadata=flag(parse=parse_buckets, format=format_sizes,
                                                                metavar="SIZES|default|none|auto"))
     """fixed_shape mode (as are the settings below; other modes ignore them). Isolated prefill: a prompt's first
@@ -232,8 +249,11 @@ class SchedulerConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "mode", canonical_mode(self.mode))  # NOTE: an old name becomes the new one here
-        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "prefill_pack_seqs"):
+        for name in ("max_num_seqs", "max_model_len", "prefill_pack_seqs"):
             if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_num_batched_tokens",):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.prefill_chunk_size is not None and self.prefill_chunk_size < 1:
             raise ValueError(f"prefill_chunk_size must be >= 1, got {self.prefill_chunk_size}")
@@ -274,7 +294,7 @@ class SchedulerConfig:
     @property
     def is_resolved(self) -> bool:
         return AUTO not in (self.prefill_buckets, self.decode_step_sizes, self.prefill_pack_sizes) and None not in (
-            self.prefill_pack_tokens, self.prefill_token_budget, self.prefill_chunk_size)
+            self.prefill_pack_tokens, self.prefill_token_budget, self.prefill_chunk_size, self.max_num_batched_tokens)
 
     @property
     def decode_wait_tokens(self) -> int:
@@ -315,8 +335,10 @@ def auto_decode_step_candidates(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(sorted({s for s in steps + eighths if 1 <= s < max_num_seqs}))
 
 
-def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: bool, backend: str) -> SchedulerConfig:
-    """The one place where 'auto' becomes sizes, by device (explicit values are kept as given).
+def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: bool, backend: str,
+                           large_gpu: bool = False) -> SchedulerConfig:
+    """The one place where 'auto' becomes sizes, by device (explicit values are kept as given). large_gpu: the
+    device is a GPU of LARGE_GPU_BYTES or more that is not an A100 (corun/device_facts.py asks it).
 
     On CUDA with graphs: packed prefill at T = max_num_batched_tokens, each forward at the smallest verified size
     that holds its pack, and the verified smaller decode steps. Measured on the H200 (8B shape, bf16, N = 256, one
@@ -332,6 +354,10 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     of them (its engine refuses them)."""
     if sched.is_resolved:
         return sched
+    if sched.max_num_batched_tokens is None:
+        large = large_gpu and device.startswith("cuda")
+        sched = dataclasses.replace(sched, max_num_batched_tokens=LARGE_GPU_BATCHED_TOKENS if large
+                                    else DEFAULT_BATCHED_TOKENS)
     fast_cuda = device.startswith("cuda") and use_cuda_graph and sched.mode == "fixed_shape" and backend == "native"
     pack_tokens = sched.prefill_pack_tokens
     if pack_tokens is None:
@@ -429,11 +455,12 @@ class EngineConfig:
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
 
-    def resolved(self) -> EngineConfig:
-        """This config with every 'auto' shape setting resolved for its device. An engine (LLMEngine, a node
-        server, the vLLM engine) resolves its config once when it is built; the fingerprint hashes the result. The
-        config as asked keeps 'auto', so it travels to node processes and bench variants as the user gave it."""
-        sched = resolve_shape_defaults(self.scheduler, self.device, self.use_cuda_graph, self.backend)
+    def resolved(self, large_gpu: bool = False) -> EngineConfig:
+        """This config with every 'auto' shape setting resolved for its device (large_gpu: resolve_shape_defaults;
+        corun/device_facts.py resolved_on_device asks the device). An engine (LLMEngine, a node server, the vLLM
+        engine) resolves its config once when it is built; the fingerprint hashes the result. The config as asked
+        keeps 'auto', so it travels to node processes and bench variants as the user gave it."""
+        sched = resolve_shape_defaults(self.scheduler, self.device, self.use_cuda_graph, self.backend, large_gpu)
         caching = self.cache.enable_prefix_caching and sched.mode == "fixed_shape" and \
             self.backend == "native" and sched.prefill_chunk_size % self.cache.block_size == 0
         return dataclasses.replace(self, scheduler=sched,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from corun.device_facts import resolved_on_device
 from corun.request import Request
 from corun.scheduler import RequestRejected, check_engine_request
 from corun.vllm_backend.engine_args import eos_token_ids, vllm_engine_kwargs, vllm_environment
@@ -82,7 +83,7 @@ class EngineCounts:
 
 class VllmEngine:
     def __init__(self, config: EngineConfig):
-        self.config = config = config.resolved()
+        self.config = config = resolved_on_device(config)
         self.vllm = start_vllm_engine(config)
         self.eos_token_ids = frozenset(eos_token_ids(self.vllm.model_config))
         self.vocab_size = self.vllm.model_config.get_vocab_size()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from corun.device_facts import resolved_on_device
 from corun.models.config import eos_token_ids_of
 from wire.config import EngineConfig
 
@@ -45,7 +46,7 @@ def vllm_environment(config: EngineConfig) -> dict[str, str]:
 
 def vllm_engine_kwargs(config: EngineConfig) -> dict:
     """vllm.EngineArgs keywords for this configuration."""
-    sched = config.resolved().scheduler  # NOTE: the chunk size's 'auto', as this backend resolves it
+    sched = resolved_on_device(config).scheduler  # NOTE: the chunk size's 'auto', as this backend resolves it
     fixed_shape = sched.mode == "fixed_shape"
     kwargs = {
         "model": config.model, "tokenizer": config.model, "skip_tokenizer_init": True, "dtype": config.dtype,

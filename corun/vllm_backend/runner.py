@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from corun.device_facts import resolved_on_device
 from corun.model_runner import SampledToken, sample_requests
 from corun.request import Request
 from corun.sampler import Sampler
@@ -88,7 +89,7 @@ class VllmModelRunner:
     """vLLM captures its own decode graph on CUDA (engine_args)."""
 
     def __init__(self, config: EngineConfig, capture_decode_graph: bool = True):
-        config = config.resolved()
+        config = resolved_on_device(config)
         problems = unsupported_settings(config)
         if problems:
             raise ValueError("--engine vllm nodes do not support: " + "; ".join(problems))

@@ -7,6 +7,8 @@ import pytest
 from wire.config import (
     AUTO,
     DECODE_TILE_TOKENS,
+    DEFAULT_BATCHED_TOKENS,
+    LARGE_GPU_BATCHED_TOKENS,
     DEFAULT_PREFILL_BUCKETS,
     DEFAULT_PREFILL_CHUNK,
     PACK_SIZE_LADDER,
@@ -29,7 +31,8 @@ def test_defaults_are_auto_and_the_budget_bounds_prefill():
     assert (sched.prefill_buckets, sched.decode_step_sizes) == (AUTO, AUTO) and not sched.is_resolved
     assert sched.prefill_pack_tokens is None and sched.prefill_pack_sizes == AUTO
     assert sched.prefill_token_budget is None  # NOTE: auto, one mixed step's token budget
-    assert sched.decode_wait_tokens == sched.max_num_batched_tokens > 0
+    assert sched.max_num_batched_tokens is None  # NOTE: auto, by device
+    assert resolved().decode_wait_tokens == resolved().max_num_batched_tokens > 0
     assert resolved(max_num_batched_tokens=8192).prefill_token_budget == 8192
     assert resolved(max_num_batched_tokens=8192, prefill_token_budget=0).prefill_token_budget == 0
 
@@ -40,6 +43,25 @@ def test_cuda_gets_packed_prefill_at_the_batch_token_budget_with_pack_and_decode
     assert sched.prefill_pack_sizes == auto_pack_size_candidates(8192)
     assert sched.decode_step_sizes == tuple(range(16, 256, 16))  # NOTE: the sizes mixed mode captures from 16
     assert resolved(prefill_chunk_size=4096, max_num_batched_tokens=2048).prefill_pack_tokens == 4096  # NOTE: >= chunk
+
+
+def test_the_batch_token_budget_is_vllm_s_for_the_device():
+    # NOTE: a large GPU (H100, H200) gets 8192, as vLLM's API server sets it there; everything else 2048; the packed
+    # forward's rows and the prefill token budget follow it, and an explicit value is kept
+    def on(device, large_gpu, **scheduler):
+        return resolve_shape_defaults(SchedulerConfig(**scheduler), device, True, "native", large_gpu)
+
+    large = on("cuda", True)
+    assert large.max_num_batched_tokens == large.prefill_pack_tokens == large.prefill_token_budget == \
+        LARGE_GPU_BATCHED_TOKENS == 8192
+    assert on("cuda", True, mode="mixed").max_num_batched_tokens == LARGE_GPU_BATCHED_TOKENS
+    small = on("cuda", False)
+    assert small.max_num_batched_tokens == small.prefill_pack_tokens == DEFAULT_BATCHED_TOKENS == 2048
+    assert on("cpu", True).max_num_batched_tokens == DEFAULT_BATCHED_TOKENS  # NOTE: a GPU's fact, never a CPU's
+    assert on("cuda", True, max_num_batched_tokens=4096).max_num_batched_tokens == 4096
+    config = EngineConfig(model="m", device="cuda")
+    assert config.resolved(large_gpu=True).scheduler.max_num_batched_tokens == LARGE_GPU_BATCHED_TOKENS
+    assert config.scheduler.max_num_batched_tokens is None  # NOTE: the config as asked keeps auto
 
 
 def test_cuda_gets_buckets_up_to_the_chunk_size_when_packing_is_off():
