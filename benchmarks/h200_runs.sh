@@ -35,6 +35,15 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue21_two_routers)  # not run yet (stop 44): 2 routers at 1024 streams were capped by the fake node's paced
+    # ceiling (51,200 tok/s; one router saturated at 42.4k): an offered load above twice one router's, on 16 cores;
+    # then multiple choice through HTTP with the router's latency means beside the client's (server_means: where its
+    # TTFT p50 gap to the engine sits), at today's defaults (T8192 on the H200 since stop 44)
+    python3 -m cli.main make-tiny-model /tmp/tiny > /dev/null 2>&1
+    timeout 200 python3 -m benchmarks.router_throughput --model /tmp/tiny --routers 1,2 --streams 1024,2048 \
+      --workers 8 --seconds 8 --warmup-seconds 2 --out "$out/h200_host_two_routers.json" > "$out/router_throughput.log" 2>&1
+    timeout 300 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,multi_turn --paths engine,http \
+      --warm-connections --out "$out/h200_prefix_cache_mc_means.json" > "$out/prefix_cache.log" 2>&1 ;;
   issue20_user_defaults_t0)  # not run yet (stop 44 found it): every issue-20 table ran $BENCH, whose
     # --prefill-chunk-size 4096 --max-num-batched-tokens 8192 made corun's "defaults" pack prefill forwards of 8192 rows
     # (h200_defaults.json: packed-T8192) and standard's mixed steps 8192 tokens, where a user without flags gets 2048

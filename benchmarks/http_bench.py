@@ -60,7 +60,7 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
     cpu = router_cpu(router_cpu_seconds(metrics_before), router_cpu_seconds(metrics_after),
                      sum(r.num_tokens for r in records), sum(len(r.chunk_at) for r in records))
     return (result | cpu | prefix_cache_hit_rate(metrics_before, metrics_after)
-            | node_loop(metrics_before, metrics_after)
+            | node_loop(metrics_before, metrics_after) | server_means(metrics_before, metrics_after, records)
             | {"client_processes": client_processes, "warm_connections": warm_connections})
 
 
@@ -143,6 +143,29 @@ def prefix_cache_hit_rate(before: dict[str, list[float]], after: dict[str, list[
     if hits is None or queries is None:
         return {"hit_rate": None}
     return {"prefix_cache_hit_tokens": int(hits), "hit_rate": round(hits / queries, 4) if queries else 0.0}
+
+
+SERVER_LATENCIES = {"ttft_s": "vllm:time_to_first_token_seconds", "queue_s": "vllm:request_queue_time_seconds",
+                    "prefill_s": "vllm:request_prefill_time_seconds"}
+"""vLLM's latency histograms as the router observes them (TTFT from the prompt's start on the router, after its body
+is read and parsed; queue: in the prefill node's queue; prefill: from scheduled to the first token)."""
+
+
+def server_means(before: dict[str, list[float]], after: dict[str, list[float]],
+                 records: list[StreamedRequest]) -> dict:
+    """The mean of each of the server's latency histograms over the run beside the client's mean TTFT ({} where the
+    server has none): the client's TTFT less the router's is what the request spent before the router started its
+    prompt (the client's send, HTTP, the body's parse) and on the way back."""
+    means = {}
+    for key, name in SERVER_LATENCIES.items():
+        total, count = (sum(after.get(f"{name}_{part}", [0.0])) - sum(before.get(f"{name}_{part}", [0.0]))
+                        for part in ("sum", "count"))
+        if count > 0:
+            means[key] = round(total / count, 4)
+    ttfts = [r.chunk_at[0] - r.arrived_at for r in records if r.chunk_at]
+    if not means or not ttfts:
+        return {}
+    return {"server_means": means | {"client_ttft_s": round(sum(ttfts) / len(ttfts), 4)}}
 
 
 NODE_LOOP_COUNTERS = {**{f"{phase}_s": f"corun_node_loop_{phase}_seconds_total"

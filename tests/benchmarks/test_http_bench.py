@@ -39,6 +39,10 @@ def test_every_request_streams_to_its_end_with_the_engine_schema(cluster, tiny_m
         loop = result["node_loop"]
         assert loop["prefill_forwards"] >= 1 and loop["decode_steps"] >= 1
         assert 0 < loop["run_s"] <= loop["turns_s"] and loop["receive_s"] >= 0
+        # NOTE: the router's own latency means over the run: its TTFT starts after the client's does (the send, the
+        # body's parse) and holds the node's queue and prefill
+        means = result["server_means"]
+        assert 0 < means["ttft_s"] <= means["client_ttft_s"] and means["queue_s"] + means["prefill_s"] >= 0
     engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=128),
                           scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512))
     colocated = run_bench(engine, ["fixed_shape"], WORKLOADS[:1], slo=slo)["modes"]["fixed_shape"]["short"]
