@@ -52,7 +52,7 @@ from planner.capacity_model import (
 from planner.perf_profile import KVHandoff, PerformanceModel, PerformanceProfile, SharedGPU
 from planner.plan import DecodeConfig
 from planner.slo import SLO
-from wire.config import SchedulerConfig
+from wire.config import DEFAULT_BATCHED_TOKENS
 
 Kind = Literal["colocated", "disaggregated", "shared_gpu"]
 
@@ -120,10 +120,11 @@ class ClusterModel:
     @classmethod
     def of(cls, performance: PerformanceModel, profile: PerformanceProfile, node: DecodeConfig,
            prefill_token_budget: int | None = None) -> ClusterModel:
-        """prefill_token_budget None: the profile's, else the engine's default (SchedulerConfig's auto rule)."""
+        """prefill_token_budget None: the profile's, else (a profile that did not record it, made before it was
+        recorded) the engine's default away from a large GPU (its auto rule: max_num_batched_tokens, 2048 there)."""
         budget = prefill_token_budget if prefill_token_budget is not None else profile.prefill_token_budget
         if budget is None:
-            budget = SchedulerConfig().decode_wait_tokens
+            budget = DEFAULT_BATCHED_TOKENS
         if budget < 0:
             raise ValueError(f"the prefill token budget must be >= 0, got {budget}")
         return cls(performance, node, budget, profile.kv_handoff, profile.shared_gpu)
