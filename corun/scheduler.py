@@ -318,5 +318,8 @@ def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefi
 
 
 def make_scheduler(cfg: SchedulerConfig, block_manager: BlockManager) -> Scheduler:
+    """cfg resolved on its device (EngineConfig.resolved): a scheduler never guesses an 'auto' setting."""
+    if not cfg.is_resolved:
+        raise ValueError("the scheduler needs a config resolved on its device (EngineConfig.resolved)")
     # NOTE: batch_invariant mode schedules like mixed; only its kernels differ.
     return (FixedShapeScheduler if cfg.mode == "fixed_shape" else MixedScheduler)(cfg, block_manager)

@@ -9,7 +9,7 @@ import pytest
 from corun.block_manager import NULL_BLOCK, BlockManager
 from corun.request import Request, RequestStatus
 from corun.scheduler import FixedShapeScheduler, MixedScheduler, RequestRejected, ScheduledBatch, make_scheduler
-from wire.config import SchedulerConfig
+from wire.config import SchedulerConfig, resolve_shape_defaults
 from wire.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4
@@ -22,7 +22,9 @@ def make_request(request_id: str, num_prompt_tokens: int, max_tokens: int = 4) -
 
 def make(mode="fixed_shape", num_blocks=1000, **cfg):
     cfg = {"max_num_seqs": 4, "max_model_len": 256, "prefill_chunk_size": 8, **cfg}
-    return make_scheduler(SchedulerConfig(mode=mode, **cfg), BlockManager(num_blocks, BLOCK_SIZE))
+    # NOTE: resolved as an engine on the CPU resolves it (an engine's scheduler never sees 'auto')
+    sched = resolve_shape_defaults(SchedulerConfig(mode=mode, **cfg), "cpu", False, "native")
+    return make_scheduler(sched, BlockManager(num_blocks, BLOCK_SIZE))
 
 
 def run(scheduler, batch: ScheduledBatch) -> None:
@@ -392,3 +394,8 @@ def test_corun_pack_holds_what_is_left_of_the_budget_while_requests_decode():
     assert kinds(batches) == "PDP"
     assert sum(c.num_tokens for c in batches[0].prefill_chunks) == 60  # NOTE: nobody decodes yet: up to T
     assert sum(c.num_tokens for c in batches[2].prefill_chunks) == 18  # NOTE: 3 prompts fit the budget's 20
+
+
+def test_a_scheduler_refuses_a_config_not_resolved_on_its_device():
+    with pytest.raises(ValueError, match="resolved"):
+        make_scheduler(SchedulerConfig(prefill_chunk_size=8), BlockManager(100, BLOCK_SIZE))
