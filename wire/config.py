@@ -252,9 +252,8 @@ class SchedulerConfig:
         for name in ("max_num_seqs", "max_model_len", "prefill_pack_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_num_batched_tokens",):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.prefill_chunk_size is not None and self.prefill_chunk_size < 1:
             raise ValueError(f"prefill_chunk_size must be >= 1, got {self.prefill_chunk_size}")
         if self.decode_kv_split_tokens < 0 or self.decode_kv_split_tokens % DECODE_TILE_TOKENS:
