@@ -26,7 +26,7 @@ import torch
 from benchmarks.gpu_cluster import PARAMS, colocated_outputs, differing, served_outputs
 from benchmarks.gpu_determinism import token_prompts
 from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets, gpu_name, run_bench, scheduler_for
-from benchmarks.http_bench import run_http_bench
+from benchmarks.http_bench import run_http_bench, warm_up_server
 from corun import LLM
 from corun.models.presets import PRESETS, make_random_model_dir
 from launch.cluster import ClusterConfig, free_port
@@ -146,9 +146,10 @@ def main() -> None:
         report["determinism"]["colocated_nodes_http"] = served_determinism(cluster.url, prompts, reference)
         report["modes"]["colocated_nodes_http"] = {}
         for workload in workloads:
+            warm_up_server(cluster.url, workload, vocab)  # NOTE: before the counters are read: they count the run's
             before = role_stats(cluster.url)["colocated"]
             runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="colocated_nodes_http",
-                                  **served)
+                                  warm_up=False, **served)
             report["modes"]["colocated_nodes_http"].update(runs["modes"]["colocated_nodes_http"])
             report.setdefault("node_loops", {}).setdefault("colocated", {})[workload.name] = loop_breakdown(
                 before, role_stats(cluster.url)["colocated"])
@@ -160,8 +161,10 @@ def main() -> None:
         report["determinism"]["1p1d_http"] = served_determinism(cluster.url, prompts, reference)
         report["modes"]["1p1d_http"] = {}
         for workload in workloads:
+            warm_up_server(cluster.url, workload, vocab)
             before = role_stats(cluster.url)
-            runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="1p1d_http", **served)
+            runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="1p1d_http",
+                                  warm_up=False, **served)
             report["modes"]["1p1d_http"].update(runs["modes"]["1p1d_http"])
             after = role_stats(cluster.url)
             for role in ("prefill", "decode"):

@@ -36,10 +36,12 @@ async def served_model_name(session: aiohttp.ClientSession, url: str) -> str:
 async def run_http_workload_async(url: str, workload: Workload, vocab_size: int, arrivals: Arrivals,
                                   slo: SLOTargets, seed: int, max_seconds: float | None,
                                   max_concurrency: int | None, api_key: str | None = None,
-                                  client_processes: int = 1, warm_connections: bool = False) -> dict:
+                                  client_processes: int = 1, warm_connections: bool = False,
+                                  warm_up: bool = True) -> dict:
     async with open_session(api_key) as session:
         bodies, times = await workload_requests(session, url, workload, vocab_size, arrivals, seed)
-        await warm_up(session, url, bodies[0]["model"], workload, vocab_size, seed)
+        if warm_up:
+            await send_warm_up(session, url, bodies[0]["model"], workload, vocab_size, seed)
         if client_processes > 1:
             # NOTE: the processes start (seconds of imports) before the window the server's counters are read over
             clients = await asyncio.to_thread(ClientProcesses, url, bodies, times, max_seconds, max_concurrency,
@@ -80,8 +82,17 @@ async def workload_requests(session: aiohttp.ClientSession, url: str, workload: 
     return request_bodies(await served_model_name(session, url), prompts), arrivals.times(len(prompts))
 
 
-async def warm_up(session: aiohttp.ClientSession, url: str, model: str, workload: Workload, vocab_size: int,
-                  seed: int) -> None:
+def warm_up_server(url: str, workload: Workload, vocab_size: int, seed: int = 0, api_key: str | None = None) -> None:
+    """send_warm_up on its own, for a caller that reads the server's counters between it and the run (then
+    run_http_bench(..., warm_up=False)), so they count the workload's requests alone."""
+    async def warm() -> None:
+        async with open_session(api_key) as session:
+            await send_warm_up(session, url, await served_model_name(session, url), workload, vocab_size, seed)
+    asyncio.run(warm())
+
+
+async def send_warm_up(session: aiohttp.ClientSession, url: str, model: str, workload: Workload, vocab_size: int,
+                       seed: int) -> None:
     """The engine bench's warm-up (benchmarks/harness.py warm_up) through the front door, before the clock starts:
     a few prompts of the workload for 2 tokens each, so that kernels compiled at first use and the clients' and
     router's first-request costs are not paid by whichever run comes first, as the engine bench's runs never pay
@@ -215,7 +226,7 @@ def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_mod
                    arrivals: Arrivals, slo: SLOTargets, seed: int = 0, max_seconds: float | None = None,
                    max_concurrency: int | None = None, label: str | None = None,
                    api_key: str | None = None, client_processes: int | None = None,
-                   warm_connections: bool = False) -> dict:
+                   warm_connections: bool = False, warm_up: bool = True) -> dict:
     """One report in the engine bench's schema, its one mode named after the URL. client_processes: how many
     processes send the requests (benchmarks/http_clients.py; None: auto_client_processes()). warm_connections: the
     connections the requests will use are opened before the run starts (http_clients.open_connections)."""
@@ -233,7 +244,7 @@ def run_http_bench(url: str, workloads: list[Workload], vocab_size: int, max_mod
             result = asyncio.run(run_http_workload_async(url, workload, vocab_size, arrivals, slo, seed,
                                                          max_seconds, max_concurrency, api_key,
                                                          client_processes or auto_client_processes(),
-                                                         warm_connections))
+                                                         warm_connections, warm_up))
         except (aiohttp.ClientError, OSError) as error:
             raise ValueError(f"cannot reach the router at {url}: {error}") from None
         if math.isnan(result["ttft_s"]["p50"]):  # NOTE: not one token came back: a report of NaNs helps no one
