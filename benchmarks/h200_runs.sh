@@ -35,6 +35,18 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_new_default_t0)  # not run yet: after issue20_user_defaults_t0 (stop 44, where 2048 gave 0.86-0.995x of 8192)
+    # max_num_batched_tokens is auto (8192 on an H200): the t = 0 table at the new default, the 2048 variants beside,
+    # and Poisson ShareGPT-like at 32 req/s (the row where 2048 gave 0.98x standard's goodput)
+    timeout 420 python3 -m cli.main bench --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256 \
+      --max-model-len 6144 --kv-cache-mib 112000 --num-requests 256 --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
+      --modes standard,corun,corun:max_num_batched_tokens=2048,standard:max_num_batched_tokens=2048 \
+      --out "$out/h200_defaults_new.json" > "$out/bench.log" 2>&1
+    timeout 150 python3 -m cli.main bench --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256 \
+      --max-model-len 6144 --kv-cache-mib 112000 --num-requests 300 --workloads sharegpt --request-rate 32 \
+      --max-seconds 22 --modes corun,standard --goodput ttft:500 tpot:50 \
+      --out "$out/h200_defaults_new_poisson_32.json" > "$out/bench_poisson.log" 2>&1 ;;
   issue21_two_routers)  # not run yet (stop 44): 2 routers at 1024 streams were capped by the fake node's paced
     # ceiling (51,200 tok/s; one router saturated at 42.4k): an offered load above twice one router's, on 16 cores;
     # then multiple choice through HTTP with the router's latency means beside the client's (server_means: where its
@@ -44,7 +56,7 @@ case $part in
       --workers 8 --seconds 8 --warmup-seconds 2 --out "$out/h200_host_two_routers.json" > "$out/router_throughput.log" 2>&1
     timeout 300 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice,multi_turn --paths engine,http \
       --warm-connections --out "$out/h200_prefix_cache_mc_means.json" > "$out/prefix_cache.log" 2>&1 ;;
-  issue20_user_defaults_t0)  # not run yet (stop 44 found it): every issue-20 table ran $BENCH, whose
+  issue20_user_defaults_t0)  # stop 44, at 28c4c3e (before max_num_batched_tokens became auto): every issue-20 table ran $BENCH, whose
     # --prefill-chunk-size 4096 --max-num-batched-tokens 8192 made corun's "defaults" pack prefill forwards of 8192 rows
     # (h200_defaults.json: packed-T8192) and standard's mixed steps 8192 tokens, where a user without flags gets 2048
     # for both: the t = 0 table again with no engine flag but the model's and the memory's, beside the T8192 variant
