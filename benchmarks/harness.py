@@ -219,13 +219,17 @@ def allocator_retries() -> int:
 WARM_UP_REQUESTS = 8
 
 
+def warm_up_prompts(prompts: list) -> list:
+    """The warm-up's share of a workload's prompts: the longest among its first 64, and its first."""
+    return sorted(prompts[:64], key=lambda p: len(p[1]))[-WARM_UP_REQUESTS // 2:] + prompts[:WARM_UP_REQUESTS // 2]
+
+
 def warm_up(engine: LLMEngine, prompts: list) -> None:
     """A few of the workload's prompts (its longest among them) for 2 tokens each, before the clock starts: kernels
     that compile at first use (Triton's eager ones, cuBLAS's handles) would otherwise be paid by whichever mode of a
     bench runs first (measured on the H200: BurstGPT-like at t = 0, the same mode gave 3,616 tok/s first in one run
     and 4,785 second in the next)."""
-    chosen = sorted(prompts[:64], key=lambda p: len(p[1]))[-WARM_UP_REQUESTS // 2:] + prompts[:WARM_UP_REQUESTS // 2]
-    for i, (_, token_ids, params) in enumerate(chosen):
+    for i, (_, token_ids, params) in enumerate(warm_up_prompts(prompts)):
         engine.add_request(f"warm-up-{i}", token_ids, dataclasses.replace(params, max_tokens=2, min_tokens=0))
     while engine.has_unfinished():
         engine.step()

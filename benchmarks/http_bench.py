@@ -15,7 +15,7 @@ import sys
 
 import aiohttp
 
-from benchmarks.harness import WARM_UP_REQUESTS, RequestOutcome, SLOTargets, outcome_summary, percentile
+from benchmarks.harness import RequestOutcome, SLOTargets, outcome_summary, percentile, warm_up_prompts
 from benchmarks.http_clients import (
     ClientProcesses,
     StreamedRequest,
@@ -99,8 +99,8 @@ async def send_warm_up(session: aiohttp.ClientSession, url: str, model: str, wor
     them. The prompts are drawn with another seed, so no prefix of the measured ones is cached by them (a server
     without /reset_prefix_cache, vLLM's, is measured cold too)."""
     prompts = make_prompts(workload, vocab_size, seed + 1)
-    chosen = sorted(prompts[:64], key=lambda p: len(p[1]))[-WARM_UP_REQUESTS // 2:] + prompts[:WARM_UP_REQUESTS // 2]
-    bodies = [body | {"max_tokens": min(2, body["max_tokens"])} for body in request_bodies(model, chosen)]
+    bodies = [body | {"max_tokens": min(2, body["max_tokens"])}
+              for body in request_bodies(model, warm_up_prompts(prompts))]
     records, _, _ = await stream_bodies(session, url, bodies, [0.0] * len(bodies), None, None)
     errors = [record.error for record in records if record.error]
     if errors:

@@ -297,7 +297,8 @@ class SchedulerConfig:
 
     @property
     def decode_wait_tokens(self) -> int:
-        """The prefill token budget in force (auto: max_num_batched_tokens); 0: none."""
+        """The prefill token budget in force (auto: max_num_batched_tokens); 0: none. On a resolved config (an
+        unresolved one may not know max_num_batched_tokens yet)."""
         budget = self.prefill_token_budget
         return self.max_num_batched_tokens if budget is None else budget
 
