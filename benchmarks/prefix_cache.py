@@ -131,7 +131,6 @@ def through_http(base: EngineConfig, workloads, max_seconds: float | None, num_r
     for label, enabled in (("cache_on", True), ("cache_off", False)):
         cluster_config = ClusterConfig(with_cache(config, enabled), num_prefill=0, num_decode=0, num_colocated=1,
                                        num_routers=num_routers, port=free_port("127.0.0.1"), colocated_gpus=gpus,
-                                       decode_kv_cache_mib=base.cache.memory_budget_bytes // 2**20,
                                        startup_timeout_s=900)
         report["modes"][label] = {}
         with LocalCluster(cluster_config) as cluster:

@@ -41,6 +41,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config = resolved_on_device(config)
         self.runner = ModelRunner(config, runs_mixed_steps=config.scheduler.mode != "fixed_shape")
+        self.config = config = self.runner.config  # NOTE: with the KV budget the runner sized
         self.block_manager = make_block_manager(config, self.runner.kv_cache.num_blocks)
         self.scheduler = make_scheduler(config.scheduler, self.block_manager)
         if self.runner.decode_rides_prefill:

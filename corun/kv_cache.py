@@ -20,6 +20,8 @@ def bytes_per_block(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) 
 def num_blocks_for(arch: ModelArchConfig, cache: CacheConfig, dtype: torch.dtype) -> int:
     if cache.num_blocks is not None:
         return cache.num_blocks
+    if cache.memory_budget_bytes is None:
+        raise ValueError("the KV cache's budget is auto: size it first (corun/kv_sizing.py with_kv_budget)")
     return cache.memory_budget_bytes // bytes_per_block(arch, cache.block_size, dtype)
 
 

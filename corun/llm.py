@@ -20,7 +20,8 @@ Prompt = str | Sequence[int]
 
 class LLM:
     def __init__(self, model: str, *, mode: str = SchedulerConfig.mode,
-                 max_num_seqs: int = SchedulerConfig.max_num_seqs, max_model_len: int = SchedulerConfig.max_model_len,
+                 max_num_seqs: int | None = SchedulerConfig.max_num_seqs,
+                 max_model_len: int = SchedulerConfig.max_model_len,
                  prefill_chunk_size: int | None = SchedulerConfig.prefill_chunk_size,
                  max_num_batched_tokens: int | None = SchedulerConfig.max_num_batched_tokens,
                  block_size: int = CacheConfig.block_size, num_blocks: int | None = CacheConfig.num_blocks,

@@ -39,6 +39,7 @@ from corun.decode_sizes import equivalent_decode_sizes
 from corun.device_facts import resolved_on_device
 from corun.joined_steps import verified_joined_shapes
 from corun.kv_cache import PagedKVCache
+from corun.kv_sizing import with_kv_budget
 from corun.models.config import ModelArchConfig
 from corun.models.loader import DTYPES, load_model
 from corun.pack_sizes import equivalent_pack_sizes
@@ -96,6 +97,8 @@ class ModelRunner:
         self.window_blocks = config.max_blocks_per_seq
         self.table_rows = BlockTableRows(self.window_blocks)
         self.model, self.sampler = self.load_model_and_sampler()
+        # NOTE: after the weights, which the GPU's KV budget is what is left beside
+        self.config = config = with_kv_budget(config, self.model.cfg, DTYPES[config.dtype])
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_padded_prefill_forwards = 0

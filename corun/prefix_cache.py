@@ -132,5 +132,6 @@ def kv_salt(config: EngineConfig) -> bytes:
     not change it. NOTE: one engine's cache holds only its own KV; the salt keeps chains of engines of other
     settings apart wherever hashes meet (logs, tests)."""
     settings = dataclasses.asdict(config)
-    settings["cache"] = {k: v for k, v in settings["cache"].items() if k not in ("num_blocks", "memory_budget_bytes")}
+    settings["cache"] = {k: v for k, v in settings["cache"].items() if k not in ("num_blocks", "memory_budget_bytes",
+                                                                               "gpu_memory_utilization")}
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()

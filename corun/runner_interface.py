@@ -16,6 +16,7 @@ from corun.decode_ahead import DecodeInFlight
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import PrefillChunk
+from wire.config import EngineConfig
 
 
 class ArchFacts(Protocol):
@@ -43,6 +44,8 @@ class DecodeGraphCounts(Protocol):
 
 
 class NodeRunner(Protocol):
+    config: EngineConfig
+    """The engine config it runs: resolved on its device, the KV cache's budget included."""
     arch: ArchFacts
     kv_cache: NodeKVCache
     decode_graph: DecodeGraphCounts | None

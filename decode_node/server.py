@@ -91,7 +91,7 @@ class DecodeServer(NodeServer):
 
     def __init__(self, config: NodeConfig):
         super().__init__(config)
-        self.max_num_seqs = config.engine.scheduler.max_num_seqs
+        self.max_num_seqs = self.config.engine.scheduler.max_num_seqs  # NOTE: resolved (auto: by device)
         self.peers: dict[str, PrefillPeer] = {}
         self.waiting: deque[DecodeJob] = deque()
         self.claiming: dict[str, DecodeJob] = {}

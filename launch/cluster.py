@@ -170,17 +170,34 @@ def node_gpu(config: ClusterConfig, role: Role, index: int) -> str | None:
     return None if not gpus else gpus[index] if len(gpus) > 1 else gpus[0]
 
 
-def node_engine(config: ClusterConfig, role: Role, num_threads: int) -> EngineConfig:
-    """The engine a node of this role runs: the cluster's, with its role's KV budget and a thread count.
+def node_engine(config: ClusterConfig, role: Role, num_threads: int, gpu_share: float = 1.0) -> EngineConfig:
+    """The engine a node of this role runs: the cluster's, with its role's KV budget and a thread count. gpu_share:
+    the part of its GPU the node has (gpu_share_of, Ray's --gpus-per-node), which scales gpu_memory_utilization
+    where the KV budget is sized on the GPU (no --kv-cache-mib).
 
     NOTE: the thread count changes the bits (it is in every node's fingerprint), so a node never keeps torch's
     default, which follows the host's cores."""
     engine = config.engine if config.engine.num_threads is not None else dataclasses.replace(
         config.engine, num_threads=num_threads)
     kv_mib = config.prefill_kv_cache_mib if role == "prefill" else config.decode_kv_cache_mib
-    if kv_mib is None:
-        return engine
-    return dataclasses.replace(engine, cache=dataclasses.replace(engine.cache, memory_budget_bytes=kv_mib * MIB))
+    cache = engine.cache
+    if kv_mib is not None:
+        cache = dataclasses.replace(cache, memory_budget_bytes=kv_mib * MIB)
+    elif cache.memory_budget_bytes is None and cache.num_blocks is None and gpu_share < 1 and \
+            engine.device.startswith("cuda"):
+        cache = dataclasses.replace(cache, gpu_memory_utilization=cache.gpu_memory_utilization * gpu_share)
+    return dataclasses.replace(engine, cache=cache)
+
+
+def gpu_share_of(config: ClusterConfig, role: Role, index: int) -> float:
+    """1 / the number of the local launcher's first nodes on this node's GPU (itself included): what each gets of
+    it. NOTE: a node added later (corun scale) on a GPU in use gets the share of one more, and never more than is
+    free there (corun/kv_sizing.py)."""
+    if not config.engine.device.startswith("cuda"):
+        return 1.0
+    gpu = node_gpu(config, role, index)
+    nodes = set(config.nodes()) | {(role, index)}
+    return 1 / sum(1 for other in nodes if node_gpu(config, *other) == gpu)
 
 
 def node_id(role: Role, index: int) -> str:

@@ -93,6 +93,7 @@ class NodeServer:
         self.instance_id = uuid.uuid4().hex
         """This process: a node restarted on the same address gets another one."""
         self.runner: NodeRunner = make_model_runner(config.engine, capture_decode_graph)
+        self.config = config = dataclasses.replace(config, engine=self.runner.config)  # NOTE: the KV budget, sized
         # NOTE: a decode node's prompt KV is read from prefill nodes, never computed here: nothing to share
         self.block_manager = make_block_manager(config.engine, self.runner.kv_cache.num_blocks,
                                                 shares_prefixes=self.role != "decode")

@@ -16,7 +16,7 @@ import zmq
 
 from corun.cublas import split_k_in_effect
 from wire import protocol
-from wire.config import MIB, CacheConfig, EngineConfig, NodeConfig
+from wire.config import EngineConfig, NodeConfig
 from wire.flags import add_flags, config_from_args
 from wire.gc_heap import freeze_startup_heap
 from wire.node_auth import ClusterKey, admit_only_members
@@ -39,6 +39,7 @@ def engine_facts(config: EngineConfig, model_digest: str) -> dict:
     # may have different KV budgets. The block size stays: it shapes the paged reads.
     engine["cache"].pop("num_blocks")
     engine["cache"].pop("memory_budget_bytes")
+    engine["cache"].pop("gpu_memory_utilization")
     engine["scheduler"].pop("async_scheduling")  # NOTE: when the host reads a step's tokens, not what they are
     engine["scheduler"].pop("decode_rides_prefill")  # NOTE: which forward carries a step, joined only where verified
     engine["scheduler"].pop("multi_chunk_prefill")  # NOTE: how many chunks a forward carries, only where verified
@@ -206,20 +207,14 @@ def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     return serve(role, server_factory, config)
 
 
-def kv_cache_lines(engine: EngineConfig, num_blocks: int) -> tuple[str, str | None]:
-    """What a node's KV cache holds, as vLLM logs it at start-up (tokens, and how many requests of max_model_len fit
-    at once), and a warning when a GPU node runs the default budget, which is sized for a CPU."""
+def kv_cache_line(engine: EngineConfig, num_blocks: int) -> str:
+    """What a node's KV cache holds, as vLLM logs it at start-up: tokens, and how many requests of max_model_len fit
+    at once (a resolved config)."""
     cache, sched = engine.cache, engine.scheduler
     tokens = num_blocks * cache.block_size
-    capacity = (f"KV cache: {num_blocks} blocks of {cache.block_size} tokens = {tokens} tokens, "
-                f"{tokens / sched.max_model_len:.2f}x max_model_len ({sched.max_model_len}) at once, "
-                f"{sched.max_num_seqs} decode rows")
-    default_budget = cache.num_blocks is None and cache.memory_budget_bytes == CacheConfig.memory_budget_bytes
-    if not (engine.device.startswith("cuda") and default_budget):
-        return capacity, None
-    return capacity, (f"the KV cache has --kv-cache-mib's default ({CacheConfig.memory_budget_bytes // MIB} MiB), "
-                      "which is sized for a CPU; give a GPU node what it holds beside the weights (the README's "
-                      "'GPU (H200)' section: 60000 for an 8B model's colocated node on an H200)")
+    return (f"KV cache: {num_blocks} blocks of {cache.block_size} tokens = {tokens} tokens, "
+            f"{tokens / sched.max_model_len:.2f}x max_model_len ({sched.max_model_len}) at once, "
+            f"{sched.max_num_seqs} decode rows")
 
 
 def serve(role: str, server_factory, config: NodeConfig) -> int:
@@ -237,10 +232,8 @@ def serve(role: str, server_factory, config: NodeConfig) -> int:
     logger.info("%s node %s shapes: prefill %s, decode steps at %s rows, %d (decode, pack) pairs joined", role,
                 config.node_id, getattr(runner, "prefill_path", "vLLM's"), getattr(runner, "decode_sizes", "vLLM's"),
                 len(getattr(runner, "joined_shapes", ())))
-    capacity, warning = kv_cache_lines(config.engine, server.capacity.num_kv_blocks)
-    logger.info("%s node %s %s", role, config.node_id, capacity)
-    if warning:
-        logger.warning("%s node %s: %s", role, config.node_id, warning)
+    logger.info("%s node %s %s", role, config.node_id, kv_cache_line(server.config.engine,
+                                                                     server.capacity.num_kv_blocks))
     freeze_startup_heap()  # NOTE: the model's modules and the graphs' bookkeeping are never walked again
     try:
         while not stopping:

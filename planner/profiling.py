@@ -25,11 +25,12 @@ def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_ro
     progress: called with one line per measurement (they can take minutes on a large model).
     measure_handoff: time the KV hand-off at the prefill lengths (False: the profile takes it as zero, and says so).
     """
+    from corun.device_facts import resolved_on_device
     from corun.engine import LLMEngine
 
     if config.scheduler.mode != "fixed_shape":
         raise ValueError(f"the planner models fixed_shape mode; got mode {config.scheduler.mode!r}")
-    sched = config.scheduler
+    sched = resolved_on_device(config).scheduler  # NOTE: N and the lengths as the engine will run them
     prefill_lengths = sorted(set(prefill_lengths or default_lengths(sched.max_model_len)))
     if prefill_lengths[0] < 1 or prefill_lengths[-1] >= sched.max_model_len:
         raise ValueError(f"prefill lengths must be in [1, max_model_len - 1 = {sched.max_model_len - 1}]")

@@ -59,6 +59,18 @@ measured fastest there, so a user without tuning flags gets the benchmarked path
 
 MIB = 2**20
 
+DEFAULT_MAX_NUM_SEQS = 32
+"""max_num_seqs (N) on CPU: each fixed_shape decode step computes N rows, and a CPU has no graphs to amortise them."""
+GPU_MAX_NUM_SEQS = 256
+"""max_num_seqs (N) on CUDA: the N every H200 figure ran at (8B shape: benchmarks/results/h200_*.json), and vLLM's
+default on GPUs under LARGE_GPU_BYTES. vLLM takes 1024 on larger ones; a fixed_shape step of 1024 rows is unmeasured
+here (it would also capture and verify four times the decode sizes at start-up)."""
+CPU_KV_CACHE_BYTES = 512 * MIB
+"""The KV cache on CPU when --kv-cache-mib is not given (the tiny model: 16k tokens)."""
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""The share of a GPU's memory a node may use when --kv-cache-mib is not given (vLLM's gpu_memory_utilization; 0.9
+in its releases before 0.11)."""
+
 LOCAL_HOST = "127.0.0.1"
 """Where a server listens unless told otherwise: this host alone."""
 
@@ -129,8 +141,9 @@ class SchedulerConfig:
     alone. mixed: vLLM-style continuous batching, prefill chunks and decodes mixed in one step. batch_invariant: mixed
     scheduling on batch-invariant Triton kernels (CUDA; Triton's CPU interpreter in tests). The names before issue
     22, corun (fixed_shape) and standard (mixed), are accepted too (OLD_NAMES)."""
-    max_num_seqs: int = 32
-    """N: the most requests running at once; in fixed_shape mode every decode step computes exactly N rows."""
+    max_num_seqs: int | None = None
+    """N: the most requests running at once; in fixed_shape mode every decode step computes exactly N rows. None
+    (auto): GPU_MAX_NUM_SEQS (256) on CUDA, DEFAULT_MAX_NUM_SEQS (32) on CPU (see resolve_shape_defaults)."""
     max_model_len: int = 1024
     """Longest sequence (prompt + generated tokens) a request may reach."""
     prefill_chunk_size: int | None = None
@@ -250,7 +263,7 @@ class SchedulerConfig:
     def __post_init__(self):
         object.__setattr__(self, "mode", canonical_mode(self.mode))  # NOTE: an old name becomes the new one here
         for name in ("max_num_seqs", "max_model_len", "prefill_pack_seqs"):
-            if getattr(self, name) < 1:
+            if (getattr(self, name) or 1) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
@@ -265,7 +278,7 @@ class SchedulerConfig:
         buckets, sizes = self.prefill_buckets, self.decode_step_sizes
         if buckets != AUTO and (any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets))):
             raise ValueError(f"prefill_buckets must be increasing positive sizes or 'auto', got {buckets}")
-        if sizes != AUTO and (any(not 1 <= size < self.max_num_seqs for size in sizes)
+        if sizes != AUTO and (any(not 1 <= size < (self.max_num_seqs or size + 1) for size in sizes)
                               or list(sizes) != sorted(set(sizes))):
             raise ValueError(f"decode_step_sizes must be increasing sizes in [1, max_num_seqs) or 'auto', got {sizes}")
         pack_sizes = self.prefill_pack_sizes
@@ -293,7 +306,8 @@ class SchedulerConfig:
     @property
     def is_resolved(self) -> bool:
         return AUTO not in (self.prefill_buckets, self.decode_step_sizes, self.prefill_pack_sizes) and None not in (
-            self.prefill_pack_tokens, self.prefill_token_budget, self.prefill_chunk_size, self.max_num_batched_tokens)
+            self.prefill_pack_tokens, self.prefill_token_budget, self.prefill_chunk_size, self.max_num_batched_tokens,
+            self.max_num_seqs)
 
     @property
     def decode_wait_tokens(self) -> int:
@@ -354,6 +368,9 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     of them (its engine refuses them)."""
     if sched.is_resolved:
         return sched
+    if sched.max_num_seqs is None:  # NOTE: replace() checks explicit decode_step_sizes against it
+        sched = dataclasses.replace(sched, max_num_seqs=GPU_MAX_NUM_SEQS if device.startswith("cuda")
+                                    else DEFAULT_MAX_NUM_SEQS)
     if sched.max_num_batched_tokens is None:
         large = large_gpu and device.startswith("cuda")
         sched = dataclasses.replace(sched, max_num_batched_tokens=LARGE_GPU_BATCHED_TOKENS if large
@@ -394,8 +411,14 @@ class CacheConfig:
     """Tokens per KV block."""
     num_blocks: int | None = None
     """Number of KV blocks; when None it is derived from memory_budget_bytes."""
-    memory_budget_bytes: int = field(default=512 * MIB, metadata=flag("--kv-cache-mib", scale=MIB))
-    """KV cache memory when num_blocks is not given (the flag: in MiB)."""
+    memory_budget_bytes: int | None = field(default=None, metadata=flag("--kv-cache-mib", scale=MIB))
+    """KV cache memory when num_blocks is not given (the flag: in MiB). None (auto): CPU_KV_CACHE_BYTES on CPU; on
+    CUDA what gpu_memory_utilization leaves beside the weights and a reserve for activations (corun/kv_sizing.py),
+    sized when the model has loaded."""
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    """CUDA, when memory_budget_bytes is auto: the share of the GPU's memory this node may use, weights, activations
+    and KV cache together (vLLM's flag). The local launcher divides it among the nodes it puts on one GPU, Ray's by
+    --gpus-per-node; a node never takes more than the GPU has free."""
     enable_prefix_caching: bool = True
     """Keep the KV of full prompt chunks after use and prefill only the chunks after a prompt's longest cached
     full-chunk prefix (prefill and colocated nodes, the engine; corun/prefix_cache.py). Outputs are bitwise those of
@@ -409,8 +432,10 @@ class CacheConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
-        if self.memory_budget_bytes < 1:
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
             raise ValueError("memory_budget_bytes must be >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import json
 
 from corun.device_facts import resolved_on_device
 from corun.models.config import eos_token_ids_of
-from wire.config import EngineConfig
+from wire.config import CPU_KV_CACHE_BYTES, EngineConfig
 
 CORUN_CHUNK_SIZE_KEY = "corun_prefill_chunk_size"
 """vllm_config.additional_config key: the chunk size FixedShapeVllmScheduler cuts prompts at."""
@@ -44,6 +44,15 @@ def vllm_environment(config: EngineConfig) -> dict[str, str]:
     return env
 
 
+def vllm_kv_budget(config: EngineConfig) -> dict:
+    """vLLM's KV settings: --kv-cache-mib as given; auto: CPU_KV_CACHE_BYTES on CPU, vLLM's own sizing from
+    gpu_memory_utilization (its profile run) on CUDA."""
+    budget = config.cache.memory_budget_bytes
+    if budget is None and config.device.startswith("cuda"):
+        return {"gpu_memory_utilization": config.cache.gpu_memory_utilization}
+    return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES if budget is None else budget}
+
+
 def vllm_engine_kwargs(config: EngineConfig) -> dict:
     """vllm.EngineArgs keywords for this configuration."""
     sched = resolved_on_device(config).scheduler  # NOTE: the chunk size's 'auto', as this backend resolves it
@@ -51,7 +60,7 @@ def vllm_engine_kwargs(config: EngineConfig) -> dict:
     kwargs = {
         "model": config.model, "tokenizer": config.model, "skip_tokenizer_init": True, "dtype": config.dtype,
         "seed": config.seed, "max_num_seqs": sched.max_num_seqs, "max_model_len": sched.max_model_len,
-        "block_size": config.cache.block_size, "kv_cache_memory_bytes": config.cache.memory_budget_bytes,
+        "block_size": config.cache.block_size, **vllm_kv_budget(config),
         "max_logprobs": config.max_logprobs, "enable_prefix_caching": False, "async_scheduling": False,
         "distributed_executor_backend": "uni", "disable_log_stats": True,
         "logits_processors": [SAMPLER_CLS], "worker_extension_cls": WORKER_EXTENSION_CLS,

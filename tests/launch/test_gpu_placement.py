@@ -64,3 +64,39 @@ def test_ray_nodes_reserve_a_gpu_or_a_fraction_of_one():
         RayClusterConfig(ClusterConfig(CUDA), gpus_per_node=2)
     with pytest.raises(ValueError, match="Ray picks each node's GPU"):
         RayClusterConfig(ClusterConfig(CUDA, prefill_gpus=("0",)))
+
+
+def test_nodes_on_one_gpu_split_its_memory_where_the_kv_budget_is_sized_on_the_gpu():
+    one_gpu = ClusterConfig(CUDA)  # NOTE: 1P1D on the launching process' GPU
+    assert launch.gpu_share_of(one_gpu, "prefill", 0) == launch.gpu_share_of(one_gpu, "decode", 0) == 0.5
+    utilization = CUDA.cache.gpu_memory_utilization
+    assert launch.node_engine(one_gpu, "decode", 1, 0.5).cache.gpu_memory_utilization == utilization / 2
+    apart = ClusterConfig(CUDA, num_decode=2, prefill_gpus=("0",), decode_gpus=("1", "2"))
+    assert [launch.gpu_share_of(apart, role, i) for role, i in apart.nodes()] == [1.0, 1.0, 1.0]
+    three = ClusterConfig(CUDA, num_prefill=0, num_decode=0, num_colocated=3, colocated_gpus=("4",))
+    assert launch.gpu_share_of(three, "colocated", 1) == pytest.approx(1 / 3)
+    assert launch.gpu_share_of(three, "colocated", 3) == 0.25  # NOTE: one added at run time
+    # the inverse: a budget given in MiB, or a CPU engine, keeps the share of the whole
+    given = ClusterConfig(CUDA, decode_kv_cache_mib=60000)
+    assert launch.node_engine(given, "decode", 1, 0.5).cache.gpu_memory_utilization == utilization
+    assert launch.gpu_share_of(ClusterConfig(EngineConfig(model="m")), "decode", 0) == 1.0
+
+
+def test_the_local_launcher_hands_each_node_on_a_shared_gpu_its_share(monkeypatch):
+    started = []
+
+    class Recorder:
+        def __init__(self, argv, env=None):
+            started.append(argv)
+
+    monkeypatch.setattr(local.subprocess, "Popen", Recorder)
+    cluster = local.LocalCluster(ClusterConfig(CUDA, decode_gpus=("1",)))
+    for role, index in cluster.config.nodes():
+        cluster.start_node(role, index)
+    shares = [float(argv[argv.index("--gpu-memory-utilization") + 1]) for argv in started]
+    assert shares == [0.9, 0.9]  # NOTE: prefill on the default GPU, decode on GPU 1: each has its GPU's whole share
+    started.clear()
+    cluster = local.LocalCluster(ClusterConfig(CUDA))
+    for role, index in cluster.config.nodes():
+        cluster.start_node(role, index)
+    assert [float(argv[argv.index("--gpu-memory-utilization") + 1]) for argv in started] == [0.45, 0.45]

@@ -8,8 +8,10 @@ from wire.config import (
     AUTO,
     DECODE_TILE_TOKENS,
     DEFAULT_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
     DEFAULT_PREFILL_BUCKETS,
     DEFAULT_PREFILL_CHUNK,
+    GPU_MAX_NUM_SEQS,
     LARGE_GPU_BATCHED_TOKENS,
     PACK_SIZE_LADDER,
     SMALL_PREFILL_CHUNK,
@@ -143,3 +145,13 @@ def test_decode_kv_split_tokens_must_be_whole_kernel_tiles(tokens):
     with pytest.raises(ValueError, match=f"decode_kv_split_tokens must be a multiple of {DECODE_TILE_TOKENS}"):
         SchedulerConfig(decode_kv_split_tokens=tokens)
     assert SchedulerConfig(decode_kv_split_tokens=0).decode_kv_split_tokens == 0  # NOTE: off, the default
+
+
+def test_n_is_auto_by_device_and_explicit_sizes_are_checked_against_the_resolved_n():
+    assert SchedulerConfig().max_num_seqs is None
+    assert resolved().max_num_seqs == GPU_MAX_NUM_SEQS and resolved("cpu").max_num_seqs == DEFAULT_MAX_NUM_SEQS
+    assert resolved(max_num_seqs=8).max_num_seqs == 8 and resolved("cpu", max_num_seqs=64).max_num_seqs == 64
+    assert resolved().decode_step_sizes == auto_decode_step_candidates(GPU_MAX_NUM_SEQS)
+    assert resolved(decode_step_sizes=(64,)).decode_step_sizes == (64,)
+    with pytest.raises(ValueError, match="decode_step_sizes"):
+        resolved("cpu", decode_step_sizes=(64,))  # NOTE: at or above the CPU's N

@@ -1,0 +1,96 @@
+"""How much memory the KV cache gets when --kv-cache-mib is not given: CPU_KV_CACHE_BYTES on CPU; on CUDA what this
+node's share of the GPU (gpu_memory_utilization, vLLM's flag) leaves beside the weights and a reserve for the
+forwards, never more than the GPU has free.
+
+The reserve is computed from the shapes the engine will run (SGLang sizes its KV pool this way, from the chunked
+prefill size and the CUDA-graph batch) rather than by vLLM's profile forward: the largest forward's activations and
+sampled logits, twice (eager forwards and the captured graphs' pool live side by side), plus a fixed allowance for
+what torch does not count (the CUDA context, cuBLAS and Triton workspaces). On an H200 with an 8B model in bf16 it
+leaves ~107 GiB of KV (the engine benchmarks ran with 109 GiB: `--kv-cache-mib 112000`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from corun.kv_cache import bytes_per_block
+from corun.models.config import ModelArchConfig
+from wire.config import CPU_KV_CACHE_BYTES, MIB, EngineConfig, SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+GIB = 2**30
+UNCOUNTED_RESERVE_BYTES = GIB
+"""What a CUDA process holds outside torch's allocator beside the weights: the context, cuBLAS's and Triton's
+workspaces, NCCL-free. vLLM measures it in its profile run; ~0.5-0.8 GiB on an H100/H200 process."""
+ACTIVATION_COPIES = 2
+"""Eager forwards (start-up verification, a step no graph holds) and the captured graphs' memory pool coexist."""
+LOGITS_COPIES = 3
+"""float32 logits, their log-softmax and a probability tensor exist at once while a step samples."""
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """What the GPU says when the weights are in: its size, what is free on it (other processes count), and what
+    this process's torch allocator holds (the weights and what loading them left cached)."""
+
+    total_bytes: int
+    free_bytes: int
+    reserved_bytes: int
+
+    @classmethod
+    def of(cls, device: str) -> GpuMemory:
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return cls(total, free, torch.cuda.memory_reserved(torch.device(device)))
+
+
+def forward_reserve_bytes(arch: ModelArchConfig, sched: SchedulerConfig, dtype: torch.dtype) -> int:
+    """Memory the forwards need beside the weights and the KV cache, from their largest shapes (a resolved
+    scheduler config)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    rows = max(sched.prefill_pack_tokens or 0, sched.prefill_chunk_size, sched.max_num_seqs,
+               sched.max_num_batched_tokens)
+    row_elements = (4 * arch.hidden_size + (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim
+                    + 3 * arch.intermediate_size)
+    sampled_rows = max(sched.max_num_seqs, sched.prefill_seqs_per_forward)
+    logits = sampled_rows * arch.vocab_size * 4 * LOGITS_COPIES
+    return ACTIVATION_COPIES * (rows * row_elements * element + logits) + UNCOUNTED_RESERVE_BYTES
+
+
+def gpu_kv_budget(memory: GpuMemory, utilization: float, reserve_bytes: int) -> int:
+    """This node's share of the GPU less what it already holds and the forwards' reserve, and no more than is free
+    beside the reserve (a node sharing the GPU may hold more than its share)."""
+    share = int(memory.total_bytes * utilization) - memory.reserved_bytes - reserve_bytes
+    return min(share, memory.free_bytes - reserve_bytes)
+
+
+def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
+                   memory: GpuMemory | None = None) -> EngineConfig:
+    """config with the KV cache's budget resolved (kept as given when --kv-cache-mib or --num-blocks is). On CUDA,
+    call it once the weights are loaded; memory: the GPU's figures (None: ask the device)."""
+    cache = config.cache
+    if cache.num_blocks is not None or cache.memory_budget_bytes is not None:
+        return config
+    if not config.device.startswith("cuda"):
+        return dataclasses.replace(config, cache=dataclasses.replace(cache, memory_budget_bytes=CPU_KV_CACHE_BYTES))
+    memory = memory or GpuMemory.of(config.device)
+    reserve = forward_reserve_bytes(arch, config.scheduler, dtype)
+    budget = gpu_kv_budget(memory, cache.gpu_memory_utilization, reserve)
+    block_bytes = bytes_per_block(arch, cache.block_size, dtype)
+    needed = (config.max_blocks_per_seq + 1) * block_bytes  # NOTE: one request of max_model_len, and the null block
+    if budget < needed:
+        raise ValueError(
+            f"the KV cache would get {max(budget, 0) // MIB} MiB of the GPU (--gpu-memory-utilization "
+            f"{cache.gpu_memory_utilization}: {memory.total_bytes * cache.gpu_memory_utilization / GIB:.1f} GiB of "
+            f"{memory.total_bytes / GIB:.1f}, {memory.free_bytes / GIB:.1f} GiB free; the weights hold "
+            f"{memory.reserved_bytes / GIB:.1f} GiB; the forwards need {reserve / GIB:.1f} GiB), less than one "
+            f"request of --max-model-len {config.scheduler.max_model_len} needs ({needed // MIB} MiB): raise "
+            f"--gpu-memory-utilization, lower --max-model-len or --max-num-batched-tokens, or give --kv-cache-mib")
+    logger.info("KV cache sized on %s: %d MiB = %.2f x %.1f GiB - %.1f GiB held (weights) - %.1f GiB for the forwards "
+                "(%.1f GiB free)", config.device, budget // MIB, cache.gpu_memory_utilization,
+                memory.total_bytes / GIB, memory.reserved_bytes / GIB, reserve / GIB, memory.free_bytes / GIB)
+    return dataclasses.replace(config, cache=dataclasses.replace(cache, memory_budget_bytes=budget))
