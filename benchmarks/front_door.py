@@ -100,13 +100,16 @@ def main() -> None:
     parser.add_argument("--preset", default="qwen3-8b", choices=sorted(PRESETS))
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the whole script (qwen3-tiny)")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="default: the engine's (auto: 256 on CUDA); runs until stop 45 passed 256")
     parser.add_argument("--max-model-len", type=int, default=6144)
     parser.add_argument("--prefill-chunk-size", type=int, default=None,
                         help="default: the engine's (auto: 32 on CUDA, packed prefill forwards of 2048 rows); runs "
                         "until stop 43 passed 4096, which made every prefill forward 4096 rows, not what a user gets")
-    parser.add_argument("--kv-cache-mib", type=int, default=60000, help="the engine's and each decoding node's")
-    parser.add_argument("--prefill-kv-cache-mib", type=int, default=16000)
+    parser.add_argument("--kv-cache-mib", type=int, default=None,
+                        help="the engine's and each decoding node's (default: auto, sized on the GPU as a user's "
+                        "nodes size it; runs until stop 45 passed 60000)")
+    parser.add_argument("--prefill-kv-cache-mib", type=int, default=None, help="default: auto (until stop 45: 16000)")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=1500)
     parser.add_argument("--workloads", default="sharegpt,burstgpt,1024x2048")
@@ -122,7 +125,8 @@ def main() -> None:
                            prefill_chunk_size=args.prefill_chunk_size)
     engine = EngineConfig(model=model_dir, dtype=args.dtype, device=args.device, num_threads=1,
                           scheduler=scheduler_for(base, f"fixed_shape:async_scheduling={args.async_scheduling}"),
-                          cache=CacheConfig(memory_budget_bytes=args.kv_cache_mib * 2**20))
+                          cache=CacheConfig(memory_budget_bytes=None if args.kv_cache_mib is None
+                                            else args.kv_cache_mib * 2**20))
     prompts = token_prompts(args.num_prompts, vocab - 1, 1, args.prompt_len)  # NOTE: never the EOS id (the last)
     workloads = [make_workload(name, args.num_requests) for name in args.workloads.split(",")]
     gpu = ("0",) if args.device.startswith("cuda") else ()

@@ -36,15 +36,18 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
   issue20_new_default_t0)  # not run yet: after issue20_user_defaults_t0 (stop 44, where 2048 gave 0.86-0.995x of 8192)
-    # max_num_batched_tokens is auto (8192 on an H200): the t = 0 table at the new default, the 2048 variants beside,
-    # and Poisson ShareGPT-like at 32 req/s (the row where 2048 gave 0.98x standard's goodput)
-    timeout 420 python3 -m cli.main bench --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256 \
-      --max-model-len 6144 --kv-cache-mib 112000 --num-requests 256 --max-seconds 10 --goodput ttft:500 tpot:50 \
+    # max_num_batched_tokens is auto (8192 on an H200), and since stop 45 so are N (256 on CUDA) and the KV cache
+    # (--gpu-memory-utilization 0.9 less the weights and the forwards' reserve): no engine flag but the model, the
+    # dtype and --max-model-len (the workloads' prompts need 6144). The t = 0 table at the new default, the 2048
+    # variants beside, and Poisson ShareGPT-like at 32 req/s (the row where 2048 gave 0.98x standard's goodput); the
+    # bench log holds each engine's "KV cache sized on cuda" line
+    timeout 420 python3 -m cli.main bench --model random:qwen3-8b --device cuda --dtype bfloat16 \
+      --max-model-len 6144 --num-requests 256 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes standard,corun,corun:max_num_batched_tokens=2048,standard:max_num_batched_tokens=2048 \
       --out "$out/h200_defaults_new.json" > "$out/bench.log" 2>&1
-    timeout 150 python3 -m cli.main bench --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256 \
-      --max-model-len 6144 --kv-cache-mib 112000 --num-requests 300 --workloads sharegpt --request-rate 32 \
+    timeout 150 python3 -m cli.main bench --model random:qwen3-8b --device cuda --dtype bfloat16 \
+      --max-model-len 6144 --num-requests 300 --workloads sharegpt --request-rate 32 \
       --max-seconds 22 --modes corun,standard --goodput ttft:500 tpot:50 \
       --out "$out/h200_defaults_new_poisson_32.json" > "$out/bench_poisson.log" 2>&1 ;;
   issue21_two_routers)  # not run yet (stop 44): 2 routers at 1024 streams were capped by the fake node's paced
@@ -65,7 +68,8 @@ case $part in
       --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes standard,corun,corun:max_num_batched_tokens=8192,standard:max_num_batched_tokens=8192 \
       --out "$out/h200_defaults_user.json" > "$out/bench.log" 2>&1 ;;
-  front_door_defaults)  # stop 44: front_door at the defaults a user gets (its --prefill-chunk-size was 4096 until now,
+  front_door_defaults)  # stop 45: N and the KV caches auto too (front_door's defaults: none of its size flags; 1P1D
+    # on one GPU splits its 0.9 in halves). Stop 44: front_door at the defaults a user gets (its --prefill-chunk-size was 4096 until now,
     # so every prefill forward ran 4096 rows against the default 2048, and a colocated node's streams waited ~100 ms
     # for each: ITL p99 107-114 ms), the HTTP runs after corun bench --url's warm-up, the engine's own ITL p99 beside
     # each HTTP run's (itl_p99_ms), on the router's text and logprob lanes (stop 43)

@@ -44,6 +44,9 @@ class GpuMemory:
 
     @classmethod
     def of(cls, device: str) -> GpuMemory:
+        # NOTE: what the allocator caches from loading (or from an engine this process ran before) goes back first,
+        # so reserved_bytes is what live tensors hold
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(torch.device(device))
         return cls(total, free, torch.cuda.memory_reserved(torch.device(device)))
 
@@ -56,7 +59,8 @@ def forward_reserve_bytes(arch: ModelArchConfig, sched: SchedulerConfig, dtype: 
                sched.max_num_batched_tokens)
     row_elements = (4 * arch.hidden_size + (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim
                     + 3 * arch.intermediate_size)
-    sampled_rows = max(sched.max_num_seqs, sched.prefill_seqs_per_forward)
+    # NOTE: a decode step's rows, a pack's sampled rows, and a chunk's rows where its prompt logprobs are asked
+    sampled_rows = max(sched.max_num_seqs, sched.prefill_seqs_per_forward, sched.prefill_chunk_size)
     logits = sampled_rows * arch.vocab_size * 4 * LOGITS_COPIES
     return ACTIVATION_COPIES * (rows * row_elements * element + logits) + UNCOUNTED_RESERVE_BYTES
 

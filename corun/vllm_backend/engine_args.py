@@ -84,8 +84,9 @@ def vllm_kv_layout(config: EngineConfig) -> str:
     """transfer.compat's kv_layout for a vLLM node: the version, the per-layer layout, every vLLM setting."""
     import vllm
 
-    settings = json.dumps({**vllm_engine_kwargs(config), "environment": vllm_environment(config)}, sort_keys=True,
-                          default=str)
+    # NOTE: but the KV pool's size, which places KV but does not change it (prefill and decode nodes may differ)
+    kwargs = {k: v for k, v in vllm_engine_kwargs(config).items() if k not in vllm_kv_budget(config)}
+    settings = json.dumps({**kwargs, "environment": vllm_environment(config)}, sort_keys=True, default=str)
     digest = hashlib.sha256(settings.encode()).hexdigest()[:16]
     return f"vllm {vllm.__version__}: per-layer segments [blocks,kv_heads,block,2*head_dim]; settings {digest}"
 

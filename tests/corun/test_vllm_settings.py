@@ -11,7 +11,7 @@ from corun.vllm_backend.engine_args import (
     vllm_engine_kwargs,
     vllm_environment,
 )
-from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.config import CPU_KV_CACHE_BYTES, CacheConfig, EngineConfig, SchedulerConfig
 
 
 def config(mode: str = "fixed_shape", device: str = "cpu", **engine) -> EngineConfig:
@@ -52,3 +52,14 @@ def test_batch_invariant_mode_and_unknown_backends_are_refused():
         config("batch_invariant")
     with pytest.raises(ValueError, match="engine backend"):
         dataclasses.replace(config(), backend="sglang")
+
+
+def test_the_kv_cache_is_the_budget_given_or_vllms_own_sizing_on_cuda():
+    assert vllm_engine_kwargs(config())["kv_cache_memory_bytes"] == CPU_KV_CACHE_BYTES
+    cuda = vllm_engine_kwargs(config(device="cuda"))
+    assert cuda["gpu_memory_utilization"] == 0.9 and "kv_cache_memory_bytes" not in cuda
+    given = dataclasses.replace(config(device="cuda"), cache=CacheConfig(block_size=32, memory_budget_bytes=2**30))
+    assert vllm_engine_kwargs(given)["kv_cache_memory_bytes"] == 2**30
+    assert "gpu_memory_utilization" not in vllm_engine_kwargs(given)
+    auto_n = dataclasses.replace(config(device="cuda"), scheduler=SchedulerConfig())
+    assert vllm_engine_kwargs(auto_n)["max_num_seqs"] == 256
