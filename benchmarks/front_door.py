@@ -117,6 +117,9 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=20.0)
     parser.add_argument("--async-scheduling", default="on", choices=("on", "off"),
                         help="the engine's and every node's (SchedulerConfig.async_scheduling)")
+    parser.add_argument("--deployments", default="colocated,1p1d",
+                        help="which to serve beside the engine: colocated (one colocated node), 1p1d (a prefill and a "
+                        "decode node on the one GPU)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     model_dir = str(make_random_model_dir(args.preset, tempfile.mkdtemp(prefix=f"random-{args.preset}-")))
@@ -146,40 +149,43 @@ def main() -> None:
     save()
     empty_cache()
     served = {"slo": SLOTargets(), "arrivals": DEFAULT_ARRIVALS, "max_seconds": args.max_seconds}
-    colocated = ClusterConfig(engine, num_prefill=0, num_decode=0, num_colocated=1, port=free_port("127.0.0.1"),
-                              colocated_gpus=gpu, decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)
-    with LocalCluster(colocated) as cluster:
-        report["determinism"]["colocated_nodes_http"] = served_determinism(cluster.url, prompts, reference)
-        report["modes"]["colocated_nodes_http"] = {}
-        for workload in workloads:
-            warm_up_server(cluster.url, workload, vocab)  # NOTE: before the counters are read: they count the run's
-            before = role_stats(cluster.url)["colocated"]
-            runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="colocated_nodes_http",
-                                  warm_up=False, **served)
-            report["modes"]["colocated_nodes_http"].update(runs["modes"]["colocated_nodes_http"])
-            report.setdefault("node_loops", {}).setdefault("colocated", {})[workload.name] = loop_breakdown(
-                before, role_stats(cluster.url)["colocated"])
-            save()
-    pd = ClusterConfig(engine, port=free_port("127.0.0.1"), prefill_gpus=gpu, decode_gpus=gpu,
-                       prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.kv_cache_mib,
-                       startup_timeout_s=600)
-    with LocalCluster(pd) as cluster:
-        report["determinism"]["1p1d_http"] = served_determinism(cluster.url, prompts, reference)
-        report["modes"]["1p1d_http"] = {}
-        for workload in workloads:
-            warm_up_server(cluster.url, workload, vocab)
-            before = role_stats(cluster.url)
-            runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="1p1d_http",
-                                  warm_up=False, **served)
-            report["modes"]["1p1d_http"].update(runs["modes"]["1p1d_http"])
-            after = role_stats(cluster.url)
-            for role in ("prefill", "decode"):
-                report["node_loops"].setdefault(role, {})[workload.name] = loop_breakdown(before[role], after[role])
-            costs = handoff(before["decode"], after["decode"])
-            report.setdefault("kv_handoff", {})[workload.name] = costs
-            if workload.name == HANDOFF_WORKLOAD:
-                report["kv_handoff_ms_p50"] = costs["kv_handoff_ms_p50_at_most"]
-            save()
+    if "colocated" in args.deployments.split(","):
+        colocated = ClusterConfig(engine, num_prefill=0, num_decode=0, num_colocated=1, port=free_port("127.0.0.1"),
+                                  colocated_gpus=gpu, decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)
+        with LocalCluster(colocated) as cluster:
+            report["determinism"]["colocated_nodes_http"] = served_determinism(cluster.url, prompts, reference)
+            report["modes"]["colocated_nodes_http"] = {}
+            for workload in workloads:
+                warm_up_server(cluster.url, workload, vocab)  # NOTE: before the counters are read: they count the run's
+                before = role_stats(cluster.url)["colocated"]
+                runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="colocated_nodes_http",
+                                      warm_up=False, **served)
+                report["modes"]["colocated_nodes_http"].update(runs["modes"]["colocated_nodes_http"])
+                report.setdefault("node_loops", {}).setdefault("colocated", {})[workload.name] = loop_breakdown(
+                    before, role_stats(cluster.url)["colocated"])
+                save()
+    if "1p1d" in args.deployments.split(","):
+        pd = ClusterConfig(engine, port=free_port("127.0.0.1"), prefill_gpus=gpu, decode_gpus=gpu,
+                           prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.kv_cache_mib,
+                           startup_timeout_s=600)
+        with LocalCluster(pd) as cluster:
+            report["determinism"]["1p1d_http"] = served_determinism(cluster.url, prompts, reference)
+            report["modes"]["1p1d_http"] = {}
+            for workload in workloads:
+                warm_up_server(cluster.url, workload, vocab)
+                before = role_stats(cluster.url)
+                runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="1p1d_http",
+                                      warm_up=False, **served)
+                report["modes"]["1p1d_http"].update(runs["modes"]["1p1d_http"])
+                after = role_stats(cluster.url)
+                for role in ("prefill", "decode"):
+                    report.setdefault("node_loops", {}).setdefault(role, {})[workload.name] = loop_breakdown(
+                        before[role], after[role])
+                costs = handoff(before["decode"], after["decode"])
+                report.setdefault("kv_handoff", {})[workload.name] = costs
+                if workload.name == HANDOFF_WORKLOAD:
+                    report["kv_handoff_ms_p50"] = costs["kv_handoff_ms_p50_at_most"]
+                save()
     report["ratios_to_engine"] = {
         mode: {name: round(run["output_tok_per_s"] / report["modes"]["engine"][name]["output_tok_per_s"], 3)
                for name, run in runs.items() if name in report["modes"]["engine"]}

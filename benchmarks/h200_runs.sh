@@ -35,6 +35,19 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue21_mps)  # not run yet (stop 45): 1P1D on one GPU gave 0.677x the engine on 1024x2048 and a KV hand-off p50 of
+    # ~15-20 ms (h200_front_door.json, stop 44): two CUDA contexts time-slice the GPU, so each process's kernels (and
+    # the decode node's READ) wait for the other's slice. CUDA MPS runs the processes' kernels side by side through one
+    # server. Its control daemon runs in user space with its pipes under /tmp (the GPU's compute mode and settings are
+    # not touched) and is quit at the end. front_door's 1P1D only, beside the engine, at the defaults
+    if ! command -v nvidia-cuda-mps-control > /dev/null; then echo "no nvidia-cuda-mps-control here" > "$out/mps.log"; exit 0; fi
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/corun-mps CUDA_MPS_LOG_DIRECTORY=/tmp/corun-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d > "$out/mps.log" 2>&1
+    timeout 480 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
+      --deployments 1p1d --out "$out/h200_front_door_mps.json" > "$out/front_door.log" 2>&1
+    echo quit | nvidia-cuda-mps-control >> "$out/mps.log" 2>&1
+    cp -r "$CUDA_MPS_LOG_DIRECTORY" "$out/mps-log" ;;
   issue20_new_default_t0)  # not run yet: after issue20_user_defaults_t0 (stop 44, where 2048 gave 0.86-0.995x of 8192)
     # max_num_batched_tokens is auto (8192 on an H200), and since stop 45 so are N (256 on CUDA) and the KV cache
     # (--gpu-memory-utilization 0.9 less the weights and the forwards' reserve): no engine flag but the model, the
