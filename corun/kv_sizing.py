@@ -65,11 +65,13 @@ def forward_reserve_bytes(arch: ModelArchConfig, sched: SchedulerConfig, dtype: 
     return ACTIVATION_COPIES * (rows * row_elements * element + logits) + UNCOUNTED_RESERVE_BYTES
 
 
-def gpu_kv_budget(memory: GpuMemory, utilization: float, reserve_bytes: int) -> int:
-    """This node's share of the GPU less what it already holds and the forwards' reserve, and no more than is free
-    beside the reserve (a node sharing the GPU may hold more than its share)."""
-    share = int(memory.total_bytes * utilization) - memory.reserved_bytes - reserve_bytes
-    return min(share, memory.free_bytes - reserve_bytes)
+def gpu_kv_budget(memory: GpuMemory, utilization: float, reserve_bytes: int, gpu_nodes: int = 1,
+                  kv_share: float = 1.0) -> int:
+    """kv_share of what the GPU's share (utilization) holds beside every node's weights and forwards' reserve (each
+    of the gpu_nodes holds what this one does), and no more than is free beside this node's reserve (a node that
+    started before may hold more than its part)."""
+    pool = int(memory.total_bytes * utilization) - gpu_nodes * (memory.reserved_bytes + reserve_bytes)
+    return min(int(pool * kv_share), memory.free_bytes - reserve_bytes)
 
 
 def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
@@ -83,7 +85,7 @@ def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
         return dataclasses.replace(config, cache=dataclasses.replace(cache, memory_budget_bytes=CPU_KV_CACHE_BYTES))
     memory = memory or GpuMemory.of(config.device)
     reserve = forward_reserve_bytes(arch, config.scheduler, dtype)
-    budget = gpu_kv_budget(memory, cache.gpu_memory_utilization, reserve)
+    budget = gpu_kv_budget(memory, cache.gpu_memory_utilization, reserve, cache.gpu_nodes, cache.gpu_kv_share)
     block_bytes = bytes_per_block(arch, cache.block_size, dtype)
     needed = (config.max_blocks_per_seq + 1) * block_bytes  # NOTE: one request of max_model_len, and the null block
     if budget < needed:
@@ -91,10 +93,12 @@ def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
             f"the KV cache would get {max(budget, 0) // MIB} MiB of the GPU (--gpu-memory-utilization "
             f"{cache.gpu_memory_utilization}: {memory.total_bytes * cache.gpu_memory_utilization / GIB:.1f} GiB of "
             f"{memory.total_bytes / GIB:.1f}, {memory.free_bytes / GIB:.1f} GiB free; the weights hold "
-            f"{memory.reserved_bytes / GIB:.1f} GiB; the forwards need {reserve / GIB:.1f} GiB), less than one "
+            f"{memory.reserved_bytes / GIB:.1f} GiB; the forwards need {reserve / GIB:.1f} GiB; "
+            f"{cache.gpu_nodes} node(s) on the GPU, this one's part {cache.gpu_kv_share:.2f}), less than one "
             f"request of --max-model-len {config.scheduler.max_model_len} needs ({needed // MIB} MiB): raise "
             f"--gpu-memory-utilization, lower --max-model-len or --max-num-batched-tokens, or give --kv-cache-mib")
-    logger.info("KV cache sized on %s: %d MiB = %.2f x %.1f GiB - %.1f GiB held (weights) - %.1f GiB for the forwards "
-                "(%.1f GiB free)", config.device, budget // MIB, cache.gpu_memory_utilization,
-                memory.total_bytes / GIB, memory.reserved_bytes / GIB, reserve / GIB, memory.free_bytes / GIB)
+    logger.info("KV cache sized on %s: %d MiB = %.2f of (%.2f x %.1f GiB - %d x (%.1f GiB held: weights + %.1f GiB "
+                "for the forwards)), %.1f GiB free", config.device, budget // MIB, cache.gpu_kv_share,
+                cache.gpu_memory_utilization, memory.total_bytes / GIB, cache.gpu_nodes, memory.reserved_bytes / GIB,
+                reserve / GIB, memory.free_bytes / GIB)
     return dataclasses.replace(config, cache=dataclasses.replace(cache, memory_budget_bytes=budget))

@@ -29,7 +29,7 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from wire.config import EngineConfig
+from wire.config import KV_POOL_SIZING, EngineConfig
 
 MAX_PROMPT_LOGPROB_VARIANTS = 8
 """Prompt logprobs kept per cached chunk: one entry per (alternatives asked, next prompt token), least recently
@@ -132,6 +132,5 @@ def kv_salt(config: EngineConfig) -> bytes:
     not change it. NOTE: one engine's cache holds only its own KV; the salt keeps chains of engines of other
     settings apart wherever hashes meet (logs, tests)."""
     settings = dataclasses.asdict(config)
-    settings["cache"] = {k: v for k, v in settings["cache"].items() if k not in ("num_blocks", "memory_budget_bytes",
-                                                                               "gpu_memory_utilization")}
+    settings["cache"] = {k: v for k, v in settings["cache"].items() if k not in KV_POOL_SIZING}
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).digest()

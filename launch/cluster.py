@@ -170,10 +170,11 @@ def node_gpu(config: ClusterConfig, role: Role, index: int) -> str | None:
     return None if not gpus else gpus[index] if len(gpus) > 1 else gpus[0]
 
 
-def node_engine(config: ClusterConfig, role: Role, num_threads: int, gpu_share: float = 1.0) -> EngineConfig:
-    """The engine a node of this role runs: the cluster's, with its role's KV budget and a thread count. gpu_share:
-    the part of its GPU the node has (gpu_share_of, Ray's --gpus-per-node), which scales gpu_memory_utilization
-    where the KV budget is sized on the GPU (no --kv-cache-mib).
+def node_engine(config: ClusterConfig, role: Role, num_threads: int, gpu_split: tuple[int, float] = (1, 1.0)
+                ) -> EngineConfig:
+    """The engine a node of this role runs: the cluster's, with its role's KV budget and a thread count. gpu_split:
+    the nodes on its GPU and its part of their KV memory (gpu_kv_split; on Ray, from --gpus-per-node), where the KV
+    budget is sized on the GPU (no --kv-cache-mib).
 
     NOTE: the thread count changes the bits (it is in every node's fingerprint), so a node never keeps torch's
     default, which follows the host's cores."""
@@ -183,21 +184,26 @@ def node_engine(config: ClusterConfig, role: Role, num_threads: int, gpu_share: 
     cache = engine.cache
     if kv_mib is not None:
         cache = dataclasses.replace(cache, memory_budget_bytes=kv_mib * MIB)
-    elif cache.memory_budget_bytes is None and cache.num_blocks is None and gpu_share < 1 and \
-            engine.device.startswith("cuda"):
-        cache = dataclasses.replace(cache, gpu_memory_utilization=cache.gpu_memory_utilization * gpu_share)
+    elif cache.memory_budget_bytes is None and cache.num_blocks is None and engine.device.startswith("cuda"):
+        cache = dataclasses.replace(cache, gpu_nodes=gpu_split[0], gpu_kv_share=gpu_split[1])
     return dataclasses.replace(engine, cache=cache)
 
 
-def gpu_share_of(config: ClusterConfig, role: Role, index: int) -> float:
-    """1 / the number of the local launcher's first nodes on this node's GPU (itself included): what each gets of
-    it. NOTE: a node added later (corun scale) on a GPU in use gets the share of one more, and never more than is
-    free there (corun/kv_sizing.py)."""
+ROLE_KV_WEIGHTS: dict[Role, int] = {"prefill": 1, "decode": 3, "colocated": 3}
+"""Where nodes share a GPU, each role's weight in the KV memory it holds: a prefill node keeps a prompt's KV while it
+is prefilled and leased (and its prefix cache), a decode or colocated node every running request's whole context.
+The H200 runs of 1P1D on one GPU gave them 16000 and 60000 MiB (benchmarks/front_door.py before stop 45)."""
+
+
+def gpu_kv_split(config: ClusterConfig, role: Role, index: int) -> tuple[int, float]:
+    """(the local launcher's first nodes on this node's GPU, itself included; its part of their KV memory, by
+    ROLE_KV_WEIGHTS). NOTE: a node added later (corun scale) on a GPU in use counts as one more, and never takes
+    more than is free there (corun/kv_sizing.py)."""
     if not config.engine.device.startswith("cuda"):
-        return 1.0
+        return 1, 1.0
     gpu = node_gpu(config, role, index)
-    nodes = set(config.nodes()) | {(role, index)}
-    return 1 / sum(1 for other in nodes if node_gpu(config, *other) == gpu)
+    sharers = [other for other in set(config.nodes()) | {(role, index)} if node_gpu(config, *other) == gpu]
+    return len(sharers), ROLE_KV_WEIGHTS[role] / sum(ROLE_KV_WEIGHTS[other_role] for other_role, _ in sharers)
 
 
 def node_id(role: Role, index: int) -> str:

@@ -86,7 +86,7 @@ class LocalCluster:
         host, port = self.config.host, free_port(self.config.host)
         self.num_started[role] = max(self.num_started[role], index + 1)
         # NOTE: several busy processes share the host's cores: one thread each unless the engine names a count
-        engine = launch.node_engine(self.config, role, 1, launch.gpu_share_of(self.config, role, index))
+        engine = launch.node_engine(self.config, role, 1, launch.gpu_kv_split(self.config, role, index))
         gpu = launch.node_gpu(self.config, role, index)
         env = launch.node_environment(gpu)
         argv = launch.node_argv(self.config, engine, role, index, host, port, key_file=self.key_file)

@@ -247,8 +247,9 @@ class RayCluster:
                                                     placement_group_bundle_index=bundle_index)
         # NOTE: without the API keys: nodes never need them, and Ray stores an actor's arguments.
         cluster = dataclasses.replace(self.config.cluster, api_key=None, client_api_keys_file=None)
+        share = self.config.gpus_per_node  # NOTE: roles sharing a GPU are Ray's choice: an equal part each
         engine = launch.node_engine(cluster, role, max(1, int(self.config.cpus_per_node)),
-                                    self.config.gpus_per_node)
+                                    (max(1, round(1 / share)), share))
         # NOTE: max_restarts=0: a dead actor is replaced by restart_dead_nodes(), which keeps its port.
         options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources, scheduling_strategy=strategy,
                        max_restarts=0)

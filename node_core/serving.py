@@ -16,7 +16,7 @@ import zmq
 
 from corun.cublas import split_k_in_effect
 from wire import protocol
-from wire.config import EngineConfig, NodeConfig
+from wire.config import KV_POOL_SIZING, EngineConfig, NodeConfig
 from wire.flags import add_flags, config_from_args
 from wire.gc_heap import freeze_startup_heap
 from wire.node_auth import ClusterKey, admit_only_members
@@ -37,9 +37,8 @@ def engine_facts(config: EngineConfig, model_digest: str) -> dict:
     # NOTE: how many KV blocks a node holds changes where a request's KV lives, not what is computed from it
     # (attention reads a request's blocks in table order, wherever they are): prefill and decode nodes of one pool
     # may have different KV budgets. The block size stays: it shapes the paged reads.
-    engine["cache"].pop("num_blocks")
-    engine["cache"].pop("memory_budget_bytes")
-    engine["cache"].pop("gpu_memory_utilization")
+    for sizing in KV_POOL_SIZING:
+        engine["cache"].pop(sizing)
     engine["scheduler"].pop("async_scheduling")  # NOTE: when the host reads a step's tokens, not what they are
     engine["scheduler"].pop("decode_rides_prefill")  # NOTE: which forward carries a step, joined only where verified
     engine["scheduler"].pop("multi_chunk_prefill")  # NOTE: how many chunks a forward carries, only where verified

@@ -416,9 +416,14 @@ class CacheConfig:
     CUDA what gpu_memory_utilization leaves beside the weights and a reserve for activations (corun/kv_sizing.py),
     sized when the model has loaded."""
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    """CUDA, when memory_budget_bytes is auto: the share of the GPU's memory this node may use, weights, activations
-    and KV cache together (vLLM's flag). The local launcher divides it among the nodes it puts on one GPU, Ray's by
-    --gpus-per-node; a node never takes more than the GPU has free."""
+    """CUDA, when memory_budget_bytes is auto: the share of the GPU's memory its nodes may use, weights, activations
+    and KV caches together (vLLM's flag). A node never takes more than the GPU has free."""
+    gpu_nodes: int = 1
+    """CUDA, KV auto: the nodes on this node's GPU, itself included, each holding the model's weights and a reserve
+    for its forwards (the launchers set it: launch/cluster.py gpu_kv_split, Ray by --gpus-per-node)."""
+    gpu_kv_share: float = 1.0
+    """CUDA, KV auto: this node's part of the KV memory its GPU holds beside the gpu_nodes' weights and reserves
+    (the launchers set it; 1.0 where a node has its GPU alone)."""
     enable_prefix_caching: bool = True
     """Keep the KV of full prompt chunks after use and prefill only the chunks after a prompt's longest cached
     full-chunk prefix (prefill and colocated nodes, the engine; corun/prefix_cache.py). Outputs are bitwise those of
@@ -434,8 +439,16 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
             raise ValueError("memory_budget_bytes must be >= 1")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("gpu_memory_utilization", "gpu_kv_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.gpu_nodes < 1:
+            raise ValueError(f"gpu_nodes must be >= 1, got {self.gpu_nodes}")
+
+
+KV_POOL_SIZING = ("num_blocks", "memory_budget_bytes", "gpu_memory_utilization", "gpu_nodes", "gpu_kv_share")
+"""CacheConfig's fields that size the KV pool: they decide where a request's KV lives, never what it is (left out of
+the fingerprint and of the prefix cache's salt)."""
 
 
 @dataclass(frozen=True)

@@ -66,37 +66,41 @@ def test_ray_nodes_reserve_a_gpu_or_a_fraction_of_one():
         RayClusterConfig(ClusterConfig(CUDA, prefill_gpus=("0",)))
 
 
-def test_nodes_on_one_gpu_split_its_memory_where_the_kv_budget_is_sized_on_the_gpu():
+def test_nodes_on_one_gpu_split_its_kv_memory_by_role_where_it_is_sized_on_the_gpu():
     one_gpu = ClusterConfig(CUDA)  # NOTE: 1P1D on the launching process' GPU
-    assert launch.gpu_share_of(one_gpu, "prefill", 0) == launch.gpu_share_of(one_gpu, "decode", 0) == 0.5
-    utilization = CUDA.cache.gpu_memory_utilization
-    assert launch.node_engine(one_gpu, "decode", 1, 0.5).cache.gpu_memory_utilization == utilization / 2
+    assert launch.gpu_kv_split(one_gpu, "prefill", 0) == (2, 0.25)
+    assert launch.gpu_kv_split(one_gpu, "decode", 0) == (2, 0.75)
+    decode = launch.node_engine(one_gpu, "decode", 1, (2, 0.75)).cache
+    assert (decode.gpu_nodes, decode.gpu_kv_share, decode.gpu_memory_utilization) == (2, 0.75, 0.9)
     apart = ClusterConfig(CUDA, num_decode=2, prefill_gpus=("0",), decode_gpus=("1", "2"))
-    assert [launch.gpu_share_of(apart, role, i) for role, i in apart.nodes()] == [1.0, 1.0, 1.0]
+    assert [launch.gpu_kv_split(apart, role, i) for role, i in apart.nodes()] == [(1, 1.0)] * 3
     three = ClusterConfig(CUDA, num_prefill=0, num_decode=0, num_colocated=3, colocated_gpus=("4",))
-    assert launch.gpu_share_of(three, "colocated", 1) == pytest.approx(1 / 3)
-    assert launch.gpu_share_of(three, "colocated", 3) == 0.25  # NOTE: one added at run time
-    # the inverse: a budget given in MiB, or a CPU engine, keeps the share of the whole
+    assert launch.gpu_kv_split(three, "colocated", 1) == (3, pytest.approx(1 / 3))
+    assert launch.gpu_kv_split(three, "colocated", 3) == (4, 0.25)  # NOTE: one added at run time
+    shared = ClusterConfig(CUDA, num_prefill=2, num_decode=1, num_colocated=1)
+    assert sum(launch.gpu_kv_split(shared, role, i)[1] for role, i in shared.nodes()) == pytest.approx(1)
+    # the inverse: a budget given in MiB, or a CPU engine, is not split
     given = ClusterConfig(CUDA, decode_kv_cache_mib=60000)
-    assert launch.node_engine(given, "decode", 1, 0.5).cache.gpu_memory_utilization == utilization
-    assert launch.gpu_share_of(ClusterConfig(EngineConfig(model="m")), "decode", 0) == 1.0
+    assert launch.node_engine(given, "decode", 1, (2, 0.75)).cache.gpu_kv_share == 1.0
+    assert launch.gpu_kv_split(ClusterConfig(EngineConfig(model="m")), "decode", 0) == (1, 1.0)
 
 
-def test_the_local_launcher_hands_each_node_on_a_shared_gpu_its_share(monkeypatch):
+def test_the_local_launcher_hands_each_node_on_a_shared_gpu_its_part(monkeypatch):
     started = []
 
     class Recorder:
         def __init__(self, argv, env=None):
             started.append(argv)
 
+    def parts():
+        return [(int(argv[argv.index("--gpu-nodes") + 1]), float(argv[argv.index("--gpu-kv-share") + 1]))
+                for argv in started]
+
     monkeypatch.setattr(local.subprocess, "Popen", Recorder)
-    cluster = local.LocalCluster(ClusterConfig(CUDA, decode_gpus=("1",)))
-    for role, index in cluster.config.nodes():
-        cluster.start_node(role, index)
-    shares = [float(argv[argv.index("--gpu-memory-utilization") + 1]) for argv in started]
-    assert shares == [0.9, 0.9]  # NOTE: prefill on the default GPU, decode on GPU 1: each has its GPU's whole share
-    started.clear()
-    cluster = local.LocalCluster(ClusterConfig(CUDA))
-    for role, index in cluster.config.nodes():
-        cluster.start_node(role, index)
-    assert [float(argv[argv.index("--gpu-memory-utilization") + 1]) for argv in started] == [0.45, 0.45]
+    for config, expected in ((ClusterConfig(CUDA, decode_gpus=("1",)), [(1, 1.0), (1, 1.0)]),
+                             (ClusterConfig(CUDA), [(2, 0.25), (2, 0.75)])):
+        started.clear()
+        cluster = local.LocalCluster(config)
+        for role, index in cluster.config.nodes():
+            cluster.start_node(role, index)
+        assert parts() == expected  # NOTE: prefill on the default GPU and decode on GPU 1 have a GPU each

@@ -45,7 +45,8 @@ BUCKETED = dataclasses.replace(PACKED, prefill_buckets=(8, 16), prefill_pack_tok
 ENGINES = [EngineConfig(model="m", dtype="bfloat16", device="cuda:1", seed=7, max_logprobs=5, use_cuda_graph=False,
                         cublas_split_k=True, num_threads=3, scheduler=scheduler, backend="vllm",
                         cache=CacheConfig(block_size=32, num_blocks=7, memory_budget_bytes=3 * MIB,
-                                          gpu_memory_utilization=0.45, enable_prefix_caching=False))
+                                          gpu_memory_utilization=0.45, gpu_nodes=3, gpu_kv_share=0.2,
+                                          enable_prefix_caching=False))
            for scheduler in (PACKED, BUCKETED)]
 NODES = [NodeConfig(role="decode", node_id="decode-3", engine=engine, host="0.0.0.0", port=7001,
                     advertise_host="10.0.0.2", cluster_key_file="/keys/cluster.key", kv_lease_seconds=2.5,
