@@ -35,6 +35,12 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_sizes_gpu)  # not run yet (stop 45), first of the next device stretch: N and the KV cache are auto since stop
+    # 45 and have run only on CPU with the GPU's figures given. The sizing's GPU tests (the 8B shape's peak inside its
+    # share after a full 8192-row pack), then every GPU test, several of which now run at N = 256 and auto KV
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kv_sizing_gpu.py \
+      > "$out/gpu_tests_sizing.log" 2>&1
+    timeout 340 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ > "$out/gpu_tests_all.log" 2>&1 ;;
   issue21_mps)  # not run yet (stop 45): 1P1D on one GPU gave 0.677x the engine on 1024x2048 and a KV hand-off p50 of
     # ~15-20 ms (h200_front_door.json, stop 44): two CUDA contexts time-slice the GPU, so each process's kernels (and
     # the decode node's READ) wait for the other's slice. CUDA MPS runs the processes' kernels side by side through one

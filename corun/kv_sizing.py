@@ -33,6 +33,12 @@ LOGITS_COPIES = 3
 """float32 logits, their log-softmax and a probability tensor exist at once while a step samples."""
 
 
+MOST_KV_PER_ROW_AT_FULL_LENGTH = 2
+"""The KV cache never takes more than this many times what N requests of max_model_len hold: every decode row at
+its longest, and as much again for cached prefixes. Beyond it memory would only hold more cached prefixes; where the
+model is small (the tiny model's tests: several engines in one process), it stays with the GPU's other users."""
+
+
 @dataclass(frozen=True)
 class GpuMemory:
     """What the GPU says when the weights are in: its size, what is free on it (other processes count), and what
@@ -88,6 +94,8 @@ def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
     budget = gpu_kv_budget(memory, cache.gpu_memory_utilization, reserve, cache.gpu_nodes, cache.gpu_kv_share)
     block_bytes = bytes_per_block(arch, cache.block_size, dtype)
     needed = (config.max_blocks_per_seq + 1) * block_bytes  # NOTE: one request of max_model_len, and the null block
+    most = MOST_KV_PER_ROW_AT_FULL_LENGTH * config.scheduler.max_num_seqs * config.max_blocks_per_seq * block_bytes
+    budget = min(budget, most + block_bytes)
     if budget < needed:
         raise ValueError(
             f"the KV cache would get {max(budget, 0) // MIB} MiB of the GPU (--gpu-memory-utilization "
@@ -98,7 +106,8 @@ def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
             f"request of --max-model-len {config.scheduler.max_model_len} needs ({needed // MIB} MiB): raise "
             f"--gpu-memory-utilization, lower --max-model-len or --max-num-batched-tokens, or give --kv-cache-mib")
     logger.info("KV cache sized on %s: %d MiB = %.2f of (%.2f x %.1f GiB - %d x (%.1f GiB held: weights + %.1f GiB "
-                "for the forwards)), %.1f GiB free", config.device, budget // MIB, cache.gpu_kv_share,
-                cache.gpu_memory_utilization, memory.total_bytes / GIB, cache.gpu_nodes, memory.reserved_bytes / GIB,
-                reserve / GIB, memory.free_bytes / GIB)
+                "for the forwards)), %.1f GiB free, at most %d x N x max_model_len tokens", config.device,
+                budget // MIB, cache.gpu_kv_share, cache.gpu_memory_utilization, memory.total_bytes / GIB,
+                cache.gpu_nodes, memory.reserved_bytes / GIB, reserve / GIB, memory.free_bytes / GIB,
+                MOST_KV_PER_ROW_AT_FULL_LENGTH)
     return dataclasses.replace(config, cache=dataclasses.replace(cache, memory_budget_bytes=budget))

@@ -77,3 +77,17 @@ def test_an_engine_without_a_budget_runs_the_cpu_one(tiny_model_dir):
     assert engine.config.scheduler.max_num_seqs == 32
     assert engine.runner.kv_cache.num_blocks == CPU_KV_CACHE_BYTES // bytes_per_block(
         engine.runner.model.cfg, 16, torch.float32)
+
+
+def test_a_small_model_takes_twice_what_n_requests_of_max_model_len_hold_and_leaves_the_rest():
+    tiny = preset_config("random:qwen3-tiny")
+    config = EngineConfig(model="random:qwen3-tiny", device="cuda", dtype="bfloat16",
+                          scheduler=SchedulerConfig(max_num_seqs=64, max_model_len=512)).resolved(large_gpu=True)
+    block = bytes_per_block(tiny, 16, torch.bfloat16)
+    small = GpuMemory(H200.total_bytes, free_bytes=H200.total_bytes - GIB, reserved_bytes=64 * MIB)
+    budget = with_kv_budget(config, tiny, torch.bfloat16, small).cache.memory_budget_bytes
+    assert budget == (2 * 64 * 32 + 1) * block < GIB  # NOTE: 64 rows of 32 blocks, twice, and the null block
+    # the inverse: a model whose KV the GPU cannot hold twice over is not capped (the 8B above)
+    reserve = forward_reserve_bytes(QWEN3_8B, cuda_engine().scheduler, torch.bfloat16)
+    assert with_kv_budget(cuda_engine(), QWEN3_8B, torch.bfloat16, H200).cache.memory_budget_bytes == \
+        gpu_kv_budget(H200, 0.9, reserve)
