@@ -198,11 +198,15 @@ The H200 runs of 1P1D on one GPU gave them 16000 and 60000 MiB (benchmarks/front
 def gpu_kv_split(config: ClusterConfig, role: Role, index: int) -> tuple[int, float]:
     """(the local launcher's first nodes on this node's GPU, itself included; its part of their KV memory, by
     ROLE_KV_WEIGHTS). NOTE: a node added later (corun scale) on a GPU in use counts as one more, and never takes
-    more than is free there (corun/kv_sizing.py)."""
+    more than is free there (corun/kv_sizing.py). A node on the launching process' default GPU counts as on GPU 0
+    (where that is another GPU, the two leave memory unused rather than overrun one GPU)."""
     if not config.engine.device.startswith("cuda"):
         return 1, 1.0
-    gpu = node_gpu(config, role, index)
-    sharers = [other for other in set(config.nodes()) | {(role, index)} if node_gpu(config, *other) == gpu]
+
+    def gpu_of(node: tuple[Role, int]) -> str:
+        return node_gpu(config, *node) or "0"
+
+    sharers = [other for other in set(config.nodes()) | {(role, index)} if gpu_of(other) == gpu_of((role, index))]
     return len(sharers), ROLE_KV_WEIGHTS[role] / sum(ROLE_KV_WEIGHTS[other_role] for other_role, _ in sharers)
 
 

@@ -413,8 +413,8 @@ class CacheConfig:
     """Number of KV blocks; when None it is derived from memory_budget_bytes."""
     memory_budget_bytes: int | None = field(default=None, metadata=flag("--kv-cache-mib", scale=MIB))
     """KV cache memory when num_blocks is not given (the flag: in MiB). None (auto): CPU_KV_CACHE_BYTES on CPU; on
-    CUDA what gpu_memory_utilization leaves beside the weights and a reserve for activations (corun/kv_sizing.py),
-    sized when the model has loaded."""
+    CUDA what gpu_memory_utilization leaves beside the weights and a reserve for activations, at most twice what N
+    requests of max_model_len hold (corun/kv_sizing.py), sized when the model has loaded."""
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     """CUDA, when memory_budget_bytes is auto: the share of the GPU's memory its nodes may use, weights, activations
     and KV caches together (vLLM's flag). A node never takes more than the GPU has free."""

@@ -98,9 +98,10 @@ def test_the_local_launcher_hands_each_node_on_a_shared_gpu_its_part(monkeypatch
 
     monkeypatch.setattr(local.subprocess, "Popen", Recorder)
     for config, expected in ((ClusterConfig(CUDA, decode_gpus=("1",)), [(1, 1.0), (1, 1.0)]),
-                             (ClusterConfig(CUDA), [(2, 0.25), (2, 0.75)])):
+                             (ClusterConfig(CUDA), [(2, 0.25), (2, 0.75)]),
+                             (ClusterConfig(CUDA, decode_gpus=("0",)), [(2, 0.25), (2, 0.75)])):
         started.clear()
         cluster = local.LocalCluster(config)
         for role, index in cluster.config.nodes():
             cluster.start_node(role, index)
-        assert parts() == expected  # NOTE: prefill on the default GPU and decode on GPU 1 have a GPU each
+        assert parts() == expected  # NOTE: the default GPU counts as GPU 0
