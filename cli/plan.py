@@ -17,7 +17,14 @@ from planner.plan_sim import check_plan
 from planner.plot import rate_sweep, write_plot
 from planner.recommend import Recommendation, recommend
 from planner.slo import SLO
-from wire.config import DEFAULT_MAX_NUM_SEQS, GPU_MAX_NUM_SEQS, CacheConfig, DType, EngineConfig, SchedulerConfig
+from wire.config import (
+    DEFAULT_MAX_NUM_SEQS,
+    GPU_MAX_NUM_SEQS,
+    CacheConfig,
+    EngineConfig,
+    EngineDType,
+    SchedulerConfig,
+)
 
 
 def add_plan(commands) -> None:
@@ -63,7 +70,7 @@ def add_profiling_flags(cmd) -> None:
     cmd.add_argument("--prefill-token-budget", type=int, default=None, help="prompt tokens a colocated node "
                      "prefills between two decode steps (default: the profile's; the engine's auto to profile)")
     cmd.add_argument("--device", default=EngineConfig.device, help="profiling: device")
-    cmd.add_argument("--dtype", default=EngineConfig.dtype, choices=get_args(DType))
+    cmd.add_argument("--dtype", default=EngineConfig.dtype, choices=get_args(EngineDType))
     cmd.add_argument("--num-threads", type=int, default=None)
     cmd.add_argument("--profile-lengths", default=None, help="profiling: prompt lengths, e.g. 64,256,1024")
     cmd.add_argument("--profile-contexts", default=None, help="profiling: decode contexts, e.g. 256,1024")

@@ -1,11 +1,12 @@
-"""What the device an engine runs on says about its defaults: the one question wire/config.py cannot ask itself
-(it imports no torch), answered where an engine is built."""
+"""What the device an engine runs on (and the checkpoint it loads) says about its defaults: the questions
+wire/config.py cannot ask itself (it imports no torch and reads no model), answered where an engine is built."""
 
 from __future__ import annotations
 
 import torch
 
-from wire.config import LARGE_GPU_BYTES, EngineConfig
+from corun.models.config import checkpoint_dtype
+from wire.config import AUTO, LARGE_GPU_BYTES, EngineConfig
 
 
 def is_large_gpu(device: str) -> bool:
@@ -17,5 +18,6 @@ def is_large_gpu(device: str) -> bool:
 
 
 def resolved_on_device(config: EngineConfig) -> EngineConfig:
-    """config.resolved() for the device it names."""
-    return config.resolved(large_gpu=is_large_gpu(config.device))
+    """config.resolved() for the device it names and the checkpoint it loads."""
+    checkpoint = checkpoint_dtype(config.model) if config.dtype == AUTO else None
+    return config.resolved(large_gpu=is_large_gpu(config.device), checkpoint_dtype=checkpoint)

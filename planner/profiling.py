@@ -30,7 +30,8 @@ def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_ro
 
     if config.scheduler.mode != "fixed_shape":
         raise ValueError(f"the planner models fixed_shape mode; got mode {config.scheduler.mode!r}")
-    sched = resolved_on_device(config).scheduler  # NOTE: N and the lengths as the engine will run them
+    config = resolved_on_device(config)  # NOTE: N, the lengths and the dtype as the engine will run them
+    sched = config.scheduler
     prefill_lengths = sorted(set(prefill_lengths or default_lengths(sched.max_model_len)))
     if prefill_lengths[0] < 1 or prefill_lengths[-1] >= sched.max_model_len:
         raise ValueError(f"prefill lengths must be in [1, max_model_len - 1 = {sched.max_model_len - 1}]")

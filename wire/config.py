@@ -80,6 +80,19 @@ Mode = Literal["fixed_shape", "mixed", "batch_invariant"]
 prefill chunks and decodes under a token budget; batch_invariant, mixed steps on batch-invariant kernels."""
 Sizes = tuple[int, ...] | Literal["auto"]
 DType = Literal["float32", "bfloat16", "float16"]
+EngineDType = Literal["auto", "float32", "bfloat16", "float16"]
+"""An engine's dtype as asked: a DType, or auto (resolve_dtype)."""
+
+
+def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str | None) -> str:
+    """auto -> float32 on CPU (the fastest there without AMX, and what the determinism tests run); on CUDA the
+    checkpoint's dtype (config.json's torch_dtype) when it is bfloat16 or float16, else bfloat16: vLLM's rule ("auto"
+    runs float32 checkpoints at the GPU's preferred half precision). Explicit values are kept."""
+    if dtype != AUTO:
+        return dtype
+    if not device.startswith("cuda"):
+        return "float32"
+    return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
 Role = Literal["prefill", "decode", "colocated"]
 Backend = Literal["native", "vllm"]
 """The engine that runs a node's forwards: native, the project's own (corun/); vllm, a vLLM engine under the same
@@ -455,8 +468,9 @@ the fingerprint and of the prefix cache's salt)."""
 class EngineConfig:
     model: str
     """Directory of an HF-format checkpoint (config.json, *.safetensors, tokenizer.json)."""
-    dtype: DType = "float32"
-    """The weights' and the activations' dtype."""
+    dtype: EngineDType = AUTO
+    """The weights' and the activations' dtype. auto: float32 on CPU, the checkpoint's half precision on CUDA
+    (bfloat16 for a float32 checkpoint; resolve_dtype)."""
     device: str = "cpu"
     """torch device: cpu, cuda, cuda:1, ..."""
     seed: int = field(default=0, metadata=flag("--base-seed"))
@@ -486,22 +500,24 @@ class EngineConfig:
         if self.backend == "vllm" and self.scheduler.mode == "batch_invariant":
             raise ValueError("the vllm engine runs mode fixed_shape or mixed (vLLM's batch-invariant kernels do not "
                              "run on its CPU build)")
-        if self.dtype not in get_args(DType):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in get_args(EngineDType):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_logprobs < 0:
             raise ValueError("max_logprobs must be >= 0")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
 
-    def resolved(self, large_gpu: bool = False) -> EngineConfig:
-        """This config with every 'auto' shape setting resolved for its device (large_gpu: resolve_shape_defaults;
-        corun/device_facts.py resolved_on_device asks the device). An engine (LLMEngine, a node server, the vLLM
-        engine) resolves its config once when it is built; the fingerprint hashes the result. The config as asked
-        keeps 'auto', so it travels to node processes and bench variants as the user gave it."""
+    def resolved(self, large_gpu: bool = False, checkpoint_dtype: str | None = None) -> EngineConfig:
+        """This config with every 'auto' shape setting and the dtype resolved for its device (large_gpu:
+        resolve_shape_defaults; checkpoint_dtype: resolve_dtype; corun/device_facts.py resolved_on_device asks the
+        device and reads the checkpoint). An engine (LLMEngine, a node server, the vLLM engine) resolves its config
+        once when it is built; the fingerprint hashes the result. The config as asked keeps 'auto', so it travels to
+        node processes and bench variants as the user gave it."""
         sched = resolve_shape_defaults(self.scheduler, self.device, self.use_cuda_graph, self.backend, large_gpu)
         caching = self.cache.enable_prefix_caching and sched.mode == "fixed_shape" and \
             self.backend == "native" and sched.prefill_chunk_size % self.cache.block_size == 0
-        return dataclasses.replace(self, scheduler=sched,
+        dtype = resolve_dtype(self.dtype, self.device, checkpoint_dtype)
+        return dataclasses.replace(self, scheduler=sched, dtype=dtype,
                                    cache=dataclasses.replace(self.cache, enable_prefix_caching=caching))
 
     @property

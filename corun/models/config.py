@@ -107,6 +107,17 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def checkpoint_dtype(model: str | Path) -> str | None:
+    """The dtype a checkpoint's config.json names (torch_dtype, or dtype in newer transformers), as EngineConfig
+    spells it; None where it names none or there is no such file (a random-weight preset)."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None
+    hf = json.loads(path.read_text())
+    named = hf.get("torch_dtype") or hf.get("dtype")
+    return named.removeprefix("torch.") if isinstance(named, str) else None
+
+
 def eos_token_ids_of(model_dir: str | Path, config_eos) -> tuple[int, ...]:
     """A checkpoint's EOS ids: config.json's (config_eos: an int, a list or None) and, like vLLM,
     generation_config.json's (often a list)."""

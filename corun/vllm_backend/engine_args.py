@@ -55,7 +55,8 @@ def vllm_kv_budget(config: EngineConfig) -> dict:
 
 def vllm_engine_kwargs(config: EngineConfig) -> dict:
     """vllm.EngineArgs keywords for this configuration."""
-    sched = resolved_on_device(config).scheduler  # NOTE: the chunk size's 'auto', as this backend resolves it
+    config = resolved_on_device(config)  # NOTE: the chunk size's and the dtype's 'auto', as this backend resolves them
+    sched = config.scheduler
     fixed_shape = sched.mode == "fixed_shape"
     kwargs = {
         "model": config.model, "tokenizer": config.model, "skip_tokenizer_init": True, "dtype": config.dtype,

@@ -145,7 +145,7 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows():
 
 def make_runner(model_dir: str, fused: bool | None, use_cuda_graph: bool = False) -> ModelRunner:
     """fused: force the fused path on or off (as tests force batched_decode_rows); None: the runner's choice."""
-    runner = ModelRunner(EngineConfig(model=model_dir, device=DEVICE, use_cuda_graph=use_cuda_graph,
+    runner = ModelRunner(EngineConfig(model=model_dir, device=DEVICE, dtype="float32", use_cuda_graph=use_cuda_graph,
                                       scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=128),
                                       cache=CacheConfig(num_blocks=40)))
     assert (runner.model.fused_ops is not None) == runner.on_cuda  # the runner turns them on for CUDA only

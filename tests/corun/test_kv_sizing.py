@@ -91,3 +91,13 @@ def test_a_small_model_takes_twice_what_n_requests_of_max_model_len_hold_and_lea
     reserve = forward_reserve_bytes(QWEN3_8B, cuda_engine().scheduler, torch.bfloat16)
     assert with_kv_budget(cuda_engine(), QWEN3_8B, torch.bfloat16, H200).cache.memory_budget_bytes == \
         gpu_kv_budget(H200, 0.9, reserve)
+
+
+def test_the_engine_reads_its_checkpoint_s_dtype_for_auto(tiny_model_dir):
+    from corun.device_facts import resolved_on_device
+    from corun.models.config import checkpoint_dtype
+
+    assert checkpoint_dtype(tiny_model_dir) == "float32" and checkpoint_dtype("random:qwen3-8b") is None
+    assert resolved_on_device(EngineConfig(model=tiny_model_dir)).dtype == "float32"
+    assert resolved_on_device(EngineConfig(model=tiny_model_dir, device="cuda")).dtype == "bfloat16"
+    assert resolved_on_device(EngineConfig(model=tiny_model_dir, device="cuda", dtype="float32")).dtype == "float32"

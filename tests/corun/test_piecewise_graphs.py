@@ -141,7 +141,7 @@ def test_a_standard_engine_through_the_pieces_generates_what_the_eager_one_does(
 
 
 def cuda_config(**scheduler) -> EngineConfig:
-    return EngineConfig(model="random:qwen3-tiny", device="cuda", scheduler=SchedulerConfig(
+    return EngineConfig(model="random:qwen3-tiny", device="cuda", dtype="float32", scheduler=SchedulerConfig(
         mode="mixed", max_num_seqs=8, max_model_len=256, max_num_batched_tokens=96, **scheduler),
         cache=CacheConfig(block_size=BLOCK_SIZE, num_blocks=200))
 

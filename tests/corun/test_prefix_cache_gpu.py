@@ -20,7 +20,7 @@ from tests.corun.test_prefix_cache import (
 
 pytestmark = pytest.mark.gpu
 
-GPU_ENGINE = dict(device="cuda", prefill_chunk_size=CHUNK, max_model_len=256)
+GPU_ENGINE = dict(device="cuda", dtype="float32", prefill_chunk_size=CHUNK, max_model_len=256)
 
 
 @pytest.fixture(scope="module")

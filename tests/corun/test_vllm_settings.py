@@ -63,3 +63,4 @@ def test_the_kv_cache_is_the_budget_given_or_vllms_own_sizing_on_cuda():
     assert "gpu_memory_utilization" not in vllm_engine_kwargs(given)
     auto_n = dataclasses.replace(config(device="cuda"), scheduler=SchedulerConfig())
     assert vllm_engine_kwargs(auto_n)["max_num_seqs"] == 256
+    assert vllm_engine_kwargs(config())["dtype"] == "float32" and vllm_engine_kwargs(auto_n)["dtype"] == "bfloat16"

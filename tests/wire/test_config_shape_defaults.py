@@ -19,6 +19,7 @@ from wire.config import (
     SchedulerConfig,
     auto_decode_step_candidates,
     auto_pack_size_candidates,
+    resolve_dtype,
     resolve_shape_defaults,
 )
 from wire.engine_args import add_engine_args, engine_args_to_argv, engine_config_from_args
@@ -155,3 +156,15 @@ def test_n_is_auto_by_device_and_explicit_sizes_are_checked_against_the_resolved
     assert resolved(decode_step_sizes=(64,)).decode_step_sizes == (64,)
     with pytest.raises(ValueError, match="decode_step_sizes"):
         resolved("cpu", decode_step_sizes=(64,))  # NOTE: at or above the CPU's N
+
+
+def test_dtype_auto_is_float32_on_cpu_and_the_checkpoint_s_half_precision_on_cuda():
+    assert EngineConfig(model="m").dtype == AUTO
+    assert resolve_dtype(AUTO, "cpu", "bfloat16") == "float32"
+    assert resolve_dtype(AUTO, "cuda", "float16") == "float16"
+    assert resolve_dtype(AUTO, "cuda:1", "bfloat16") == "bfloat16"
+    assert resolve_dtype(AUTO, "cuda", "float32") == resolve_dtype(AUTO, "cuda", None) == "bfloat16"
+    assert resolve_dtype("float32", "cuda", "bfloat16") == "float32"  # NOTE: explicit values are kept
+    assert EngineConfig(model="m", device="cuda").resolved(checkpoint_dtype="float16").dtype == "float16"
+    with pytest.raises(ValueError, match="dtype must be auto"):
+        EngineConfig(model="m", dtype="fp8")
