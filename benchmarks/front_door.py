@@ -99,7 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="qwen3-8b", choices=sorted(PRESETS))
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the whole script (qwen3-tiny)")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="default: the engine's (auto: bfloat16 on CUDA for a preset)")
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="default: the engine's (auto: 256 on CUDA); runs until stop 45 passed 256")
     parser.add_argument("--max-model-len", type=int, default=6144)

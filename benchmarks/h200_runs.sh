@@ -56,16 +56,16 @@ case $part in
     cp -r "$CUDA_MPS_LOG_DIRECTORY" "$out/mps-log" ;;
   issue20_new_default_t0)  # not run yet: after issue20_user_defaults_t0 (stop 44, where 2048 gave 0.86-0.995x of 8192)
     # max_num_batched_tokens is auto (8192 on an H200), and since stop 45 so are N (256 on CUDA) and the KV cache
-    # (--gpu-memory-utilization 0.9 less the weights and the forwards' reserve): no engine flag but the model, the
-    # dtype and --max-model-len (the workloads' prompts need 6144). The t = 0 table at the new default, the 2048
-    # variants beside, and Poisson ShareGPT-like at 32 req/s (the row where 2048 gave 0.98x standard's goodput); the
+    # (--gpu-memory-utilization 0.9 less the weights and the forwards' reserve), and the dtype (bfloat16 for a
+    # preset): no engine flag but the model, the device and --max-model-len (the workloads' prompts need 6144). The
+    # t = 0 table at the new default, the 2048 variants beside, and Poisson ShareGPT-like at 32 req/s (the row where 2048 gave 0.98x standard's goodput); the
     # bench log holds each engine's "KV cache sized on cuda" line
-    timeout 420 python3 -m cli.main bench --model random:qwen3-8b --device cuda --dtype bfloat16 \
+    timeout 420 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
       --max-model-len 6144 --num-requests 256 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes standard,corun,corun:max_num_batched_tokens=2048,standard:max_num_batched_tokens=2048 \
       --out "$out/h200_defaults_new.json" > "$out/bench.log" 2>&1
-    timeout 150 python3 -m cli.main bench --model random:qwen3-8b --device cuda --dtype bfloat16 \
+    timeout 150 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
       --max-model-len 6144 --num-requests 300 --workloads sharegpt --request-rate 32 \
       --max-seconds 22 --modes corun,standard --goodput ttft:500 tpot:50 \
       --out "$out/h200_defaults_new_poisson_32.json" > "$out/bench_poisson.log" 2>&1 ;;
