@@ -123,7 +123,7 @@ def main() -> None:
         prompt_ids = load_tokenizer(model).encode(varied_prompts(1, seed=5, min_words=20, max_words=20)[0])
         prompts = varied_prompts(args.num_requests, seed=3)
         report = {"args": vars(args), "colocated": colocated_ttfts(model, prompts, args.output_len)}
-        config = LocalClusterConfig(engine_config(model), port=free_port("127.0.0.1"))
+        config = LocalClusterConfig(engine_config(model), served_model_name="corun-tiny", port=free_port("127.0.0.1"))
         with LocalCluster(config) as cluster:
             asyncio.run(http_latencies(cluster.url, prompt_ids, 5, 4))  # warm-up
             http = asyncio.run(http_latencies(cluster.url, prompt_ids, args.num_latency_samples, 4))

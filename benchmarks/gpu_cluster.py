@@ -138,7 +138,8 @@ def main() -> None:
             json.dump(report, f, indent=2, default=str)
 
     gpus = ("0",) if args.device.startswith("cuda") else ()
-    cluster_config = ClusterConfig(engine, port=free_port("127.0.0.1"), prefill_gpus=gpus, decode_gpus=gpus,
+    cluster_config = ClusterConfig(engine, served_model_name="corun-tiny", port=free_port("127.0.0.1"),
+                                   prefill_gpus=gpus, decode_gpus=gpus,
                                    prefill_kv_cache_mib=args.prefill_kv_cache_mib,
                                    decode_kv_cache_mib=args.decode_kv_cache_mib, startup_timeout_s=300)
     start = time.perf_counter()

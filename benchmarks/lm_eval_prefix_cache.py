@@ -53,7 +53,8 @@ def start(model_dir: str, cache_on: bool, chunk: int, port: int) -> LocalCluster
     engine = EngineConfig(model=model_dir,
                           scheduler=SchedulerConfig(max_num_seqs=32, max_model_len=1024, prefill_chunk_size=chunk),
                           cache=CacheConfig(memory_budget_bytes=64 * 2**20, enable_prefix_caching=cache_on))
-    return LocalCluster(LocalClusterConfig(engine, num_prefill=1, num_decode=1, port=port)).start()
+    return LocalCluster(LocalClusterConfig(engine, served_model_name="corun-tiny", num_prefill=1, num_decode=1,
+                                           port=port)).start()
 
 
 def evaluate(url: str, model_dir: str, task_dir: Path, num_concurrent: int) -> tuple[list, float]:

@@ -56,7 +56,7 @@ def refuse(url: str) -> tuple[int, str]:
 
 def measure(model: str) -> dict:
     engine = EngineConfig(model=model, scheduler=SchedulerConfig(max_num_seqs=N, max_model_len=512))
-    cluster = LocalCluster(LocalClusterConfig(engine, num_prefill=1, num_decode=1,
+    cluster = LocalCluster(LocalClusterConfig(engine, served_model_name="corun-tiny", num_prefill=1, num_decode=1,
                                               port=free_port("127.0.0.1"))).start()
     try:
         before = prefill_stats(cluster)["num_free_blocks"]

@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     port = free_port()
     log_dir = tempfile.mkdtemp(prefix="router-cost-")
-    command = [sys.executable, "-m", "cli.main", "serve", "--model", args.model, "--prefill", "1", "--decode", "1",
+    command = [sys.executable, "-m", "cli.main", "serve", "--model", args.model, "--served-model-name", "corun-tiny",
+               "--prefill", "1", "--decode", "1",
                "--max-num-seqs", str(args.max_num_seqs), "--port", str(port), *args.serve_args.split()]
     if args.client_keys:
         keys_file = os.path.join(log_dir, "client_keys")

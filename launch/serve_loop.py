@@ -40,7 +40,7 @@ def serve_forever(cluster: Cluster, config: ClusterConfig) -> int:
     control = None if config.admin_port is None else ScaleControl(config)
     routers = f", {config.num_routers} routers" if config.num_routers > 1 else ""
     pools = f"{config.num_prefill}P{config.num_decode}D" if config.num_prefill else ""
-    pools += ("+" if pools else "") + (f"{config.num_colocated}C" if config.num_colocated else "")
+    pools += ("+" if pools else "") + f"{config.num_colocated}C" if config.num_colocated else ""
     print(f"CoRun cluster ready: {cluster.url}/v1 ({pools}{routers}, "
           f"N={config.engine.resolved().scheduler.max_num_seqs})" + (f"; scale at http://{config.host}:{config.admin_port}"
                                                           if control else ""), flush=True)

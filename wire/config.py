@@ -673,8 +673,8 @@ class RouterSettings:
     launchers hand them on by name, settings_of), so that a router setting is one field here, a flag of both
     `python -m router` and `corun serve`, and reaches every router process that `corun serve` starts."""
 
-    served_model_name: str = "corun-tiny"
-    """The model name clients send and /v1/models lists."""
+    served_model_name: str | None = None
+    """The model name clients send and /v1/models lists. None: the model as given (--model), as vLLM names it."""
     host: str = LOCAL_HOST
     """The interface the router's HTTP server binds (`corun serve`: the local launcher's nodes bind it too)."""
     port: int = 8000
@@ -810,6 +810,8 @@ class RouterConfig(RouterSettings, Supervised):
             raise ValueError("the router needs at least one prefill and one decode address, or a colocated one")
         if bool(self.prefill_addresses) != bool(self.decode_addresses):
             raise ValueError("prefill and decode nodes come in pairs: give both kinds of address, or neither")
+        if self.served_model_name is None:
+            object.__setattr__(self, "served_model_name", self.model)
         super().__post_init__()
 
 

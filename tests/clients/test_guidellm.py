@@ -22,7 +22,8 @@ PROMPT_TOKENS, OUTPUT_TOKENS, STREAMS, REQUESTS = 32, 16, 8, 24
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
     # NOTE: strict: a field guidellm sends that the router does not know is a 400 (an errored request), not ignored
-    config = LocalClusterConfig(engine_config(tiny_model_dir), port=free_port("127.0.0.1"), strict_fields=True)
+    config = LocalClusterConfig(engine_config(tiny_model_dir), served_model_name="corun-tiny",
+                                port=free_port("127.0.0.1"), strict_fields=True)
     cluster = LocalCluster(config).start()
     yield cluster
     cluster.stop()

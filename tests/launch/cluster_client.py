@@ -33,7 +33,8 @@ def engine_config(model_dir: str, **scheduler) -> EngineConfig:
 
 def start_cluster(model_dir: str, num_prefill: int, num_decode: int, **settings) -> LocalCluster:
     """settings: more LocalClusterConfig fields (enable_node_pinning, api_key, ...)."""
-    config = LocalClusterConfig(engine_config(model_dir), num_prefill=num_prefill, num_decode=num_decode,
+    config = LocalClusterConfig(engine_config(model_dir), served_model_name="corun-tiny",
+                                num_prefill=num_prefill, num_decode=num_decode,
                                 port=free_port("127.0.0.1"), **settings)
     return LocalCluster(config).start()
 
@@ -150,7 +151,7 @@ def alive(pids: list[int]) -> list[int]:
 
 def start_serve(model_dir: str, port: int, temp_dir: Path) -> subprocess.Popen:
     argv = [sys.executable, "-m", "cli.main", "serve", "--model", model_dir, "--max-num-seqs", "8",
-            "--max-model-len", "256", "--kv-cache-mib", "32", "--port", str(port)]
+            "--max-model-len", "256", "--kv-cache-mib", "32", "--port", str(port), "--served-model-name", "corun-tiny"]
     env = {**os.environ, "TMPDIR": str(temp_dir)}
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     wait_for_line(process, "CoRun cluster ready", timeout_s=180)

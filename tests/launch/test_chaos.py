@@ -38,7 +38,8 @@ PROMPTS = ["the river reads the morning light", "seven numbers and a name", "a c
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
-    config = LocalClusterConfig(engine_config(tiny_model_dir), num_prefill=2, num_decode=2,
+    config = LocalClusterConfig(engine_config(tiny_model_dir), served_model_name="corun-tiny",
+                                num_prefill=2, num_decode=2,
                                 port=free_port("127.0.0.1"), kv_lease_seconds=LEASE_S)
     cluster = LocalCluster(config).start()
     yield cluster

@@ -166,8 +166,9 @@ def test_incompatible_decode_node_is_refused_with_a_clear_error(cluster_1p1d, ti
     """A decode node built for another N beside this prefill node: the router refuses the pool at once, naming
     what differs (their fingerprints), instead of serving requests whose outputs would depend on the node.
     (The prefill node's own handshake refusal of such a decode node: tests/decode_node/.)"""
-    mismatched = LocalCluster(LocalClusterConfig(engine_config(tiny_model_dir, max_num_seqs=16), port=free_port(
-        "127.0.0.1"), num_prefill=1, num_decode=1))
+    mismatched = LocalCluster(LocalClusterConfig(engine_config(tiny_model_dir, max_num_seqs=16),
+                                                 served_model_name="corun-tiny", port=free_port("127.0.0.1"),
+                                                 num_prefill=1, num_decode=1))
     mismatched.prefill_addresses = list(cluster_1p1d.prefill_addresses)  # borrow the N=32 cluster's prefill node
     # NOTE: with its key: a node admits only holders of its cluster's key (the mismatch must be what refuses it)
     mismatched.cluster_key, mismatched.key_file = cluster_1p1d.cluster_key, cluster_1p1d.key_file

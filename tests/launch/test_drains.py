@@ -93,7 +93,8 @@ def test_a_drain_blocks_neither_restarts_nor_sigterm(tiny_model_dir):
     port, admin = free_port("127.0.0.1"), free_port("127.0.0.1")
     serve = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", tiny_model_dir, "--prefill", "2",
                               "--decode", "2", "--max-num-seqs", "32", "--max-model-len", "2048", "--kv-cache-mib",
-                              "64", "--port", str(port), "--admin-port", str(admin), "--enable-node-pinning"],
+                              "64", "--port", str(port), "--admin-port", str(admin), "--enable-node-pinning",
+                              "--served-model-name", "corun-tiny"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     url, remover, started = f"http://127.0.0.1:{port}", None, []
     try:
@@ -133,7 +134,8 @@ def test_a_drain_blocks_neither_restarts_nor_sigterm(tiny_model_dir):
 
 
 def test_a_drain_that_times_out_returns_the_node_to_service(tiny_model_dir):
-    config = LocalClusterConfig(engine_config(tiny_model_dir, max_model_len=2048), num_decode=2,
+    config = LocalClusterConfig(engine_config(tiny_model_dir, max_model_len=2048), served_model_name="corun-tiny",
+                                num_decode=2,
                                 port=free_port("127.0.0.1"), enable_node_pinning=True, drain_timeout_s=1.0)
     cluster = LocalCluster(config).start()
     try:

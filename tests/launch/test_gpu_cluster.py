@@ -49,7 +49,8 @@ def decode_stats_once(url: str, num_reads: int, timeout_s: float = 10.0) -> dict
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_gpu_1p1d_serves_the_colocated_bits_over_cuda_ipc(tiny_model_dir, dtype):
-    config = ClusterConfig(engine(tiny_model_dir, dtype), port=free_port("127.0.0.1"), prefill_gpus=("0",),
+    config = ClusterConfig(engine(tiny_model_dir, dtype), served_model_name="corun-tiny",
+                           port=free_port("127.0.0.1"), prefill_gpus=("0",),
                            decode_gpus=("0",), transfer=TransferConfig())
     with LocalCluster(config) as cluster:
         served = [post(cluster.url, {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, **PARAMS, **IDS})

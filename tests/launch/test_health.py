@@ -51,7 +51,8 @@ def wait_for_health(url: str, status: str) -> dict:
 
 
 def test_a_given_up_node_leaves_health_degraded_while_the_cluster_serves(tiny_model_dir):
-    config = LocalClusterConfig(engine_config(tiny_model_dir), num_decode=2, port=free_port("127.0.0.1"))
+    config = LocalClusterConfig(engine_config(tiny_model_dir), served_model_name="corun-tiny",
+                                num_decode=2, port=free_port("127.0.0.1"))
     cluster = LocalCluster(config).start()
     # NOTE: every death counts as a failure to start, and the first is the last: the launcher gives up at once
     cluster.restarts.quick_exit_s, cluster.restarts.max_quick_exits = float("inf"), 1

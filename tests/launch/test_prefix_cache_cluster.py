@@ -38,7 +38,8 @@ PROMPTS = [SHARED + [rng.randrange(100, 2000) for _ in range(rng.randint(1, 40))
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
-    config = LocalClusterConfig(engine_config(tiny_model_dir, prefill_chunk_size=CHUNK), num_prefill=2, num_decode=1,
+    config = LocalClusterConfig(engine_config(tiny_model_dir, prefill_chunk_size=CHUNK), served_model_name="corun-tiny",
+                                num_prefill=2, num_decode=1,
                                 num_colocated=1, enable_node_pinning=True, enable_prompt_tokens_details=True,
                                 port=free_port("127.0.0.1"))
     cluster = LocalCluster(config).start()

@@ -44,7 +44,8 @@ PROMPTS = varied_prompts(4, seed=5, max_words=90)  # NOTE: some longer than CHUN
 def ray_config(model_dir: str = "/nonexistent", device: str = "cpu", num_prefill: int = 1, num_decode: int = 1,
                **ray_settings) -> RayClusterConfig:
     engine = dataclasses.replace(engine_config(model_dir, max_num_seqs=N), device=device)
-    cluster = ClusterConfig(engine, num_prefill=num_prefill, num_decode=num_decode, port=free_port("127.0.0.1"))
+    cluster = ClusterConfig(engine, served_model_name="corun-tiny",
+                            num_prefill=num_prefill, num_decode=num_decode, port=free_port("127.0.0.1"))
     return RayClusterConfig(cluster, **ray_settings)
 
 

@@ -125,3 +125,16 @@ def test_two_routers_never_send_a_node_the_same_request_id():
     assert len(names) == 2 and node_request_id(config, "abc", 0) == "abc-0"
     with pytest.raises(ValueError, match="instance_name"):
         RouterConfig("m", ("tcp://p:1",), ("tcp://d:1",), instance_name="r0/x")
+
+
+def test_the_served_name_is_the_model_as_given_unless_one_is_named():
+    """As vLLM names it: clients send --model's value (an HF id, a path) unless --served-model-name says otherwise."""
+    from launch.cluster import ClusterConfig, router_config
+    from wire.config import EngineConfig
+
+    assert RouterConfig("models/tiny", ("tcp://p:1",), ("tcp://d:1",)).served_model_name == "models/tiny"
+    assert RouterConfig("m", ("tcp://p:1",), ("tcp://d:1",), served_model_name="x").served_model_name == "x"
+    cluster = ClusterConfig(EngineConfig(model="models/tiny"))
+    assert router_config(cluster, ["tcp://p:1"], ["tcp://d:1"]).served_model_name == "models/tiny"
+    named = ClusterConfig(EngineConfig(model="models/tiny"), served_model_name="qwen")
+    assert router_config(named, ["tcp://p:1"], ["tcp://d:1"]).served_model_name == "qwen"

@@ -72,7 +72,8 @@ def wait_until_serving(cluster, node_id: str, timeout_s: float = 60) -> None:
 
 
 def start_1p1d(tiny_model_dir) -> LocalCluster:
-    return LocalCluster(ClusterConfig(engine_config(tiny_model_dir), port=free_port("127.0.0.1"))).start()
+    return LocalCluster(ClusterConfig(engine_config(tiny_model_dir), served_model_name="corun-tiny",
+                                      port=free_port("127.0.0.1"))).start()
 
 
 @pytest.fixture
@@ -130,7 +131,7 @@ def test_corun_scale_adds_and_removes_nodes_of_corun_serve(tiny_model_dir):
     with_key = {**os.environ, "VLLM_API_KEY": API_KEY}
     serve = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--model", tiny_model_dir,
                               "--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-mib", "32",
-                              "--port", str(port), "--admin-port", str(admin)],
+                              "--port", str(port), "--admin-port", str(admin), "--served-model-name", "corun-tiny"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=with_key)
     control = f"http://127.0.0.1:{admin}"
 
@@ -180,7 +181,8 @@ def test_ray_with_two_nodes_on_one_host_scales_out_and_in(tiny_model_dir):
     hosts.add_node(num_cpus=2)
     cluster = None
     try:
-        config = RayClusterConfig(ClusterConfig(engine_config(tiny_model_dir), port=free_port("127.0.0.1")),
+        config = RayClusterConfig(ClusterConfig(engine_config(tiny_model_dir), served_model_name="corun-tiny",
+                                               port=free_port("127.0.0.1")),
                                   address=hosts.address)
         cluster = RayCluster(config).start()
         before = outputs(cluster, PROMPTS[:6])

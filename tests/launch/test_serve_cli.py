@@ -24,13 +24,14 @@ def test_corun_serve_serves_chat_and_stops_everything_on_sigterm(tiny_model_dir)
         children = child_pids(process.pid)
         assert len(children) == 3  # prefill, decode, router
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
-        chat = api.chat.completions.create(model="corun-tiny", messages=[{"role": "user", "content": "Hello there"}],
+        # NOTE: the model's name is --model as given (vLLM's default served name)
+        chat = api.chat.completions.create(model=tiny_model_dir, messages=[{"role": "user", "content": "Hello there"}],
                                            max_tokens=8, temperature=0.6, seed=7, logprobs=True, top_logprobs=2)
-        again = api.chat.completions.create(model="corun-tiny", messages=[{"role": "user", "content": "Hello there"}],
+        again = api.chat.completions.create(model=tiny_model_dir, messages=[{"role": "user", "content": "Hello there"}],
                                             max_tokens=8, temperature=0.6, seed=7, logprobs=True, top_logprobs=2)
         assert chat.choices[0].message.content == again.choices[0].message.content
         assert chat.choices[0].logprobs == again.choices[0].logprobs and chat.system_fingerprint
-        assert [m.id for m in api.models.list().data] == ["corun-tiny"]
+        assert [m.id for m in api.models.list().data] == [tiny_model_dir]
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         time.sleep(0.5)

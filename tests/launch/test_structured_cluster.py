@@ -37,7 +37,8 @@ N = 8
 @pytest.fixture(scope="module")
 def mixed(tiny_model_dir):
     """1P1D beside one colocated node; pinning on, so each path can be asked for."""
-    config = LocalClusterConfig(engine_config(tiny_model_dir, max_num_seqs=N), num_prefill=1, num_decode=1,
+    config = LocalClusterConfig(engine_config(tiny_model_dir, max_num_seqs=N), served_model_name="corun-tiny",
+                                num_prefill=1, num_decode=1,
                                 num_colocated=1, enable_node_pinning=True, port=free_port("127.0.0.1"))
     cluster = LocalCluster(config).start()
     yield cluster

@@ -93,7 +93,8 @@ def test_a_supervised_process_outlives_the_thread_that_started_it():
 
 def test_nodes_do_not_inherit_the_api_key(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", API_KEY)
-    config = LocalClusterConfig(engine_config(tiny_model_dir), port=free_port("127.0.0.1"), api_key=API_KEY)
+    config = LocalClusterConfig(engine_config(tiny_model_dir), served_model_name="corun-tiny",
+                                port=free_port("127.0.0.1"), api_key=API_KEY)
     with LocalCluster(config) as cluster:
         for name, process in cluster.processes:
             environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")

@@ -89,7 +89,8 @@ class RouterHarness:
         self._context = zmq.asyncio.Context()
         prefill_addresses = [await node.start(self._context) for node in self.prefill_nodes]
         decode_addresses = [await node.start(self._context) for node in self.decode_nodes]
-        config = RouterConfig(model=self._model_dir, prefill_addresses=tuple(prefill_addresses),
+        config = RouterConfig(model=self._model_dir, served_model_name="corun-tiny",
+                              prefill_addresses=tuple(prefill_addresses),
                               decode_addresses=tuple(decode_addresses), port=0, **self._config_overrides)
         app = create_app(config)
         self.state = app[STATE_KEY]

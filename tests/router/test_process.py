@@ -18,7 +18,7 @@ import sys
 import router.__main__
 from wire.config import RouterConfig
 from router.app import create_app
-create_app(RouterConfig(model=sys.argv[1], prefill_addresses=("tcp://127.0.0.1:1",),
+create_app(RouterConfig(model=sys.argv[1], served_model_name="corun-tiny", prefill_addresses=("tcp://127.0.0.1:1",),
                         decode_addresses=("tcp://127.0.0.1:2",)))
 assert "torch" not in sys.modules, "the router imported torch"
 print("ok")

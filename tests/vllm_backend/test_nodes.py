@@ -33,7 +33,8 @@ PARAMS = [{"temperature": 0.7, "seed": 100 + i, "max_tokens": 10, "logprobs": 2,
 def cluster(tiny_model_dir, tmp_path_factory):
     port = free_port("127.0.0.1")
     argv = [str(VLLM_PYTHON), "-m", "cli.main", "serve", "--model", tiny_model_dir, "--engine", "vllm",
-            "--prefill", "1", "--decode", "1", "--num-threads", "1", "--port", str(port), *SETTINGS]
+            "--prefill", "1", "--decode", "1", "--num-threads", "1", "--port", str(port), "--served-model-name",
+            "corun-tiny", *SETTINGS]
     # NOTE: a file, not a pipe: vLLM logs to stdout, and nodes blocked on a full pipe miss their heartbeats
     log_path = tmp_path_factory.mktemp("vllm-cluster") / "serve.log"
     with open(log_path, "w") as log:
@@ -200,7 +201,7 @@ def test_streams_dropped_mid_way_leave_no_kv_or_slot_behind(cluster, alone):
 def test_settings_vllm_nodes_cannot_honour_are_refused_at_start(tiny_model_dir):
     argv = [str(VLLM_PYTHON), "-m", "cli.main", "serve", "--model", tiny_model_dir, "--engine", "vllm",
             "--prefill", "1", "--decode", "1", "--port", str(free_port("127.0.0.1")), "--prefill-buckets", "default",
-            *SETTINGS]
+            "--served-model-name", "corun-tiny", *SETTINGS]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert result.returncode != 0
     assert "--engine vllm nodes do not support: packed or bucketed prefill" in result.stdout + result.stderr
