@@ -85,7 +85,7 @@ def test_corun_serve_on_ray_serves_and_stops_everything_on_sigterm(tiny_model_di
     port = free_port("127.0.0.1")
     argv = [sys.executable, "-m", "cli.main", "serve", "--launcher", "ray", "--placement-strategy", "PACK",
             "--cpus-per-node", "1", "--model", str(model), "--max-num-seqs", str(N), "--max-model-len", "256",
-            "--kv-cache-mib", "32", "--port", str(port)]
+            "--kv-cache-mib", "32", "--port", str(port), "--served-model-name", "corun-tiny"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         wait_for_line(process, "CoRun cluster ready", timeout_s=120)
