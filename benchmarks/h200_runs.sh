@@ -69,6 +69,13 @@ case $part in
       --max-model-len 6144 --num-requests 300 --workloads sharegpt --request-rate 32 \
       --max-seconds 22 --modes corun,standard --goodput ttft:500 tpot:50 \
       --out "$out/h200_defaults_new_poisson_32.json" > "$out/bench_poisson.log" 2>&1 ;;
+  issue20_budget_2048)  # not run yet (stop 45): T = 8192 packs while nothing decodes, but at most 2048 prompt rows
+    # between two decode steps while requests decode (prefill_token_budget 2048, Sarathi's bound on a decode gap):
+    # whether the ITL p99 of 2048 (57-71 ms at t = 0, stop 44) comes at 8192's throughput; beside the default
+    timeout 420 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
+      --max-model-len 6144 --num-requests 256 --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,corun:prefill_token_budget=2048 \
+      --out "$out/h200_budget_2048.json" > "$out/bench.log" 2>&1 ;;
   issue21_two_routers)  # not run yet (stop 44): 2 routers at 1024 streams were capped by the fake node's paced
     # ceiling (51,200 tok/s; one router saturated at 42.4k): an offered load above twice one router's, on 16 cores;
     # then multiple choice through HTTP with the router's latency means beside the client's (server_means: where its
