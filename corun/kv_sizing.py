@@ -1,6 +1,7 @@
-"""How much memory the KV cache gets when --kv-cache-mib is not given: CPU_KV_CACHE_BYTES on CPU; on CUDA what this
-node's share of the GPU (gpu_memory_utilization, vLLM's flag) leaves beside the weights and a reserve for the
-forwards, never more than the GPU has free.
+"""How much memory the KV cache gets when --kv-cache-mib is not given: CPU_KV_CACHE_BYTES on CPU; on CUDA what the
+GPU's share (gpu_memory_utilization, vLLM's flag) leaves beside the weights and a reserve for the forwards, split
+among the nodes on the GPU by the launcher's parts (CacheConfig.gpu_nodes, gpu_kv_share), never more than the GPU
+has free, and at most twice what N requests of max_model_len hold.
 
 The reserve is computed from the shapes the engine will run (SGLang sizes its KV pool this way, from the chunked
 prefill size and the CUDA-graph batch) rather than by vLLM's profile forward: the largest forward's activations and
@@ -31,8 +32,6 @@ ACTIVATION_COPIES = 2
 """Eager forwards (start-up verification, a step no graph holds) and the captured graphs' memory pool coexist."""
 LOGITS_COPIES = 3
 """float32 logits, their log-softmax and a probability tensor exist at once while a step samples."""
-
-
 MOST_KV_PER_ROW_AT_FULL_LENGTH = 2
 """The KV cache never takes more than this many times what N requests of max_model_len hold: every decode row at
 its longest, and as much again for cached prefixes. Beyond it memory would only hold more cached prefixes; where the
