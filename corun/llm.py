@@ -29,9 +29,11 @@ class LLM:
                  use_cuda_graph: bool = EngineConfig.use_cuda_graph,
                  num_threads: int | None = EngineConfig.num_threads, backend: str = EngineConfig.backend,
                  enable_prefix_caching: bool = CacheConfig.enable_prefix_caching,
-                 async_scheduling: bool = SchedulerConfig.async_scheduling):
-        """The common engine settings as keywords (defaults: the config dataclasses'); LLM.from_config takes
-        any EngineConfig."""
+                 async_scheduling: bool = SchedulerConfig.async_scheduling,
+                 gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization,
+                 kv_cache_memory_bytes: int | None = CacheConfig.memory_budget_bytes):
+        """The common engine settings as keywords (defaults: the config dataclasses'; the KV cache's by vLLM's
+        names: gpu_memory_utilization, kv_cache_memory_bytes); LLM.from_config takes any EngineConfig."""
         self.config = EngineConfig(
             model=model, dtype=dtype, device=device, seed=seed, use_cuda_graph=use_cuda_graph, num_threads=num_threads,
             backend=backend,
@@ -39,7 +41,8 @@ class LLM:
                                       prefill_chunk_size=prefill_chunk_size,
                                       max_num_batched_tokens=max_num_batched_tokens,
                                       async_scheduling=async_scheduling),
-            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
+            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, memory_budget_bytes=kv_cache_memory_bytes,
+                              gpu_memory_utilization=gpu_memory_utilization,
                               enable_prefix_caching=enable_prefix_caching))
         self._start()
 

@@ -101,3 +101,13 @@ def test_the_engine_reads_its_checkpoint_s_dtype_for_auto(tiny_model_dir):
     assert resolved_on_device(EngineConfig(model=tiny_model_dir)).dtype == "float32"
     assert resolved_on_device(EngineConfig(model=tiny_model_dir, device="cuda")).dtype == "bfloat16"
     assert resolved_on_device(EngineConfig(model=tiny_model_dir, device="cuda", dtype="float32")).dtype == "float32"
+
+
+def test_llm_takes_the_kv_cache_by_vllm_s_names(tiny_model_dir):
+    from corun import LLM
+
+    llm = LLM(tiny_model_dir, max_model_len=256, kv_cache_memory_bytes=8 * MIB, gpu_memory_utilization=0.5)
+    assert llm.engine.config.cache.memory_budget_bytes == 8 * MIB
+    assert llm.engine.config.cache.gpu_memory_utilization == 0.5
+    assert llm.engine.runner.kv_cache.num_blocks == 8 * MIB // bytes_per_block(llm.engine.runner.model.cfg, 16,
+                                                                               torch.float32)
