@@ -122,6 +122,9 @@ def main() -> None:
                         "decode node on the one GPU)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    deployments = set(args.deployments.split(","))
+    if not deployments <= {"colocated", "1p1d"}:
+        parser.error(f"--deployments takes colocated and 1p1d, got {args.deployments}")
     model_dir = str(make_random_model_dir(args.preset, tempfile.mkdtemp(prefix=f"random-{args.preset}-")))
     vocab = PRESETS[args.preset]["vocab_size"]
     base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
@@ -149,7 +152,7 @@ def main() -> None:
     save()
     empty_cache()
     served = {"slo": SLOTargets(), "arrivals": DEFAULT_ARRIVALS, "max_seconds": args.max_seconds}
-    if "colocated" in args.deployments.split(","):
+    if "colocated" in deployments:
         colocated = ClusterConfig(engine, num_prefill=0, num_decode=0, num_colocated=1, port=free_port("127.0.0.1"),
                                   colocated_gpus=gpu, decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)
         with LocalCluster(colocated) as cluster:
@@ -164,7 +167,7 @@ def main() -> None:
                 report.setdefault("node_loops", {}).setdefault("colocated", {})[workload.name] = loop_breakdown(
                     before, role_stats(cluster.url)["colocated"])
                 save()
-    if "1p1d" in args.deployments.split(","):
+    if "1p1d" in deployments:
         pd = ClusterConfig(engine, port=free_port("127.0.0.1"), prefill_gpus=gpu, decode_gpus=gpu,
                            prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.kv_cache_mib,
                            startup_timeout_s=600)

@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.gpu_determinism import token_prompts
 from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets, gpu_name, run_bench, scheduler_for
-from benchmarks.http_bench import run_http_bench
+from benchmarks.http_bench import run_http_bench, served_model_name
 from corun import LLM, SamplingParams
 from corun.models.presets import PRESETS, make_random_model_dir
 from launch.cluster import ClusterConfig, free_port
@@ -36,8 +36,8 @@ from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 PARAMS = {"temperature": 0.7, "seed": 5, "max_tokens": 24, "logprobs": 5}
 
 
-async def complete(session: aiohttp.ClientSession, url: str, prompt: list[int], params: dict) -> dict:
-    body = {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, "return_token_ids": True, **params}
+async def complete(session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], params: dict) -> dict:
+    body = {"model": model, "prompt": prompt, "ignore_eos": True, "return_token_ids": True, **params}
     async with session.post(f"{url}/v1/completions", json=body) as response:
         choice = (await response.json())["choices"][0]
     return {"token_ids": choice["token_ids"], "logprobs": choice["logprobs"]["token_logprobs"],
@@ -46,9 +46,10 @@ async def complete(session: aiohttp.ClientSession, url: str, prompt: list[int], 
 
 async def served_outputs(url: str, prompts: list[list[int]], params: dict, concurrent: bool) -> list[dict]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        model = await served_model_name(session, url)
         if concurrent:
-            return list(await asyncio.gather(*(complete(session, url, p, params) for p in prompts)))
-        return [await complete(session, url, p, params) for p in prompts]
+            return list(await asyncio.gather(*(complete(session, url, model, p, params) for p in prompts)))
+        return [await complete(session, url, model, p, params) for p in prompts]
 
 
 def needle_outputs(url: str, target: list[int], others: list[list[int]], sizes: list[int]) -> list[dict]:
@@ -138,8 +139,7 @@ def main() -> None:
             json.dump(report, f, indent=2, default=str)
 
     gpus = ("0",) if args.device.startswith("cuda") else ()
-    cluster_config = ClusterConfig(engine, served_model_name="corun-tiny", port=free_port("127.0.0.1"),
-                                   prefill_gpus=gpus, decode_gpus=gpus,
+    cluster_config = ClusterConfig(engine, port=free_port("127.0.0.1"), prefill_gpus=gpus, decode_gpus=gpus,
                                    prefill_kv_cache_mib=args.prefill_kv_cache_mib,
                                    decode_kv_cache_mib=args.decode_kv_cache_mib, startup_timeout_s=300)
     start = time.perf_counter()

@@ -18,7 +18,7 @@ from planner.plot import rate_sweep, write_plot
 from planner.recommend import Recommendation, recommend
 from planner.slo import SLO
 from wire.config import (
-    DEFAULT_MAX_NUM_SEQS,
+    CPU_MAX_NUM_SEQS,
     GPU_MAX_NUM_SEQS,
     CacheConfig,
     EngineConfig,
@@ -57,7 +57,7 @@ def add_profiling_flags(cmd) -> None:
     """The engine a profile is measured on (and, for `plan --profile`, overrides of the profile's config)."""
     # NOTE: None: the profile's value; profiling takes the engine's defaults (named here, written in wire.config)
     cmd.add_argument("--max-num-seqs", type=int, default=None,
-                     help=f"N (default: the profile's; to profile, {DEFAULT_MAX_NUM_SEQS} on CPU and "
+                     help=f"N (default: the profile's; to profile, {CPU_MAX_NUM_SEQS} on CPU and "
                           f"{GPU_MAX_NUM_SEQS} on CUDA)")
     cmd.add_argument("--max-model-len", type=int, default=None,
                      help=f"default: the profile's; {SchedulerConfig.max_model_len} to profile")

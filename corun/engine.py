@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from corun.block_manager import make_block_manager
-from corun.device_facts import resolved_on_device
 from corun.model_runner import ModelRunner, SampledToken
 from corun.request import Request, RequestStatus
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, make_scheduler
@@ -39,9 +38,9 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
-        self.config = config = resolved_on_device(config)
         self.runner = ModelRunner(config, runs_mixed_steps=config.scheduler.mode != "fixed_shape")
-        self.config = config = self.runner.config  # NOTE: with the KV budget the runner sized
+        # NOTE: resolved on the device by the runner, with the KV budget it sized
+        self.config = config = self.runner.config
         self.block_manager = make_block_manager(config, self.runner.kv_cache.num_blocks)
         self.scheduler = make_scheduler(config.scheduler, self.block_manager)
         if self.runner.decode_rides_prefill:

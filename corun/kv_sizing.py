@@ -20,11 +20,10 @@ import torch
 
 from corun.kv_cache import bytes_per_block
 from corun.models.config import ModelArchConfig
-from wire.config import CPU_KV_CACHE_BYTES, MIB, EngineConfig, SchedulerConfig
+from wire.config import CPU_KV_CACHE_BYTES, GIB, MIB, EngineConfig, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
-GIB = 2**30
 UNCOUNTED_RESERVE_BYTES = GIB
 """What a CUDA process holds outside torch's allocator beside the weights: the context, cuBLAS's and Triton's
 workspaces, NCCL-free. vLLM measures it in its profile run; ~0.5-0.8 GiB on an H100/H200 process."""

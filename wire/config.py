@@ -13,6 +13,9 @@ from typing import Literal, get_args
 from wire.auth import API_KEY_ENV, check_api_key
 from wire.flags import NOT_A_FLAG, flag, format_switch, name_parser, parse_switch
 
+MIB = 2**20
+GIB = 2**30
+
 DEFAULT_PREFILL_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024)
 """`--prefill-buckets default`: fine steps where a prefill is launch-bound, coarser where it is compute-bound;
 none above 1024, where the eager forward's launches hide behind its kernels."""
@@ -49,7 +52,7 @@ The price: a decoding request waits for a whole forward, so ITL p99 at t = 0 wen
 BurstGPT-like TPOT p99 from 63 to 131 ms (every earlier issue-20 table ran at 8192: h200_defaults.json). Poisson
 ShareGPT-like at 16 and 32 req/s ran at 8192 in stop 40 (h200_defaults_poisson_*.json, default corun 297 and 300 of
 300 good) and at 2048 now (297 and 300 of 300: the same)."""
-LARGE_GPU_BYTES = 70 * 2**30
+LARGE_GPU_BYTES = 70 * GIB
 """vLLM's line for its larger defaults (H100, H200; an A100 of 80 GiB keeps the smaller: a larger budget measured
 slower there, vllm-project/vllm#17885)."""
 
@@ -57,9 +60,7 @@ AUTO = "auto"
 """A shape setting resolved on the device when the EngineConfig is built (resolve_shape_defaults): the values that
 measured fastest there, so a user without tuning flags gets the benchmarked path."""
 
-MIB = 2**20
-
-DEFAULT_MAX_NUM_SEQS = 32
+CPU_MAX_NUM_SEQS = 32
 """max_num_seqs (N) on CPU: each fixed_shape decode step computes N rows, and a CPU has no graphs to amortise them."""
 GPU_MAX_NUM_SEQS = 256
 """max_num_seqs (N) on CUDA: the N every H200 figure ran at (8B shape: benchmarks/results/h200_*.json), and vLLM's
@@ -156,7 +157,7 @@ class SchedulerConfig:
     22, corun (fixed_shape) and standard (mixed), are accepted too (OLD_NAMES)."""
     max_num_seqs: int | None = None
     """N: the most requests running at once; in fixed_shape mode every decode step computes exactly N rows. None
-    (auto): GPU_MAX_NUM_SEQS (256) on CUDA, DEFAULT_MAX_NUM_SEQS (32) on CPU (see resolve_shape_defaults)."""
+    (auto): GPU_MAX_NUM_SEQS (256) on CUDA, CPU_MAX_NUM_SEQS (32) on CPU (see resolve_shape_defaults)."""
     max_model_len: int = 1024
     """Longest sequence (prompt + generated tokens) a request may reach."""
     prefill_chunk_size: int | None = None
@@ -383,7 +384,7 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
         return sched
     if sched.max_num_seqs is None:  # NOTE: replace() checks explicit decode_step_sizes against it
         sched = dataclasses.replace(sched, max_num_seqs=GPU_MAX_NUM_SEQS if device.startswith("cuda")
-                                    else DEFAULT_MAX_NUM_SEQS)
+                                    else CPU_MAX_NUM_SEQS)
     if sched.max_num_batched_tokens is None:
         large = large_gpu and device.startswith("cuda")
         sched = dataclasses.replace(sched, max_num_batched_tokens=LARGE_GPU_BATCHED_TOKENS if large

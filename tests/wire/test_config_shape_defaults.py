@@ -6,9 +6,9 @@ import pytest
 
 from wire.config import (
     AUTO,
+    CPU_MAX_NUM_SEQS,
     DECODE_TILE_TOKENS,
     DEFAULT_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
     DEFAULT_PREFILL_BUCKETS,
     DEFAULT_PREFILL_CHUNK,
     GPU_MAX_NUM_SEQS,
@@ -150,7 +150,7 @@ def test_decode_kv_split_tokens_must_be_whole_kernel_tiles(tokens):
 
 def test_n_is_auto_by_device_and_explicit_sizes_are_checked_against_the_resolved_n():
     assert SchedulerConfig().max_num_seqs is None
-    assert resolved().max_num_seqs == GPU_MAX_NUM_SEQS and resolved("cpu").max_num_seqs == DEFAULT_MAX_NUM_SEQS
+    assert resolved().max_num_seqs == GPU_MAX_NUM_SEQS and resolved("cpu").max_num_seqs == CPU_MAX_NUM_SEQS
     assert resolved(max_num_seqs=8).max_num_seqs == 8 and resolved("cpu", max_num_seqs=64).max_num_seqs == 64
     assert resolved().decode_step_sizes == auto_decode_step_candidates(GPU_MAX_NUM_SEQS)
     assert resolved(decode_step_sizes=(64,)).decode_step_sizes == (64,)
