@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from corun.models.config import checkpoint_dtype
+from corun.models.config import checkpoint_dtype, context_length
 from wire.config import AUTO, LARGE_GPU_BYTES, EngineConfig
 
 
@@ -19,5 +19,17 @@ def is_large_gpu(device: str) -> bool:
 
 def resolved_on_device(config: EngineConfig) -> EngineConfig:
     """config.resolved() for the device it names and the checkpoint it loads."""
+    check_context_length(config)
     checkpoint = checkpoint_dtype(config.model) if config.dtype == AUTO else None
     return config.resolved(large_gpu=is_large_gpu(config.device), checkpoint_dtype=checkpoint)
+
+
+def check_context_length(config: EngineConfig) -> None:
+    """A ValueError when max_model_len is longer than the model is made for, as vLLM refuses it: RoPE at positions
+    the model never saw gives text of no use (and the tokenizer's own limit says the same)."""
+    found = context_length(config.model)
+    if found is None or config.scheduler.max_model_len <= found[0]:
+        return
+    most, where = found
+    raise ValueError(f"--max-model-len {config.scheduler.max_model_len} is longer than the model's context, {most} "
+                     f"({where} of {config.model}): give at most {most}")

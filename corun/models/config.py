@@ -118,6 +118,35 @@ def checkpoint_dtype(model: str | Path) -> str | None:
     return named.removeprefix("torch.") if isinstance(named, str) else None
 
 
+ROPE_TYPES_SCALING_CONTEXT = ("linear",)
+"""RoPE types whose `factor` stretches the positions config.json names (vLLM's rule: llama3's
+max_position_embeddings is already the scaled one)."""
+
+
+def context_length(model: str | Path) -> tuple[int, str] | None:
+    """The longest sequence a model is made for, as vLLM derives it, and where it was read: config.json's
+    max_position_embeddings (times a linear RoPE's factor), or the tokenizer's model_max_length where that is less.
+    None for a directory without config.json (a random-weight preset's name reads its preset)."""
+    from corun.models.presets import is_random_spec, preset_config  # NOTE: presets imports this module
+
+    if is_random_spec(str(model)):
+        return preset_config(str(model)).max_position_embeddings, "the preset's max_position_embeddings"
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None
+    hf = json.loads(path.read_text())
+    rope = _rope_settings(hf)
+    factor = rope.get("factor") if rope["rope_type"] in ROPE_TYPES_SCALING_CONTEXT else None
+    positions = hf.get("max_position_embeddings", 2048) * (factor if _is_number(factor) else 1)
+    found = int(positions), "max_position_embeddings in config.json" + (f" x RoPE factor {factor:g}" if factor else "")
+    tokenizer_config = Path(model) / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        most = json.loads(tokenizer_config.read_text()).get("model_max_length")
+        if _is_number(most) and most < found[0]:
+            found = int(most), "model_max_length in tokenizer_config.json"
+    return found
+
+
 def eos_token_ids_of(model_dir: str | Path, config_eos) -> tuple[int, ...]:
     """A checkpoint's EOS ids: config.json's (config_eos: an int, a list or None) and, like vLLM,
     generation_config.json's (often a list)."""

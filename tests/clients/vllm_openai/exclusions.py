@@ -36,7 +36,6 @@ def excluded(nodeid: str) -> str | None:
 
 BASIC, COMPLETION, TOOLS = OPENAI + "basic/", OPENAI + "completion/test_completion.py::", \
     OPENAI + "chat_completion/test_completion_with_function_calling.py::"
-TOKENIZE = OPENAI + "test_tokenization.py::"
 FORCED = ("a forced call (required or named; compact JSON, as vLLM's disable_any_whitespace) gets no tool_calls: "
           "the random-weight tiny model writes one JSON string value until the length limit (seen: 932 tokens "
           "inside \"city\"). vLLM 0.32 (.venv-vllm) on the tiny model with the named call's schema does the same "
@@ -52,10 +51,6 @@ FAILURES: dict[str, tuple[str, str]] = {
         (VLLM_MODEL, "asserts samples end at different lengths: a trained model's EOS within 50 tokens"),
     COMPLETION + "test_parallel_streaming":
         (VLLM_MODEL, "asserts samples end at different lengths: a trained model's EOS within 50 tokens"),
-    TOKENIZE + "test_tokenizer_info_consistency_with_tokenize": (
-        VLLM_MODEL, "asserts the tokenizer's model_max_length (zephyr's: 1e30) >= the served max_model_len: the tiny "
-                    "model's tokenizer says 2,048 and the test serves it at --max-model-len 8192, which vLLM refuses "
-                    "for that model (its limit is min(positions, model_max_length)); corun serve does not refuse it"),
 }
 """nodeid (or without parameters) -> (kind, one-line reason) of a failure seen on this branch."""
 

@@ -24,6 +24,10 @@ MODEL_NAMES = ("facebook/opt-125m", "HuggingFaceH4/zephyr-7b-beta", "TinyLlama/T
                "HuggingFaceTB/SmolVLM-256M-Instruct", "hmellor/tiny-random-LlamaForCausalLM", "Qwen/Qwen3-0.6B")
 """The checkpoints the vendored tests name: each is served as (and its tokenizer resolves to) the tiny model."""
 CHILD_TIMEOUT_S = 900
+SERVED_CONTEXT = 8192
+"""The tiny model's context here (its own is 2,048): the longest --max-model-len a vendored test gives
+(test_tokenization's 8192, for zephyr-7b, whose context is 32k), which the engine, like vLLM, refuses beyond the
+model's."""
 
 
 def hf_cache_of_names(model_dir: Path, cache: Path) -> None:
@@ -42,7 +46,7 @@ def hf_cache_of_names(model_dir: Path, cache: Path) -> None:
 def run_child(work: Path, pytest_args: list[str], server_repo: Path) -> tuple[Path, str, float]:
     from corun.models.tiny import make_tiny_model
 
-    model_dir = Path(make_tiny_model(work / "tiny"))
+    model_dir = Path(make_tiny_model(work / "tiny", max_position_embeddings=SERVED_CONTEXT))
     hf_cache_of_names(model_dir, work / "hf")
     env = {**os.environ, "CORUN_REPO_ROOT": str(REPO_ROOT), "CORUN_SERVER_REPO": str(server_repo),
            "CORUN_TINY_MODEL_DIR": str(model_dir),
