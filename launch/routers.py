@@ -43,9 +43,27 @@ def one_of_several(index: int, control_port: int, metrics_dir: str) -> dict[str,
     return {"reuse_port": True, "control_port": control_port, "instance_name": f"r{index}", "metrics_dir": metrics_dir}
 
 
+CLIENT_LIMITS = ("max_client_requests", "max_client_decode_slots", "max_client_queued_requests")
+
+
+def warn_of_limits_per_router(config: ClusterConfig) -> str | None:
+    """With several routers, each counts a client's requests alone (router/api/clients.py: the kernel hands a
+    client's connections to any of them): the warning that says so, where a per-client limit is set, else None."""
+    given = [f"--{name.replace('_', '-')} {getattr(config, name)}" for name in CLIENT_LIMITS
+             if getattr(config, name) is not None]
+    if config.num_routers == 1 or not given:
+        return None
+    return (f"{', '.join(given)} hold in each of the {config.num_routers} routers: a client whose connections "
+            f"reach them all may have up to {config.num_routers} times as much (give 1/{config.num_routers} of "
+            "what one client may hold, at least a request's n)")
+
+
 class RouterGroup:
     def __init__(self, config: ClusterConfig, key_file: Path | None, restarts: RestartPolicy):
         self.config = config
+        warning = warn_of_limits_per_router(config)
+        if warning is not None:
+            logger.warning(warning)
         self.key_file = key_file
         self.restarts = restarts
         several = config.num_routers > 1

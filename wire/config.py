@@ -720,7 +720,8 @@ class RouterSettings:
     max_client_requests: int | None = None
     """Requests of one client (an API key; all requests are one client when the router has no key) in the router at
     once, parsing, waiting or generating: one more gets 429 with Retry-After before its body is read. None: no
-    per-client limit (max_pending_requests still holds)."""
+    per-client limit (max_pending_requests still holds). These limits are each router process' own: with
+    `corun serve --routers K` a client may hold K times them (the launcher warns)."""
     max_client_decode_slots: int | None = None
     """Samples (each prompt's n) of one client generating at once: a request that would go over waits, in that
     client's own queue, for its earlier requests to end; one that needs more on its own gets 400. Set it below the

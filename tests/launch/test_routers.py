@@ -138,3 +138,16 @@ def test_the_served_name_is_the_model_as_given_unless_one_is_named():
     assert router_config(cluster, ["tcp://p:1"], ["tcp://d:1"]).served_model_name == "models/tiny"
     named = ClusterConfig(EngineConfig(model="models/tiny"), served_model_name="qwen")
     assert router_config(named, ["tcp://p:1"], ["tcp://d:1"]).served_model_name == "qwen"
+
+
+def test_client_limits_with_several_routers_are_warned_of_as_each_router_s_own():
+    from launch.cluster import ClusterConfig
+    from launch.routers import warn_of_limits_per_router
+    from wire.config import EngineConfig
+
+    engine = EngineConfig(model="models/tiny")
+    warning = warn_of_limits_per_router(ClusterConfig(engine, num_routers=2, max_client_decode_slots=8))
+    assert "--max-client-decode-slots 8 hold in each of the 2 routers" in warning and "up to 2 times" in warning
+    # NOTE: inverse: one router, or no limit, is nothing to warn of
+    assert warn_of_limits_per_router(ClusterConfig(engine, num_routers=1, max_client_decode_slots=8)) is None
+    assert warn_of_limits_per_router(ClusterConfig(engine, num_routers=2)) is None
