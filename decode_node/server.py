@@ -11,6 +11,7 @@ Lifecycle of a request (queues; the KV moves by the transport's receiver, self.t
   refused handshake, refused claim (lease expired), a claim unanswered for CLAIM_TIMEOUT_S, KV of a restarted
       prefill instance, a failed READ or one past half the peer's lease --> ErrorReply(503) to the router, blocks
       free; a claimed lease it will not read goes back to the prefill node at once (ReleaseKV)
+A DecodeRequest of an id the node holds in any of these is a 409: every later message names the request by its id.
 A request with n samples holds n slots and n KV reservations from admission on; the prompt's KV is read once, into
 the first sample's blocks, and copied to the others' before they run (each sample is then a request of its own).
 Slots in use = claiming + transferring + running <= N, so an admitted request always has a decode row.
@@ -310,12 +311,24 @@ class DecodeServer(NodeServer):
 
     # --- messages -----------------------------------------------------------------------------------------------
     def on_decode(self, identity: bytes, message: protocol.DecodeRequest) -> None:
+        if self.holds(message.request_id):
+            # NOTE: claims, reads and aborts name a request by its id: a second job would take the first's place
+            self.sockets.reply(identity, protocol.ErrorReply(
+                message.request_id, 409, f"request id {message.request_id!r} is already in use on decode node "
+                                         f"{self.config.node_id}"))
+            return
         error = self.admission_error(message)
         if error:
             self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, error))
             return
         samples = {first.index: self.new_request(message, first) for first in message.first_tokens}
         self.waiting.append(DecodeJob(identity, message.request_id, samples, message.kv))
+
+    def holds(self, request_id: str) -> bool:
+        """Whether a job of this id is waiting, claiming, reading or running here."""
+        return request_id in self.claiming or request_id in self.transferring or any(
+            job.request_id == request_id for job in self.waiting) or any(
+            sample.job.request_id == request_id for sample in self.running)
 
     def new_request(self, message: protocol.DecodeRequest, first: protocol.FirstToken) -> Request:
         """Sample first.index as a request of its own, with its own seed, as the prefill node sampled it."""

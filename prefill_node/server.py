@@ -20,6 +20,8 @@ Lifecycle of a request (queues; the leases are the KV transport's sender, self.t
       node was replaced on its address, so that process left its loop or died and reads nothing more)-->
       freed (num_released_unread += 1); leases claimed by any other process are left alone
   leased or claimed --deadline passes--> freed (lease_expiries += 1); a later claim is refused, the router re-prefills
+  A PrefillRequest of an id the node holds in any of these (but aborted) is a 409: later messages name a request by
+  its id.
   Abort from the router (the client left, or the decode ended before its decode node read the KV: a refusal, a
       failure, a lost node): waiting -> dropped; prefilling -> freed when its last chunk ran; leased -> freed;
       claimed -> left to the claimer (it may be reading the blocks right now), to InstanceGone and to the deadline.
@@ -151,6 +153,13 @@ class PrefillServer(NodeServer):
 
     # --- messages -----------------------------------------------------------------------------------------------
     def on_prefill(self, identity: bytes, message: protocol.PrefillRequest) -> None:
+        if self.holds(message.request_id):
+            # NOTE: leases, aborts and claims name a request by its id: a second one would take the first's place
+            # and its blocks would never come back
+            self.sockets.reply(identity, protocol.ErrorReply(
+                message.request_id, 409, f"request id {message.request_id!r} is already in use on prefill node "
+                                         f"{self.config.node_id} (waiting, prefilling, or its KV leased)"))
+            return
         request = Request.create(message.request_id, message.prompt_token_ids, message.params, message.seed,
                                  self.eos_token_ids)
         try:
@@ -159,6 +168,14 @@ class PrefillServer(NodeServer):
             self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, str(error)))
             return
         self.waiting.append(PendingPrefill(identity, request, tenant=message.tenant))
+
+    def holds(self, request_id: str) -> bool:
+        """Whether a request of this id is waiting, prefilling or leased here. NOTE: one aborted mid-prefill does not
+        count: nothing names it by its id again (its blocks are freed as its last chunk ends), and a client that
+        gave up on it may send its id again at once."""
+        return request_id in self.transport.leases or any(
+            pending.request.request_id == request_id and not pending.aborted
+            for pending in (*self.waiting, *self.prefilling))
 
     def check_admissible(self, request: Request) -> None:
         check_request(request.request_id, request.prompt_token_ids, request.params, self.config.engine,

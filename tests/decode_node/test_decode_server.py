@@ -255,6 +255,23 @@ def test_abort_while_transferring_frees_the_blocks_once_the_read_ends(bench):
     bench.assert_prefill_idle()
 
 
+def test_a_request_id_the_node_still_holds_is_refused_and_nothing_leaks(bench):
+    """A second DecodeRequest of an id the node holds (waiting, claiming, reading or running) is a 409: claims,
+    reads and aborts name a request by its id, and before, the second job took the first's place in them."""
+    result, prompt = bench.prefilled("twice")
+    bench.send_decode(result, prompt)
+    bench.receive_until_transferring("twice")
+    bench.send_decode(result, prompt)
+    replies = bench.until(finished)
+    assert [(r.status, "already" in r.message) for r in replies if isinstance(r, protocol.ErrorReply)] == [
+        (409, True)]
+    replies = bench.until(lambda rs: any(isinstance(r, protocol.TokenEvent) and r.finish_reason for r in rs))
+    assert sum(len(e.token_ids) for e in replies if isinstance(e, protocol.TokenEvent)) >= 1
+    bench.step(3)
+    bench.assert_idle()
+    bench.assert_prefill_idle()
+
+
 def test_abort_while_running_stops_the_stream_and_frees_the_slot(bench):
     result, prompt = bench.prefilled("running")
     bench.send_decode(result, prompt)

@@ -84,6 +84,34 @@ def test_a_claimed_lease_is_not_aborted_but_expires_a_lease_after_its_claim(serv
     assert server.transport.counters.lease_expiries == 1 and server.block_manager.num_free_blocks == free_before
 
 
+def test_a_request_id_the_node_still_holds_is_refused_and_nothing_leaks(server, router):
+    """A second PrefillRequest of an id the node still holds (waiting, prefilling, or leased: a router's request can
+    end while its lease lives on) is a 409; before, its lease replaced the first one, whose blocks never came back."""
+    free_before = server.block_manager.num_free_blocks
+    exchange(server, router, prefill("dup", 40))
+    [refused] = exchange(server, router, prefill("dup", 20))
+    assert isinstance(refused, protocol.ErrorReply) and refused.status == 409 and "already" in refused.message
+    deliver(server, router, prefill("queued", 20))
+    deliver(server, router, prefill("queued", 20))  # NOTE: the first still waits: the second never ran
+    replies = []
+    while not any(isinstance(r, protocol.PrefillResult) for r in replies):
+        server.step()
+        replies += drain_replies(router)
+    assert sorted(type(r).__name__ for r in replies) == ["ErrorReply", "PrefillResult"]
+    time.sleep(0.35)  # NOTE: past both leases
+    server.step()
+    assert not server.transport.leases and server.block_manager.num_free_blocks == free_before
+    [again] = exchange(server, router, prefill("dup", 20))  # NOTE: its lease ended: the id is free again
+    assert isinstance(again, protocol.PrefillResult)
+
+
+def drain_replies(socket) -> list:
+    replies = []
+    while socket.poll(0):
+        replies.append(protocol.decode(socket.recv_multipart()[-1]))
+    return replies
+
+
 def test_a_released_claim_frees_the_lease_at_once(server, router):
     free_before = server.block_manager.num_free_blocks
     exchange(server, router, prefill("r", 20))
@@ -139,6 +167,19 @@ def test_an_abort_during_prefill_frees_the_blocks_when_it_ends(server, router):
         server.step()
     assert not server.transport.leases and not server.prefilling and server.block_manager.num_free_blocks == free_before
     assert not router.poll(100)  # NOTE: the router gave up on it: no result is sent
+
+
+def test_an_id_aborted_mid_prefill_may_be_sent_again_at_once(server, router):
+    """A client that gave up retries with the same X-Request-Id: the aborted prefill no longer holds its id."""
+    free_before = server.block_manager.num_free_blocks
+    deliver(server, router, prefill("retried", 40))
+    server.step()
+    deliver(server, router, protocol.Abort("retried"))
+    [result] = exchange(server, router, prefill("retried", 40))
+    assert isinstance(result, protocol.PrefillResult) and len(server.transport.leases["retried"].block_ids) == 3
+    time.sleep(0.35)
+    server.step()
+    assert not server.transport.leases and server.block_manager.num_free_blocks == free_before
 
 
 def test_first_token_that_ends_the_request_returns_no_kv(server, router):
