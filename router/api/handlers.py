@@ -58,12 +58,15 @@ async def serve_generation(request: web.Request, kind: Kind) -> web.StreamRespon
         num_samples = len(generation.prompts) * generation.params.n
         async with state.clients.decode_slots(client, num_samples):
             with state.admission.admit(request_id, num_samples):
-                return await generate_response(request, state, request_id, generation, placement, client.name)
+                return await generate_response(request, state, request_id, generation, placement, client.name,
+                                               state.node_id_tags.fresh() if "X-Request-Id" in request.headers else "")
 
 
 async def generate_response(request: web.Request, state: RouterState, request_id: str,
                             generation: GenerationRequest, placement: Placement,
-                            tenant: str = DEFAULT_CLIENT) -> web.StreamResponse:
+                            tenant: str = DEFAULT_CLIENT, node_id_tag: str = "") -> web.StreamResponse:
+    """node_id_tag: what makes the ids on the nodes this request's own (RouterState.node_id_tags; "" for an id the
+    router made)."""
     if generation.ignored_fields:
         names = field_names_header(generation.ignored_fields)
         logger.warning("request %s: ignored unknown field(s) %s", request_id, names)
@@ -80,7 +83,7 @@ async def generate_response(request: web.Request, state: RouterState, request_id
                           generation.output, tuple(p for p in generation.prompts for _ in range(n)), n,
                           generation.tools, state.config.enable_prompt_tokens_details)
     outlet = fast_path_outlet(generation)
-    deltas = merge([choice_deltas(state, generation, i * n, node_request_id(state.config, request_id, i),
+    deltas = merge([choice_deltas(state, generation, i * n, node_request_id(state.config, request_id + node_id_tag, i),
                                   list(prompt), seed, placement, outlet, tenant)
                     for i, prompt in enumerate(generation.prompts)])
     try:
@@ -114,7 +117,8 @@ def choice_deltas(state: RouterState, generation: GenerationRequest, index: int,
 
 def node_request_id(config, request_id: str, prompt_index: int) -> str:
     """The id of a request's prompt on the nodes: the router's instance name (the id is unique only per router;
-    '/' never occurs in an instance name), the request id, the prompt's index."""
+    '/' never occurs in an instance name), the request id (tagged where the client named it: NodeIdTags), the
+    prompt's index."""
     prefix = f"{config.instance_name}/" if config.instance_name else ""
     return f"{prefix}{request_id}-{prompt_index}"
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
+import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.api.clients import ClientLimits
 from router.api.errors import RequestError
@@ -50,6 +52,20 @@ class Admission:
             self._request_ids.discard(request_id)
 
 
+class NodeIdTags:
+    """What makes a request's ids on the nodes its own where its client named it (X-Request-Id): nodes key their work
+    by id and refuse one they still hold (409), and a client that gave up on a request may send its id again while
+    the nodes still hold the first (a claimed KV lease, until its read ends)."""
+
+    def __init__(self):
+        self.process = secrets.token_hex(2)
+        """NOTE: a router started again on the same instance name does not repeat its predecessor's tags."""
+        self.serial = itertools.count()
+
+    def fresh(self) -> str:
+        return f".{self.process}{next(self.serial):x}"
+
+
 @dataclass(frozen=True)
 class RouterState:
     config: RouterConfig
@@ -61,6 +77,7 @@ class RouterState:
     """Where request bodies are parsed: off the event loop."""
     clients: ClientLimits
     """Each client's requests and decode slots."""
+    node_id_tags: NodeIdTags = field(default_factory=NodeIdTags)
 
     async def model_info(self) -> ModelInfo:
         """The served model as the nodes report it; a 503 before any answered or while they disagree."""

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 
 import zmq
@@ -41,6 +42,15 @@ from wire.sampling_params import SamplingParams
 from wire.seeding import sample_seed
 
 FAKE_FINGERPRINT = "fake-node-fingerprint-v1"
+
+
+NODE_ID_TAG = re.compile(r"\.[0-9a-f]{5,}(?=-\d)")
+"""The tag the router adds to a client-named request's ids on the nodes (router/api/state.py NodeIdTags)."""
+
+
+def without_tag(request_id: str) -> str:
+    """A node's request id as the client named the request: "r.1a2b0-0" -> "r-0"."""
+    return NODE_ID_TAG.sub("", request_id, count=1)
 
 
 def fake_token_id(candidate_ids: list[int], prompt_token_ids: list[int], seed: int, position: int) -> int:
@@ -132,7 +142,8 @@ class FakeNode:
         self._socket.close()
 
     def request_ids(self, message_type: type) -> list[str]:
-        return [m.request_id for m in self.received if isinstance(m, message_type)]
+        """The ids of the messages of message_type received, as the client named the request (without_tag)."""
+        return [without_tag(m.request_id) for m in self.received if isinstance(m, message_type)]
 
     def _spawn(self, coroutine) -> asyncio.Task:
         task = asyncio.ensure_future(coroutine)
@@ -237,7 +248,7 @@ class FakeDecode(FakeNode):
             await self._reply(identity, StepTokens([token_event(request, first.index, group, is_last=not remaining)]))
             num_sent += size
         if not remaining:
-            self.finished_request_ids.append(request.request_id)
+            self.finished_request_ids.append(without_tag(request.request_id))
         self._streams.pop((request.request_id, first.index), None)
 
     def _take_failure(self) -> int | None:

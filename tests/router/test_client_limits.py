@@ -10,7 +10,7 @@ import pytest
 
 from router.api.auth import client_name, load_api_keys
 from router.api.clients import DEFAULT_CLIENT
-from tests.router.fake_nodes import FakeBehaviour
+from tests.router.fake_nodes import FakeBehaviour, without_tag
 from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, http_request, wait_for
 from tests.router.test_errors import assert_error
 from wire.config import RouterConfig
@@ -148,7 +148,8 @@ def test_each_clients_prompts_reach_the_prefill_node_as_its_tenant(tiny_model_di
         for key, request_id in ((FIRST, "first"), (SECOND, "second")):
             router.call(lambda: http_request("POST", router.base_url + "/v1/completions", SHORT,
                                              headers={**bearer(key), "X-Request-Id": request_id}))
-        tenants = {m.request_id: m.tenant for m in router.prefill_nodes[0].received if isinstance(m, PrefillRequest)}
+        tenants = {without_tag(m.request_id): m.tenant for m in router.prefill_nodes[0].received
+                   if isinstance(m, PrefillRequest)}
         assert tenants == {"first-0": client_name(FIRST), "second-0": client_name(SECOND)}
         assert FIRST not in str(router.prefill_nodes[0].received)
     with limited_router(tiny_model_dir, word_token_ids, None) as router:

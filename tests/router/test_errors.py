@@ -6,8 +6,9 @@ import json
 import aiohttp
 import pytest
 
-from tests.router.fake_nodes import FakeBehaviour
+from tests.router.fake_nodes import FakeBehaviour, without_tag
 from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, get, post
+from wire.protocol import PrefillRequest
 
 pytestmark = pytest.mark.timeout(30)
 VALID = {"model": "corun-tiny", "prompt": "the cat", "max_tokens": 4, "seed": 1}
@@ -163,3 +164,20 @@ async def same_id_twice(base_url: str) -> list[int]:
                 statuses = [first.status, second.status]
             await first.read()
     return statuses
+
+
+def test_a_client_named_request_gets_ids_of_its_own_on_the_nodes(tiny_model_dir, word_token_ids):
+    """A client may send its X-Request-Id again once the router ended the request, while the nodes may still hold
+    the first (a claimed KV lease until its read ends; they refuse an id they hold): each such request's ids on the
+    nodes carry a tag of their own. An id the router made is unique already and carries none. The seed an id derives
+    is the client's id's, tag or not."""
+    with RouterHarness(tiny_model_dir, word_token_ids) as router:
+        replies = [completions(router, {**VALID, "return_token_ids": True}, headers={"X-Request-Id": "again"})
+                   for _ in range(2)]
+        unnamed = completions(router, VALID)
+        prefill_ids = [m.request_id for m in router.prefill_nodes[0].received if isinstance(m, PrefillRequest)]
+    assert [reply.status for reply in replies] == [200, 200] and unnamed.status == 200
+    assert prefill_ids[0] != prefill_ids[1] and [without_tag(i) for i in prefill_ids[:2]] == ["again-0", "again-0"]
+    assert prefill_ids[2] == unnamed.headers["X-Request-Id"] + "-0"  # NOTE: inverse: no tag where none is needed
+    assert replies[0].headers["X-CoRun-Seed"] == replies[1].headers["X-CoRun-Seed"]
+    assert replies[0].body["choices"][0]["token_ids"] == replies[1].body["choices"][0]["token_ids"]
