@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from corun.models.config import checkpoint_dtype, context_length
+from corun.models.presets import is_random_spec, preset_config
 from wire.config import AUTO, LARGE_GPU_BYTES, EngineConfig
 
 
@@ -27,7 +28,10 @@ def resolved_on_device(config: EngineConfig) -> EngineConfig:
 def check_context_length(config: EngineConfig) -> None:
     """A ValueError when max_model_len is longer than the model is made for, as vLLM refuses it: RoPE at positions
     the model never saw gives text of no use (and the tokenizer's own limit says the same)."""
-    found = context_length(config.model)
+    if is_random_spec(config.model):
+        found = preset_config(config.model).max_position_embeddings, "the preset's max_position_embeddings"
+    else:
+        found = context_length(config.model)
     if found is None or config.scheduler.max_model_len <= found[0]:
         return
     most, where = found

@@ -123,15 +123,11 @@ ROPE_TYPES_SCALING_CONTEXT = ("linear",)
 max_position_embeddings is already the scaled one)."""
 
 
-def context_length(model: str | Path) -> tuple[int, str] | None:
-    """The longest sequence a model is made for, as vLLM derives it, and where it was read: config.json's
+def context_length(model_dir: str | Path) -> tuple[int, str] | None:
+    """The longest sequence a checkpoint is made for, as vLLM derives it, and where it was read: config.json's
     max_position_embeddings (times a linear RoPE's factor), or the tokenizer's model_max_length where that is less.
-    None for a directory without config.json (a random-weight preset's name reads its preset)."""
-    from corun.models.presets import is_random_spec, preset_config  # NOTE: presets imports this module
-
-    if is_random_spec(str(model)):
-        return preset_config(str(model)).max_position_embeddings, "the preset's max_position_embeddings"
-    path = Path(model) / "config.json"
+    None for a directory without config.json."""
+    path = Path(model_dir) / "config.json"
     if not path.is_file():
         return None
     hf = json.loads(path.read_text())
@@ -139,7 +135,7 @@ def context_length(model: str | Path) -> tuple[int, str] | None:
     factor = rope.get("factor") if rope["rope_type"] in ROPE_TYPES_SCALING_CONTEXT else None
     positions = hf.get("max_position_embeddings", 2048) * (factor if _is_number(factor) else 1)
     found = int(positions), "max_position_embeddings in config.json" + (f" x RoPE factor {factor:g}" if factor else "")
-    tokenizer_config = Path(model) / "tokenizer_config.json"
+    tokenizer_config = Path(model_dir) / "tokenizer_config.json"
     if tokenizer_config.is_file():
         most = json.loads(tokenizer_config.read_text()).get("model_max_length")
         if _is_number(most) and most < found[0]:

@@ -1,6 +1,7 @@
 """Fuzz of each node's socket (hypothesis): valid messages with one field replaced by anything, fields dropped or
-added, other versions and types, raw bytes. No message ends a node's loop; afterwards each node still serves
-and, once the leases and claims those messages made ran out, returns to its idle counts."""
+added, other versions and types, raw bytes, to a prefill, a decode and a colocated node. No message ends a node's
+loop; afterwards each node still serves and, once the leases and claims those messages made ran out, returns to its
+idle counts."""
 
 import time
 
@@ -10,6 +11,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from colocated_node.server import ColocatedServer
 from decode_node.server import DecodeServer
 from launch.local import free_port
 from prefill_node.server import PrefillServer
@@ -24,6 +26,7 @@ KV = protocol.KVHandle("prefill-f", "tcp://127.0.0.1:1", (1, 2), 20, "h", "i")
 FIRST = protocol.FirstToken(0, 5, TokenLogprobs(5, -0.5, ((5, -0.5),)))
 VALID = [
     protocol.PrefillRequest("p", list(range(10, 30)), PARAMS),
+    protocol.GenerateRequest("g", list(range(10, 30)), PARAMS),
     protocol.DecodeRequest("d", list(range(10, 30)), PARAMS, [FIRST], KV),
     protocol.ClaimKV("c", "decode-f", "instance-f"), protocol.ReleaseKV("c", "why"), protocol.Abort("p", 0),
     protocol.Ping(1), protocol.InstanceGone("decode-f", "instance-f"),
@@ -78,17 +81,19 @@ def nodes(tiny_model_dir, monkeypatch):
     monkeypatch.setattr("decode_node.server.CLAIM_TIMEOUT_S", LEASE_S)
     prefill = PrefillServer(node_config(tiny_model_dir, "prefill", "prefill-f"))
     decode = DecodeServer(node_config(tiny_model_dir, "decode", "decode-f"))
+    colocated = ColocatedServer(node_config(tiny_model_dir, "colocated", "colocated-f"))
+    servers = (prefill, decode, colocated)
     sockets = []
-    for server in (prefill, decode):
+    for server in servers:
         socket = zmq.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(server.config.address)
         sockets.append(socket)
-    yield list(zip((prefill, decode), sockets, strict=True))
+    yield list(zip(servers, sockets, strict=True))
     for socket in sockets:
         socket.close()
-    prefill.close()
-    decode.close()
+    for server in servers:
+        server.close()
 
 
 def drain(socket) -> list:
@@ -119,7 +124,13 @@ def test_no_message_ends_a_node_loop(nodes):
 
 
 def assert_still_serving_then_idle(nodes) -> None:
-    (prefill, to_prefill), (decode, to_decode) = nodes
+    (prefill, to_prefill), (decode, to_decode), (colocated, to_colocated) = nodes
+    to_colocated.send(protocol.encode(protocol.GenerateRequest("after", list(range(10, 30)), PARAMS)))
+    deadline = time.monotonic() + 10
+    while not any(isinstance(r, protocol.StepTokens) and any(e.request_id == "after" and e.finish_reason
+                                                             for e in r.events) for r in drain(to_colocated)):
+        colocated.step()
+        assert time.monotonic() < deadline, "the colocated node no longer serves"
     to_prefill.send(protocol.encode(protocol.PrefillRequest("after", list(range(10, 30)), PARAMS)))
     deadline = time.monotonic() + 10
     results = []
@@ -128,11 +139,12 @@ def assert_still_serving_then_idle(nodes) -> None:
         results = [r for r in drain(to_prefill) if isinstance(r, protocol.PrefillResult) and r.request_id == "after"]
         assert time.monotonic() < deadline, "the prefill node no longer serves"
     deadline = time.monotonic() + 5 * LEASE_S + 5
-    for server in (prefill, decode):
+    for server in (prefill, decode, colocated):
         while server.block_manager.num_free_blocks != server.block_manager.num_usable_blocks or getattr(
                 server.transport, "leases", None) or getattr(server, "claiming", None) or getattr(
-                server, "waiting", None):
+                server, "waiting", None) or getattr(server, "samples", None):
             server.step()
             drain(to_prefill)
             drain(to_decode)
+            drain(to_colocated)
             assert time.monotonic() < deadline, f"{server.role} node not idle: {server.stats()}"
