@@ -1,11 +1,11 @@
-"""Clients that misbehave, through a 1P1D cluster (CPU): a seeded mix of requests, 16 at once, streamed or not, n 1
-or 2, some given up at a random moment (the client closes its connection mid-prefill or mid-stream), their
-X-Request-Ids drawn from a small pool, so that an id comes again while a request with it is in flight or was just
-given up (a client retrying with its id). Every answer is a 200 or a 409 (an id in flight), never a 5xx; every 200
-carries the tokens and logprobs of the same request run alone; afterwards the nodes are back at their idle counts
-(every KV block free, no lease) and the router healthy. Before the nodes refused an id they still held, a second
-request of a leased id took the first's lease, whose blocks never came back (tests/node_core/test_socket_fuzz.py run
-randomized found it)."""
+"""Clients that misbehave, through a 1P1D cluster and a colocated node (CPU): a seeded mix of requests, 16 at once,
+streamed or not, n 1 or 2, some given up at a random moment (the client closes its connection mid-prefill or
+mid-stream), their X-Request-Ids drawn from a small pool, so that an id comes again while a request with it is in
+flight or was just given up (a client retrying with its id). Every answer is a 200 or a 409 (an id in flight), never
+a 5xx; every 200 carries the tokens and logprobs of the same request run alone; afterwards the nodes are back at
+their idle counts (every KV block free, no lease) and the router healthy. Before the nodes refused an id they still
+held, a second request of a leased id took the first's lease, whose blocks never came back
+(tests/node_core/test_socket_fuzz.py run randomized found it)."""
 
 import asyncio
 import json
@@ -31,9 +31,13 @@ GIVE_UP = 0.35
 """The share of requests whose client closes its connection after a random 0 to 0.3 s."""
 
 
-@pytest.fixture(scope="module")
-def cluster(tiny_model_dir):
-    cluster = start_cluster(tiny_model_dir, 1, 1, kv_lease_seconds=LEASE_S)
+DEPLOYMENTS = {"1p1d": {"num_prefill": 1, "num_decode": 1},
+               "colocated": {"num_prefill": 0, "num_decode": 0, "num_colocated": 1}}
+
+
+@pytest.fixture(scope="module", params=list(DEPLOYMENTS))
+def cluster(tiny_model_dir, request):
+    cluster = start_cluster(tiny_model_dir, **DEPLOYMENTS[request.param], kv_lease_seconds=LEASE_S)
     yield cluster
     cluster.stop()
 
