@@ -31,6 +31,7 @@ A decode node's handshake gets this node's compat facts and the transport's own 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -175,7 +176,7 @@ class PrefillServer(NodeServer):
         gave up on it may send its id again at once."""
         return request_id in self.transport.leases or any(
             pending.request.request_id == request_id and not pending.aborted
-            for pending in (*self.waiting, *self.prefilling))
+            for pending in itertools.chain(self.waiting, self.prefilling))
 
     def check_admissible(self, request: Request) -> None:
         check_request(request.request_id, request.prompt_token_ids, request.params, self.config.engine,
