@@ -57,7 +57,7 @@ async def serve_generation(request: web.Request, kind: Kind) -> web.StreamRespon
         generation = await state.offload.run(parse_body, body, kind, model)
         num_samples = len(generation.prompts) * generation.params.n
         async with state.clients.decode_slots(client, num_samples):
-            with state.admission.admit(request_id, num_samples):
+            with state.admission.admit(num_samples):
                 return await generate_response(request, state, request_id, generation, placement, client.name,
                                                state.node_id_tags.fresh() if "X-Request-Id" in request.headers else "")
 

@@ -31,31 +31,27 @@ class Admission:
     def __init__(self, max_in_flight: int):
         self.max_in_flight = max_in_flight
         self.in_flight = 0
-        self._request_ids: set[str] = set()
 
     @contextlib.contextmanager
-    def admit(self, request_id: str, num_prompts: int) -> Iterator[None]:
-        if request_id in self._request_ids:
-            # NOTE: nodes key their work by request id: two live requests must never share one.
-            raise RequestError(409, f"a request with id {request_id!r} is already in flight")
+    def admit(self, num_prompts: int) -> Iterator[None]:
+        """NOTE: requests may share an id (a client's X-Request-Id), as in vLLM: their ids on the nodes differ
+        (NodeIdTags)."""
         if num_prompts > self.max_in_flight:
             raise RequestError(400, f"at most {self.max_in_flight} prompts per request", param="prompt")
         if self.in_flight + num_prompts > self.max_in_flight:
             raise RequestError(429, f"the router has {self.in_flight} requests in flight (at most "
                                f"{self.max_in_flight}); retry later", headers={"Retry-After": str(RETRY_AFTER_S)})
         self.in_flight += num_prompts
-        self._request_ids.add(request_id)
         try:
             yield
         finally:
             self.in_flight -= num_prompts
-            self._request_ids.discard(request_id)
 
 
 class NodeIdTags:
     """What makes a request's ids on the nodes its own where its client named it (X-Request-Id): nodes key their work
-    by id and refuse one they still hold (409), and a client that gave up on a request may send its id again while
-    the nodes still hold the first (a claimed KV lease, until its read ends)."""
+    by id and refuse one they still hold (409), while clients may send an id again, at once or while a request with it
+    runs (vLLM adds 8 random characters to every request id for the same reason)."""
 
     def __init__(self):
         self.process = secrets.token_hex(2)

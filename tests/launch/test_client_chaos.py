@@ -1,8 +1,8 @@
 """Clients that misbehave, through a 1P1D cluster and a colocated node (CPU): a seeded mix of requests, 16 at once,
 streamed or not, n 1 or 2, some given up at a random moment (the client closes its connection mid-prefill or
 mid-stream), their X-Request-Ids drawn from a small pool, so that an id comes again while a request with it is in
-flight or was just given up (a client retrying with its id). Every answer is a 200 or a 409 (an id in flight), never
-a 5xx; every 200 carries the tokens and logprobs of the same request run alone; afterwards the nodes are back at
+flight or was just given up (a client retrying with its id). Every answer is a 200 (ids may repeat, as in vLLM);
+every 200 carries the tokens and logprobs of the same request run alone; afterwards the nodes are back at
 their idle counts (every KV block free, no lease) and the router healthy. Before the nodes refused an id they still
 held, a second request of a leased id took the first's lease, whose blocks never came back
 (tests/node_core/test_socket_fuzz.py run randomized found it)."""
@@ -11,6 +11,7 @@ import asyncio
 import json
 import random
 import time
+from collections import Counter
 
 import aiohttp
 import pytest
@@ -74,8 +75,10 @@ async def send(session: aiohttp.ClientSession, url: str, request: dict, headers:
         return reply.status, choices
 
 
-async def run_all(url: str, requests: list[tuple], rng: random.Random) -> list:
-    """requests: (prompt, seed, n, stream) each; -> (request, given up, status, choices) each."""
+async def run_all(url: str, requests: list[tuple], rng: random.Random, in_flight: Counter | None = None) -> list:
+    """requests: (prompt, seed, n, stream) each; -> (request, given up, status, choices) each. in_flight: counts,
+    under "repeats", the requests sent while one with their X-Request-Id was in flight."""
+    in_flight = Counter() if in_flight is None else in_flight
     gate = asyncio.Semaphore(CONCURRENCY)
     timeout = aiohttp.ClientTimeout(total=120)
     plans = [(rng.random() < GIVE_UP, rng.uniform(0, 0.3), rng.choice(ID_POOL) if rng.random() < 0.5 else None)
@@ -85,6 +88,8 @@ async def run_all(url: str, requests: list[tuple], rng: random.Random) -> list:
         give_up, after_s, request_id = plan
         headers = {} if request_id is None else {"X-Request-Id": request_id}
         async with gate:
+            in_flight["repeats"] += request_id is not None and in_flight[request_id] > 0
+            in_flight[request_id] += 1
             call = asyncio.ensure_future(send(session, url, body(*request), headers))
             if give_up:
                 await asyncio.sleep(after_s)
@@ -93,6 +98,8 @@ async def run_all(url: str, requests: list[tuple], rng: random.Random) -> list:
                 return request, give_up, *await call
             except asyncio.CancelledError:
                 return request, True, None, {}
+            finally:
+                in_flight[request_id] -= 1
 
     # NOTE: a session (and connections) of its own per request: a given-up request closes its connection
     async def with_session(request, plan):
@@ -102,7 +109,7 @@ async def run_all(url: str, requests: list[tuple], rng: random.Random) -> list:
     return await asyncio.gather(*(with_session(r, p) for r, p in zip(requests, plans, strict=True)))
 
 
-def test_misbehaving_clients_get_200_or_409_the_undisturbed_bits_and_leave_nothing_held(cluster):
+def test_misbehaving_clients_get_the_undisturbed_bits_and_leave_nothing_held(cluster):
     url = f"{cluster.url}/v1/completions"
     rng = random.Random(5)
     shapes = [(p, s, n) for p in range(len(PROMPTS)) for s in SEEDS for n in (1, 2)]
@@ -116,16 +123,15 @@ def test_misbehaving_clients_get_200_or_409_the_undisturbed_bits_and_leave_nothi
         assert alone[(prompt, SEEDS[0], 1)][0] != alone[(prompt, SEEDS[1], 1)][0]
 
     requests = [(*rng.choice(shapes), rng.random() < 0.5) for _ in range(NUM_REQUESTS)]
-    results = asyncio.run(run_all(url, requests, rng))
+    in_flight = Counter()
+    results = asyncio.run(run_all(url, requests, rng, in_flight))
     answered = [(request, status, choices) for request, given_up, status, choices in results if not given_up]
     statuses = [status for _, status, _ in answered]
-    assert set(statuses) <= {200, 409}, statuses
-    assert 409 in statuses and statuses.count(200) >= 40, statuses  # NOTE: ids did repeat in flight
-    for (prompt, seed, n, stream), status, choices in answered:
-        if status == 200:
-            assert choices == alone[(prompt, seed, n)], f"prompt {prompt}, seed {seed}, n {n}, stream {stream}"
-    print(f"client chaos: {len(results) - len(answered)} given up, {statuses.count(200)} answered 200, "
-          f"{statuses.count(409)} 409")
+    assert set(statuses) == {200} and len(answered) >= 40 and in_flight["repeats"] >= 5, (statuses, in_flight)
+    for (prompt, seed, n, stream), _, choices in answered:
+        assert choices == alone[(prompt, seed, n)], f"prompt {prompt}, seed {seed}, n {n}, stream {stream}"
+    print(f"client chaos: {len(results) - len(answered)} given up, {len(answered)} answered 200, "
+          f"{in_flight['repeats']} sent while a request with their id was in flight")
 
     deadline = time.monotonic() + 2 * LEASE_S + 10
     while True:

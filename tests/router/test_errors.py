@@ -8,7 +8,7 @@ import pytest
 
 from tests.router.fake_nodes import FakeBehaviour, without_tag
 from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, get, post
-from wire.protocol import PrefillRequest
+from wire.protocol import DecodeRequest, PrefillRequest
 
 pytestmark = pytest.mark.timeout(30)
 VALID = {"model": "corun-tiny", "prompt": "the cat", "max_tokens": 4, "seed": 1}
@@ -147,23 +147,34 @@ def test_deeply_nested_json_is_a_400_not_a_crash(router):
     assert_error(completions(router, raw=b"[" * 100_000), 400, "not valid JSON")
 
 
-def test_a_request_id_already_in_flight_is_a_409(tiny_model_dir, word_token_ids):
+def test_a_request_id_already_in_flight_may_come_again(tiny_model_dir, word_token_ids):
+    """As vLLM (which adds random characters to every request id): two requests with one X-Request-Id in flight at
+    once are both served, each under ids of its own on the nodes, and give the same tokens (one seed from one id)."""
     slow = FakeBehaviour(event_delay_s=0.1)
     with RouterHarness(tiny_model_dir, word_token_ids, decode=slow) as router:
-        statuses = asyncio.run(same_id_twice(router.base_url))
-        assert statuses == [200, 409]
+        (first, first_text), (second, second_text) = asyncio.run(same_id_twice(router.base_url))
+        decode_ids = [m.request_id for node in router.decode_nodes for m in node.received
+                      if isinstance(m, DecodeRequest)]
+    assert first.status == second.status == 200 and first.headers["X-Request-Id"] == "twin"
+    assert first.headers["X-CoRun-Seed"] == second.headers["X-CoRun-Seed"]
+    tokens = [t for line in first_text.splitlines() if line.startswith("data: {")
+              for t in json.loads(line[6:])["choices"][0]["token_ids"]]
+    assert tokens == json.loads(second_text)["choices"][0]["token_ids"]
+    assert len(set(decode_ids)) == 2 and {without_tag(i) for i in decode_ids} == {"twin-0"}
 
 
-async def same_id_twice(base_url: str) -> list[int]:
+async def same_id_twice(base_url: str) -> list:
+    """A stream with id "twin", and while it runs a request with that id: -> (response, body) of each."""
     headers = {"X-Request-Id": "twin"}
+    body = {**VALID, "return_token_ids": True}
     async with aiohttp.ClientSession(timeout=NO_CLIENT_TIMEOUT) as session:
-        async with session.post(base_url + "/v1/completions", json={**VALID, "stream": True},
+        async with session.post(base_url + "/v1/completions", json={**body, "stream": True},
                                 headers=headers) as first:
-            await first.content.readline()
-            async with session.post(base_url + "/v1/completions", json=VALID, headers=headers) as second:
-                statuses = [first.status, second.status]
-            await first.read()
-    return statuses
+            first_lines = [await first.content.readline()]
+            async with session.post(base_url + "/v1/completions", json=body, headers=headers) as second:
+                second_text = await second.text()
+            first_text = b"".join(first_lines).decode() + await first.text()
+    return [(first, first_text), (second, second_text)]
 
 
 def test_a_client_named_request_gets_ids_of_its_own_on_the_nodes(tiny_model_dir, word_token_ids):
