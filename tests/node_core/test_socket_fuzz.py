@@ -8,13 +8,14 @@ import time
 import msgpack
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from colocated_node.server import ColocatedServer
 from decode_node.server import DecodeServer
 from launch.local import free_port
 from prefill_node.server import PrefillServer
+from tests.fuzzing import fuzz_settings
 from wire import protocol
 from wire.config import CacheConfig, EngineConfig, NodeConfig, SchedulerConfig, TransferConfig
 from wire.outputs import TokenLogprobs
@@ -106,8 +107,7 @@ def drain(socket) -> list:
 def test_no_message_ends_a_node_loop(nodes):
     refused = []
 
-    @settings(max_examples=300, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @fuzz_settings(300)
     @given(data=messages())
     def send_one(data):
         for server, socket in nodes:

@@ -2,8 +2,8 @@
 of JSON), and the router still healthy afterwards.
 
 Bodies start from a valid request and get random fields (the known names and random ones) of random types and
-ranges, nested junk included, so that validation is exercised past its first check. Deterministic
-(derandomize=True): CI runs the same examples every time. Either 500 fixed with issue 12, undone, is found: a lone
+ranges, nested junk included, so that validation is exercised past its first check. CI runs the same examples every
+time (tests/fuzzing.py: CORUN_FUZZ_EXAMPLES=N runs N random ones). Either 500 fixed with issue 12, undone, is found: a lone
 surrogate reaching the tokenizer, an unknown field name with a newline reaching a response header.
 """
 
@@ -13,18 +13,18 @@ import re
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from router.api.field_policy import FIELD_POLICY
 from router.api.openai_api import STREAM_OPTIONS
+from tests.fuzzing import fuzz_settings
 from tests.router.harness import NO_CLIENT_TIMEOUT, get
 
 # NOTE: no time limit on an example (deadline=None, and no client timeout in send): an example that is slow on
 # a loaded host is not a failure, and hypothesis reports one that fails once and passes when replayed as Flaky.
 # A hang still fails: pytest-timeout (pyproject) bounds the test.
-FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = fuzz_settings(400)
 KNOWN_NAMES = sorted(set(FIELD_POLICY) | STREAM_OPTIONS | {"role", "content", "name", "type", "text", "tokens"})
 
 FOCUS_NAMES = ["prompt", "messages", "stop", "max_tokens", "n", "stream", "logprobs", "echo", "stream_options",
