@@ -54,7 +54,7 @@ class NodeIdTags:
     runs (vLLM adds 8 random characters to every request id for the same reason)."""
 
     def __init__(self):
-        self.process = secrets.token_hex(2)
+        self.process = secrets.token_hex(3)
         """NOTE: a router started again on the same instance name does not repeat its predecessor's tags."""
         self.serial = itertools.count()
 
