@@ -2,9 +2,9 @@
 streamed or not, n 1 or 2, some given up at a random moment (the client closes its connection mid-prefill or
 mid-stream), their X-Request-Ids drawn from a small pool, so that an id comes again while a request with it is in
 flight or was just given up (a client retrying with its id). Every answer is a 200 (ids may repeat, as in vLLM);
-every 200 carries the tokens and logprobs of the same request run alone; afterwards the nodes are back at
-their idle counts (every KV block free, no lease) and the router healthy. Before the nodes refused an id they still
-held, a second request of a leased id took the first's lease, whose blocks never came back
+every 200 carries the tokens and logprobs of the same request run alone; afterwards the nodes are back at their
+idle counts (every KV block free, no lease) and the router still serves a request. Before the nodes refused an id
+they still held, a second request of a leased id took the first's lease, whose blocks never came back
 (tests/node_core/test_socket_fuzz.py run randomized found it)."""
 
 import asyncio
