@@ -35,6 +35,15 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  issue20_sizes_t0)  # stop 47 (device time for one call of two): the sizing's GPU test, then the t = 0 table of
+    # issue20_new_default_t0 (which runs the auto N, KV cache and dtype on the GPU too), in one call
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kv_sizing_gpu.py \
+      > "$out/gpu_tests_sizing.log" 2>&1
+    timeout 400 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
+      --max-model-len 6144 --num-requests 256 --max-seconds 10 --goodput ttft:500 tpot:50 \
+      --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
+      --modes standard,corun,corun:max_num_batched_tokens=2048,standard:max_num_batched_tokens=2048 \
+      --out "$out/h200_defaults_new.json" > "$out/bench.log" 2>&1 ;;
   issue20_sizes_gpu)  # not run yet (stop 45), first of the next device stretch: N and the KV cache are auto since stop
     # 45 and have run only on CPU with the GPU's figures given. The sizing's GPU tests (the 8B shape's peak inside its
     # share after a full 8192-row pack), then every GPU test, several of which now run at N = 256 and auto KV

@@ -48,7 +48,7 @@ async def serve_generation(request: web.Request, kind: Kind) -> web.StreamRespon
     """Within its client's limits (router/api/clients.py): the request is counted before its body is read, and its
     samples wait for the client's decode slots once it is parsed."""
     state = request.app[STATE_KEY]
-    request_id = read_request_id(request)
+    request_id, client_named = read_request_id(request)
     request[RESPONSE_HEADERS_KEY] = {"X-Request-Id": request_id}
     with state.clients.request(request.get(CLIENT_KEY, DEFAULT_CLIENT)) as client:
         body = await read_body(request)
@@ -59,7 +59,7 @@ async def serve_generation(request: web.Request, kind: Kind) -> web.StreamRespon
         async with state.clients.decode_slots(client, num_samples):
             with state.admission.admit(num_samples):
                 return await generate_response(request, state, request_id, generation, placement, client.name,
-                                               state.node_id_tags.fresh() if "X-Request-Id" in request.headers else "")
+                                               state.node_id_tags.fresh() if client_named else "")
 
 
 async def generate_response(request: web.Request, state: RouterState, request_id: str,
@@ -157,14 +157,15 @@ def field_names_header(names: tuple[str, ...]) -> str:
     return text if len(text) <= MAX_FIELD_NAMES_HEADER else text[:MAX_FIELD_NAMES_HEADER] + "..."
 
 
-def read_request_id(request: web.Request) -> str:
-    """The client's X-Request-Id (printable ASCII, at most 128 characters), else a fresh uuid4 hex."""
+def read_request_id(request: web.Request) -> tuple[str, bool]:
+    """The client's X-Request-Id (printable ASCII, at most 128 characters), else a fresh uuid4 hex; and whether the
+    client named it (such ids may repeat: NodeIdTags)."""
     request_id = request.headers.get("X-Request-Id")
     if request_id is None:
-        return uuid.uuid4().hex
+        return uuid.uuid4().hex, False
     if not (0 < len(request_id) <= MAX_REQUEST_ID_LEN and request_id.isascii() and request_id.isprintable()):
         raise bad_request(f"X-Request-Id must be 1 to {MAX_REQUEST_ID_LEN} printable ASCII characters")
-    return request_id
+    return request_id, True
 
 
 async def read_body(request: web.Request) -> bytes:
