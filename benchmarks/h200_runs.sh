@@ -37,9 +37,9 @@ DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:pie
 case $part in
   issue20_sizes_t0)  # stop 47 (device time for one call of two): the sizing's GPU test, then the t = 0 table of
     # issue20_new_default_t0 (which runs the auto N, KV cache and dtype on the GPU too), in one call
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kv_sizing_gpu.py \
+    timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kv_sizing_gpu.py \
       > "$out/gpu_tests_sizing.log" 2>&1
-    timeout 400 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
+    timeout 450 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
       --max-model-len 6144 --num-requests 256 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes standard,corun,corun:max_num_batched_tokens=2048,standard:max_num_batched_tokens=2048 \

@@ -85,15 +85,20 @@ EngineDType = Literal["auto", "float32", "bfloat16", "float16"]
 """An engine's dtype as asked: a DType, or auto (resolve_dtype)."""
 
 
-def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str | None) -> str:
+def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str | None, bfloat16_supported: bool = True) -> str:
     """auto -> float32 on CPU (the fastest there without AMX, and what the determinism tests run); on CUDA the
     checkpoint's dtype (config.json's torch_dtype) when it is bfloat16 or float16, else bfloat16: vLLM's rule ("auto"
-    runs float32 checkpoints at the GPU's preferred half precision). Explicit values are kept."""
+    runs float32 checkpoints at the GPU's preferred half precision), and float16 for bfloat16 on a GPU without it
+    (bfloat16_supported: compute capability 8.0 or more; vLLM's auto picks float16 there too). Explicit values are
+    kept (corun/device_facts.py refuses an explicit bfloat16 where the GPU has none)."""
     if dtype != AUTO:
         return dtype
     if not device.startswith("cuda"):
         return "float32"
-    return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
+    half = checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
+    return "float16" if half == "bfloat16" and not bfloat16_supported else half
+
+
 Role = Literal["prefill", "decode", "colocated"]
 Backend = Literal["native", "vllm"]
 """The engine that runs a node's forwards: native, the project's own (corun/); vllm, a vLLM engine under the same
@@ -508,16 +513,17 @@ class EngineConfig:
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
 
-    def resolved(self, large_gpu: bool = False, checkpoint_dtype: str | None = None) -> EngineConfig:
+    def resolved(self, large_gpu: bool = False, checkpoint_dtype: str | None = None,
+                 bfloat16_supported: bool = True) -> EngineConfig:
         """This config with every 'auto' shape setting and the dtype resolved for its device (large_gpu:
-        resolve_shape_defaults; checkpoint_dtype: resolve_dtype; corun/device_facts.py resolved_on_device asks the
-        device and reads the checkpoint). An engine (LLMEngine, a node server, the vLLM engine) resolves its config
-        once when it is built; the fingerprint hashes the result. The config as asked keeps 'auto', so it travels to
+        resolve_shape_defaults; checkpoint_dtype, bfloat16_supported: resolve_dtype; corun/device_facts.py
+        resolved_on_device asks the device and reads the checkpoint). An engine (LLMEngine, a node server, the vLLM
+        engine) resolves its config once when it is built; the fingerprint hashes the result. The config as asked keeps 'auto', so it travels to
         node processes and bench variants as the user gave it."""
         sched = resolve_shape_defaults(self.scheduler, self.device, self.use_cuda_graph, self.backend, large_gpu)
         caching = self.cache.enable_prefix_caching and sched.mode == "fixed_shape" and \
             self.backend == "native" and sched.prefill_chunk_size % self.cache.block_size == 0
-        dtype = resolve_dtype(self.dtype, self.device, checkpoint_dtype)
+        dtype = resolve_dtype(self.dtype, self.device, checkpoint_dtype, bfloat16_supported)
         return dataclasses.replace(self, scheduler=sched, dtype=dtype,
                                    cache=dataclasses.replace(self.cache, enable_prefix_caching=caching))
 

@@ -20,7 +20,7 @@ def test_a_cpu_is_never_a_large_gpu(tiny_model_dir):
 
 def test_h100_and_h200_are_large_an_a100_and_small_gpus_are_not(monkeypatch):
     def gpu(name: str, gib: int) -> bool:
-        properties = SimpleNamespace(name=name, total_memory=gib * GIB)
+        properties = SimpleNamespace(name=name, total_memory=gib * GIB, major=9, minor=0)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: properties)
         return is_large_gpu("cuda:0")
@@ -57,3 +57,23 @@ def test_the_context_is_the_tokenizers_limit_where_less_and_a_linear_ropes_stret
         "rope_type": "llama3", "factor": 8.0}}))  # NOTE: llama3's positions are the scaled ones already
     assert context_length(tmp_path)[0] == 4096
     assert context_length(tmp_path / "absent") is None
+
+
+def test_auto_is_float16_and_an_explicit_bfloat16_refused_on_a_gpu_without_bfloat16(monkeypatch):
+    """vLLM's rule on a GPU before Ampere (a T4, a V100): auto runs a bfloat16 checkpoint in float16, and --dtype
+    bfloat16 is an error at start-up naming the GPU. Inverse: the same config on an Ampere GPU keeps bfloat16."""
+    capability = (7, 5)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(name="Tesla T4", total_memory=16 * GIB))
+    assert resolved_on_device(EngineConfig(model="random:qwen3-8b", device="cuda")).dtype == "float16"
+    with pytest.raises(ValueError, match="Tesla T4 has 7.5"):
+        resolved_on_device(EngineConfig(model="random:qwen3-8b", device="cuda", dtype="bfloat16"))
+    assert resolved_on_device(EngineConfig(model="random:qwen3-8b", device="cuda", dtype="float16")).dtype == \
+        "float16"
+    capability = (8, 0)
+    assert resolved_on_device(EngineConfig(model="random:qwen3-8b", device="cuda")).dtype == "bfloat16"
+    assert resolved_on_device(EngineConfig(model="random:qwen3-8b", device="cuda", dtype="bfloat16")).dtype == \
+        "bfloat16"

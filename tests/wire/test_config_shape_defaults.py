@@ -165,6 +165,8 @@ def test_dtype_auto_is_float32_on_cpu_and_the_checkpoint_s_half_precision_on_cud
     assert resolve_dtype(AUTO, "cuda:1", "bfloat16") == "bfloat16"
     assert resolve_dtype(AUTO, "cuda", "float32") == resolve_dtype(AUTO, "cuda", None) == "bfloat16"
     assert resolve_dtype("float32", "cuda", "bfloat16") == "float32"  # NOTE: explicit values are kept
+    assert resolve_dtype(AUTO, "cuda", "bfloat16", bfloat16_supported=False) == "float16"  # NOTE: a T4, a V100
+    assert resolve_dtype(AUTO, "cuda", None, bfloat16_supported=False) == "float16"
     assert EngineConfig(model="m", device="cuda").resolved(checkpoint_dtype="float16").dtype == "float16"
     with pytest.raises(ValueError, match="dtype must be auto"):
         EngineConfig(model="m", dtype="fp8")
