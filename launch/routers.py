@@ -24,6 +24,7 @@ from launch import cluster as launch
 from launch import scaling
 from launch.cluster import ClusterConfig, free_port
 from launch.restarts import RestartPolicy
+from wire.config import CLIENT_LIMIT_LOWEST
 from wire.supervision import make_owned_dir
 
 logger = logging.getLogger(__name__)
@@ -43,13 +44,10 @@ def one_of_several(index: int, control_port: int, metrics_dir: str) -> dict[str,
     return {"reuse_port": True, "control_port": control_port, "instance_name": f"r{index}", "metrics_dir": metrics_dir}
 
 
-CLIENT_LIMITS = ("max_client_requests", "max_client_decode_slots", "max_client_queued_requests")
-
-
 def warn_of_limits_per_router(config: ClusterConfig) -> str | None:
     """With several routers, each counts a client's requests alone (router/api/clients.py: the kernel hands a
     client's connections to any of them): the warning that says so, where a per-client limit is set, else None."""
-    given = [f"--{name.replace('_', '-')} {getattr(config, name)}" for name in CLIENT_LIMITS
+    given = [f"--{name.replace('_', '-')} {getattr(config, name)}" for name in CLIENT_LIMIT_LOWEST
              if getattr(config, name) is not None]
     if config.num_routers == 1 or not given:
         return None

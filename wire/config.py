@@ -761,13 +761,16 @@ class RouterSettings:
                              f"{API_KEY_ENV}): the admin API and the launcher use it")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
-        for name, lowest in (("max_client_requests", 1), ("max_client_decode_slots", 1),
-                             ("max_client_queued_requests", 0)):
+        for name, lowest in CLIENT_LIMIT_LOWEST.items():
             if getattr(self, name) is not None and getattr(self, name) < lowest:
                 raise ValueError(f"{name} must be >= {lowest} (or unset), got {getattr(self, name)}")
         for name in ("header_timeout_s", "body_timeout_s", "parse_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+CLIENT_LIMIT_LOWEST = {"max_client_requests": 1, "max_client_decode_slots": 1, "max_client_queued_requests": 0}
+"""RouterSettings' per-client limits (router/api/clients.py) -> the least each may be set to."""
 
 
 @dataclass(frozen=True)
