@@ -196,7 +196,7 @@ async def full_response(request: web.Request, ctx: ResponseContext, generation: 
     async for delta in deltas:
         totals.take(delta)
     body = response_body(ctx, totals.choices, sum(len(prompt) for prompt in generation.prompts))
-    return web.json_response(body, headers=request[RESPONSE_HEADERS_KEY])
+    return web.Response(body=body, content_type="application/json", headers=request[RESPONSE_HEADERS_KEY])
 
 
 class ChoiceTotals:

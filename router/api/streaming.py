@@ -19,6 +19,7 @@ from aiohttp import hdrs, web
 from router.api.errors import error_body
 from router.api.openai_api import GenerationRequest
 from router.api.responses import (
+    JSON_ENCODER,
     ChoiceDelta,
     ResponseContext,
     chunk_choice,
@@ -292,9 +293,4 @@ class ChunkEncoder:
 
 
 def sse_event(body: dict) -> bytes:
-    # NOTE: msgspec's JSON, in C (one is built per streamed chunk): the values json.dumps(ensure_ascii=False) writes
-    # (UTF-8, the same key order and floats), without its spaces; logprobs are finite (LOWEST_LOGPROB is -inf's)
-    return b"data: " + JSON_ENCODER.encode(body) + b"\n\n"
-
-
-JSON_ENCODER = msgspec.json.Encoder()
+    return b"data: " + JSON_ENCODER.encode(body) + b"\n\n"  # NOTE: one is built per streamed chunk
