@@ -36,7 +36,9 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
   issue20_sizes_t0)  # stop 47 (device time for one call of two): the sizing's GPU test, then the t = 0 table of
-    # issue20_new_default_t0 (which runs the auto N, KV cache and dtype on the GPU too), in one call
+    # issue20_new_default_t0 (which runs the auto N, KV cache and dtype on the GPU too), in one call. Ran on an H100
+    # 80 GB (no H200 came): results/h100_defaults_new_stop47.json (h200_defaults_new.json as written) and
+    # h100_kv_sizing_gpu_stop47_copies2.log (the sizing test failed by 1.7 GiB; with ACTIVATION_COPIES 4 it passed)
     timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kv_sizing_gpu.py \
       > "$out/gpu_tests_sizing.log" 2>&1
     timeout 450 python3 -m cli.main bench --model random:qwen3-8b --device cuda \

@@ -34,8 +34,9 @@ def test_cpu_gets_the_fixed_budget_and_a_given_budget_is_kept():
 def test_a_gpu_node_gets_its_share_less_the_weights_and_the_forwards_reserve():
     config = cuda_engine()
     reserve = forward_reserve_bytes(QWEN3_8B, config.scheduler, torch.bfloat16)
-    # the reserve covers the largest forward (T = 8192 packed rows: ~1 GB of activations) and N rows of logits
-    assert 2 * GIB < reserve < 6 * GIB
+    # the reserve covers the largest forward (T = 8192 packed rows: ~1 GB of activations) and N rows of logits, each
+    # ACTIVATION_COPIES times (the H100's measured peak, stop 47: ~6 GiB beside the weights and the KV cache)
+    assert 4 * GIB < reserve < 8 * GIB
     budget = with_kv_budget(config, QWEN3_8B, torch.bfloat16, H200).cache.memory_budget_bytes
     assert budget == int(H200.total_bytes * 0.9) - H200.reserved_bytes - reserve
     assert 100 * GIB < budget < 112000 * MIB  # NOTE: the engine benchmarks ran at 112000 MiB
