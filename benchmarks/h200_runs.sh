@@ -46,7 +46,7 @@ case $part in
       --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes standard,corun,corun:max_num_batched_tokens=2048,standard:max_num_batched_tokens=2048 \
       --out "$out/h200_defaults_new.json" > "$out/bench.log" 2>&1 ;;
-  issue20_sizes_gpu)  # not run yet (stop 45), first of the next device stretch: N and the KV cache are auto since stop
+  issue20_sizes_gpu)  # its sizing test ran at stop 47 (issue20_sizes_t0, H100); every GPU test not yet. N and the KV cache are auto since stop
     # 45 and have run only on CPU with the GPU's figures given. The sizing's GPU tests (the 8B shape's peak inside its
     # share after a full 8192-row pack), then every GPU test, several of which now run at N = 256 and auto KV
     timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kv_sizing_gpu.py \
