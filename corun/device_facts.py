@@ -18,22 +18,26 @@ def is_large_gpu(device: str) -> bool:
     return properties.total_memory >= LARGE_GPU_BYTES and "a100" not in properties.name.lower()
 
 
-def supports_bfloat16(device: str) -> bool:
-    """A CUDA GPU of compute capability 8.0 or more (Ampere on) computes in bfloat16; CPUs do (slowly without AMX)."""
+BFLOAT16_CAPABILITY = (8, 0)
+"""CUDA GPUs compute in bfloat16 from Ampere on; CPUs do too (slowly without AMX)."""
+
+
+def cuda_capability(device: str) -> tuple[int, int] | None:
+    """The compute capability of the CUDA GPU device names; None for a CPU (or no CUDA)."""
     if not device.startswith("cuda") or not torch.cuda.is_available():
-        return True
-    return torch.cuda.get_device_capability(torch.device(device)) >= (8, 0)
+        return None
+    return torch.cuda.get_device_capability(torch.device(device))
 
 
 def resolved_on_device(config: EngineConfig) -> EngineConfig:
     """config.resolved() for the device it names and the checkpoint it loads."""
     check_context_length(config)
-    bfloat16_supported = supports_bfloat16(config.device)
+    capability = cuda_capability(config.device)
+    bfloat16_supported = capability is None or capability >= BFLOAT16_CAPABILITY
     if config.dtype == "bfloat16" and not bfloat16_supported:
         name = torch.cuda.get_device_name(torch.device(config.device))
         raise ValueError(f"--dtype bfloat16 needs a GPU of compute capability 8.0 or more; {name} has "
-                         f"{'.'.join(map(str, torch.cuda.get_device_capability(torch.device(config.device))))}: "
-                         "give --dtype float16 (or auto, which picks it there)")
+                         f"{capability[0]}.{capability[1]}: give --dtype float16 (or auto, which picks it there)")
     checkpoint = checkpoint_dtype(config.model) if config.dtype == AUTO else None
     return config.resolved(large_gpu=is_large_gpu(config.device), checkpoint_dtype=checkpoint,
                            bfloat16_supported=bfloat16_supported)

@@ -6,8 +6,9 @@ has free, and at most twice what N requests of max_model_len hold.
 The reserve is computed from the shapes the engine will run (SGLang sizes its KV pool this way, from the chunked
 prefill size and the CUDA-graph batch) rather than by vLLM's profile forward: the largest forward's activations and
 sampled logits, ACTIVATION_COPIES times (eager forwards and the captured graphs' pools live side by side; measured on
-an H100), plus a fixed allowance for what torch does not count (the CUDA context, cuBLAS and Triton workspaces). On an H200 with an 8B model in bf16 it
-leaves ~104 GiB of KV (the engine benchmarks ran with 109 GiB: `--kv-cache-mib 112000`).
+an H100), plus a fixed allowance for what torch does not count (the CUDA context, cuBLAS and Triton workspaces). On
+an H200 with an 8B model in bf16 it leaves ~104 GiB of KV (the engine benchmarks ran with 109 GiB: `--kv-cache-mib
+112000`).
 """
 
 from __future__ import annotations

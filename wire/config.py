@@ -518,8 +518,8 @@ class EngineConfig:
         """This config with every 'auto' shape setting and the dtype resolved for its device (large_gpu:
         resolve_shape_defaults; checkpoint_dtype, bfloat16_supported: resolve_dtype; corun/device_facts.py
         resolved_on_device asks the device and reads the checkpoint). An engine (LLMEngine, a node server, the vLLM
-        engine) resolves its config once when it is built; the fingerprint hashes the result. The config as asked keeps 'auto', so it travels to
-        node processes and bench variants as the user gave it."""
+        engine) resolves its config once when it is built; the fingerprint hashes the result. The config as asked
+        keeps 'auto', so it travels to node processes and bench variants as the user gave it."""
         sched = resolve_shape_defaults(self.scheduler, self.device, self.use_cuda_graph, self.backend, large_gpu)
         caching = self.cache.enable_prefix_caching and sched.mode == "fixed_shape" and \
             self.backend == "native" and sched.prefill_chunk_size % self.cache.block_size == 0
