@@ -46,13 +46,25 @@ case $part in
       --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes standard,corun,corun:max_num_batched_tokens=2048,standard:max_num_batched_tokens=2048 \
       --out "$out/h200_defaults_new.json" > "$out/bench.log" 2>&1 ;;
-  issue20_sizes_gpu)  # its sizing test ran at stop 47 (issue20_sizes_t0, H100); every GPU test not yet. N and the KV cache are auto since stop
-    # 45 and have run only on CPU with the GPU's figures given. The sizing's GPU tests (the 8B shape's peak inside its
-    # share after a full 8192-row pack), then every GPU test, several of which now run at N = 256 and auto KV
+  issue20_sizes_gpu)  # its sizing test ran at stop 47 (issue20_sizes_t0, H100); every GPU test at stop 48 on an H200
+    # (results/h200_gpu_tests_stop48.log: 41 passed, 1 skipped, sizing included; "-m gpu tests/" as first written fails
+    # to collect there: the device has no openai or jsonschema, so only the directories holding GPU tests are named).
+    # N and the KV cache are auto since stop 45; several GPU tests run at N = 256 and auto KV
     timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kv_sizing_gpu.py \
       > "$out/gpu_tests_sizing.log" 2>&1
-    timeout 340 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ > "$out/gpu_tests_all.log" 2>&1 ;;
-  issue21_mps)  # not run yet (stop 45): 1P1D on one GPU gave 0.677x the engine on 1024x2048 and a KV hand-off p50 of
+    timeout 340 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun tests/decode_node/test_decode_server.py \
+      tests/launch/test_gpu_cluster.py --ignore=tests/corun/test_structured_outputs.py -rfE \
+      > "$out/gpu_tests_all.log" 2>&1 ;;
+  stop48_routers_mc)  # stop 48, one call on the H200's 16-core host (Intel Xeon): issue21_two_routers' router part at
+    # 1024 and 2048 streams (results/h200_host_two_routers_stop48.json), then issue25_mc_intake's multiple choice through
+    # HTTP with 2 routers and 8 client processes (results/h200_prefix_cache_mc_intake.json)
+    python3 -m cli.main make-tiny-model /tmp/tiny > /dev/null 2>&1
+    timeout 200 python3 -m benchmarks.router_throughput --model /tmp/tiny --routers 1,2 --streams 1024,2048 \
+      --workers 8 --seconds 8 --warmup-seconds 2 --out "$out/h200_host_two_routers.json" > "$out/router_throughput.log" 2>&1
+    timeout 320 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice --paths engine,http \
+      --routers 2 --client-processes 8 --warm-connections --out "$out/h200_prefix_cache_mc_intake.json" \
+      > "$out/prefix_cache.log" 2>&1 ;;
+  issue21_mps)  # ran at stop 48 (H200: results/h200_front_door_mps.json, the MPS server's log beside it). Stop 45: 1P1D on one GPU gave 0.677x the engine on 1024x2048 and a KV hand-off p50 of
     # ~15-20 ms (h200_front_door.json, stop 44): two CUDA contexts time-slice the GPU, so each process's kernels (and
     # the decode node's READ) wait for the other's slice. CUDA MPS runs the processes' kernels side by side through one
     # server. Its control daemon runs in user space with its pipes under /tmp (the GPU's compute mode and settings are
@@ -65,7 +77,8 @@ case $part in
       --deployments 1p1d --out "$out/h200_front_door_mps.json" > "$out/front_door.log" 2>&1
     echo quit | nvidia-cuda-mps-control >> "$out/mps.log" 2>&1
     cp -r "$CUDA_MPS_LOG_DIRECTORY" "$out/mps-log" ;;
-  issue20_new_default_t0)  # not run yet: after issue20_user_defaults_t0 (stop 44, where 2048 gave 0.86-0.995x of 8192)
+  issue20_new_default_t0)  # ran at stop 48 on an H200 (results/h200_defaults.json, h200_defaults_poisson_32_stop48.json;
+    # the same t = 0 table ran at stop 47 on an H100). Written after issue20_user_defaults_t0 (stop 44, where 2048 gave 0.86-0.995x of 8192)
     # max_num_batched_tokens is auto (8192 on an H200), and since stop 45 so are N (256 on CUDA) and the KV cache
     # (--gpu-memory-utilization 0.9 less the weights and the forwards' reserve), and the dtype (bfloat16 for a
     # preset): no engine flag but the model, the device and --max-model-len (the workloads' prompts need 6144). The
@@ -116,7 +129,8 @@ case $part in
       --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes standard,corun,corun:max_num_batched_tokens=8192,standard:max_num_batched_tokens=8192 \
       --out "$out/h200_defaults_user.json" > "$out/bench.log" 2>&1 ;;
-  front_door_defaults)  # stop 45: N and the KV caches auto too (front_door's defaults: none of its size flags; 1P1D
+  front_door_defaults)  # ran again at stop 48 (results/h200_front_door.json; stop 44's run is h200_front_door_stop44.json).
+    # Stop 45: N and the KV caches auto too (front_door's defaults: none of its size flags; 1P1D
     # on one GPU splits its 0.9 in halves). Stop 44: front_door at the defaults a user gets (its --prefill-chunk-size was 4096 until now,
     # so every prefill forward ran 4096 rows against the default 2048, and a colocated node's streams waited ~100 ms
     # for each: ITL p99 107-114 ms), the HTTP runs after corun bench --url's warm-up, the engine's own ITL p99 beside

@@ -333,17 +333,21 @@ async def next_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
     """
     reply = await replies.next_within(timeout_s)
     if reply is SILENT:
-        raise silence_error(node, timeout_s)
+        raise silence_error(node, timeout_s, replies.ended_unhealthy)
     if isinstance(reply, ErrorReply):
         raise node_failure(node, reply.status, f": {reply.message}")
     return reply
 
 
-def silence_error(node: NodeClient, timeout_s: float) -> GenerationError:
-    # NOTE: a node that still answers pings is alive but slow (504); one that does not is gone (503).
-    if node.healthy:
-        return node_failure(node, 504, f"sent nothing for {timeout_s:g} s")
-    return node_failure(node, 503, "stopped answering")
+def silence_error(node: NodeClient, timeout_s: float, stopped_answering: bool) -> GenerationError:
+    """stopped_answering: the wait ended because the node did (its watchdog), not at timeout_s.
+
+    NOTE: a node that still answers pings is alive but slow (504); one that does not is gone (503). Its health is
+    read again only for a wait that reached its deadline: one ended by the node's silence may end just before the
+    node is heard again, and was then reported as a 504 "sent nothing for <the whole timeout>"."""
+    if stopped_answering or not node.healthy:
+        return node_failure(node, 503, "stopped answering")
+    return node_failure(node, 504, f"sent nothing for {timeout_s:g} s")
 
 
 def node_failure(node: NodeClient, status: int, what: str) -> GenerationError:

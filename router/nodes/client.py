@@ -32,8 +32,11 @@ from wire.protocol import (
 logger = logging.getLogger(__name__)
 
 HEALTHY_WITHIN_S = 3.0
-"""A node is healthy when it is connected and its latest Pong is at most this old (three missed pings make a busy
-or hung node unhealthy; a dead one is known at once, by its connection)."""
+"""A node is healthy when it is connected, has answered a ping, and the router last heard from it (a Pong or any
+other message) at most this long ago: three missed pings make a busy or hung node unhealthy; a dead one is known at
+once, by its connection. NOTE: any message counts, not only Pongs: a router behind its offered load reads a node's
+Pong only after the node's queued StepTokens, while the node is fine (the H200 host's 16 cores, 2048 streams into
+one router: 260 requests waiting on a healthy prefill node failed, with a 504 that claimed 600 s of silence)."""
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 200, 800
 """zmq heartbeats, answered by the node's zmq I/O thread even while its loop runs a long forward: a host or link
 that is gone closes the connection within a second (a killed process closes it at once)."""
@@ -76,6 +79,8 @@ class ReplyQueue(asyncio.Queue):
         self.waiting_since: float | None = None
         self.deadline = 0.0
         self.timeout_s = 0.0
+        self.ended_unhealthy = False
+        """The latest wait ended with SILENT because its node stopped answering, not at its deadline."""
         self.push: Callable[[object], bool] | None = None
 
     def offer(self, reply, now: float) -> None:
@@ -117,11 +122,17 @@ class ReplyQueue(asyncio.Queue):
         if self.waiting_since is not None and (
                 now >= self.deadline or (not node_healthy and now - self.waiting_since >= UNHEALTHY_WAIT_S)):
             self.waiting_since = None
+            self.ended_unhealthy = now < self.deadline
             self.put_nowait(SILENT)
 
 
 MAX_MESSAGES_PER_WAKEUP = 64
-"""Messages the receive loop takes in one turn of the event loop when they have queued up."""
+"""Messages the receive loop takes in one turn of the event loop when they have queued up (RECEIVE_TURN_S bounds
+the turn's time too)."""
+RECEIVE_TURN_S = 0.005
+"""The receive loop stops taking queued messages once a turn has lasted this long: a StepTokens of 2048 rows costs the
+router tens of ms, so 64 of them in one turn held its event loop for seconds, and every other task (pings, HTTP,
+other nodes' replies) waited."""
 SILENT = object()
 """What ReplyQueue.next_within returns when the wait ended without a reply."""
 
@@ -150,6 +161,8 @@ class NodeClient:
         """ResetPrefixCache nonce -> the future its PrefixCacheReset answers."""
         self._latest_pong: Pong | None = None
         self._latest_pong_time: float | None = None
+        self._latest_heard_time = 0.0
+        """time.monotonic() of the latest message read from the node, of any kind."""
         self._connected = False
         self._receive_task: asyncio.Task | None = None
         self._monitor_task: asyncio.Task | None = None
@@ -251,7 +264,7 @@ class NodeClient:
                           self._latest_pong, age)
 
     def _healthy_at(self, now: float) -> bool:
-        return self._connected and self._latest_pong_time is not None and now - self._latest_pong_time <= (
+        return self._connected and self._latest_pong_time is not None and now - self._latest_heard_time <= (
             HEALTHY_WITHIN_S)
 
     @property
@@ -290,16 +303,28 @@ class NodeClient:
         # request under load, measured with py-spy); what has already arrived is taken without them, a bounded run
         # of messages at a time so that other tasks get their turn
         receive_now = zmq.Socket.shadow(self._socket.underlying).recv_multipart
+        clock = asyncio.get_running_loop().time
         while True:
             self._take(await self._socket.recv_multipart())
-            for _ in range(MAX_MESSAGES_PER_WAKEUP - 1):
-                try:
-                    frames = receive_now(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._take(frames)
+            if self._take_queued(receive_now, clock, clock() + RECEIVE_TURN_S):
+                # NOTE: an awaited receive that finds a message queued returns without yielding: a backlog taken
+                # by awaits alone held the event loop until it was gone (seconds, on the H200 host)
+                await asyncio.sleep(0)
+
+    def _take_queued(self, receive_now: Callable, clock: Callable[[], float], turn_ends: float) -> bool:
+        """Take messages already queued, until none is left (-> False) or the turn is over (-> True)."""
+        for _ in range(MAX_MESSAGES_PER_WAKEUP - 1):
+            if clock() >= turn_ends:
+                return True
+            try:
+                frames = receive_now(zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            self._take(frames)
+        return True
 
     def _take(self, frames: list[bytes]) -> None:
+        self._latest_heard_time = time.monotonic()
         # NOTE: the payload is the last frame, whether or not the node's ROUTER added an empty delimiter.
         try:
             self._dispatch(decode(frames[-1]))
