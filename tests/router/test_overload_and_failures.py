@@ -155,3 +155,26 @@ def test_a_request_finished_by_its_first_token_skips_decode(tiny_model_dir, word
         assert choice["token_ids"] == [first] and choice["text"] == tokenizer.decode([first])
         assert choice["finish_reason"] == ("length" if params["max_tokens"] == 1 else "stop")
         assert all(not node.request_ids(DecodeRequest) for node in router.decode_nodes)
+
+
+def test_at_the_defaults_a_burst_beyond_one_decode_pool_s_rows_is_queued_not_refused(tiny_model_dir, word_token_ids):
+    """600 requests at once, each in flight for a while (a slow decode node): with the default limit every one is
+    served, as vLLM's server queues them (its benchmark sends 1000 at once by default). Inverse: at the former
+    default, 256, the rest got 429."""
+    slow = FakeBehaviour(event_delay_s=0.05)
+
+    async def burst(base_url: str, num_requests: int) -> list[int]:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(timeout=NO_CLIENT_TIMEOUT, connector=connector) as session:
+            async def one() -> int:
+                async with session.post(base_url + "/v1/completions", json=BODY) as reply:
+                    await reply.read()
+                    return reply.status
+            return await asyncio.gather(*(one() for _ in range(num_requests)))
+
+    with RouterHarness(tiny_model_dir, word_token_ids, decode=slow) as router:
+        router.wait_until_healthy()
+        assert set(asyncio.run(burst(router.base_url, 600))) == {200}
+    with RouterHarness(tiny_model_dir, word_token_ids, decode=slow, max_pending_requests=256) as router:
+        router.wait_until_healthy()
+        assert 429 in set(asyncio.run(burst(router.base_url, 600)))
