@@ -4,6 +4,8 @@
 # e.g. bash benchmarks/vllm_bench_burst.sh models/tiny 8313 results.log --max-pending-requests 256
 # Needs .venv-vllm (scripts/setup.sh). Prints the benchmark's summary; OUT_LOG keeps it.
 set -u
+# VLLM_BENCH_ARGS: more of vllm bench serve's own flags, e.g. "--backend openai-chat --endpoint /v1/chat/completions"
+read -r -a BENCH_ARGS <<< "${VLLM_BENCH_ARGS:-}"
 model=$1; port=$2; out=$3; shift 3
 cd "$(dirname "$0")/.."
 serve_log=$(mktemp)
@@ -13,4 +15,4 @@ trap 'kill -INT $serve_pid 2>/dev/null; wait $serve_pid; rm -f "$serve_log"' EXI
 for _ in $(seq 180); do grep -q "cluster ready" "$serve_log" && break; sleep 1; done
 timeout 600 .venv-vllm/bin/python benchmarks/vllm_bench_serve.py --backend openai --base-url "http://127.0.0.1:$port" \
   --model "$model" --dataset-name random --random-input-len 64 --random-output-len 32 --num-prompts 1000 \
-  --ignore-eos 2>&1 | sed -n '/Serving Benchmark Result/,/^=*$/p' | tee "$out"
+  --ignore-eos "${BENCH_ARGS[@]}" 2>&1 | sed -n '/Serving Benchmark Result/,/^=*$/p' | tee "$out"
