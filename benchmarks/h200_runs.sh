@@ -100,7 +100,8 @@ case $part in
       --max-model-len 6144 --num-requests 256 --max-seconds 10 --goodput ttft:500 tpot:50 \
       --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,corun:prefill_token_budget=2048 \
       --out "$out/h200_budget_2048.json" > "$out/bench.log" 2>&1 ;;
-  issue25_mc_intake)  # not run yet (stop 45): on this 2-core host a t = 0 burst of 256 multiple-choice requests through
+  issue25_mc_intake)  # its multiple-choice part ran at stop 48 (stop48_routers_mc: 3.18x, TTFT 0.398x); its burst
+    # part not yet. Stop 45: on this 2-core host a t = 0 burst of 256 multiple-choice requests through
     # the front door to fake nodes that answer at once gave a client TTFT p50 of 0.30 s with 1 router and 1 client
     # process, 0.14 s with 2 and 2 (benchmarks/results/cpu_router_burst_mc.json; the routers' own mean 0.03-0.09 s):
     # about the H200's cache-on gap to the engine (0.71-0.80 s against 0.55). The same burst on the 16-core host,
@@ -111,7 +112,8 @@ case $part in
     timeout 420 python3 -m benchmarks.prefix_cache $PREFIX_CACHE --workloads multiple_choice --paths http \
       --routers 2 --client-processes 8 --warm-connections --out "$out/h200_prefix_cache_mc_intake.json" \
       > "$out/prefix_cache.log" 2>&1 ;;
-  issue21_two_routers)  # not run yet (stop 44): 2 routers at 1024 streams were capped by the fake node's paced
+  issue21_two_routers)  # its router part ran at stop 48 (stop48_routers_mc: 1.71x at 2048 streams; one saturated router
+    # failed 260 requests, a router bug fixed since); the rest not yet. Stop 44: 2 routers at 1024 streams were capped by the fake node's paced
     # ceiling (51,200 tok/s; one router saturated at 42.4k): an offered load above twice one router's, on 16 cores;
     # then multiple choice through HTTP with the router's latency means beside the client's (server_means: where its
     # TTFT p50 gap to the engine sits), at today's defaults (T8192 on the H200 since stop 44)
