@@ -43,13 +43,18 @@ def resolved_on_device(config: EngineConfig) -> EngineConfig:
                            bfloat16_supported=bfloat16_supported)
 
 
+def model_context(model: str) -> tuple[int, str] | None:
+    """The longest sequence the model (a checkpoint directory or a random preset) is made for, and where it was read;
+    None where nothing says."""
+    if is_random_spec(model):
+        return preset_config(model).max_position_embeddings, "the preset's max_position_embeddings"
+    return context_length(model)
+
+
 def check_context_length(config: EngineConfig) -> None:
     """A ValueError when max_model_len is longer than the model is made for, as vLLM refuses it: RoPE at positions
     the model never saw gives text of no use (and the tokenizer's own limit says the same)."""
-    if is_random_spec(config.model):
-        found = preset_config(config.model).max_position_embeddings, "the preset's max_position_embeddings"
-    else:
-        found = context_length(config.model)
+    found = model_context(config.model)
     if found is None or config.scheduler.max_model_len <= found[0]:
         return
     most, where = found

@@ -15,6 +15,7 @@ import torch
 import zmq
 
 from corun.cublas import split_k_in_effect
+from corun.device_facts import model_context
 from wire import protocol
 from wire.config import KV_POOL_SIZING, EngineConfig, NodeConfig
 from wire.flags import add_flags, config_from_args
@@ -206,14 +207,19 @@ def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     return serve(role, server_factory, config)
 
 
-def kv_cache_line(engine: EngineConfig, num_blocks: int) -> str:
+def kv_cache_line(engine: EngineConfig, num_blocks: int, model_context: int | None = None) -> str:
     """What a node's KV cache holds, as vLLM logs it at start-up: tokens, and how many requests of max_model_len fit
-    at once (a resolved config)."""
+    at once (a resolved config); and, where the model is made for longer sequences (model_context), that
+    --max-model-len sets the limit: it does not follow the model, as vLLM's does (README, "Defaults")."""
     cache, sched = engine.cache, engine.scheduler
     tokens = num_blocks * cache.block_size
-    return (f"KV cache: {num_blocks} blocks of {cache.block_size} tokens = {tokens} tokens, "
+    line = (f"KV cache: {num_blocks} blocks of {cache.block_size} tokens = {tokens} tokens, "
             f"{tokens / sched.max_model_len:.2f}x max_model_len ({sched.max_model_len}) at once, "
             f"{sched.max_num_seqs} decode rows")
+    if model_context is not None and model_context > sched.max_model_len:
+        line += (f"; requests are limited to {sched.max_model_len} tokens of the model's {model_context} "
+                 f"(--max-model-len)")
+    return line
 
 
 def serve(role: str, server_factory, config: NodeConfig) -> int:
@@ -231,8 +237,9 @@ def serve(role: str, server_factory, config: NodeConfig) -> int:
     logger.info("%s node %s shapes: prefill %s, decode steps at %s rows, %d (decode, pack) pairs joined", role,
                 config.node_id, getattr(runner, "prefill_path", "vLLM's"), getattr(runner, "decode_sizes", "vLLM's"),
                 len(getattr(runner, "joined_shapes", ())))
-    logger.info("%s node %s %s", role, config.node_id, kv_cache_line(server.config.engine,
-                                                                     server.capacity.num_kv_blocks))
+    context = model_context(config.engine.model)
+    logger.info("%s node %s %s", role, config.node_id, kv_cache_line(
+        server.config.engine, server.capacity.num_kv_blocks, None if context is None else context[0]))
     freeze_startup_heap()  # NOTE: the model's modules and the graphs' bookkeeping are never walked again
     try:
         while not stopping:
