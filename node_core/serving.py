@@ -207,17 +207,17 @@ def run_node(role: str, server_factory, argv: list[str] | None = None) -> int:
     return serve(role, server_factory, config)
 
 
-def kv_cache_line(engine: EngineConfig, num_blocks: int, model_context: int | None = None) -> str:
+def kv_cache_line(engine: EngineConfig, num_blocks: int, context_tokens: int | None = None) -> str:
     """What a node's KV cache holds, as vLLM logs it at start-up: tokens, and how many requests of max_model_len fit
-    at once (a resolved config); and, where the model is made for longer sequences (model_context), that
-    --max-model-len sets the limit: it does not follow the model, as vLLM's does (README, "Defaults")."""
+    at once (a resolved config); and, where the model is made for longer sequences (context_tokens), that
+    --max-model-len sets the limit: it does not follow the model, as vLLM's does (the README says why)."""
     cache, sched = engine.cache, engine.scheduler
     tokens = num_blocks * cache.block_size
     line = (f"KV cache: {num_blocks} blocks of {cache.block_size} tokens = {tokens} tokens, "
             f"{tokens / sched.max_model_len:.2f}x max_model_len ({sched.max_model_len}) at once, "
             f"{sched.max_num_seqs} decode rows")
-    if model_context is not None and model_context > sched.max_model_len:
-        line += (f"; requests are limited to {sched.max_model_len} tokens of the model's {model_context} "
+    if context_tokens is not None and context_tokens > sched.max_model_len:
+        line += (f"; requests are limited to {sched.max_model_len} tokens of the model's {context_tokens} "
                  f"(--max-model-len)")
     return line
 
