@@ -35,6 +35,20 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  next_after_stop48)  # not run yet: what stop 48 left unmeasured, in one call. The two prefill figures at pure defaults
+    # as stop 40 ran them (64 tokens against 1.5x the weight-read floor, 4,096 tokens against 0.85 of the GEMM rate;
+    # prefill_cost's own flags, chunk 4096 as then), Poisson ShareGPT-like at 16 req/s at pure defaults (stop 48 ran 32), and 1 against 2
+    # routers at 2,048 streams on the 16-core host after the receive-loop fix (stop 48: 1.71x, one router failing 260)
+    timeout 120 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64,4096 --prefill-chunk-size 4096 \
+      --repeats 3 --out "$out/h200_prefill_cost_stop49.json" > "$out/prefill_cost.log" 2>&1
+    timeout 160 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
+      --max-model-len 6144 --num-requests 300 --workloads sharegpt --request-rate 16 \
+      --max-seconds 22 --modes corun,standard --goodput ttft:500 tpot:50 \
+      --out "$out/h200_defaults_poisson_16_stop49.json" > "$out/bench_poisson.log" 2>&1
+    python3 -m cli.main make-tiny-model /tmp/tiny > /dev/null 2>&1
+    timeout 200 python3 -m benchmarks.router_throughput --model /tmp/tiny --routers 1,2 --streams 2048 \
+      --workers 8 --seconds 8 --warmup-seconds 2 --out "$out/h200_host_two_routers_stop49.json" \
+      > "$out/router_throughput.log" 2>&1 ;;
   issue20_sizes_t0)  # stop 47 (device time for one call of two): the sizing's GPU test, then the t = 0 table of
     # issue20_new_default_t0 (which runs the auto N, KV cache and dtype on the GPU too), in one call. Ran on an H100
     # 80 GB (no H200 came): results/h100_defaults_new_stop47.json (h200_defaults_new.json as written) and
