@@ -37,8 +37,9 @@ DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:pie
 case $part in
   next_after_stop48)  # not run yet: what stop 48 left unmeasured, in one call. The two prefill figures at pure defaults
     # as stop 40 ran them (64 tokens against 1.5x the weight-read floor, 4,096 tokens against 0.85 of the GEMM rate;
-    # prefill_cost's own flags, chunk 4096 as then), Poisson ShareGPT-like at 16 req/s at pure defaults (stop 48 ran 32), and 1 against 2
-    # routers at 2,048 streams on the 16-core host after the receive-loop fix (stop 48: 1.71x, one router failing 260)
+    # prefill_cost's own flags, chunk 4096 as then), Poisson ShareGPT-like at 16 req/s at pure defaults (stop 48
+    # ran 32), and 1 against 2 routers at 2,048 streams on the 16-core host after the receive-loop fix (stop 48:
+    # 1.71x, one router failing 260)
     timeout 120 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64,4096 --prefill-chunk-size 4096 \
       --repeats 3 --out "$out/h200_prefill_cost_stop49.json" > "$out/prefill_cost.log" 2>&1
     timeout 160 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
