@@ -687,10 +687,11 @@ class RouterSettings:
     port: int = 8000
     """The router's HTTP port."""
     max_pending_requests: int = 4096
-    """Prompts in flight (queued or running) beyond this get 429 with Retry-After. NOTE: nodes queue what they cannot
-    run yet, so this bounds the router's memory, not the cluster's work: it was 256, one decode node's rows, and the
-    burst a client's benchmark sends by default (`vllm bench serve`: 1000 prompts at once) got a 429 for every prompt
-    beyond 256 in flight. Each pending prompt holds its token ids (at most max_model_len) in the router."""
+    """Samples (prompts x n) in flight, queued or running; beyond this a request gets 429 with Retry-After. NOTE:
+    nodes queue what they cannot run yet, so this bounds the router's memory, not the cluster's work: it was 256, one
+    decode node's rows, and of the burst vLLM's benchmark sends by default (`vllm bench serve`: 1000 prompts at once)
+    743-744 got a 429 (benchmarks/results/cpu_vllm_bench_serve_pending256.log). Each pending prompt holds its token
+    ids (at most max_model_len) in the router."""
     request_timeout_s: float = 600.0
     """The longest the router waits for a node to take a request, or for its next reply (a token, the end of a
     prefill), before the request ends with a 504."""
