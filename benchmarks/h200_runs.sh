@@ -35,7 +35,19 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  next_after_stop48)  # not run yet: what stop 48 left unmeasured, in one call. The two prefill figures at pure defaults
+  stop49_joined_pieces)  # stop 49: joined forwards through the piecewise graphs (packs below 1024 rows may now carry
+    # the decode step). Their GPU tests and the sizing's, then Poisson ShareGPT-like at 32 and 16 req/s at pure defaults
+    # against the same with the pieces off (joined eagerly from 1024 rows, as before) and standard, in one call
+    # (RATES="16": the second rate in a call of its own; TESTS=0 skips the tests)
+    [ "${TESTS:-1}" = 1 ] && timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_joined_steps.py \
+      tests/corun/test_piecewise_graphs.py tests/corun/test_kv_sizing_gpu.py -rfE > "$out/gpu_tests.log" 2>&1
+    for rate in ${RATES:-32}; do
+      timeout 380 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
+        --max-model-len 6144 --num-requests 300 --workloads sharegpt --request-rate $rate \
+        --max-seconds 22 --modes corun,corun:piecewise_graphs=off,standard --goodput ttft:500 tpot:50 \
+        --out "$out/h200_defaults_poisson_${rate}_pieces.json" > "$out/bench_poisson_$rate.log" 2>&1
+    done ;;
+  next_after_stop48)  # ran at stop 49 on an H100 (no H200 came): results/h100_*_stop49.json. What stop 48 left unmeasured, in one call. The two prefill figures at pure defaults
     # as stop 40 ran them (64 tokens against 1.5x the weight-read floor, 4,096 tokens against 0.85 of the GEMM rate;
     # prefill_cost's own flags, chunk 4096 as then), Poisson ShareGPT-like at 16 req/s at pure defaults (stop 48
     # ran 32), and 1 against 2 routers at 2,048 streams on the 16-core host after the receive-loop fix (stop 48:

@@ -387,12 +387,14 @@ def run_bench(base: EngineConfig, modes: list[str], workloads: list[Workload], o
     for mode in modes:
         config = dataclasses.replace(base, scheduler=scheduler_for(base.scheduler, mode))
         print(f"corun bench: building the {mode} engine", file=sys.stderr, flush=True)
+        started = time.perf_counter()
         engine = LLMEngine(config)
         report["prefill_paths"][mode], report["modes"][mode] = engine.runner.prefill_path, {}
         report.setdefault("resolved", {})[mode] = {  # NOTE: the dtype, N and the KV cache as the engine ran them
             "dtype": engine.config.dtype, "max_num_seqs": engine.config.scheduler.max_num_seqs,
             "num_kv_blocks": engine.runner.kv_cache.num_blocks,
-            "kv_cache_mib": engine.runner.kv_cache.data.nbytes // 2**20}
+            "kv_cache_mib": engine.runner.kv_cache.data.nbytes // 2**20,
+            "start_up_s": round(time.perf_counter() - started, 1)}  # NOTE: load, graphs, start-up probes
         for workload in workloads:
             result = run_workload(engine, workload, hardware, max_seconds=max_seconds, arrivals=arrivals, slo=slo,
                                   label=f"{mode} {workload.name}")

@@ -93,7 +93,7 @@ def fresh_shape_steps(engine: LLMEngine, config: EngineConfig, context: int, num
         return times
 
     with_graphs = steps(engine.runner)
-    engine.runner.mixed_graph = None
+    engine.runner.piecewise_forward = None
     gc.collect()
     torch.cuda.empty_cache()
     plain = LLMEngine(dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler,
@@ -122,7 +122,7 @@ def main() -> None:
     report = {"build_s": round(time.perf_counter() - start, 1), "kv_cache_mib": args.kv_cache_mib,
               "memory_after_build_gib": round(torch.cuda.memory_reserved() / 2**30, 2),
               "free_gib": round(torch.cuda.mem_get_info()[0] / 2**30, 2), "cases": []}
-    runner, pieces = engine.runner, engine.runner.mixed_graph
+    runner, pieces = engine.runner, engine.runner.piecewise_forward
     for num_decodes, num_chunks, prompt_tokens in CASES:
         blocks = BlockManager(runner.kv_cache.num_blocks, config.cache.block_size)
         inputs, _ = mixed_step(engine, blocks, num_decodes, args.context, num_chunks, prompt_tokens)

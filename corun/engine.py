@@ -38,7 +38,7 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
-        self.runner = ModelRunner(config, runs_mixed_steps=config.scheduler.mode != "fixed_shape")
+        self.runner = ModelRunner(config, colocated=True)
         # NOTE: resolved on the device by the runner, with the KV budget it sized
         self.config = config = self.runner.config
         self.block_manager = make_block_manager(config, self.runner.kv_cache.num_blocks)

@@ -21,24 +21,30 @@ from corun.scheduler import PrefillChunk
 
 PROBE_SEED = 20261203
 MIN_PACK_ROWS_OVER_A_GRAPH = 1024
-"""A pack the runner replays as a CUDA graph is joined only from this many rows: the joined forward runs eagerly, and
-below this the eager forward is bound by the host's kernel launches, so it costs more than the two graphs it
-replaces. Measured on the H200 (8B shape, N = 256, Poisson ShareGPT-like 32 req/s, one machine,
-benchmarks/results/h200_joined_poisson_32.json): with every pair joined, most packs held 192-512 rows and TPOT p50
-was 20.1 ms against 9.7 apart (h200_defaults_poisson_32_stop38.json); at t = 0, where packs are full, joining gave
-1.00x-1.01x. From 1024 rows a pack's GEMMs alone take ~20 ms of GPU time, which hides the launches."""
+"""A pack the runner replays as a CUDA graph is joined eagerly only from this many rows: below this the eager forward
+is bound by the host's kernel launches, so it costs more than the two graphs it replaces. Measured on the H200 (8B
+shape, N = 256, Poisson ShareGPT-like 32 req/s, one machine, benchmarks/results/h200_joined_poisson_32.json): with
+every pair joined eagerly, most packs held 192-512 rows and TPOT p50 was 20.1 ms against 9.7 apart
+(h200_defaults_poisson_32_stop38.json); at t = 0, where packs are full, joining gave 1.00x-1.01x. From 1024 rows a
+pack's GEMMs alone take ~20 ms of GPU time, which hides the launches. Smaller pairs join where the piecewise graphs
+(SchedulerConfig.piecewise_graphs) hold their rows: those replay the GEMMs and glue, only attention runs eagerly."""
 
 
 def verified_joined_shapes(runner) -> set[tuple[int, int]]:
-    """runner: a fixed_shape ModelRunner with its decode and pack sizes kept. -> the pairs that agree."""
-    return {(decode_rows, pack_rows) for pack_rows in joinable_pack_sizes(runner) for decode_rows in runner.decode_sizes
-            if joined_matches_apart(runner, decode_rows, pack_rows)}
+    """runner: a fixed_shape ModelRunner with its decode and pack sizes kept (and its piecewise graphs captured, if
+    any: a pair they hold is tried through them, as it will run). -> the pairs that agree."""
+    return {(decode_rows, pack_rows) for pack_rows in runner.pack_sizes for decode_rows in runner.decode_sizes
+            if joinable(runner, decode_rows, pack_rows) and joined_matches_apart(runner, decode_rows, pack_rows)}
 
 
-def joinable_pack_sizes(runner) -> list[int]:
-    """Pack sizes run eagerly anyway, and captured ones large enough that running them eagerly costs nothing."""
+def joinable(runner, decode_rows: int, pack_rows: int) -> bool:
+    """Pairs whose joined forward replays the piecewise graphs, packs run eagerly anyway, and captured packs large
+    enough that running them eagerly costs nothing."""
+    pieces = runner.piecewise_forward
+    if pieces is not None and pieces.size_for(decode_rows + pack_rows) is not None:
+        return True
     graphs = runner.prefill_graph.graphs if runner.prefill_graph is not None else {}
-    return [rows for rows in runner.pack_sizes if rows not in graphs or rows >= MIN_PACK_ROWS_OVER_A_GRAPH]
+    return pack_rows not in graphs or pack_rows >= MIN_PACK_ROWS_OVER_A_GRAPH
 
 
 def joined_matches_apart(runner, decode_rows: int, pack_rows: int) -> bool:

@@ -60,9 +60,11 @@ class GpuMemory:
         return cls(total, free, torch.cuda.memory_reserved(torch.device(device)))
 
 
-def forward_reserve_bytes(arch: ModelArchConfig, sched: SchedulerConfig, dtype: torch.dtype) -> int:
+def forward_reserve_bytes(arch: ModelArchConfig, sched: SchedulerConfig, dtype: torch.dtype,
+                          piecewise_rows: int = 0) -> int:
     """Memory the forwards need beside the weights and the KV cache, from their largest shapes (a resolved
-    scheduler config)."""
+    scheduler config). piecewise_rows: the largest piecewise graph the runner captures (0: none), whose buffers
+    and pool come on top of the other graphs' (ModelRunner.piecewise_sizes)."""
     element = torch.empty((), dtype=dtype).element_size()
     rows = max(sched.prefill_pack_tokens or 0, sched.prefill_chunk_size, sched.max_num_seqs,
                sched.max_num_batched_tokens)
@@ -71,7 +73,8 @@ def forward_reserve_bytes(arch: ModelArchConfig, sched: SchedulerConfig, dtype: 
     # NOTE: a decode step's rows, a pack's sampled rows, and a chunk's rows where its prompt logprobs are asked
     sampled_rows = max(sched.max_num_seqs, sched.prefill_seqs_per_forward, sched.prefill_chunk_size)
     logits = sampled_rows * arch.vocab_size * 4 * LOGITS_COPIES
-    return ACTIVATION_COPIES * (rows * row_elements * element + logits) + UNCOUNTED_RESERVE_BYTES
+    pieces = piecewise_rows * row_elements * element
+    return ACTIVATION_COPIES * (rows * row_elements * element + logits) + pieces + UNCOUNTED_RESERVE_BYTES
 
 
 def gpu_kv_budget(memory: GpuMemory, utilization: float, reserve_bytes: int, gpu_nodes: int = 1,
@@ -84,16 +87,17 @@ def gpu_kv_budget(memory: GpuMemory, utilization: float, reserve_bytes: int, gpu
 
 
 def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
-                   memory: GpuMemory | None = None) -> EngineConfig:
+                   memory: GpuMemory | None = None, piecewise_rows: int = 0) -> EngineConfig:
     """config with the KV cache's budget resolved (kept as given when --kv-cache-mib or --num-blocks is). On CUDA,
-    call it once the weights are loaded; memory: the GPU's figures (None: ask the device)."""
+    call it once the weights are loaded; memory: the GPU's figures (None: ask the device); piecewise_rows: as
+    forward_reserve_bytes takes it."""
     cache = config.cache
     if cache.num_blocks is not None or cache.memory_budget_bytes is not None:
         return config
     if not config.device.startswith("cuda"):
         return dataclasses.replace(config, cache=dataclasses.replace(cache, memory_budget_bytes=CPU_KV_CACHE_BYTES))
     memory = memory or GpuMemory.of(config.device)
-    reserve = forward_reserve_bytes(arch, config.scheduler, dtype)
+    reserve = forward_reserve_bytes(arch, config.scheduler, dtype, piecewise_rows)
     budget = gpu_kv_budget(memory, cache.gpu_memory_utilization, reserve, cache.gpu_nodes, cache.gpu_kv_share)
     block_bytes = bytes_per_block(arch, cache.block_size, dtype)
     needed = (config.max_blocks_per_seq + 1) * block_bytes  # NOTE: one request of max_model_len, and the null block

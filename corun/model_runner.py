@@ -13,6 +13,8 @@ so a short prefill pays its kernels, not hundreds of eager launches.
 mixed and batch_invariant modes on CUDA do what vLLM does by default: decode-only steps are padded to the
 next of several captured sizes, and mixed prefill+decode steps of up to 2048 tokens run as piecewise CUDA graphs by
 token count, attention eager between them (corun/piecewise_graphs.py; SchedulerConfig.piecewise_graphs off: eager).
+fixed_shape's joined forwards (a decode step riding a prefill pack) run through the same piecewise graphs where a
+size holds them, on a runner that both prefills and decodes.
 """
 
 from __future__ import annotations
@@ -82,9 +84,10 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, capture_decode_graph: bool = True, runs_mixed_steps: bool = False):
-        """capture_decode_graph: False on prefill-only nodes, which never run the decode step. runs_mixed_steps:
-        the colocated engine of a mixed-step mode, the only runner that runs mixed steps (run_mixed)."""
+    def __init__(self, config: EngineConfig, capture_decode_graph: bool = True, colocated: bool = False):
+        """capture_decode_graph: False on prefill-only nodes, which never run the decode step. colocated: the runner
+        both prefills and decodes (the engine, a colocated node): the only one that runs mixed steps (run_mixed) or
+        joins a decode step to a prefill forward (run_prefill_and_decode)."""
         self.config = config = resolved_on_device(config)
         if config.device.startswith("cuda"):  # NOTE: before the first CUDA call, which fixes cuBLAS's workspace
             apply_cublas_split_k(config.cublas_split_k)
@@ -97,14 +100,22 @@ class ModelRunner:
         self.window_blocks = config.max_blocks_per_seq
         self.table_rows = BlockTableRows(self.window_blocks)
         self.model, self.sampler = self.load_model_and_sampler()
+        self.joins_steps = (colocated and capture_decode_graph and self.mode == "fixed_shape"
+                            and bool(config.scheduler.prefill_pack_tokens) and config.scheduler.decode_rides_prefill)
+        """fixed_shape: whether a decode step may ride a prefill forward here (the pairs verified decide which)."""
+        pieces = (self.on_cuda and config.use_cuda_graph and config.scheduler.piecewise_graphs
+                  and ((colocated and self.mode != "fixed_shape") or self.joins_steps))
+        self.piecewise_sizes = piecewise_sizes(config.scheduler.max_num_batched_tokens) if pieces else []
+        """Row counts of the piecewise graphs (mixed steps, joined forwards) this runner captures; [] for none."""
         # NOTE: after the weights, which the GPU's KV budget is what is left beside
-        self.config = config = with_kv_budget(config, self.model.cfg, DTYPES[config.dtype])
+        self.config = config = with_kv_budget(config, self.model.cfg, DTYPES[config.dtype],
+                                              piecewise_rows=max(self.piecewise_sizes, default=0))
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_padded_prefill_forwards = 0
         """fixed_shape prefill forwards at a bucket's or the pack's row count (the rest ran at natural length)."""
         self.num_piecewise_forwards = 0
-        """Mixed steps that ran through the piecewise graphs (the rest ran eagerly)."""
+        """Mixed steps and joined forwards that ran through the piecewise graphs (the rest ran eagerly)."""
         self.num_forwards_ahead = 0
         """Decode steps launched before the host had read the tokens of the step before (async scheduling)."""
         self.decode_rows_histogram: dict[int, int] = {}
@@ -121,7 +132,7 @@ class ModelRunner:
         self.varlen_prompt_kernel = self.on_cuda and self.mode == "mixed"
         """mixed mode's steps: every prompt chunk in one varlen attention launch per layer (CUDA), as vLLM's
         FlashAttention backend does, rather than one call per chunk; tests turn it on for CPU (its reference)."""
-        self.decode_graph = self.prefill_graph = self.mixed_graph = None
+        self.decode_graph = self.prefill_graph = self.piecewise_forward = None
         self.decode_sizes = [self.max_num_seqs]
         """Row counts a fixed_shape decode step may run at (ascending, N last): N and the verified smaller ones."""
         self.pack_sizes = [config.scheduler.prefill_pack_tokens] if config.scheduler.prefill_pack_tokens else []
@@ -135,7 +146,7 @@ class ModelRunner:
         prompts' token 1 moved), and where the start-up probe agrees (corun/chunk_invariance.py)."""
         self.num_joined_forwards = 0
         """Prefill forwards that carried a decode step (counted as a prefill forward and a decode forward too)."""
-        self.set_up_fixed_shapes(capture_decode_graph, runs_mixed_steps)
+        self.set_up_fixed_shapes(capture_decode_graph)
         self.decode_in_flight: DecodeInFlight | None = None
         """The decode step launched ahead of the host (async scheduling, corun/decode_ahead.py), until read."""
 
@@ -158,17 +169,17 @@ class ModelRunner:
             model.use_fused_kernels()
         return model, sampler
 
-    def set_up_fixed_shapes(self, with_decode: bool, with_mixed: bool) -> None:
-        """CUDA graphs of the decode and padded prefill shapes (and of mixed-step modes' steps, piecewise); the
-        decode sizes that keep the N-row bits."""
+    def set_up_fixed_shapes(self, with_decode: bool) -> None:
+        """CUDA graphs of the decode and padded prefill shapes (and the piecewise graphs of mixed steps and joined
+        forwards); the decode and pack sizes that keep the N-row and T-row bits; the (decode, pack) pairs that may
+        run joined."""
         sched = self.config.scheduler
         if self.on_cuda and self.config.use_cuda_graph:
             if with_decode:
                 self.decode_graph = self.capture_decode_graphs()
-            if with_mixed and self.mode != "fixed_shape" and sched.piecewise_graphs:
-                self.mixed_graph = PiecewiseForward(self.model, self.kv_cache.layers,
-                                                    piecewise_sizes(sched.max_num_batched_tokens),
-                                                    DTYPES[self.config.dtype], self.device, capture=True)
+            if self.piecewise_sizes:
+                self.piecewise_forward = PiecewiseForward(self.model, self.kv_cache.layers, self.piecewise_sizes,
+                                                          DTYPES[self.config.dtype], self.device, capture=True)
             if self.mode == "fixed_shape" and self.padded_prefill_sizes():
                 self.prefill_graph = self.capture_prefill_graphs()
         if with_decode and self.mode == "fixed_shape" and sched.decode_step_sizes:
@@ -185,7 +196,7 @@ class ModelRunner:
                 logger.warning("a prompt's chunks gave other bits in one forward on this device: each forward runs "
                                "one chunk of %d tokens per prompt, which slows long prompts; consider "
                                "--prefill-chunk-size %d", sched.prefill_chunk_size, DEFAULT_PREFILL_CHUNK)
-        if with_decode and self.mode == "fixed_shape" and sched.prefill_pack_tokens and sched.decode_rides_prefill:
+        if self.joins_steps:
             self.joined_shapes = verified_joined_shapes(self)
 
     @property
@@ -198,7 +209,7 @@ class ModelRunner:
         """Which prefill path runs prompts on this runner, for benchmark reports."""
         sched = self.config.scheduler
         if self.mode != "fixed_shape":
-            return "mixed-batch-piecewise-graphs" if self.mixed_graph is not None else "mixed-batch-eager"
+            return "mixed-batch-piecewise-graphs" if self.piecewise_forward is not None else "mixed-batch-eager"
         how = "graph" if self.prefill_graph is not None else "eager"
         if sched.prefill_pack_tokens:
             sizes = "" if len(self.pack_sizes) < 2 else f"-sizes-{'.'.join(map(str, self.pack_sizes[:-1]))}"
@@ -292,13 +303,14 @@ class ModelRunner:
     @torch.inference_mode()
     def joined_hidden(self, decodes: list[Request], decode_rows: int, chunks: list[PrefillChunk],
                       pack_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The joined forward, eager: -> hidden states of every row, and the pack's sample rows among them."""
+        """The joined forward, through the piecewise graphs where a size holds it, else eager: -> hidden states of
+        every row, and the pack's sample rows among them."""
         sched = self.config.scheduler
         pack = build_prefill_pack(chunks, pack_rows, sched.prefill_seqs_per_forward, self.block_size,
                                   self.table_rows).to(self.device)
         inputs, sample_rows = join_decode_and_pack(self.mixed_inputs(decodes, decode_rows, []), pack,
                                                    use_kernel=self.packed_prefill_kernel)
-        return self.forward(inputs), sample_rows
+        return self.piecewise_or_eager(inputs), sample_rows
 
     def pack_rows(self, chunks: list[PrefillChunk]) -> int:
         """The smallest verified pack size that holds the chunks (T when no smaller one was kept)."""
@@ -485,7 +497,7 @@ class ModelRunner:
         if not chunks and self.decode_graph is not None:
             size = self.decode_graph.size_for(len(decodes))
             return self.sample(self.decode_logits(decodes, size)[: len(decodes)], decodes)
-        hidden = self.mixed_hidden(self.mixed_inputs(decodes, len(decodes), chunks))
+        hidden = self.piecewise_or_eager(self.mixed_inputs(decodes, len(decodes), chunks))
         rows, requests, end = list(range(len(decodes))), list(decodes), len(decodes)
         for chunk in chunks:
             end += chunk.num_tokens
@@ -497,13 +509,14 @@ class ModelRunner:
             return []
         return self.sample(self.model.compute_logits(hidden[rows]), requests)
 
-    def mixed_hidden(self, inputs: StepInputs) -> torch.Tensor:
-        """A mixed step's forward: through the piecewise graphs where a captured size holds it, else eager."""
-        graph = self.mixed_graph
-        if graph is None or graph.size_for(len(inputs.input_ids)) is None:
+    def piecewise_or_eager(self, inputs: StepInputs) -> torch.Tensor:
+        """A mixed step's or joined forward's hidden states: through the piecewise graphs where a size holds it,
+        else eager."""
+        pieces = self.piecewise_forward
+        if pieces is None or pieces.size_for(len(inputs.input_ids)) is None:
             return self.forward(inputs)
         self.num_piecewise_forwards += 1
-        return graph.forward(inputs.input_ids, inputs.positions, inputs.meta)
+        return pieces.forward(inputs.input_ids, inputs.positions, inputs.meta)
 
     def mixed_inputs(self, decodes: list[Request], num_decode_rows: int, chunks,
                      ahead: list[int] | None = None) -> StepInputs:

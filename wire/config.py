@@ -265,7 +265,10 @@ class SchedulerConfig:
     """mixed and batch_invariant modes on CUDA: mixed prefill+decode steps (and prefill-only steps) of up to 2048
     tokens run as CUDA graphs by token-count bucket, split at attention, which runs eagerly between them (vLLM's
     piecewise scheme), so the baseline's speed depends less on the host CPU's. Larger steps run eagerly (GEMMs
-    dominate them). NOTE: measured on the H200 (t = 0, one run, benchmarks/results/h200_standard_flash.json):
+    dominate them). fixed_shape on the engine and colocated nodes: a joined forward (decode_rides_prefill) of up to
+    2048 rows runs through the same graphs, so packs of any size may carry the decode step (eagerly, only packs
+    from corun.joined_steps.MIN_PACK_ROWS_OVER_A_GRAPH rows are worth joining); the start-up probe tries each pair
+    through them. NOTE: measured on the H200 (t = 0, one run, benchmarks/results/h200_standard_flash.json):
     BurstGPT-like 4,068 tok/s against 3,746 eager, ShareGPT-like 6,103 against 5,857. Before prompt attention
     called FlashAttention directly, an engine with the graphs captured ran ~3x slower in `corun bench`, its eager
     steps included, with SDPA choosing cuDNN per new shape; that did not recur (benchmarks/results/README.md)."""

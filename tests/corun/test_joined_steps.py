@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from corun import LLM, SamplingParams
-from corun.joined_steps import MIN_PACK_ROWS_OVER_A_GRAPH, joinable_pack_sizes, joined_matches_apart
+from corun.joined_steps import MIN_PACK_ROWS_OVER_A_GRAPH, joinable, joined_matches_apart, verified_joined_shapes
+from corun.piecewise_graphs import PiecewiseForward
 from tests.conftest import varied_prompts
 from tests.corun.test_determinism import completions, first_difference
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -86,11 +87,61 @@ def test_inverse_a_pair_the_probe_rejects_changes_the_bits(tiny_model_dir):
     assert first_difference(apart, forced) is not None, f"pairs the probe rejects ({sorted(rejected)}) gave the bits"
 
 
-def test_captured_packs_are_joined_only_from_the_size_where_eager_costs_nothing():
+def test_captured_packs_are_joined_eagerly_only_from_the_size_where_eager_costs_nothing():
     graphs = SimpleNamespace(graphs={192: None, 512: None, 1024: None, 2048: None})
-    runner = SimpleNamespace(pack_sizes=[192, 512, 1024, 2048, 8192], prefill_graph=graphs)
-    assert joinable_pack_sizes(runner) == [1024, 2048, 8192]  # NOTE: 8192 has no graph: eager anyway
-    assert joinable_pack_sizes(SimpleNamespace(pack_sizes=[192, 512], prefill_graph=None)) == [192, 512]
+    runner = SimpleNamespace(pack_sizes=[192, 512, 1024, 2048, 8192], prefill_graph=graphs, piecewise_forward=None)
+    assert [p for p in runner.pack_sizes if joinable(runner, 16, p)] == [1024, 2048, 8192]  # NOTE: 8192: no graph
+    uncaptured = SimpleNamespace(pack_sizes=[192, 512], prefill_graph=None, piecewise_forward=None)
+    assert [p for p in uncaptured.pack_sizes if joinable(uncaptured, 16, p)] == [192, 512]
+
+
+def test_captured_packs_join_at_any_size_the_piecewise_graphs_hold():
+    graphs = SimpleNamespace(graphs={192: None, 512: None, 2048: None})
+    pieces = SimpleNamespace(size_for=lambda rows: next((s for s in (256, 512, 1024) if s >= rows), None))
+    runner = SimpleNamespace(prefill_graph=graphs, piecewise_forward=pieces)
+    assert joinable(runner, 16, 192) and joinable(runner, 256, 512)  # NOTE: 208 and 768 rows: pieces of 256, 1024
+    assert not joinable(runner, 600, 512)  # NOTE: 1,112 rows: no piece holds them, and a captured 512 is too small
+
+
+def through_pieces(llm: LLM) -> LLM:
+    """llm's runner with piecewise forwards (run eagerly through their buffers: capture is CUDA-only) holding every
+    joined forward, its pairs tried again through them, as a CUDA runner tries its captured pieces."""
+    runner = llm.engine.runner
+    runner.piecewise_forward = PiecewiseForward(runner.model, runner.kv_cache.layers, [32, 64, 128], torch.float32,
+                                                runner.device, capture=False)
+    runner.joined_shapes = verified_joined_shapes(runner)
+    llm.engine.scheduler.decode_rides_prefill = bool(runner.joined_shapes)
+    return llm
+
+
+def test_joined_forwards_through_the_pieces_keep_every_output_bitwise(tiny_model_dir):
+    """The joined forward padded to a piece's size (8 decode rows + a 96-row pack = 104 rows, run at 128): where the
+    probe keeps the pair through the pieces, every output is as with the two forwards apart."""
+    llm = through_pieces(make_llm(tiny_model_dir, rides=True))
+    runner = llm.engine.runner
+    if not runner.joined_shapes:
+        pytest.skip("no (decode, pack) pair matched the forwards apart through the pieces on this CPU")
+    apart = completions(make_llm(tiny_model_dir, rides=False).generate(prompts(), PARAMS))
+    probed = runner.num_piecewise_forwards  # NOTE: the probe's joined forwards
+    assert first_difference(apart, completions(llm.generate(prompts(), PARAMS))) is None
+    # NOTE: without these the comparison could pass with every forward apart, or joined eagerly
+    assert runner.num_joined_forwards > 0 and runner.num_piecewise_forwards - probed == runner.num_joined_forwards
+
+
+def test_inverse_through_the_pieces_a_pair_the_probe_rejects_changes_the_bits(tiny_model_dir):
+    """Proves the comparison above can fail through the pieces: decode steps of 2 rows joined to a pack, padded to
+    128 rows, which the probe rejects where a CPU GEMM row's bits follow the row count, change some outputs."""
+    llm = through_pieces(make_llm(tiny_model_dir, rides=False, num_seqs=2))
+    runner = llm.engine.runner
+    rejected = {(d, p) for d in runner.decode_sizes for p in runner.pack_sizes} - runner.joined_shapes
+    if not rejected:
+        pytest.skip("every pair matched the forwards apart through the pieces on this CPU: none to force")
+    apart = completions(make_llm(tiny_model_dir, rides=False, num_seqs=2).generate(prompts(), PARAMS))
+    runner.joined_shapes = rejected
+    llm.engine.scheduler.decode_rides_prefill = True
+    forced = completions(llm.generate(prompts(), PARAMS))
+    assert runner.num_piecewise_forwards > 0
+    assert first_difference(apart, forced) is not None, f"pairs the probe rejects ({sorted(rejected)}) gave the bits"
 
 
 @pytest.mark.gpu
@@ -98,7 +149,7 @@ def test_captured_packs_are_joined_only_from_the_size_where_eager_costs_nothing(
 def test_on_the_gpu_joined_forwards_keep_every_output_bitwise(dtype):
     """The CUDA defaults (packed prefill in graphs, decode graphs at verified sizes, async scheduling): more prompts
     than a pack holds, so later packs carry the decode steps of earlier prompts (captured packs from
-    MIN_PACK_ROWS_OVER_A_GRAPH rows)."""
+    MIN_PACK_ROWS_OVER_A_GRAPH rows eagerly, smaller ones through the piecewise graphs)."""
     def make(rides: bool) -> LLM:
         sched = SchedulerConfig(max_num_seqs=16, max_model_len=2048, prefill_chunk_size=64, max_num_batched_tokens=2048,
                                 prefill_pack_seqs=4, decode_rides_prefill=rides)
@@ -111,10 +162,12 @@ def test_on_the_gpu_joined_forwards_keep_every_output_bitwise(dtype):
     joined = make(rides=True)
     if not joined.engine.runner.joined_shapes:  # NOTE: the H200 in float32: every pair rejected (stop 38)
         pytest.skip(f"no (decode, pack) pair matched the forwards apart on this GPU in {dtype}: nothing runs joined")
-    assert min(pack for _, pack in joined.engine.runner.joined_shapes) >= MIN_PACK_ROWS_OVER_A_GRAPH
+    runner = joined.engine.runner
+    assert all(pack >= MIN_PACK_ROWS_OVER_A_GRAPH or runner.piecewise_forward.size_for(rows + pack)
+               for rows, pack in runner.joined_shapes)
     apart = completions(make(rides=False).generate(batch, PARAMS))
     together = completions(joined.generate(batch, PARAMS))
     alone = [completions(joined.generate([p], PARAMS))[0] for p in batch[:3]]
     assert first_difference(apart, together) is None
     assert first_difference(apart[:3], alone) is None
-    assert joined.engine.runner.num_joined_forwards > 0
+    assert runner.num_joined_forwards > 0 and runner.num_piecewise_forwards > 0

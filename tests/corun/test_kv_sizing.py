@@ -44,6 +44,18 @@ def test_a_gpu_node_gets_its_share_less_the_weights_and_the_forwards_reserve():
     assert lower.cache.memory_budget_bytes == budget - (int(H200.total_bytes * 0.9) - int(H200.total_bytes * 0.45))
 
 
+def test_a_runner_with_piecewise_graphs_reserves_their_rows_once_more():
+    """The engine's joined forwards (and mixed steps) replay piecewise graphs of up to 2048 rows beside the padded
+    prefill's: their buffers and pool come on top, once (one set of 2048 rows of the 8B shape: ~0.23 GiB)."""
+    sched = cuda_engine().scheduler
+    plain = forward_reserve_bytes(QWEN3_8B, sched, torch.bfloat16)
+    with_pieces = forward_reserve_bytes(QWEN3_8B, sched, torch.bfloat16, piecewise_rows=2048)
+    assert 0.15 * GIB < with_pieces - plain < 0.35 * GIB
+    budget = with_kv_budget(cuda_engine(), QWEN3_8B, torch.bfloat16, H200, piecewise_rows=2048)
+    assert budget.cache.memory_budget_bytes == \
+        with_kv_budget(cuda_engine(), QWEN3_8B, torch.bfloat16, H200).cache.memory_budget_bytes - (with_pieces - plain)
+
+
 def test_nodes_sharing_a_gpu_split_what_it_holds_beside_each_one_s_weights_and_reserve():
     reserve = forward_reserve_bytes(QWEN3_8B, cuda_engine().scheduler, torch.bfloat16)
     prefill = with_kv_budget(cuda_engine(gpu_nodes=2, gpu_kv_share=0.25), QWEN3_8B, torch.bfloat16, H200)

@@ -131,8 +131,8 @@ def test_a_standard_engine_through_the_pieces_generates_what_the_eager_one_does(
     eager = LLMEngine(engine_config(tiny_model_dir))
     through_pieces = LLMEngine(engine_config(tiny_model_dir))
     runner = through_pieces.runner
-    runner.mixed_graph = PiecewiseForward(runner.model, runner.kv_cache.layers, [32, 64, 96], torch.float32,
-                                          runner.device, capture=False)
+    runner.piecewise_forward = PiecewiseForward(runner.model, runner.kv_cache.layers, [32, 64, 96], torch.float32,
+                                                runner.device, capture=False)
     tokens, logprobs = generate(eager)
     piece_tokens, piece_logprobs = generate(through_pieces)
     assert runner.num_piecewise_forwards > 0
@@ -164,9 +164,9 @@ def test_captured_pieces_at_the_exact_size_are_the_plain_forward_bitwise():
 @pytest.mark.gpu
 def test_a_standard_cuda_engine_runs_mixed_steps_through_its_graphs():
     graphed, eager = LLMEngine(cuda_config()), LLMEngine(cuda_config(piecewise_graphs=False))
-    assert graphed.runner.prefill_path == "mixed-batch-piecewise-graphs" and eager.runner.mixed_graph is None
+    assert graphed.runner.prefill_path == "mixed-batch-piecewise-graphs" and eager.runner.piecewise_forward is None
     tokens, logprobs = generate(graphed)
-    assert graphed.runner.mixed_graph.num_replays > 0
+    assert graphed.runner.piecewise_forward.num_replays > 0
     eager_tokens, eager_logprobs = generate(eager)
     assert tokens == eager_tokens
     torch.testing.assert_close(logprobs, eager_logprobs, atol=1e-3, rtol=0)
