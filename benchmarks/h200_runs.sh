@@ -47,6 +47,16 @@ case $part in
         --max-seconds 22 --modes corun,corun:piecewise_graphs=off,standard --goodput ttft:500 tpot:50 \
         --out "$out/h200_defaults_poisson_${rate}_pieces.json" > "$out/bench_poisson_$rate.log" 2>&1
     done ;;
+  stop49_two_routers)  # stop 49: next_after_stop48's 1 against 2 routers hit the fake nodes' pace (2,048 streams at
+    # 20 ms offer 102k tok/s; 2 routers served all of it, 1 router 78k): here the offer is twice that, 2,048 streams
+    # at 10 ms and 4,096 at 20 ms
+    python3 -m cli.main make-tiny-model /tmp/tiny > /dev/null 2>&1
+    timeout 200 python3 -m benchmarks.router_throughput --model /tmp/tiny --routers 1,2 --streams 2048 --step-ms 10 \
+      --workers 8 --seconds 8 --warmup-seconds 2 --out "$out/h100_host_two_routers_10ms_stop49.json" \
+      > "$out/router_throughput_10ms.log" 2>&1
+    timeout 250 python3 -m benchmarks.router_throughput --model /tmp/tiny --routers 1,2 --streams 4096 \
+      --workers 8 --seconds 8 --warmup-seconds 2 --out "$out/h100_host_two_routers_4096_stop49.json" \
+      > "$out/router_throughput_4096.log" 2>&1 ;;
   next_after_stop48)  # ran at stop 49 on an H100 (no H200 came): results/h100_*_stop49.json. What stop 48 left unmeasured, in one call. The two prefill figures at pure defaults
     # as stop 40 ran them (64 tokens against 1.5x the weight-read floor, 4,096 tokens against 0.85 of the GEMM rate;
     # prefill_cost's own flags, chunk 4096 as then), Poisson ShareGPT-like at 16 req/s at pure defaults (stop 48
