@@ -68,6 +68,7 @@ def run(model: str, dtype: str, mode: str, max_num_seqs: int, num_prompts: int) 
                                                                     "replays": prefill_graphs.num_replays}
     result["prefill_path"] = llm.engine.runner.prefill_path
     result["max_prefill_batch"] = llm.engine.stats.max_prefill_batch
+    result["forward_counts"] = llm.engine.runner.forward_counts()  # NOTE: joined forwards, piecewise ones among them
     return result
 
 

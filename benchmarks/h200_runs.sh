@@ -57,6 +57,14 @@ case $part in
     timeout 250 python3 -m benchmarks.router_throughput --model /tmp/tiny --routers 1,2 --streams 4096 \
       --workers 8 --seconds 8 --warmup-seconds 2 --out "$out/h100_host_two_routers_4096_stop49.json" \
       > "$out/router_throughput_4096.log" 2>&1 ;;
+  stop49_determinism)  # stop 49, after stop49_joined_pieces: the 8B's determinism through the default shapes with
+    # joined forwards through the pieces, and the node GPU tests (decode nodes no longer probe joins; colocated nodes
+    # capture the pieces)
+    timeout 200 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun --out "$out/h100_determinism_stop49.json" > "$out/det.log" 2>&1
+    timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun tests/decode_node/test_decode_server.py \
+      tests/launch/test_gpu_cluster.py --ignore=tests/corun/test_structured_outputs.py -rfE \
+      > "$out/gpu_tests_all.log" 2>&1 ;;
   next_after_stop48)  # ran at stop 49 on an H100 (no H200 came): results/h100_*_stop49.json. What stop 48 left unmeasured, in one call. The two prefill figures at pure defaults
     # as stop 40 ran them (64 tokens against 1.5x the weight-read floor, 4,096 tokens against 0.85 of the GEMM rate;
     # prefill_cost's own flags, chunk 4096 as then), Poisson ShareGPT-like at 16 req/s at pure defaults (stop 48
