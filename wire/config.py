@@ -258,8 +258,12 @@ class SchedulerConfig:
     and packed prefill attention kernels reduce per row and per token position; the probe kept all 104 pairs of the
     8B shape in bf16 (and none in float32 there). Measured on the H200 (8B shape, N = 256, t = 0, one machine,
     h200_joined_t0.json): ShareGPT-like 7,597 tok/s against 7,561 apart (TTFT p50 0.98 s against 1.07) and
-    RL-rollout-like 14,955 against 14,940; mixed mode 7,670 and 15,015 there. Off: prefill_token_budget decides when
-    the decode step runs between prefill forwards, as before."""
+    RL-rollout-like 14,955 against 14,940; mixed mode 7,670 and 15,015 there. A joined forward of up to 2048 rows
+    replays the piecewise graphs (piecewise_graphs); a larger one runs eagerly. Measured on an H100 (8B shape, Poisson
+    ShareGPT-like, one machine, benchmarks/results/h100_defaults_poisson_*_pieces_stop49.json): 227 of 228 prefill
+    forwards joined at 32 req/s through the pieces against 22 of 232 without them, TPOT p50 11.51 against 11.70 ms (16
+    req/s: 8.59 against 8.88), for 12.5 s more start-up. Off: prefill_token_budget decides when the decode step runs
+    between prefill forwards, as before."""
     piecewise_graphs: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
                                                                metavar="on|off"))
     """mixed and batch_invariant modes on CUDA: mixed prefill+decode steps (and prefill-only steps) of up to 2048
