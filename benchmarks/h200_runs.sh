@@ -60,9 +60,9 @@ case $part in
   stop49_determinism)  # stop 49, after stop49_joined_pieces: the 8B's determinism through the default shapes with
     # joined forwards through the pieces, and the node GPU tests (decode nodes no longer probe joins; colocated nodes
     # capture the pieces)
-    timeout 200 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+    timeout 180 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
       --modes corun --out "$out/h100_determinism_stop49.json" > "$out/det.log" 2>&1
-    timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun tests/decode_node/test_decode_server.py \
+    timeout 270 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun tests/decode_node/test_decode_server.py \
       tests/launch/test_gpu_cluster.py --ignore=tests/corun/test_structured_outputs.py -rfE \
       > "$out/gpu_tests_all.log" 2>&1 ;;
   next_after_stop48)  # ran at stop 49 on an H100 (no H200 came): results/h100_*_stop49.json. What stop 48 left unmeasured, in one call. The two prefill figures at pure defaults
