@@ -21,27 +21,35 @@ from corun.scheduler import PrefillChunk
 
 PROBE_SEED = 20261203
 MIN_PACK_ROWS_OVER_A_GRAPH = 1024
-"""A pack the runner replays as a CUDA graph is joined eagerly only from this many rows: below this the eager forward
-is bound by the host's kernel launches, so it costs more than the two graphs it replaces. Measured on the H200 (8B
+"""From this many pack rows a joined forward runs eagerly, at its exact rows; below, it replays the piecewise graphs
+(SchedulerConfig.piecewise_graphs; without them a captured pack that small is not joined). Measured on the H200 (8B
 shape, N = 256, Poisson ShareGPT-like 32 req/s, one machine, benchmarks/results/h200_joined_poisson_32.json): with
 every pair joined eagerly, most packs held 192-512 rows and TPOT p50 was 20.1 ms against 9.7 apart
-(h200_defaults_poisson_32_stop38.json); at t = 0, where packs are full, joining gave 1.00x-1.01x. From 1024 rows a
-pack's GEMMs alone take ~20 ms of GPU time, which hides the launches. Smaller pairs join where the piecewise graphs
-(SchedulerConfig.piecewise_graphs) hold their rows: those replay the GEMMs and glue, only attention runs eagerly."""
+(h200_defaults_poisson_32_stop38.json): an eager forward that small is bound by the host's kernel launches. From 1024
+rows a pack's GEMMs take ~20 ms of GPU time, which hides the launches, while the pieces would pad the forward to the
+next of their sizes (1536, 2048: up to a third more rows): on an H100 (stop 49,
+h100_defaults_poisson_32_pieces*_stop49.json) joining every pair of up to 2048 rows through the pieces gave ITL p99
+49.7 ms in two runs against 39.8-40.3 with no pieces."""
 
 
 def verified_joined_shapes(runner) -> set[tuple[int, int]]:
     """runner: a fixed_shape ModelRunner with its decode and pack sizes kept (and its piecewise graphs captured, if
-    any: a pair they hold is tried through them, as it will run). -> the pairs that agree."""
+    any: a pair is tried the way it will run). -> the pairs that agree."""
     return {(decode_rows, pack_rows) for pack_rows in runner.pack_sizes for decode_rows in runner.decode_sizes
             if joinable(runner, decode_rows, pack_rows) and joined_matches_apart(runner, decode_rows, pack_rows)}
+
+
+def runs_through_pieces(runner, decode_rows: int, pack_rows: int) -> bool:
+    """Whether the pair's joined forward replays the piecewise graphs (else it runs eagerly)."""
+    pieces = runner.piecewise_forward
+    return (pack_rows < MIN_PACK_ROWS_OVER_A_GRAPH and pieces is not None
+            and pieces.size_for(decode_rows + pack_rows) is not None)
 
 
 def joinable(runner, decode_rows: int, pack_rows: int) -> bool:
     """Pairs whose joined forward replays the piecewise graphs, packs run eagerly anyway, and captured packs large
     enough that running them eagerly costs nothing."""
-    pieces = runner.piecewise_forward
-    if pieces is not None and pieces.size_for(decode_rows + pack_rows) is not None:
+    if runs_through_pieces(runner, decode_rows, pack_rows):
         return True
     graphs = runner.prefill_graph.graphs if runner.prefill_graph is not None else {}
     return pack_rows not in graphs or pack_rows >= MIN_PACK_ROWS_OVER_A_GRAPH

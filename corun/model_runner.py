@@ -39,7 +39,7 @@ from corun.decode_ahead import (
 )
 from corun.decode_sizes import equivalent_decode_sizes
 from corun.device_facts import resolved_on_device
-from corun.joined_steps import verified_joined_shapes
+from corun.joined_steps import runs_through_pieces, verified_joined_shapes
 from corun.kv_cache import PagedKVCache
 from corun.kv_sizing import with_kv_budget
 from corun.models.config import ModelArchConfig
@@ -303,14 +303,16 @@ class ModelRunner:
     @torch.inference_mode()
     def joined_hidden(self, decodes: list[Request], decode_rows: int, chunks: list[PrefillChunk],
                       pack_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The joined forward, through the piecewise graphs where a size holds it, else eager: -> hidden states of
-        every row, and the pack's sample rows among them."""
+        """The joined forward, through the piecewise graphs for a small pack (joined_steps.runs_through_pieces), else
+        eager: -> hidden states of every row, and the pack's sample rows among them."""
         sched = self.config.scheduler
         pack = build_prefill_pack(chunks, pack_rows, sched.prefill_seqs_per_forward, self.block_size,
                                   self.table_rows).to(self.device)
         inputs, sample_rows = join_decode_and_pack(self.mixed_inputs(decodes, decode_rows, []), pack,
                                                    use_kernel=self.packed_prefill_kernel)
-        return self.piecewise_or_eager(inputs), sample_rows
+        if runs_through_pieces(self, decode_rows, pack_rows):
+            return self.piecewise_or_eager(inputs), sample_rows
+        return self.forward(inputs), sample_rows
 
     def pack_rows(self, chunks: list[PrefillChunk]) -> int:
         """The smallest verified pack size that holds the chunks (T when no smaller one was kept)."""

@@ -258,24 +258,26 @@ class SchedulerConfig:
     and packed prefill attention kernels reduce per row and per token position; the probe kept all 104 pairs of the
     8B shape in bf16 (and none in float32 there). Measured on the H200 (8B shape, N = 256, t = 0, one machine,
     h200_joined_t0.json): ShareGPT-like 7,597 tok/s against 7,561 apart (TTFT p50 0.98 s against 1.07) and
-    RL-rollout-like 14,955 against 14,940; mixed mode 7,670 and 15,015 there. A joined forward of up to 2048 rows
-    replays the piecewise graphs (piecewise_graphs); a larger one runs eagerly. Measured on an H100 (8B shape, Poisson
-    ShareGPT-like, one machine, benchmarks/results/h100_defaults_poisson_*_pieces_stop49.json): 227 of 228 prefill
-    forwards joined at 32 req/s through the pieces against 22 of 232 without them, TPOT p50 11.51 against 11.70 ms (16
-    req/s: 8.59 against 8.88), for 12.5 s more start-up. Off: prefill_token_budget decides when the decode step runs
-    between prefill forwards, as before."""
+    RL-rollout-like 14,955 against 14,940; mixed mode 7,670 and 15,015 there. A pack below
+    corun.joined_steps.MIN_PACK_ROWS_OVER_A_GRAPH rows rides through the piecewise graphs (piecewise_graphs), a larger
+    one eagerly. Measured on an H100 with every pair of up to 2048 rows through the pieces (8B shape, Poisson
+    ShareGPT-like, one machine, benchmarks/results/h100_defaults_poisson_*_pieces*_stop49.json): 224-227 of 225-228
+    prefill forwards joined at 32 req/s against 22 of 232-234 without the pieces, TPOT p50 11.51 and 12.03 against
+    11.70 and 12.34 ms (16 req/s: 8.59 against 8.88), ITL p99 49.7 against ~40 ms (the padded large packs, which now
+    ride eagerly: not yet measured), for 12.5-13.6 s more start-up. Off: prefill_token_budget decides when the decode
+    step runs between prefill forwards, as before."""
     piecewise_graphs: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
                                                                metavar="on|off"))
-    """mixed and batch_invariant modes on CUDA: mixed prefill+decode steps (and prefill-only steps) of up to 2048
-    tokens run as CUDA graphs by token-count bucket, split at attention, which runs eagerly between them (vLLM's
-    piecewise scheme), so the baseline's speed depends less on the host CPU's. Larger steps run eagerly (GEMMs
-    dominate them). fixed_shape on the engine and colocated nodes: a joined forward (decode_rides_prefill) of up to
-    2048 rows runs through the same graphs, so packs of any size may carry the decode step (eagerly, only packs
-    from corun.joined_steps.MIN_PACK_ROWS_OVER_A_GRAPH rows are worth joining); the start-up probe tries each pair
-    through them. NOTE: measured on the H200 (t = 0, one run, benchmarks/results/h200_standard_flash.json):
-    BurstGPT-like 4,068 tok/s against 3,746 eager, ShareGPT-like 6,103 against 5,857. Before prompt attention
-    called FlashAttention directly, an engine with the graphs captured ran ~3x slower in `corun bench`, its eager
-    steps included, with SDPA choosing cuDNN per new shape; that did not recur (benchmarks/results/README.md)."""
+    """mixed and batch_invariant modes on CUDA: mixed prefill+decode steps (and prefill-only steps) of up to 2048 tokens
+    run as CUDA graphs by token-count bucket, split at attention, which runs eagerly between them (vLLM's piecewise
+    scheme), so the baseline's speed depends less on the host CPU's. Larger steps run eagerly (GEMMs dominate them).
+    fixed_shape on the engine and colocated nodes: a joined forward (decode_rides_prefill) whose pack is below
+    corun.joined_steps.MIN_PACK_ROWS_OVER_A_GRAPH rows runs through the same graphs, so packs of any size may carry the
+    decode step (eagerly, only packs from that size are worth joining); the start-up probe tries each pair the way it
+    will run. NOTE: measured on the H200 (t = 0, one run, benchmarks/results/h200_standard_flash.json): BurstGPT-like
+    4,068 tok/s against 3,746 eager, ShareGPT-like 6,103 against 5,857. Before prompt attention called FlashAttention
+    directly, an engine with the graphs captured ran ~3x slower in `corun bench`, its eager steps included, with SDPA
+    choosing cuDNN per new shape; that did not recur (benchmarks/results/README.md)."""
     async_scheduling: bool = field(default=True, metadata=flag(parse=parse_switch, format=format_switch,
                                                                metavar="on|off"))
     """vLLM's async scheduling (its default there too): a decode step is launched before the host has read the

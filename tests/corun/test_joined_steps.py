@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from corun import LLM, SamplingParams
-from corun.joined_steps import MIN_PACK_ROWS_OVER_A_GRAPH, joinable, joined_matches_apart, verified_joined_shapes
+from corun.joined_steps import (
+    MIN_PACK_ROWS_OVER_A_GRAPH,
+    joinable,
+    joined_matches_apart,
+    runs_through_pieces,
+    verified_joined_shapes,
+)
 from corun.piecewise_graphs import PiecewiseForward
 from tests.conftest import varied_prompts
 from tests.corun.test_determinism import completions, first_difference
@@ -95,12 +101,15 @@ def test_captured_packs_are_joined_eagerly_only_from_the_size_where_eager_costs_
     assert [p for p in uncaptured.pack_sizes if joinable(uncaptured, 16, p)] == [192, 512]
 
 
-def test_captured_packs_join_at_any_size_the_piecewise_graphs_hold():
-    graphs = SimpleNamespace(graphs={192: None, 512: None, 2048: None})
-    pieces = SimpleNamespace(size_for=lambda rows: next((s for s in (256, 512, 1024) if s >= rows), None))
+def test_small_captured_packs_join_through_the_pieces_and_large_ones_eagerly():
+    graphs = SimpleNamespace(graphs={192: None, 512: None, 1024: None, 2048: None})
+    pieces = SimpleNamespace(size_for=lambda rows: next((s for s in (256, 512, 1024, 2048) if s >= rows), None))
     runner = SimpleNamespace(prefill_graph=graphs, piecewise_forward=pieces)
     assert joinable(runner, 16, 192) and joinable(runner, 256, 512)  # NOTE: 208 and 768 rows: pieces of 256, 1024
-    assert not joinable(runner, 600, 512)  # NOTE: 1,112 rows: no piece holds them, and a captured 512 is too small
+    assert runs_through_pieces(runner, 16, 192) and runs_through_pieces(runner, 256, 512)
+    assert not joinable(runner, 1600, 512)  # NOTE: 2,112 rows: no piece holds them, and a captured 512 is too small
+    # NOTE: a piece would pad 1,040 rows to 2,048; eagerly, from MIN_PACK_ROWS_OVER_A_GRAPH, the GEMMs hide the launches
+    assert joinable(runner, 16, 1024) and not runs_through_pieces(runner, 16, 1024)
 
 
 def through_pieces(llm: LLM) -> LLM:

@@ -3,8 +3,8 @@ of JSON), and the router still healthy afterwards.
 
 Bodies start from a valid request and get random fields (the known names and random ones) of random types and
 ranges, nested junk included, so that validation is exercised past its first check. CI runs the same examples every
-time (tests/fuzzing.py: CORUN_FUZZ_EXAMPLES=N runs N random ones). Either 500 fixed with issue 12, undone, is found: a lone
-surrogate reaching the tokenizer, an unknown field name with a newline reaching a response header.
+time (tests/fuzzing.py: CORUN_FUZZ_EXAMPLES=N runs N random ones). Either 500 fixed with issue 12, undone, is found:
+a lone surrogate reaching the tokenizer, an unknown field name with a newline reaching a response header.
 """
 
 import asyncio
