@@ -32,6 +32,15 @@ h100_defaults_poisson_32_pieces*_stop49.json) joining every pair of up to 2048 r
 49.7 ms in two runs against 39.8-40.3 with no pieces."""
 
 
+def most_rows_through_pieces(sched) -> int:
+    """The most rows a joined forward through the pieces can hold (a resolved fixed_shape scheduler config): N
+    decode rows and the largest pack below MIN_PACK_ROWS_OVER_A_GRAPH rows (0: no pack that small), so that no
+    larger piece is captured for nothing."""
+    packs = [size for size in (*sched.prefill_pack_sizes, sched.prefill_pack_tokens or 0)
+             if 0 < size < MIN_PACK_ROWS_OVER_A_GRAPH]
+    return sched.max_num_seqs + max(packs) if packs else 0
+
+
 def verified_joined_shapes(runner) -> set[tuple[int, int]]:
     """runner: a fixed_shape ModelRunner with its decode and pack sizes kept (and its piecewise graphs captured, if
     any: a pair is tried the way it will run). -> the pairs that agree."""

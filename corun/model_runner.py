@@ -39,7 +39,7 @@ from corun.decode_ahead import (
 )
 from corun.decode_sizes import equivalent_decode_sizes
 from corun.device_facts import resolved_on_device
-from corun.joined_steps import runs_through_pieces, verified_joined_shapes
+from corun.joined_steps import most_rows_through_pieces, runs_through_pieces, verified_joined_shapes
 from corun.kv_cache import PagedKVCache
 from corun.kv_sizing import with_kv_budget
 from corun.models.config import ModelArchConfig
@@ -103,9 +103,11 @@ class ModelRunner:
         self.joins_steps = (colocated and capture_decode_graph and self.mode == "fixed_shape"
                             and bool(config.scheduler.prefill_pack_tokens) and config.scheduler.decode_rides_prefill)
         """fixed_shape: whether a decode step may ride a prefill forward here (the pairs verified decide which)."""
-        pieces = (self.on_cuda and config.use_cuda_graph and config.scheduler.piecewise_graphs
+        sched = config.scheduler
+        most_rows = sched.max_num_batched_tokens if self.mode != "fixed_shape" else most_rows_through_pieces(sched)
+        pieces = (self.on_cuda and config.use_cuda_graph and sched.piecewise_graphs and most_rows > 0
                   and ((colocated and self.mode != "fixed_shape") or self.joins_steps))
-        self.piecewise_sizes = piecewise_sizes(config.scheduler.max_num_batched_tokens) if pieces else []
+        self.piecewise_sizes = piecewise_sizes(most_rows) if pieces else []
         """Row counts of the piecewise graphs (mixed steps, joined forwards) this runner captures; [] for none."""
         # NOTE: after the weights, which the GPU's KV budget is what is left beside
         self.config = config = with_kv_budget(config, self.model.cfg, DTYPES[config.dtype],

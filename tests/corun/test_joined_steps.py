@@ -17,6 +17,7 @@ from corun.joined_steps import (
     MIN_PACK_ROWS_OVER_A_GRAPH,
     joinable,
     joined_matches_apart,
+    most_rows_through_pieces,
     runs_through_pieces,
     verified_joined_shapes,
 )
@@ -110,6 +111,17 @@ def test_small_captured_packs_join_through_the_pieces_and_large_ones_eagerly():
     assert not joinable(runner, 1600, 512)  # NOTE: 2,112 rows: no piece holds them, and a captured 512 is too small
     # NOTE: a piece would pad 1,040 rows to 2,048; eagerly, from MIN_PACK_ROWS_OVER_A_GRAPH, the GEMMs hide the launches
     assert joinable(runner, 16, 1024) and not runs_through_pieces(runner, 16, 1024)
+
+
+def test_the_pieces_captured_for_joins_stop_at_the_largest_pair_that_rides_through_them():
+    """N decode rows and the largest pack below MIN_PACK_ROWS_OVER_A_GRAPH: larger pieces would never replay."""
+    cuda = SimpleNamespace(max_num_seqs=256, prefill_pack_tokens=8192,
+                           prefill_pack_sizes=(32, 64, 192, 512, 768, 1024, 1536, 2048, 4096))
+    assert most_rows_through_pieces(cuda) == 256 + 768
+    small_t = SimpleNamespace(max_num_seqs=8, prefill_pack_tokens=96, prefill_pack_sizes=())
+    assert most_rows_through_pieces(small_t) == 8 + 96
+    only_large = SimpleNamespace(max_num_seqs=256, prefill_pack_tokens=8192, prefill_pack_sizes=(1024, 2048))
+    assert most_rows_through_pieces(only_large) == 0  # NOTE: every pack rides eagerly: no pieces at all
 
 
 def through_pieces(llm: LLM) -> LLM:
