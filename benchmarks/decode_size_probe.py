@@ -52,7 +52,7 @@ def main() -> None:
     n = max(sizes)
     config = EngineConfig(model=args.model, dtype="bfloat16", device="cuda", scheduler=SchedulerConfig(
         max_num_seqs=n, max_model_len=1024), cache=CacheConfig(num_blocks=20000))
-    runner = ModelRunner(config, capture_decode_graph=False)
+    runner = ModelRunner(config, runs_decode=False)
     for k, v in runner.kv_cache.layers:
         k.normal_(0, 1), v.normal_(0, 1)
     graphs = CapturedGraphs(sizes, lambda size: build_window_decode([], size, runner.window_blocks,

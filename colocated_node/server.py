@@ -58,7 +58,7 @@ class ColocatedServer(NodeServer):
         if config.engine.scheduler.mode != "fixed_shape":
             raise ValueError(f"a colocated node runs mode fixed_shape (got {config.engine.scheduler.mode}): its "
                              "outputs are the engine's and the P/D cluster's only under fixed_shape's shapes")
-        super().__init__(config, capture_decode_graph=True, colocated=True)  # NOTE: no KV transport: it moves no KV
+        super().__init__(config)  # NOTE: it prefills and decodes; no KV transport: it moves no KV
         self.scheduler = make_scheduler(self.config.engine.scheduler, self.block_manager)
         if self.runner.decode_rides_prefill:
             self.scheduler.decode_rides_prefill = True

@@ -38,7 +38,7 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
-        self.runner = ModelRunner(config, colocated=True)
+        self.runner = ModelRunner(config)
         # NOTE: resolved on the device by the runner, with the KV budget it sized
         self.config = config = self.runner.config
         self.block_manager = make_block_manager(config, self.runner.kv_cache.num_blocks)

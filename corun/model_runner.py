@@ -84,10 +84,11 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, capture_decode_graph: bool = True, colocated: bool = False):
-        """capture_decode_graph: False on prefill-only nodes, which never run the decode step. colocated: the runner
-        both prefills and decodes (the engine, a colocated node): the only one that runs mixed steps (run_mixed) or
-        joins a decode step to a prefill forward (run_prefill_and_decode)."""
+    def __init__(self, config: EngineConfig, runs_prefill: bool = True, runs_decode: bool = True):
+        """runs_prefill False: a decode node, which reads its prompts' KV and never prefills (no prefill graphs, pack
+        probes or forward reserve for them); runs_decode False: a prefill node, which never runs the decode step.
+        Only a runner that does both (the engine, a colocated node) runs mixed steps (run_mixed) or joins a decode
+        step to a prefill forward (run_prefill_and_decode)."""
         self.config = config = resolved_on_device(config)
         if config.device.startswith("cuda"):  # NOTE: before the first CUDA call, which fixes cuBLAS's workspace
             apply_cublas_split_k(config.cublas_split_k)
@@ -100,18 +101,20 @@ class ModelRunner:
         self.window_blocks = config.max_blocks_per_seq
         self.table_rows = BlockTableRows(self.window_blocks)
         self.model, self.sampler = self.load_model_and_sampler()
-        self.joins_steps = (colocated and capture_decode_graph and self.mode == "fixed_shape"
-                            and bool(config.scheduler.prefill_pack_tokens) and config.scheduler.decode_rides_prefill)
-        """fixed_shape: whether a decode step may ride a prefill forward here (the pairs verified decide which)."""
+        self.runs_prefill, self.runs_decode = runs_prefill, runs_decode
         sched = config.scheduler
+        self.joins_steps = (runs_prefill and runs_decode and self.mode == "fixed_shape"
+                            and bool(sched.prefill_pack_tokens) and sched.decode_rides_prefill)
+        """fixed_shape: whether a decode step may ride a prefill forward here (the pairs verified decide which)."""
         most_rows = sched.max_num_batched_tokens if self.mode != "fixed_shape" else most_rows_through_pieces(sched)
         pieces = (self.on_cuda and config.use_cuda_graph and sched.piecewise_graphs and most_rows > 0
-                  and ((colocated and self.mode != "fixed_shape") or self.joins_steps))
+                  and ((runs_prefill and runs_decode and self.mode != "fixed_shape") or self.joins_steps))
         self.piecewise_sizes = piecewise_sizes(most_rows) if pieces else []
         """Row counts of the piecewise graphs (mixed steps, joined forwards) this runner captures; [] for none."""
         # NOTE: after the weights, which the GPU's KV budget is what is left beside
         self.config = config = with_kv_budget(config, self.model.cfg, DTYPES[config.dtype],
-                                              piecewise_rows=max(self.piecewise_sizes, default=0))
+                                              piecewise_rows=max(self.piecewise_sizes, default=0),
+                                              decode_only=not runs_prefill)
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_padded_prefill_forwards = 0
@@ -148,7 +151,7 @@ class ModelRunner:
         prompts' token 1 moved), and where the start-up probe agrees (corun/chunk_invariance.py)."""
         self.num_joined_forwards = 0
         """Prefill forwards that carried a decode step (counted as a prefill forward and a decode forward too)."""
-        self.set_up_fixed_shapes(capture_decode_graph)
+        self.set_up_fixed_shapes()
         self.decode_in_flight: DecodeInFlight | None = None
         """The decode step launched ahead of the host (async scheduling, corun/decode_ahead.py), until read."""
 
@@ -171,28 +174,29 @@ class ModelRunner:
             model.use_fused_kernels()
         return model, sampler
 
-    def set_up_fixed_shapes(self, with_decode: bool) -> None:
+    def set_up_fixed_shapes(self) -> None:
         """CUDA graphs of the decode and padded prefill shapes (and the piecewise graphs of mixed steps and joined
         forwards); the decode and pack sizes that keep the N-row and T-row bits; the (decode, pack) pairs that may
-        run joined."""
+        run joined. Each only where this runner runs it."""
         sched = self.config.scheduler
+        prefills = self.runs_prefill and self.mode == "fixed_shape"
         if self.on_cuda and self.config.use_cuda_graph:
-            if with_decode:
+            if self.runs_decode:
                 self.decode_graph = self.capture_decode_graphs()
             if self.piecewise_sizes:
                 self.piecewise_forward = PiecewiseForward(self.model, self.kv_cache.layers, self.piecewise_sizes,
                                                           DTYPES[self.config.dtype], self.device, capture=True)
-            if self.mode == "fixed_shape" and self.padded_prefill_sizes():
+            if prefills and self.padded_prefill_sizes():
                 self.prefill_graph = self.capture_prefill_graphs()
-        if with_decode and self.mode == "fixed_shape" and sched.decode_step_sizes:
+        if self.runs_decode and self.mode == "fixed_shape" and sched.decode_step_sizes:
             self.decode_sizes = equivalent_decode_sizes(self, sched.decode_step_sizes)
             if self.decode_graph is not None:  # NOTE: a size that failed must never be replayed
                 self.decode_graph.keep(self.decode_sizes)
-        if self.mode == "fixed_shape" and sched.prefill_pack_tokens and sched.prefill_pack_sizes:
+        if prefills and sched.prefill_pack_tokens and sched.prefill_pack_sizes:
             self.pack_sizes = equivalent_pack_sizes(self, sched.prefill_pack_sizes)
             if self.prefill_graph is not None:
                 self.prefill_graph.keep(self.pack_sizes)
-        if self.mode == "fixed_shape" and sched.prefill_pack_tokens and sched.multi_chunk_prefill:
+        if prefills and sched.prefill_pack_tokens and sched.multi_chunk_prefill:
             self.multi_chunk_prefill = self.packed_prefill_kernel and several_chunks_match(self)
             if not self.multi_chunk_prefill and self.on_cuda and sched.prefill_chunk_size < DEFAULT_PREFILL_CHUNK:
                 logger.warning("a prompt's chunks gave other bits in one forward on this device: each forward runs "
@@ -210,6 +214,8 @@ class ModelRunner:
     def prefill_path(self) -> str:
         """Which prefill path runs prompts on this runner, for benchmark reports."""
         sched = self.config.scheduler
+        if not self.runs_prefill:
+            return "none (decode only)"
         if self.mode != "fixed_shape":
             return "mixed-batch-piecewise-graphs" if self.piecewise_forward is not None else "mixed-batch-eager"
         how = "graph" if self.prefill_graph is not None else "eager"

@@ -91,7 +91,7 @@ class DecodeServer(NodeServer):
     transport: KVReceiver
 
     def __init__(self, config: NodeConfig):
-        super().__init__(config)
+        super().__init__(config, runs_prefill=False)  # NOTE: its prompts' KV is read from prefill nodes
         self.max_num_seqs = self.config.engine.scheduler.max_num_seqs  # NOTE: resolved (auto: by device)
         self.peers: dict[str, PrefillPeer] = {}
         self.waiting: deque[DecodeJob] = deque()

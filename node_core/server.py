@@ -51,13 +51,13 @@ def transfer_for_host(config: NodeConfig) -> TransferConfig:
     return dataclasses.replace(transfer, ucx_devices=("lo",))
 
 
-def make_model_runner(config: EngineConfig, capture_decode_graph: bool, colocated: bool = False) -> NodeRunner:
-    """colocated: the node both prefills and decodes (ModelRunner's joined forwards)."""
+def make_model_runner(config: EngineConfig, runs_prefill: bool, runs_decode: bool) -> NodeRunner:
+    """runs_prefill, runs_decode: what the node's forwards do (a colocated node both)."""
     if config.backend == "vllm":
         from corun.vllm_backend.runner import VllmModelRunner  # NOTE: only in scripts/setup_vllm.sh's venv
 
-        return VllmModelRunner(config, capture_decode_graph)
-    return ModelRunner(config, capture_decode_graph=capture_decode_graph, colocated=colocated)
+        return VllmModelRunner(config, capture_decode_graph=runs_decode)
+    return ModelRunner(config, runs_prefill=runs_prefill, runs_decode=runs_decode)
 
 
 def kv_layout(config: EngineConfig) -> str:
@@ -88,12 +88,12 @@ class NodeServer:
     peer_handlers: ClassVar[dict] = {}
     """Message type -> handler(self, peer address, message) for replies on the sockets this node opened to peers."""
 
-    def __init__(self, config: NodeConfig, capture_decode_graph: bool = True, colocated: bool = False):
+    def __init__(self, config: NodeConfig, runs_prefill: bool = True, runs_decode: bool = True):
         # NOTE: 'auto' shapes resolve here, on the node's own device, before the fingerprint hashes them
         self.config = config = dataclasses.replace(config, engine=resolved_on_device(config.engine))
         self.instance_id = uuid.uuid4().hex
         """This process: a node restarted on the same address gets another one."""
-        self.runner: NodeRunner = make_model_runner(config.engine, capture_decode_graph, colocated)
+        self.runner: NodeRunner = make_model_runner(config.engine, runs_prefill, runs_decode)
         self.config = config = dataclasses.replace(config, engine=self.runner.config)  # NOTE: the KV budget, sized
         # NOTE: a decode node's prompt KV is read from prefill nodes, never computed here: nothing to share
         self.block_manager = make_block_manager(config.engine, self.runner.kv_cache.num_blocks,

@@ -69,7 +69,7 @@ class PrefillServer(NodeServer):
     transport: KVSender
 
     def __init__(self, config: NodeConfig):
-        super().__init__(config, capture_decode_graph=False)
+        super().__init__(config, runs_decode=False)
         self.waiting: deque[PendingPrefill] = deque()
         self.prefilling: list[PendingPrefill] = []
         self.num_prefills = 0
