@@ -37,15 +37,20 @@ DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:pie
 case $part in
   next_after_stop49)  # not run yet: stop 49 changed the joined forwards after its last measurement (packs below
     # 1,024 rows through the pieces, larger ones eagerly at their exact rows): Poisson ShareGPT-like at 32 and 16 req/s,
-    # the defaults against the pieces off and standard, and the t = 0 ShareGPT- and BurstGPT-like rows, in one call
+    # the defaults against the pieces off and standard (the t = 0 rows: next_after_stop49_t0); first the sizing's
+    # and the joined steps' GPU tests, the decode-only runner's sizing test written at stop 49 and not run yet
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kv_sizing_gpu.py tests/corun/test_joined_steps.py \
+      -rfE > "$out/gpu_tests.log" 2>&1
     for rate in 32 16; do
-      timeout 200 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
+      timeout 190 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
         --max-model-len 6144 --num-requests 300 --workloads sharegpt --request-rate $rate \
         --max-seconds 22 --modes corun,corun:piecewise_graphs=off,standard --goodput ttft:500 tpot:50 \
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
-    timeout 170 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
-      --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt --modes corun,standard \
+    ;;
+  next_after_stop49_t0)  # not run yet: next_after_stop49's t = 0 rows, a call of their own (that part fills ~530 s)
+    timeout 300 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+      --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,standard \
       --out "$out/h200_defaults_t0_split.json" > "$out/bench_t0.log" 2>&1 ;;
   stop49_joined_pieces)  # stop 49: joined forwards through the piecewise graphs (packs below 1024 rows may now carry
     # the decode step). Their GPU tests and the sizing's, then Poisson ShareGPT-like at 32 and 16 req/s at pure defaults

@@ -42,3 +42,24 @@ def test_the_8b_shape_fills_its_share_and_its_peak_stays_inside_it():
     llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
     peak = torch.cuda.max_memory_reserved()
     assert peak <= DEFAULT_GPU_MEMORY_UTILIZATION * total, (peak / GIB, total / GIB, budget / GIB)
+
+
+def test_a_decode_node_s_runner_takes_the_prefill_reserve_as_kv_and_its_peak_stays_inside_its_share():
+    """A decode-only runner (a decode node alone on its GPU) reserves only for its N-row step: more KV than the
+    engine's, and torch's peak after N-row decode steps still inside the 0.9 share."""
+    from corun import decode_sizes
+    from corun.model_runner import ModelRunner
+
+    free, total = torch.cuda.mem_get_info()
+    if total < 70 * GIB:
+        pytest.skip(f"an 8B model in bf16 with its KV wants a GPU of 70 GiB or more; this one has {total / GIB:.0f}")
+    torch.cuda.reset_peak_memory_stats()
+    config = EngineConfig(model="random:qwen3-8b", device="cuda", dtype="bfloat16",
+                          scheduler=SchedulerConfig(max_model_len=6144))
+    runner = ModelRunner(config, runs_prefill=False)
+    assert runner.prefill_graph is None and runner.decode_graph is not None
+    requests = decode_sizes.probe_requests(runner, runner.max_num_seqs, random.Random(0))
+    for _ in range(4):
+        runner.run_decode(requests)
+    peak = torch.cuda.max_memory_reserved()
+    assert peak <= DEFAULT_GPU_MEMORY_UTILIZATION * total, (peak / GIB, total / GIB)
