@@ -43,9 +43,17 @@ def most_rows_through_pieces(sched) -> int:
 
 def verified_joined_shapes(runner) -> set[tuple[int, int]]:
     """runner: a fixed_shape ModelRunner with its decode and pack sizes kept (and its piecewise graphs captured, if
-    any: a pair is tried the way it will run). -> the pairs that agree."""
-    return {(decode_rows, pack_rows) for pack_rows in runner.pack_sizes for decode_rows in runner.decode_sizes
-            if joinable(runner, decode_rows, pack_rows) and joined_matches_apart(runner, decode_rows, pack_rows)}
+    any: a pair is tried the way it will run). -> the pairs that agree.
+
+    Pack by pack: a pack's probe prompts and their forward apart serve every decode size tried with it (a joined
+    forward rewrites every position of those prompts before reading it, so the comparison stays exact), which spares
+    a pack forward per pair; each pair still runs its own decode step apart and its own joined forward."""
+    kept = set()
+    for pack_rows in runner.pack_sizes:
+        sizes = [rows for rows in runner.decode_sizes if joinable(runner, rows, pack_rows)]
+        pack = probe_pack(runner, pack_rows) if sizes else None
+        kept |= {(rows, pack_rows) for rows in sizes if joined_matches_apart(runner, rows, pack_rows, pack)}
+    return kept
 
 
 def runs_through_pieces(runner, decode_rows: int, pack_rows: int) -> bool:
@@ -64,16 +72,27 @@ def joinable(runner, decode_rows: int, pack_rows: int) -> bool:
     return pack_rows not in graphs or pack_rows >= MIN_PACK_ROWS_OVER_A_GRAPH
 
 
-def joined_matches_apart(runner, decode_rows: int, pack_rows: int) -> bool:
-    rng = random.Random(PROBE_SEED + 7919 * pack_rows + decode_rows)
-    sched = runner.config.scheduler
-    chunks = pack_sizes.probe_chunks(runner, pack_rows, sched.prefill_pack_seqs, rng)
-    first_free = 1 + max((b for chunk in chunks for b in chunk.request.block_ids), default=0)
-    if not chunks or runner.kv_cache.num_blocks - first_free < decode_rows:
+def probe_pack(runner, pack_rows: int) -> tuple[list[PrefillChunk], list[torch.Tensor]] | None:
+    """A pack's probe prompts (their own random draw, from block 1) and what its forward apart gives (pack_sizes'
+    probe_outputs); None where no prompt fits the cache."""
+    rng = random.Random(PROBE_SEED + 7919 * pack_rows)
+    chunks = pack_sizes.probe_chunks(runner, pack_rows, runner.config.scheduler.prefill_pack_seqs, rng)
+    return (chunks, pack_sizes.probe_outputs(runner, chunks, pack_rows)) if chunks else None
+
+
+def joined_matches_apart(runner, decode_rows: int, pack_rows: int,
+                         pack: tuple[list[PrefillChunk], list[torch.Tensor]] | None = None) -> bool:
+    """pack: probe_pack(runner, pack_rows), made once for every decode size (None: made here)."""
+    pack = pack if pack is not None else probe_pack(runner, pack_rows)
+    if pack is None:
+        return False
+    chunks, pack_apart = pack
+    first_free = 1 + max(b for chunk in chunks for b in chunk.request.block_ids)
+    if runner.kv_cache.num_blocks - first_free < decode_rows:
         return False  # NOTE: a cache too small to hold the probe: nothing is joined untried
+    rng = random.Random(PROBE_SEED + 7919 * pack_rows + decode_rows)
     decodes = decode_sizes.probe_requests(runner, decode_rows, rng, first_block=first_free)
-    apart = decode_sizes.probe_outputs(runner, decodes, decode_rows) + \
-        pack_sizes.probe_outputs(runner, chunks, pack_rows)
+    apart = decode_sizes.probe_outputs(runner, decodes, decode_rows) + pack_apart
     return all(torch.equal(a, b) for a, b in zip(apart, joined_outputs(runner, decodes, decode_rows, chunks,
                                                                           pack_rows), strict=True))
 

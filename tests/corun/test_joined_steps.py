@@ -124,6 +124,35 @@ def test_the_pieces_captured_for_joins_stop_at_the_largest_pair_that_rides_throu
     assert most_rows_through_pieces(only_large) == 0  # NOTE: every pack rides eagerly: no pieces at all
 
 
+def test_the_probe_runs_each_pack_apart_once_for_all_its_decode_sizes(tiny_model_dir, monkeypatch):
+    """A pack's forward apart serves every decode size tried with it; each pair keeps its own decode step apart and
+    its own joined forward (and the verdicts are those of each pair probed alone: the test above)."""
+    import corun.joined_steps as joined_steps
+
+    llm = LLM.from_config(EngineConfig(model=tiny_model_dir, num_threads=1, scheduler=SchedulerConfig(
+        max_num_seqs=N, max_model_len=256, prefill_chunk_size=32, prefill_pack_tokens=T, prefill_pack_seqs=4,
+        prefill_pack_sizes=(32, 64), decode_step_sizes=(4,)), cache=CacheConfig(num_blocks=600)))
+    runner = llm.engine.runner
+    calls = {"pack": 0, "decode": 0, "joined": 0}
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(joined_steps.pack_sizes, "probe_outputs",
+                        counted("pack", joined_steps.pack_sizes.probe_outputs))
+    monkeypatch.setattr(joined_steps.decode_sizes, "probe_outputs",
+                        counted("decode", joined_steps.decode_sizes.probe_outputs))
+    monkeypatch.setattr(joined_steps, "joined_outputs", counted("joined", joined_steps.joined_outputs))
+    kept = verified_joined_shapes(runner)
+    pairs = len(runner.pack_sizes) * len(runner.decode_sizes)
+    assert pairs > len(runner.pack_sizes)  # NOTE: else there would be nothing to spare
+    assert calls == {"pack": len(runner.pack_sizes), "decode": pairs, "joined": pairs}
+    assert kept == runner.joined_shapes
+
+
 def through_pieces(llm: LLM) -> LLM:
     """llm's runner with piecewise forwards (run eagerly through their buffers: capture is CUDA-only) holding every
     joined forward, its pairs tried again through them, as a CUDA runner tries its captured pieces."""
