@@ -52,6 +52,18 @@ case $part in
     timeout 300 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
       --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,standard \
       --out "$out/h200_defaults_t0_split.json" > "$out/bench_t0.log" 2>&1 ;;
+  stop49_t0_pieces)  # stop 49, run inline after stop49_joined_pieces' RATES=16 call on the same warm H100:
+    # results/h100_defaults_t0_pieces_stop49.json
+    timeout 250 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+      --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt \
+      --modes corun,corun:piecewise_graphs=off,standard --out "$out/h100_defaults_t0_pieces_stop49.json" \
+      > "$out/bench_t0.log" 2>&1 ;;
+  stop49_repeat_32)  # stop 49, run inline after stop49_determinism on the same warm H100: the Poisson 32 pair again
+    # (results/h100_defaults_poisson_32_pieces_repeat_stop49.json)
+    timeout 250 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+      --num-requests 300 --workloads sharegpt --request-rate 32 --max-seconds 22 \
+      --modes corun,corun:piecewise_graphs=off --goodput ttft:500 tpot:50 \
+      --out "$out/h100_defaults_poisson_32_pieces_repeat_stop49.json" > "$out/bench.log" 2>&1 ;;
   stop49_joined_pieces)  # stop 49: joined forwards through the piecewise graphs (packs below 1024 rows may now carry
     # the decode step). Their GPU tests and the sizing's, then Poisson ShareGPT-like at 32 and 16 req/s at pure defaults
     # against the same with the pieces off (joined eagerly from 1024 rows, as before) and standard, in one call
