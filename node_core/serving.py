@@ -234,8 +234,10 @@ def serve(role: str, server_factory, config: NodeConfig) -> int:
         signal.signal(sig, lambda *_: stopping.append(True))
     logger.info("%s node %s serving on %s (reached at %s)", role, config.node_id, config.bind_address, config.address)
     runner = server.runner  # NOTE: the resolved shapes ('auto' settings become these on the node's device)
-    logger.info("%s node %s shapes: prefill %s, decode steps at %s rows, %d (decode, pack) pairs joined", role,
-                config.node_id, getattr(runner, "prefill_path", "vLLM's"), getattr(runner, "decode_sizes", "vLLM's"),
+    sizes = getattr(runner, "decode_sizes", "vLLM's")
+    decode = f"at {sizes} rows" if getattr(runner, "runs_decode", True) else "none (prefill only)"
+    logger.info("%s node %s shapes: prefill %s, decode steps %s, %d (decode, pack) pairs joined", role,
+                config.node_id, getattr(runner, "prefill_path", "vLLM's"), decode,
                 len(getattr(runner, "joined_shapes", ())))
     context = model_context(config.engine.model)
     logger.info("%s node %s %s", role, config.node_id, kv_cache_line(
