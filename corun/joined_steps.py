@@ -52,7 +52,8 @@ def verified_joined_shapes(runner) -> set[tuple[int, int]]:
     for pack_rows in runner.pack_sizes:
         sizes = [rows for rows in runner.decode_sizes if joinable(runner, rows, pack_rows)]
         pack = probe_pack(runner, pack_rows) if sizes else None
-        kept |= {(rows, pack_rows) for rows in sizes if joined_matches_apart(runner, rows, pack_rows, pack)}
+        if pack is not None:  # NOTE: None: no probe prompt fits the cache, so nothing is joined untried
+            kept |= {(rows, pack_rows) for rows in sizes if joined_matches_apart(runner, rows, pack_rows, pack)}
     return kept
 
 
