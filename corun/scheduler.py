@@ -7,7 +7,7 @@ ever preempted. Packed prefill (prefill_pack_tokens) fills one forward with the 
 instead of one; with a prefill_token_budget a decode step runs once that many prompt tokens were prefilled since
 the last one, so a queue of prompts cannot starve the requests already decoding; with decode_rides_prefill (where
 the runner verified it changes no bits) every prefill forward carries the decode step instead, one forward for
-both. None of this changes a request's outputs: chunk cuts and each part's shape depend only on the prompt and the
+both, its pack capped by the same budget. None of this changes a request's outputs: chunk cuts and each part's shape depend only on the prompt and the
 configuration.
 
 mixed (vLLM's default, to show the problem and price determinism): one mixed step under a token budget:
@@ -214,7 +214,8 @@ class FixedShapeScheduler(Scheduler):
     def schedule(self) -> ScheduledBatch | None:
         decoding = [r for r in self.running if not r.is_prefilling]
         if self.decode_rides_prefill and decoding:
-            return ScheduledBatch(decode_requests=decoding, prefill_chunks=self.prefill_chunks())
+            # NOTE: the pack is every prompt token between two of a decoding request's tokens, so the budget caps it
+            return ScheduledBatch(decode_requests=decoding, prefill_chunks=self.prefill_chunks(self.joined_pack_rows()))
         if not (decoding and self.prefill_budget_spent()):
             chunks = self.prefill_chunks(self.pack_rows_left() if decoding else None)
             if chunks:
@@ -232,6 +233,12 @@ class FixedShapeScheduler(Scheduler):
         least), so a large T does not stall every decoding request for a T-row forward."""
         budget = self.cfg.decode_wait_tokens
         return max(budget - self.num_prefilled_since_decode, self.cfg.prefill_chunk_size) if budget else None
+
+    def joined_pack_rows(self) -> int | None:
+        """The most rows of a pack that carries the decode step: the prefill token budget (a whole chunk at least),
+        so a running request waits at most one budget-sized forward for its next token, as it does apart."""
+        budget = self.cfg.decode_wait_tokens
+        return max(budget, self.cfg.prefill_chunk_size) if budget else None
 
     def prefill_chunks(self, max_rows: int | None = None) -> list[PrefillChunk]:
         """Algorithm 1 (and packed prefill): the chunk in progress, else an admissible waiting request's."""

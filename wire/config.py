@@ -227,7 +227,9 @@ class SchedulerConfig:
     1.9% and RL-rollout-like lost 2.5%."""
     prefill_token_budget: int | None = None
     """fixed_shape: the most prompt tokens prefilled between two decode steps while requests are decoding (the
-    prefill that crosses the budget still runs whole), so decode is not starved by a queue of prompts.
+    prefill that crosses the budget still runs whole), so decode is not starved by a queue of prompts. Where the
+    decode step rides the prefill forward (decode_rides_prefill), the budget caps that forward's pack instead: it is
+    what a running request waits through for its next token (a pack of T = 8192 rows on the 8B shape is ~0.2 s).
     0 = Algorithm 1 (prefill everything admissible before the next decode step). Changes latency, not outputs.
     None (auto): max_num_batched_tokens, the token budget of one of mixed mode's steps, so a running request
     waits at most about what it waits there between two of its tokens.
@@ -250,7 +252,7 @@ class SchedulerConfig:
     """fixed_shape with packed prefill, on an engine or colocated node: while requests decode, each prefill forward
     carries their decode step too (decode rows first, at the step's verified size, then the pack at its size), so
     the weights are read once for both, as mixed mode's steps do, and a queue of prompts never stalls the decoding
-    requests (prefill_token_budget then has nothing to bound). Kept only where it changes no bits: at start-up every
+    requests (prefill_token_budget then caps the pack of such a forward). Kept only where it changes no bits: at start-up every
     (decode size, pack size) pair is run joined and apart on random KV, prompts and sampling parameters
     (corun/joined_steps.py), and only pairs whose every decode row and prompt agree bit for bit are joined; the
     rest run as two forwards. NOTE: on the H200 without cuBLAS split-K every GEMM row count from 1 to 8192 gives a

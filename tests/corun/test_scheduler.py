@@ -396,6 +396,20 @@ def test_corun_pack_holds_what_is_left_of_the_budget_while_requests_decode():
     assert sum(c.num_tokens for c in batches[2].prefill_chunks) == 18  # NOTE: 3 prompts fit the budget's 20
 
 
+@pytest.mark.parametrize("budget, second_pack", [(20, 18), (0, 60)])
+def test_a_pack_that_carries_the_decode_step_holds_at_most_the_budget(budget, second_pack):
+    """Riding the prefill forward, the decode step waits for the whole pack: the budget caps it (a running request
+    waits at most a budget-sized forward for its next token); the inverse, budget 0 (Algorithm 1), fills T."""
+    scheduler = make(max_num_seqs=20, prefill_pack_tokens=64, prefill_pack_seqs=16, prefill_token_budget=budget)
+    scheduler.decode_rides_prefill = True
+    for i in range(20):
+        scheduler.add(make_request(f"r{i}", 6, max_tokens=8))
+    first, second = step(scheduler), step(scheduler)
+    assert sum(c.num_tokens for c in first.prefill_chunks) == 60 and not first.decode_requests  # NOTE: up to T
+    assert len(second.decode_requests) == 10
+    assert sum(c.num_tokens for c in second.prefill_chunks) == second_pack
+
+
 def test_a_scheduler_refuses_a_config_not_resolved_on_its_device():
     with pytest.raises(ValueError, match="resolved"):
         make_scheduler(SchedulerConfig(prefill_chunk_size=8), BlockManager(100, BLOCK_SIZE))
