@@ -7,8 +7,8 @@ ever preempted. Packed prefill (prefill_pack_tokens) fills one forward with the 
 instead of one; with a prefill_token_budget a decode step runs once that many prompt tokens were prefilled since
 the last one, so a queue of prompts cannot starve the requests already decoding; with decode_rides_prefill (where
 the runner verified it changes no bits) every prefill forward carries the decode step instead, one forward for
-both, its pack capped by the same budget. None of this changes a request's outputs: chunk cuts and each part's shape depend only on the prompt and the
-configuration.
+both, its pack capped by the same budget. None of this changes a request's outputs: chunk cuts and each part's
+shape depend only on the prompt and the configuration.
 
 mixed (vLLM's default, to show the problem and price determinism): one mixed step under a token budget:
 running decodes, then running chunked prefills, then newly admitted prompts, all in one batch.
@@ -215,7 +215,8 @@ class FixedShapeScheduler(Scheduler):
         decoding = [r for r in self.running if not r.is_prefilling]
         if self.decode_rides_prefill and decoding:
             # NOTE: the pack is every prompt token between two of a decoding request's tokens, so the budget caps it
-            return ScheduledBatch(decode_requests=decoding, prefill_chunks=self.prefill_chunks(self.joined_pack_rows()))
+            chunks = self.prefill_chunks(self.joined_pack_rows())
+            return ScheduledBatch(decode_requests=decoding, prefill_chunks=chunks)
         if not (decoding and self.prefill_budget_spent()):
             chunks = self.prefill_chunks(self.pack_rows_left() if decoding else None)
             if chunks:
