@@ -252,8 +252,8 @@ class SchedulerConfig:
     """fixed_shape with packed prefill, on an engine or colocated node: while requests decode, each prefill forward
     carries their decode step too (decode rows first, at the step's verified size, then the pack at its size), so
     the weights are read once for both, as mixed mode's steps do, and a queue of prompts never stalls the decoding
-    requests (prefill_token_budget then caps the pack of such a forward). Kept only where it changes no bits: at start-up every
-    (decode size, pack size) pair is run joined and apart on random KV, prompts and sampling parameters
+    requests (prefill_token_budget then caps the pack of such a forward). Kept only where it changes no bits: at
+    start-up every (decode size, pack size) pair is run joined and apart on random KV, prompts and sampling parameters
     (corun/joined_steps.py), and only pairs whose every decode row and prompt agree bit for bit are joined; the
     rest run as two forwards. NOTE: on the H200 without cuBLAS split-K every GEMM row count from 1 to 8192 gives a
     row the bits it gets at 256 and 2048 rows (benchmarks/results/h200_gemm_rows_no_split_k.json), and the decode
