@@ -49,14 +49,15 @@ case $part in
     done
     ;;
   stop50_t0)  # stop 50: next_after_stop49_t0 (issue 20's t = 0 table at pure defaults against standard) and, on
-    # ShareGPT-like and 1024x2048, the prefill token budget at 2048, which now caps a forward that carries the decode
+    # ShareGPT-like and 1024x2048, prefill token budgets of 2048 and 1024, which now cap a forward that carries the decode
     # step: what the default's T = 8192 packs cost in ITL p99 (issue 21's bound for colocated nodes) against tok/s
     timeout 330 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
       --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,standard \
       --out "$out/h200_defaults_t0_stop50.json" > "$out/bench_t0.log" 2>&1
     timeout 200 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
-      --num-requests 256 --max-seconds 10 --workloads sharegpt,1024x2048 --modes corun:prefill_token_budget=2048 \
-      --out "$out/h200_budget_2048_t0_stop50.json" > "$out/bench_budget.log" 2>&1 ;;
+      --num-requests 256 --max-seconds 10 --workloads sharegpt,1024x2048 \
+      --modes corun:prefill_token_budget=2048,corun:prefill_token_budget=1024 \
+      --out "$out/h200_budget_t0_stop50.json" > "$out/bench_budget.log" 2>&1 ;;
   next_after_stop49_t0)  # not run yet: next_after_stop49's t = 0 rows, a call of their own (that part fills ~530 s)
     timeout 300 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
       --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,standard \
