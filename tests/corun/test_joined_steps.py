@@ -32,10 +32,27 @@ N, T = 8, 96
 PARAMS = SamplingParams(temperature=0.7, top_p=0.9, seed=5, max_tokens=8, logprobs=3, ignore_eos=True)
 
 
-def make_llm(model: str, rides: bool, num_seqs: int = N) -> LLM:
+def make_llm(model: str, rides: bool, num_seqs: int = N, budget: int | None = None) -> LLM:
     return LLM.from_config(EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
         max_num_seqs=num_seqs, max_model_len=256, prefill_chunk_size=32, prefill_pack_tokens=T, prefill_pack_seqs=4,
-        decode_rides_prefill=rides), cache=CacheConfig(num_blocks=600)))
+        decode_rides_prefill=rides, prefill_token_budget=budget), cache=CacheConfig(num_blocks=600)))
+
+
+def joined_pack_rows(llm: LLM, prompt_list, params) -> tuple[list, list[int]]:
+    """The completions, and the prompt rows of every forward that carried a decode step."""
+    scheduler, rows = llm.engine.scheduler, []
+    schedule = scheduler.schedule
+
+    def recording_schedule():
+        batch = schedule()
+        if batch is not None and batch.decode_requests and batch.prefill_chunks:
+            rows.append(sum(chunk.num_tokens for chunk in batch.prefill_chunks))
+        return batch
+    scheduler.schedule = recording_schedule
+    try:
+        return completions(llm.generate(prompt_list, params)), rows
+    finally:
+        del scheduler.schedule
 
 
 def prompts() -> list[list[int] | str]:
@@ -65,6 +82,20 @@ def test_joined_forwards_keep_every_output_bitwise(tiny_model_dir, joined):
     assert first_difference(apart[:4], alone) is None
     # NOTE: without this the comparisons could pass with every decode step apart
     assert joined.engine.runner.num_joined_forwards > 0
+
+
+def test_the_prefill_token_budget_caps_a_pack_that_carries_the_decode_step(tiny_model_dir, joined):
+    """A decoding request waits through the whole joined forward for its next token: the budget caps its pack, and
+    the outputs stay those of the forwards apart. Inverse: at the default budget (T) the same prompts join larger
+    packs, so the cap is what kept them small."""
+    if not joined.engine.runner.joined_shapes:
+        pytest.skip("no (decode, pack) pair matched the forwards apart on this CPU: nothing runs joined")
+    apart = completions(make_llm(tiny_model_dir, rides=False).generate(prompts(), PARAMS))
+    capped, capped_rows = joined_pack_rows(make_llm(tiny_model_dir, rides=True, budget=32), prompts(), PARAMS)
+    _, default_rows = joined_pack_rows(joined, prompts(), PARAMS)
+    assert first_difference(apart, capped) is None
+    assert capped_rows and max(capped_rows) <= 32
+    assert max(default_rows) > 32
 
 
 def test_a_prompt_that_asks_for_prompt_logprobs_runs_apart_and_gets_them(joined):
