@@ -50,8 +50,8 @@ case $part in
     ;;
   stop50_one_call)  # stop 50: after 10 refused calls, what fits one: the GPU tests not run since stop 49 changed
     # their code (joined forwards through the pieces below 1,024 rows, the decode-only runner's sizing), Poisson 32 req/s
-    # with that split (defaults against standard), and t = 0 ShareGPT-like and 1024x2048 with the defaults, the prefill
-    # token budget at 2048 (it now caps a pack that carries the decode step: the ITL p99 price of T = 8192) and standard
+    # with that split (defaults against standard), and t = 0 ShareGPT-like and 1024x2048 with the defaults against the
+    # prefill token budget at 2048 (it now caps a pack that carries the decode step: the ITL p99 price of T = 8192)
     timeout 140 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kv_sizing_gpu.py tests/corun/test_joined_steps.py \
       -rfE > "$out/gpu_tests.log" 2>&1
     timeout 170 python3 -m cli.main bench --model random:qwen3-8b --device cuda \
@@ -60,8 +60,8 @@ case $part in
       --out "$out/h200_defaults_poisson_32_stop50.json" > "$out/bench_poisson_32.log" 2>&1
     timeout 240 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
       --num-requests 256 --max-seconds 10 --workloads sharegpt,1024x2048 \
-      --modes corun,corun:prefill_token_budget=2048,standard \
-      --out "$out/h200_defaults_t0_stop50.json" > "$out/bench_t0.log" 2>&1 ;;
+      --modes corun,corun:prefill_token_budget=2048 \
+      --out "$out/h200_budget_t0_stop50.json" > "$out/bench_t0.log" 2>&1 ;;
   stop50_t0)  # stop 50: next_after_stop49_t0 (issue 20's t = 0 table at pure defaults against standard) and, on
     # ShareGPT-like and 1024x2048, prefill token budgets of 2048 and 1024, which now cap a forward that carries the decode
     # step: what the default's T = 8192 packs cost in ITL p99 (issue 21's bound for colocated nodes) against tok/s
