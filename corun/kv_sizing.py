@@ -61,19 +61,21 @@ class GpuMemory:
 
 
 def forward_reserve_bytes(arch: ModelArchConfig, sched: SchedulerConfig, dtype: torch.dtype,
-                          piecewise_rows: int = 0, decode_only: bool = False) -> int:
+                          piecewise_rows: int = 0) -> int:
     """Memory the forwards need beside the weights and the KV cache, from their largest shapes (a resolved
     scheduler config). piecewise_rows: the largest piecewise graph the runner captures (0: none), whose buffers
-    and pool come on top of the other graphs' (ModelRunner.piecewise_sizes); decode_only: a decode node's runner,
-    whose largest forward is the N-row decode step."""
+    and pool come on top of the other graphs' (ModelRunner.piecewise_sizes).
+    NOTE: a decode node's runner (no prefill) keeps the same reserve. Sized from its N-row step alone (stop 49), its
+    KV on an H200 (8B shape) was 106.2 GiB and torch's peak 126.9 GiB, past the 0.9 share (125.8 GiB): its decode
+    graphs' pools and the eager steps of its size checks hold ~6 GiB beside the weights and KV, which that formula
+    does not see; with this reserve 102.7 GiB and a peak of 123.9 GiB (benchmarks/results/README.md, stop 50)."""
     element = torch.empty((), dtype=dtype).element_size()
-    rows = sched.max_num_seqs if decode_only else max(sched.prefill_pack_tokens or 0, sched.prefill_chunk_size,
-                                                      sched.max_num_seqs, sched.max_num_batched_tokens)
+    rows = max(sched.prefill_pack_tokens or 0, sched.prefill_chunk_size, sched.max_num_seqs,
+               sched.max_num_batched_tokens)
     row_elements = (4 * arch.hidden_size + (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim
                     + 3 * arch.intermediate_size)
     # NOTE: a decode step's rows, a pack's sampled rows, and a chunk's rows where its prompt logprobs are asked
-    sampled_rows = sched.max_num_seqs if decode_only else max(sched.max_num_seqs, sched.prefill_seqs_per_forward,
-                                                              sched.prefill_chunk_size)
+    sampled_rows = max(sched.max_num_seqs, sched.prefill_seqs_per_forward, sched.prefill_chunk_size)
     logits = sampled_rows * arch.vocab_size * 4 * LOGITS_COPIES
     pieces = piecewise_rows * row_elements * element
     return ACTIVATION_COPIES * (rows * row_elements * element + logits) + pieces + UNCOUNTED_RESERVE_BYTES
@@ -89,20 +91,17 @@ def gpu_kv_budget(memory: GpuMemory, utilization: float, reserve_bytes: int, gpu
 
 
 def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
-                   memory: GpuMemory | None = None, piecewise_rows: int = 0, decode_only: bool = False) -> EngineConfig:
+                   memory: GpuMemory | None = None, piecewise_rows: int = 0) -> EngineConfig:
     """config with the KV cache's budget resolved (kept as given when --kv-cache-mib or --num-blocks is). On CUDA,
-    call it once the weights are loaded; memory: the GPU's figures (None: ask the device); piecewise_rows,
-    decode_only: as forward_reserve_bytes takes them."""
+    call it once the weights are loaded; memory: the GPU's figures (None: ask the device); piecewise_rows: as
+    forward_reserve_bytes takes it."""
     cache = config.cache
     if cache.num_blocks is not None or cache.memory_budget_bytes is not None:
         return config
     if not config.device.startswith("cuda"):
         return dataclasses.replace(config, cache=dataclasses.replace(cache, memory_budget_bytes=CPU_KV_CACHE_BYTES))
     memory = memory or GpuMemory.of(config.device)
-    # NOTE: a decode node's smaller reserve only where it is alone on its GPU: gpu_kv_budget takes every node on the
-    # GPU to hold what this one does, and a prefill or colocated node beside it needs the full reserve
-    reserve = forward_reserve_bytes(arch, config.scheduler, dtype, piecewise_rows,
-                                    decode_only and cache.gpu_nodes == 1)
+    reserve = forward_reserve_bytes(arch, config.scheduler, dtype, piecewise_rows)
     budget = gpu_kv_budget(memory, cache.gpu_memory_utilization, reserve, cache.gpu_nodes, cache.gpu_kv_share)
     block_bytes = bytes_per_block(arch, cache.block_size, dtype)
     needed = (config.max_blocks_per_seq + 1) * block_bytes  # NOTE: one request of max_model_len, and the null block

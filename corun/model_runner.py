@@ -113,8 +113,7 @@ class ModelRunner:
         """Row counts of the piecewise graphs (mixed steps, joined forwards) this runner captures; [] for none."""
         # NOTE: after the weights, which the GPU's KV budget is what is left beside
         self.config = config = with_kv_budget(config, self.model.cfg, DTYPES[config.dtype],
-                                              piecewise_rows=max(self.piecewise_sizes, default=0),
-                                              decode_only=not runs_prefill)
+                                              piecewise_rows=max(self.piecewise_sizes, default=0))
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_padded_prefill_forwards = 0

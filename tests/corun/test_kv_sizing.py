@@ -56,22 +56,6 @@ def test_a_runner_with_piecewise_graphs_reserves_their_rows_once_more():
         with_kv_budget(cuda_engine(), QWEN3_8B, torch.bfloat16, H200).cache.memory_budget_bytes - (with_pieces - plain)
 
 
-def test_a_decode_node_alone_on_its_gpu_reserves_only_for_its_decode_step():
-    """A decode node never prefills: its largest forward is the N-row step, so the 8,192-row pack's activations
-    (~1 GB, four times) go to its KV instead. Beside other nodes on one GPU it keeps the full reserve, since the
-    split takes every node there to hold what this one does."""
-    sched = cuda_engine().scheduler
-    full = forward_reserve_bytes(QWEN3_8B, sched, torch.bfloat16)
-    decode = forward_reserve_bytes(QWEN3_8B, sched, torch.bfloat16, decode_only=True)
-    assert 3 * GIB < full - decode < 5 * GIB
-    alone = with_kv_budget(cuda_engine(), QWEN3_8B, torch.bfloat16, H200, decode_only=True)
-    assert alone.cache.memory_budget_bytes == \
-        with_kv_budget(cuda_engine(), QWEN3_8B, torch.bfloat16, H200).cache.memory_budget_bytes + full - decode
-    shared = cuda_engine(gpu_nodes=2, gpu_kv_share=0.75)
-    assert with_kv_budget(shared, QWEN3_8B, torch.bfloat16, H200, decode_only=True).cache.memory_budget_bytes == \
-        with_kv_budget(shared, QWEN3_8B, torch.bfloat16, H200).cache.memory_budget_bytes
-
-
 def test_nodes_sharing_a_gpu_split_what_it_holds_beside_each_one_s_weights_and_reserve():
     reserve = forward_reserve_bytes(QWEN3_8B, cuda_engine().scheduler, torch.bfloat16)
     prefill = with_kv_budget(cuda_engine(gpu_nodes=2, gpu_kv_share=0.25), QWEN3_8B, torch.bfloat16, H200)

@@ -44,9 +44,10 @@ def test_the_8b_shape_fills_its_share_and_its_peak_stays_inside_it():
     assert peak <= DEFAULT_GPU_MEMORY_UTILIZATION * total, (peak / GIB, total / GIB, budget / GIB)
 
 
-def test_a_decode_node_s_runner_takes_the_prefill_reserve_as_kv_and_its_peak_stays_inside_its_share():
-    """A decode-only runner (a decode node alone on its GPU) reserves only for its N-row step: more KV than the
-    engine's, and torch's peak after N-row decode steps still inside the 0.9 share."""
+def test_a_decode_node_s_runner_peaks_inside_its_share():
+    """A decode-only runner (a decode node: no prefill graphs or probes) after N-row decode steps: torch's peak inside
+    the 0.9 share. NOTE: it failed on an H200 at stop 50 while the runner reserved only for its N-row step (126.9 GiB
+    against 125.8); with the engine's reserve it peaked at 123.9 GiB."""
     import gc
 
     from corun import decode_sizes
