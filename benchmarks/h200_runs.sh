@@ -48,6 +48,23 @@ case $part in
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
     ;;
+  stop50_warm)  # stop 50: the calls run inline after stop50_one_call on the same warm H200, in order (PYTHONPATH as
+    # above): t = 0 at defaults against standard, four workloads (results/h200_defaults_t0_stop50.json); Poisson
+    # 16 req/s (h200_defaults_poisson_16_stop50.json); budget 1024 at t = 0 (h200_budget_1024_t0_stop50.json); Poisson
+    # 32 req/s with the pieces off (h200_poisson_32_pieces_off_stop50.json). The decode-only runner's memory, before
+    # and after the fix, was two inline python runs (h200_decode_only_*_stop50.log hold their output)
+    timeout 380 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
+      --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,standard \
+      --out "$out/h200_defaults_t0_stop50.json" > "$out/bench_t0_defaults.log" 2>&1
+    timeout 200 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 300 \
+      --workloads sharegpt --request-rate 16 --max-seconds 22 --modes corun,standard --goodput ttft:500 tpot:50 \
+      --out "$out/h200_defaults_poisson_16_stop50.json" > "$out/bench_p16.log" 2>&1
+    timeout 200 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
+      --max-seconds 10 --workloads sharegpt,1024x2048 --modes corun:prefill_token_budget=1024 \
+      --out "$out/h200_budget_1024_t0_stop50.json" > "$out/bench_b1024.log" 2>&1
+    timeout 150 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 300 \
+      --workloads sharegpt --request-rate 32 --max-seconds 22 --modes corun:piecewise_graphs=off --goodput ttft:500 \
+      tpot:50 --out "$out/h200_poisson_32_pieces_off_stop50.json" > "$out/bench_p32_off.log" 2>&1 ;;
   stop50_one_call)  # stop 50: after 10 refused calls, what fits one: the GPU tests not run since stop 49 changed
     # their code (joined forwards through the pieces below 1,024 rows, the decode-only runner's sizing), Poisson 32 req/s
     # with that split (defaults against standard), and t = 0 ShareGPT-like and 1024x2048 with the defaults against the
