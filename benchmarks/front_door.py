@@ -110,6 +110,9 @@ def main() -> None:
                         help="the engine's and each decoding node's (default: auto, sized on the GPU as a user's "
                         "nodes size it; runs until stop 45 passed 60000)")
     parser.add_argument("--prefill-kv-cache-mib", type=int, default=None, help="default: auto (until stop 45: 16000)")
+    parser.add_argument("--decode-kv-cache-mib", type=int, default=None,
+                        help="1P1D's decode node only (default: --kv-cache-mib): to try another split of one GPU's "
+                        "memory between the two nodes while the engine keeps its own")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=1500)
     parser.add_argument("--workloads", default="sharegpt,burstgpt,1024x2048")
@@ -169,7 +172,8 @@ def main() -> None:
                 save()
     if "1p1d" in deployments:
         pd = ClusterConfig(engine, port=free_port("127.0.0.1"), prefill_gpus=gpu, decode_gpus=gpu,
-                           prefill_kv_cache_mib=args.prefill_kv_cache_mib, decode_kv_cache_mib=args.kv_cache_mib,
+                           prefill_kv_cache_mib=args.prefill_kv_cache_mib,
+                           decode_kv_cache_mib=args.decode_kv_cache_mib or args.kv_cache_mib,
                            startup_timeout_s=600)
         with LocalCluster(pd) as cluster:
             report["determinism"]["1p1d_http"] = served_determinism(cluster.url, prompts, reference)

@@ -48,6 +48,20 @@ case $part in
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
     ;;
+  next_after_stop50)  # not run yet: why 1P1D on one GPU gives 0.69x on 1024x2048 (stop 48). Its decode node ran ~111
+    # rows (5,595 tok/s at TPOT 19.8 ms) where the engine ran 240: the split of one GPU (two copies of the weights and
+    # reserves, then 3 parts to the decode node's 1 for the prefill node's) leaves the decode node ~62 GiB of KV against
+    # the engine's ~103. Here the default split against a prefill node of 8000 MiB and a decode node of 80000 MiB (both
+    # processes' peaks, ~21 GiB each beside their KV on an H200, still fit); then the 64-token and 4096-token prefill
+    # figures on an H200 (stop 40's 1.60x was the last there)
+    timeout 240 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --deployments 1p1d --workloads 1024x2048 --out "$out/h200_front_door_1p1d_split_default.json" \
+      > "$out/front_door_default.log" 2>&1
+    timeout 240 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --deployments 1p1d --workloads 1024x2048 --prefill-kv-cache-mib 8000 --decode-kv-cache-mib 80000 \
+      --out "$out/h200_front_door_1p1d_split_8000_80000.json" > "$out/front_door_split.log" 2>&1
+    timeout 100 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64,4096 --prefill-chunk-size 4096 \
+      --repeats 3 --out "$out/h200_prefill_cost_stop50.json" > "$out/prefill_cost.log" 2>&1 ;;
   stop50_warm)  # stop 50: the calls run inline after stop50_one_call on the same warm H200, in order (PYTHONPATH as
     # above): t = 0 at defaults against standard, four workloads (results/h200_defaults_t0_stop50.json); Poisson
     # 16 req/s (h200_defaults_poisson_16_stop50.json); budget 1024 at t = 0 (h200_budget_1024_t0_stop50.json); Poisson
