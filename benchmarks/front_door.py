@@ -97,8 +97,9 @@ def served_determinism(url: str, prompts: list[list[int]], reference: list[dict]
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--preset", default="qwen3-8b", choices=sorted(PRESETS))
-    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the whole script (qwen3-tiny)")
+    parser.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                        help="default: qwen3-8b on CUDA, qwen3-tiny on CPU (an 8B model in float32 fills a small host)")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the whole script")
     parser.add_argument("--dtype", default="auto", help="default: the engine's (auto: bfloat16 on CUDA for a preset)")
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="default: the engine's (auto: 256 on CUDA); runs until stop 45 passed 256")
@@ -128,8 +129,9 @@ def main() -> None:
     deployments = set(args.deployments.split(","))
     if not deployments <= {"colocated", "1p1d"}:
         parser.error(f"--deployments takes colocated and 1p1d, got {args.deployments}")
-    model_dir = str(make_random_model_dir(args.preset, tempfile.mkdtemp(prefix=f"random-{args.preset}-")))
-    vocab = PRESETS[args.preset]["vocab_size"]
+    preset = args.preset = args.preset or ("qwen3-8b" if args.device.startswith("cuda") else "qwen3-tiny")
+    model_dir = str(make_random_model_dir(preset, tempfile.mkdtemp(prefix=f"random-{preset}-")))
+    vocab = PRESETS[preset]["vocab_size"]
     base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                            prefill_chunk_size=args.prefill_chunk_size)
     engine = EngineConfig(model=model_dir, dtype=args.dtype, device=args.device, num_threads=1,
