@@ -35,7 +35,7 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  next_after_stop49)  # not run yet: stop 49 changed the joined forwards after its last measurement (packs below
+  next_after_stop49)  # NOTE: not run as such (stop50_one_call ran its tests and Poisson 32). stop 49 changed the joined forwards after its last measurement (packs below
     # 1,024 rows through the pieces, larger ones eagerly at their exact rows): Poisson ShareGPT-like at 32 and 16 req/s,
     # the defaults against the pieces off and standard (the t = 0 rows: next_after_stop49_t0); first the sizing's
     # and the joined steps' GPU tests, the decode-only runner's sizing test written at stop 49 and not run yet
@@ -93,7 +93,7 @@ case $part in
       --num-requests 256 --max-seconds 10 --workloads sharegpt,1024x2048 \
       --modes corun,corun:prefill_token_budget=2048 \
       --out "$out/h200_budget_t0_stop50.json" > "$out/bench_t0.log" 2>&1 ;;
-  stop50_t0)  # stop 50: next_after_stop49_t0 (issue 20's t = 0 table at pure defaults against standard) and, on
+  stop50_t0)  # NOTE: not run as such (stop50_one_call and stop50_warm ran these). stop 50: next_after_stop49_t0 (issue 20's t = 0 table at pure defaults against standard) and, on
     # ShareGPT-like and 1024x2048, prefill token budgets of 2048 and 1024, which now cap a forward that carries the decode
     # step: what the default's T = 8192 packs cost in ITL p99 (issue 21's bound for colocated nodes) against tok/s
     timeout 330 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
@@ -103,7 +103,7 @@ case $part in
       --num-requests 256 --max-seconds 10 --workloads sharegpt,1024x2048 \
       --modes corun:prefill_token_budget=2048,corun:prefill_token_budget=1024 \
       --out "$out/h200_budget_t0_stop50.json" > "$out/bench_budget.log" 2>&1 ;;
-  next_after_stop49_t0)  # not run yet: next_after_stop49's t = 0 rows, a call of their own (that part fills ~530 s)
+  next_after_stop49_t0)  # NOTE: not run as such (stop50_warm ran it). next_after_stop49's t = 0 rows, a call of their own (that part fills ~530 s)
     timeout 300 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
       --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,standard \
       --out "$out/h200_defaults_t0_split.json" > "$out/bench_t0.log" 2>&1 ;;
