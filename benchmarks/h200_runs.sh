@@ -79,7 +79,7 @@ case $part in
     timeout 150 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 300 \
       --workloads sharegpt --request-rate 32 --max-seconds 22 --modes corun:piecewise_graphs=off --goodput ttft:500 \
       tpot:50 --out "$out/h200_poisson_32_pieces_off_stop50.json" > "$out/bench_p32_off.log" 2>&1 ;;
-  stop50_one_call)  # stop 50: after 10 refused calls, what fits one: the GPU tests not run since stop 49 changed
+  stop50_one_call)  # stop 50: after 16 calls that got no machine, what fits one: the GPU tests not run since stop 49 changed
     # their code (joined forwards through the pieces below 1,024 rows, the decode-only runner's sizing), Poisson 32 req/s
     # with that split (defaults against standard), and t = 0 ShareGPT-like and 1024x2048 with the defaults against the
     # prefill token budget at 2048 (it now caps a pack that carries the decode step: the ITL p99 price of T = 8192)
