@@ -87,8 +87,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, runs_prefill: bool = True, runs_decode: bool = True):
         """runs_prefill False: a decode node, which reads its prompts' KV and never prefills (no prefill graphs or pack
         probes; it keeps the engine's forward reserve, kv_sizing.forward_reserve_bytes says why); runs_decode False:
-        a prefill node, which never runs the decode step. Only a runner that does both (the engine, a colocated node) runs mixed steps (run_mixed) or joins a decode
-        step to a prefill forward (run_prefill_and_decode)."""
+        a prefill node, which never runs the decode step. Only a runner that does both (the engine, a colocated node)
+        runs mixed steps (run_mixed) or joins a decode step to a prefill forward (run_prefill_and_decode)."""
         self.config = config = resolved_on_device(config)
         if config.device.startswith("cuda"):  # NOTE: before the first CUDA call, which fixes cuBLAS's workspace
             apply_cublas_split_k(config.cublas_split_k)
