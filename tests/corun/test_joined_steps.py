@@ -38,7 +38,7 @@ def make_llm(model: str, rides: bool, num_seqs: int = N, budget: int | None = No
         decode_rides_prefill=rides, prefill_token_budget=budget), cache=CacheConfig(num_blocks=600)))
 
 
-def joined_pack_rows(llm: LLM, prompt_list, params) -> tuple[list, list[int]]:
+def completions_and_joined_packs(llm: LLM, prompt_list, params) -> tuple[list, list[int]]:
     """The completions, and the prompt rows of every forward that carried a decode step."""
     scheduler, rows = llm.engine.scheduler, []
     schedule = scheduler.schedule
@@ -91,8 +91,8 @@ def test_the_prefill_token_budget_caps_a_pack_that_carries_the_decode_step(tiny_
     if not joined.engine.runner.joined_shapes:
         pytest.skip("no (decode, pack) pair matched the forwards apart on this CPU: nothing runs joined")
     apart = completions(make_llm(tiny_model_dir, rides=False).generate(prompts(), PARAMS))
-    capped, capped_rows = joined_pack_rows(make_llm(tiny_model_dir, rides=True, budget=32), prompts(), PARAMS)
-    _, default_rows = joined_pack_rows(joined, prompts(), PARAMS)
+    capped, capped_rows = completions_and_joined_packs(make_llm(tiny_model_dir, rides=True, budget=32), prompts(), PARAMS)
+    _, default_rows = completions_and_joined_packs(joined, prompts(), PARAMS)
     assert first_difference(apart, capped) is None
     assert capped_rows and max(capped_rows) <= 32
     assert max(default_rows) > 32
