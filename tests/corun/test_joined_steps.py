@@ -91,7 +91,8 @@ def test_the_prefill_token_budget_caps_a_pack_that_carries_the_decode_step(tiny_
     if not joined.engine.runner.joined_shapes:
         pytest.skip("no (decode, pack) pair matched the forwards apart on this CPU: nothing runs joined")
     apart = completions(make_llm(tiny_model_dir, rides=False).generate(prompts(), PARAMS))
-    capped, capped_rows = completions_and_joined_packs(make_llm(tiny_model_dir, rides=True, budget=32), prompts(), PARAMS)
+    capped_llm = make_llm(tiny_model_dir, rides=True, budget=32)
+    capped, capped_rows = completions_and_joined_packs(capped_llm, prompts(), PARAMS)
     _, default_rows = completions_and_joined_packs(joined, prompts(), PARAMS)
     assert first_difference(apart, capped) is None
     assert capped_rows and max(capped_rows) <= 32
