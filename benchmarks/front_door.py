@@ -83,6 +83,45 @@ def itl_against_target(modes: dict) -> dict:
             for mode, runs in modes.items() if mode != "engine"}
 
 
+def kv_splits(text: str) -> list[tuple[int, int] | None]:
+    """--1p1d-kv-splits: None for auto, else (prefill MiB, decode MiB)."""
+    splits = []
+    for part in text.split(","):
+        if part == "auto":
+            splits.append(None)
+            continue
+        try:
+            prefill_mib, decode_mib = (int(mib) for mib in part.split("/"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a split is auto or PREFILL_MIB/DECODE_MIB, got {part!r}") from None
+        splits.append((prefill_mib, decode_mib))
+    return splits
+
+
+def serve_1p1d(report: dict, save, config: ClusterConfig, mode: str, workloads, prompts, reference, vocab: int,
+               max_model_len: int, served: dict) -> None:
+    """One 1P1D cluster on the GPU through HTTP: determinism, then each workload with the nodes' loops and the KV
+    hand-off (kv_handoff_ms_p50 from the auto split's ShareGPT-like run), under report's modes[mode]."""
+    with LocalCluster(config) as cluster:
+        report["determinism"][mode] = served_determinism(cluster.url, prompts, reference)
+        report["modes"][mode] = {}
+        for workload in workloads:
+            warm_up_server(cluster.url, workload, vocab)
+            before = role_stats(cluster.url)
+            runs = run_http_bench(cluster.url, [workload], vocab, max_model_len, label=mode, warm_up=False, **served)
+            report["modes"][mode].update(runs["modes"][mode])
+            after = role_stats(cluster.url)
+            for role in ("prefill", "decode"):
+                report.setdefault("node_loops", {}).setdefault(mode, {}).setdefault(role, {})[workload.name] = (
+                    loop_breakdown(before[role], after[role]))
+            report["node_loops"][mode]["decode"][workload.name]["usable_blocks"] = after["decode"]["num_usable_blocks"]
+            costs = handoff(before["decode"], after["decode"])
+            report.setdefault("kv_handoff", {}).setdefault(mode, {})[workload.name] = costs
+            if mode == "1p1d_http" and workload.name == HANDOFF_WORKLOAD:
+                report["kv_handoff_ms_p50"] = costs["kv_handoff_ms_p50_at_most"]
+            save()
+
+
 def empty_cache() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -110,10 +149,11 @@ def main() -> None:
     parser.add_argument("--kv-cache-mib", type=int, default=None,
                         help="the engine's and each decoding node's (default: auto, sized on the GPU as a user's "
                         "nodes size it; runs until stop 45 passed 60000)")
-    parser.add_argument("--prefill-kv-cache-mib", type=int, default=None, help="default: auto (until stop 45: 16000)")
-    parser.add_argument("--decode-kv-cache-mib", type=int, default=None,
-                        help="1P1D's decode node only (default: --kv-cache-mib): to try another split of one GPU's "
-                        "memory between the two nodes while the engine keeps its own")
+    parser.add_argument("--1p1d-kv-splits", dest="kv_splits", type=kv_splits, default=[None],
+                        help="the 1P1D clusters to serve, one after the other beside one engine run: each `auto` (the "
+                        "nodes size their KV on the GPU as a user's do; the decode node takes --kv-cache-mib where "
+                        "given) or PREFILL_MIB/DECODE_MIB, another split of the GPU's memory, e.g. auto,8000/80000 "
+                        "(until stop 45 runs passed 16000 for the prefill node)")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=1500)
     parser.add_argument("--workloads", default="sharegpt,burstgpt,1024x2048")
@@ -169,32 +209,18 @@ def main() -> None:
                 runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="colocated_nodes_http",
                                       warm_up=False, **served)
                 report["modes"]["colocated_nodes_http"].update(runs["modes"]["colocated_nodes_http"])
-                report.setdefault("node_loops", {}).setdefault("colocated", {})[workload.name] = loop_breakdown(
+                report.setdefault("node_loops", {}).setdefault("colocated_nodes_http", {}).setdefault(
+                    "colocated", {})[workload.name] = loop_breakdown(
                     before, role_stats(cluster.url)["colocated"])
                 save()
     if "1p1d" in deployments:
-        pd = ClusterConfig(engine, port=free_port("127.0.0.1"), prefill_gpus=gpu, decode_gpus=gpu,
-                           prefill_kv_cache_mib=args.prefill_kv_cache_mib,
-                           decode_kv_cache_mib=args.decode_kv_cache_mib or args.kv_cache_mib,
-                           startup_timeout_s=600)
-        with LocalCluster(pd) as cluster:
-            report["determinism"]["1p1d_http"] = served_determinism(cluster.url, prompts, reference)
-            report["modes"]["1p1d_http"] = {}
-            for workload in workloads:
-                warm_up_server(cluster.url, workload, vocab)
-                before = role_stats(cluster.url)
-                runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="1p1d_http",
-                                      warm_up=False, **served)
-                report["modes"]["1p1d_http"].update(runs["modes"]["1p1d_http"])
-                after = role_stats(cluster.url)
-                for role in ("prefill", "decode"):
-                    report.setdefault("node_loops", {}).setdefault(role, {})[workload.name] = loop_breakdown(
-                        before[role], after[role])
-                costs = handoff(before["decode"], after["decode"])
-                report.setdefault("kv_handoff", {})[workload.name] = costs
-                if workload.name == HANDOFF_WORKLOAD:
-                    report["kv_handoff_ms_p50"] = costs["kv_handoff_ms_p50_at_most"]
-                save()
+        for split in args.kv_splits:
+            prefill_mib, decode_mib = split or (None, args.kv_cache_mib)
+            serve_1p1d(report, save, ClusterConfig(
+                engine, port=free_port("127.0.0.1"), prefill_gpus=gpu, decode_gpus=gpu,
+                prefill_kv_cache_mib=prefill_mib, decode_kv_cache_mib=decode_mib, startup_timeout_s=600),
+                "1p1d_http" if split is None else f"1p1d_http:{prefill_mib}/{decode_mib}",
+                workloads, prompts, reference, vocab, args.max_model_len, served)
     report["ratios_to_engine"] = {
         mode: {name: round(run["output_tok_per_s"] / report["modes"]["engine"][name]["output_tok_per_s"], 3)
                for name, run in runs.items() if name in report["modes"]["engine"]}

@@ -189,10 +189,12 @@ def node_engine(config: ClusterConfig, role: Role, num_threads: int, gpu_split: 
     return dataclasses.replace(engine, cache=cache)
 
 
-ROLE_KV_WEIGHTS: dict[Role, int] = {"prefill": 1, "decode": 3, "colocated": 3}
-"""Where nodes share a GPU, each role's weight in the KV memory it holds: a prefill node keeps a prompt's KV while it
-is prefilled and leased (and its prefix cache), a decode or colocated node every running request's whole context.
-The H200 runs of 1P1D on one GPU gave them 16000 and 60000 MiB (benchmarks/front_door.py before stop 45)."""
+ROLE_KV_WEIGHTS: dict[Role, int] = {"prefill": 1, "decode": 7, "colocated": 7}
+"""Where nodes share a GPU, each role's weight in the KV memory it holds: a prefill node keeps a prompt's KV only
+while it is prefilled and leased (and its prefix cache), a decode or colocated node every running request's whole
+context (prompt + max_tokens, reserved at admission). At 1:3 (until stop 51) 1P1D on one H200 (8B shape) gave its
+decode node ~62 GiB: ~111 rows of 1024x2048 where the engine ran 240, 0.69x the engine's tok/s (stop 48). At 1:7 a
+prefill node still holds ~10 GiB there, about nine 8,192-token forwards."""
 
 
 def gpu_kv_split(config: ClusterConfig, role: Role, index: int) -> tuple[int, float]:

@@ -163,6 +163,7 @@ class NodeServer:
         blocks = self.block_manager
         loop = {f"loop_{phase}_seconds_total": round(seconds, 6) for phase, seconds in self.loop_seconds.items()}
         return {**self.role_stats(), **loop, "num_free_blocks": blocks.num_free_blocks,
+                "num_usable_blocks": blocks.num_usable_blocks,
                 "num_pongs_while_busy": self.pings_while_busy.num_answered,
                 "forward_running_seconds": round(self.forward_seconds(), 3),
                 "kv_cache_usage_perc": round(1 - blocks.num_free_blocks / blocks.num_usable_blocks, 6),

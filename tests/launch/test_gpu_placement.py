@@ -68,10 +68,10 @@ def test_ray_nodes_reserve_a_gpu_or_a_fraction_of_one():
 
 def test_nodes_on_one_gpu_split_its_kv_memory_by_role_where_it_is_sized_on_the_gpu():
     one_gpu = ClusterConfig(CUDA)  # NOTE: 1P1D on the launching process' GPU
-    assert launch.gpu_kv_split(one_gpu, "prefill", 0) == (2, 0.25)
-    assert launch.gpu_kv_split(one_gpu, "decode", 0) == (2, 0.75)
-    decode = launch.node_engine(one_gpu, "decode", 1, (2, 0.75)).cache
-    assert (decode.gpu_nodes, decode.gpu_kv_share, decode.gpu_memory_utilization) == (2, 0.75, 0.9)
+    assert launch.gpu_kv_split(one_gpu, "prefill", 0) == (2, 0.125)
+    assert launch.gpu_kv_split(one_gpu, "decode", 0) == (2, 0.875)
+    decode = launch.node_engine(one_gpu, "decode", 1, (2, 0.875)).cache
+    assert (decode.gpu_nodes, decode.gpu_kv_share, decode.gpu_memory_utilization) == (2, 0.875, 0.9)
     apart = ClusterConfig(CUDA, num_decode=2, prefill_gpus=("0",), decode_gpus=("1", "2"))
     assert [launch.gpu_kv_split(apart, role, i) for role, i in apart.nodes()] == [(1, 1.0)] * 3
     three = ClusterConfig(CUDA, num_prefill=0, num_decode=0, num_colocated=3, colocated_gpus=("4",))
@@ -81,7 +81,7 @@ def test_nodes_on_one_gpu_split_its_kv_memory_by_role_where_it_is_sized_on_the_g
     assert sum(launch.gpu_kv_split(shared, role, i)[1] for role, i in shared.nodes()) == pytest.approx(1)
     # the inverse: a budget given in MiB, or a CPU engine, is not split
     given = ClusterConfig(CUDA, decode_kv_cache_mib=60000)
-    assert launch.node_engine(given, "decode", 1, (2, 0.75)).cache.gpu_kv_share == 1.0
+    assert launch.node_engine(given, "decode", 1, (2, 0.875)).cache.gpu_kv_share == 1.0
     assert launch.gpu_kv_split(ClusterConfig(EngineConfig(model="m")), "decode", 0) == (1, 1.0)
 
 
@@ -98,8 +98,8 @@ def test_the_local_launcher_hands_each_node_on_a_shared_gpu_its_part(monkeypatch
 
     monkeypatch.setattr(local.subprocess, "Popen", Recorder)
     for config, expected in ((ClusterConfig(CUDA, decode_gpus=("1",)), [(1, 1.0), (1, 1.0)]),
-                             (ClusterConfig(CUDA), [(2, 0.25), (2, 0.75)]),
-                             (ClusterConfig(CUDA, decode_gpus=("0",)), [(2, 0.25), (2, 0.75)])):
+                             (ClusterConfig(CUDA), [(2, 0.125), (2, 0.875)]),
+                             (ClusterConfig(CUDA, decode_gpus=("0",)), [(2, 0.125), (2, 0.875)])):
         started.clear()
         cluster = local.LocalCluster(config)
         for role, index in cluster.config.nodes():
