@@ -48,6 +48,9 @@ case $part in
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
     ;;
+  stop51_front_door)  # stop 51: issue 21's table at the defaults (stop 48's h200_front_door.json) with 1P1D at the 1:7 split
+    timeout 560 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
+      --out "$out/h200_front_door_stop51.json" > "$out/front_door.log" 2>&1 ;;
   stop51_split)  # stop 51: why 1P1D on one GPU gives 0.69x on 1024x2048 (stop 48): its decode node ran ~111 rows where the
     # engine ran 240, with ~62 GiB of KV against the engine's ~103 (the GPU split 1:3 between the nodes). ROLE_KV_WEIGHTS
     # is now 1:7 (auto), beside two explicit splits (both processes' peaks are ~21-23 GiB beside their KV on an H200):
