@@ -48,6 +48,11 @@ case $part in
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
     ;;
+  stop51_split_h100)  # stop 51, when no H200 came: the same question on an H100 80 GB, where the two nodes' pool is ~28 GiB
+    # (0.9 x 79.2 less two weights and reserves): auto (1:7) against ~1:3 given in MiB (the split until stop 51)
+    timeout 400 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --deployments 1p1d --workloads 1024x2048 --1p1d-kv-splits auto,7000/21000 \
+      --out "$out/h100_front_door_1p1d_splits_stop51.json" > "$out/front_door_splits.log" 2>&1 ;;
   stop51_front_door)  # stop 51: issue 21's table at the defaults (stop 48's h200_front_door.json) with 1P1D at the 1:7 split
     timeout 560 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
       --out "$out/h200_front_door_stop51.json" > "$out/front_door.log" 2>&1 ;;
