@@ -132,21 +132,25 @@ def idle_kv_handoff() -> KVHandoff:
                      "between two GPUs not measured")
 
 
-def shared_gpu() -> SharedGPU:
+def shared_gpu(shape: BenchShape) -> SharedGPU:
+    """shape: the engine runs' (the same preset, dtype and block size as the 1P1D run's)."""
     front_door = load("h200_front_door_before_push.json")["kv_handoff"]
     handoff = KVHandoff(front_door["sharegpt"]["kv_handoff_ms_mean"] / 1e3, 0.0,
                         "h200_front_door_before_push.json: mean READ (post to poll) of 1P1D on one H200 under the "
                         f"ShareGPT-like load; BurstGPT-like {front_door['burstgpt']['kv_handoff_ms_mean']:.1f} ms")
-    modes = load("h200_cluster_1p1d.json")["modes"]
+    report = load("h200_cluster_1p1d.json")
+    modes = report["modes"]
     cluster = modes["cluster_1p1d"]
     engine = next(runs for name, runs in modes.items() if name.startswith("colocated_corun"))
     decode_stretch = cluster["1024x2048"]["tpot_ms"]["p50"] / engine["1024x2048"]["tpot_ms"]["p50"]
     prefill_stretch = float(np.mean([cluster[w]["ttft_s"]["p50"] / engine[w]["ttft_s"]["p50"]
                                      for w in ("burstgpt", "1024x2048")]))
+    decode_blocks = report["command"]["decode_kv_cache_mib"] * 2**20 // (shape.kv_bytes_per_token * shape.block_size)
     return SharedGPU(round(decode_stretch, 3), round(prefill_stretch, 3), handoff,
                      "h200_cluster_1p1d.json: 1P1D on one H200 against the colocated engine, 256 requests at t = 0: "
                      "decode stretch = TPOT p50 ratio on 1024x2048, prefill stretch = mean TTFT p50 ratio (burstgpt, "
-                     "1024x2048)")
+                     "1024x2048); the decode node's KV: its --decode-kv-cache-mib there",
+                     decode_kv_capacity_tokens=(decode_blocks - 1) * shape.block_size)
 
 
 def derive_profile() -> PerformanceProfile:
@@ -160,7 +164,7 @@ def derive_profile() -> PerformanceProfile:
         source="benchmarks/derive_h200_profile.py: H200, random:qwen3-8b bf16, N=256, from "
                + ", ".join(sorted({name for name, _ in DECODE_RUNS + PREFILL_RUNS}))
                + ", h200_decode_step_profile.json",
-        prefill_token_budget=sched["max_num_batched_tokens"], kv_handoff=idle_kv_handoff(), shared_gpu=shared_gpu())
+        prefill_token_budget=sched["max_num_batched_tokens"], kv_handoff=idle_kv_handoff(), shared_gpu=shared_gpu(shape))
 
 
 def main() -> None:

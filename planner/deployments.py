@@ -23,9 +23,9 @@ added to the TTFT of every request that decodes. The other two are modelled here
   slower while it runs, so each isolated prefill second costs the decode prefill_stretch - 1 seconds
   (capacity_model.shared_gpu_delay): the colocated node's TPOT model with that delay per prefill second instead of
   1. A prefill stretches by 1 + (prefill_stretch - 1) * P(a request decoding), and the hand-off is the one measured
-  under load there. NOTE: its decode node is given the whole node's KV capacity, as a decode node on a GPU of its
-  own; on one GPU the two processes split the memory (the H200 runs: 16 GB prefill, 60 GB decode),
-  which is not modelled.
+  under load there. Its decode node holds the KV the profile measured for it on the shared GPU
+  (SharedGPU.decode_kv_capacity_tokens: the two processes each hold the weights and a reserve, and split the rest),
+  where the profile gives it.
 Goodput: requests per second that meet both targets, rate * (1 - P(TTFT > target)) * (1 - P(TPOT > target)) (the two
 taken as independent); 0 when a queue is unstable.
 """
@@ -173,6 +173,9 @@ def predict_disaggregated(cluster: ClusterModel, deployment: Deployment, stats: 
         interference = PrefillInterference(stats.rate / num_prefill, stats.prefill_s,
                                            shared_gpu_delay(shared.prefill_stretch))
         handoff = shared.kv_handoff
+    if shared is not None and shared.decode_kv_capacity_tokens is not None:
+        cluster = dataclasses.replace(cluster, node=dataclasses.replace(
+            cluster.node, kv_capacity_tokens=shared.decode_kv_capacity_tokens))
     load = decode_load(stats, cluster.performance, cluster.node, num_decode, interference)
     if shared is not None:
         prefill_s = prefill_s * (1 + (shared.prefill_stretch - 1) * decoding_probability(load, cluster.node))

@@ -74,10 +74,16 @@ class SharedGPU:
     kv_handoff: KVHandoff
     """The hand-off under load on the shared GPU (it replaces the profile's kv_handoff there)."""
     source: str = ""
+    decode_kv_capacity_tokens: int | None = None
+    """KV tokens of the decode process on the shared GPU: the two processes each hold the weights and a reserve, and
+    split what is left (launch/cluster.py ROLE_KV_WEIGHTS). None (a profile made before stop 51): the profile's
+    kv_capacity_tokens, as a GPU of its own."""
 
     def __post_init__(self):
         if not (self.decode_stretch >= 1 and self.prefill_stretch >= 1):
             raise ValueError(f"the stretches must be >= 1, got {self.decode_stretch} and {self.prefill_stretch}")
+        if self.decode_kv_capacity_tokens is not None and self.decode_kv_capacity_tokens < 1:
+            raise ValueError(f"decode_kv_capacity_tokens must be >= 1, got {self.decode_kv_capacity_tokens}")
 
 
 @dataclass(frozen=True)

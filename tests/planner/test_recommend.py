@@ -1,6 +1,7 @@
 """The planner's deployments (colocated nodes, P/D with the KV hand-off, P/D sharing a GPU), its recommendation and
 summary, the plot, and the SLO flags' unit: milliseconds everywhere, old spellings and implausible values refused."""
 
+import dataclasses
 import json
 import math
 import warnings
@@ -201,6 +202,22 @@ def test_1p1d_on_one_gpu_stretches_the_decode_by_the_prefill_s_stretch_while_the
     by_decode_stretch = {predict(cluster_model(shared=SharedGPU(s, 1.9, KVHandoff(), "test")), shared, stats,
                                  slo).tpot_p99_s for s in (1.1, 2.0)}
     assert len(by_decode_stretch) == 1
+
+
+def test_1p1d_on_one_gpu_holds_the_kv_its_decode_process_measured_there():
+    """The two processes on one GPU split its memory: the decode process's KV (not the whole GPU's) bounds the rows
+    it admits. The inverse: a profile without the figure (made before it was recorded) keeps the whole GPU's."""
+    stats, slo, shared = stats_at(2.0, "1024x2048"), SLO.from_ms(5000, 50), Deployment.shared_gpu(1)
+    whole = predict(cluster_model(shared=SHARED), shared, stats, slo)
+    for part in (0.75, 0.5):
+        split = dataclasses.replace(SHARED, decode_kv_capacity_tokens=int(part * H200_DECODE.kv_capacity_tokens))
+        outlook = predict(cluster_model(shared=split), shared, stats, slo)
+        assert math.isfinite(outlook.max_utilization) and outlook.max_utilization > whole.max_utilization
+    apart = dataclasses.replace(SHARED, decode_kv_capacity_tokens=H200_DECODE.kv_capacity_tokens // 2)
+    assert predict(cluster_model(shared=apart), Deployment.disaggregated(1, 1), stats, slo) == \
+        predict(cluster_model(shared=SHARED), Deployment.disaggregated(1, 1), stats, slo)
+    with pytest.raises(ValueError, match="decode_kv_capacity_tokens must be >= 1"):
+        dataclasses.replace(SHARED, decode_kv_capacity_tokens=0)
 
 
 def test_prefill_interference_refuses_what_cannot_be_one():
