@@ -164,7 +164,8 @@ def derive_profile() -> PerformanceProfile:
         source="benchmarks/derive_h200_profile.py: H200, random:qwen3-8b bf16, N=256, from "
                + ", ".join(sorted({name for name, _ in DECODE_RUNS + PREFILL_RUNS}))
                + ", h200_decode_step_profile.json",
-        prefill_token_budget=sched["max_num_batched_tokens"], kv_handoff=idle_kv_handoff(), shared_gpu=shared_gpu(shape))
+        prefill_token_budget=sched["max_num_batched_tokens"], kv_handoff=idle_kv_handoff(),
+        shared_gpu=shared_gpu(shape))
 
 
 def main() -> None:
