@@ -58,11 +58,11 @@ case $part in
       --out "$out/h200_front_door_stop51.json" > "$out/front_door.log" 2>&1 ;;
   stop51_split)  # stop 51: why 1P1D on one GPU gives 0.69x on 1024x2048 (stop 48): its decode node ran ~111 rows where the
     # engine ran 240, with ~62 GiB of KV against the engine's ~103 (the GPU split 1:3 between the nodes). ROLE_KV_WEIGHTS
-    # is now 1:7 (auto), beside two explicit splits (both processes' peaks are ~21-23 GiB beside their KV on an H200):
-    # one engine run, then the three 1P1D clusters; then the 16/64/4096-token prefill figures (stop 40's 1.60x at 64
+    # is now 1:7 (auto), beside an explicit split (both processes' peaks are ~21-23 GiB beside their KV on an H200):
+    # one engine run, then the two 1P1D clusters; then the 16/64/4096-token prefill figures (stop 40's 1.60x at 64
     # tokens was the last H200 figure)
-    timeout 440 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
-      --deployments 1p1d --workloads 1024x2048 --1p1d-kv-splits auto,8000/80000,4000/88000 \
+    timeout 360 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --deployments 1p1d --workloads 1024x2048 --1p1d-kv-splits auto,8000/80000 \
       --out "$out/h200_front_door_1p1d_splits_stop51.json" > "$out/front_door_splits.log" 2>&1
     timeout 110 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64,4096 --prefill-chunk-size 4096 \
       --repeats 3 --out "$out/h200_prefill_cost_stop51.json" > "$out/prefill_cost.log" 2>&1 ;;
