@@ -48,6 +48,11 @@ case $part in
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
     ;;
+  stop51_split_auto)  # stop 51, the last device time: the 1:7 split (auto) alone beside its engine on an H200 (stop51_split
+    # ran on an H100, where 8000/80000 cannot fit: h100_front_door_1p1d_split_auto_stop51.json)
+    timeout 300 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --deployments 1p1d --workloads 1024x2048 --out "$out/h200_front_door_1p1d_split_auto_stop51.json" \
+      > "$out/front_door_auto.log" 2>&1 ;;
   stop51_split_h100)  # stop 51, when no H200 came: the same question on an H100 80 GB, where the two nodes' pool is ~28 GiB
     # (0.9 x 79.2 less two weights and reserves): auto (1:7) against ~1:3 given in MiB (the split until stop 51)
     timeout 400 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
@@ -56,7 +61,11 @@ case $part in
   stop51_front_door)  # stop 51: issue 21's table at the defaults (stop 48's h200_front_door.json) with 1P1D at the 1:7 split
     timeout 560 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 16 \
       --out "$out/h200_front_door_stop51.json" > "$out/front_door.log" 2>&1 ;;
-  stop51_split)  # stop 51: why 1P1D on one GPU gives 0.69x on 1024x2048 (stop 48): its decode node ran ~111 rows where the
+  stop51_split)  # NOTE: ran on an H100 (asked for an H200; the tool gave an H100): 8000/80000 could not fit there (the
+    # decode node's 78 GiB KV against 20.8 GiB free), so only auto ran, then the prefill figures
+    # (results/h100_front_door_1p1d_split_auto_stop51.json, h100_prefill_cost_stop51.json); the old split in MiB, inline
+    # on the same warm H100: front_door --1p1d-kv-splits 7000/21000 (h100_front_door_1p1d_split_7000_21000_stop51.json).
+    # stop 51: why 1P1D on one GPU gives 0.69x on 1024x2048 (stop 48): its decode node ran ~111 rows where the
     # engine ran 240, with ~62 GiB of KV against the engine's ~103 (the GPU split 1:3 between the nodes). ROLE_KV_WEIGHTS
     # is now 1:7 (auto), beside an explicit split (both processes' peaks are ~21-23 GiB beside their KV on an H200):
     # one engine run, then the two 1P1D clusters; then the 16/64/4096-token prefill figures (stop 40's 1.60x at 64
