@@ -127,6 +127,26 @@ def empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
+GPU_GIVEN_BACK_TIMEOUT_S = 60.0
+
+
+def free_gpu_bytes() -> int | None:
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+
+
+def wait_until_gpu_free(free_bytes: int | None, report: dict) -> None:
+    """Before a cluster starts: until the GPU has free_bytes free again, or GPU_GIVEN_BACK_TIMEOUT_S passed (the
+    seconds waited go in report["gpu_waits_s"]). NOTE: at stop 51, a cluster started right after another one stopped
+    found a process holding 40.29 GiB, to the GiB the stopped cluster's decode node, whose exit LocalCluster.stop had
+    waited for: nodes sizing their KV must not find the last cluster's memory still held."""
+    if free_bytes is None:
+        return
+    started = time.monotonic()
+    while free_gpu_bytes() < free_bytes and time.monotonic() - started < GPU_GIVEN_BACK_TIMEOUT_S:
+        time.sleep(0.5)
+    report.setdefault("gpu_waits_s", []).append(round(time.monotonic() - started, 1))
+
+
 def served_determinism(url: str, prompts: list[list[int]], reference: list[dict]) -> dict:
     alone = asyncio.run(served_outputs(url, prompts, PARAMS, concurrent=False))
     together = asyncio.run(served_outputs(url, prompts, PARAMS, concurrent=True))
@@ -196,8 +216,11 @@ def main() -> None:
                                           max_seconds=args.max_seconds)["modes"]["fixed_shape"]
     save()
     empty_cache()
+    # NOTE: a little under what is free now: the allocator may keep a few MiB it cannot give back
+    free_before_clusters = None if free_gpu_bytes() is None else free_gpu_bytes() - 256 * 2**20
     served = {"slo": SLOTargets(), "arrivals": DEFAULT_ARRIVALS, "max_seconds": args.max_seconds}
     if "colocated" in deployments:
+        wait_until_gpu_free(free_before_clusters, report)
         colocated = ClusterConfig(engine, num_prefill=0, num_decode=0, num_colocated=1, port=free_port("127.0.0.1"),
                                   colocated_gpus=gpu, decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)
         with LocalCluster(colocated) as cluster:
@@ -216,6 +239,7 @@ def main() -> None:
     if "1p1d" in deployments:
         for split in args.kv_splits:
             prefill_mib, decode_mib = split or (None, args.kv_cache_mib)
+            wait_until_gpu_free(free_before_clusters, report)
             serve_1p1d(report, save, ClusterConfig(
                 engine, port=free_port("127.0.0.1"), prefill_gpus=gpu, decode_gpus=gpu,
                 prefill_kv_cache_mib=prefill_mib, decode_kv_cache_mib=decode_mib, startup_timeout_s=600),
