@@ -65,9 +65,13 @@ class BenchShape:
                                if "embed_tokens" not in n or self.arch.tie_word_embeddings)
         self.elem = torch.empty((), dtype=dtype).element_size()
         self.block_size = engine["cache"]["block_size"]
-        block_bytes = bytes_per_block(self.arch, self.block_size, dtype)
-        self.kv_bytes_per_token = block_bytes // self.block_size
-        self.usable_blocks = engine["cache"]["memory_budget_bytes"] // block_bytes - 1
+        self.block_bytes = bytes_per_block(self.arch, self.block_size, dtype)
+        self.kv_bytes_per_token = self.block_bytes // self.block_size
+        self.usable_blocks = self.usable_blocks_of(engine["cache"]["memory_budget_bytes"])
+
+    def usable_blocks_of(self, kv_bytes: int) -> int:
+        """Blocks a KV budget of kv_bytes holds, less the null block (corun/block_manager.py)."""
+        return kv_bytes // self.block_bytes - 1
 
     def context_from_floor(self, floor_s: float, num_rows: float, hardware: dict) -> int:
         context = (floor_s * hardware["copy_bytes_per_s"] - self.num_weights * self.elem) / self.kv_bytes_per_token
@@ -145,12 +149,12 @@ def shared_gpu(shape: BenchShape) -> SharedGPU:
     decode_stretch = cluster["1024x2048"]["tpot_ms"]["p50"] / engine["1024x2048"]["tpot_ms"]["p50"]
     prefill_stretch = float(np.mean([cluster[w]["ttft_s"]["p50"] / engine[w]["ttft_s"]["p50"]
                                      for w in ("burstgpt", "1024x2048")]))
-    decode_blocks = report["command"]["decode_kv_cache_mib"] * 2**20 // (shape.kv_bytes_per_token * shape.block_size)
     return SharedGPU(round(decode_stretch, 3), round(prefill_stretch, 3), handoff,
                      "h200_cluster_1p1d.json: 1P1D on one H200 against the colocated engine, 256 requests at t = 0: "
                      "decode stretch = TPOT p50 ratio on 1024x2048, prefill stretch = mean TTFT p50 ratio (burstgpt, "
                      "1024x2048); the decode node's KV: its --decode-kv-cache-mib there",
-                     decode_kv_capacity_tokens=(decode_blocks - 1) * shape.block_size)
+                     decode_kv_capacity_tokens=shape.usable_blocks_of(report["command"]["decode_kv_cache_mib"] * 2**20)
+                     * shape.block_size)
 
 
 def derive_profile() -> PerformanceProfile:

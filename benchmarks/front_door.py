@@ -98,27 +98,29 @@ def kv_splits(text: str) -> list[tuple[int, int] | None]:
     return splits
 
 
-def serve_1p1d(report: dict, save, config: ClusterConfig, mode: str, workloads, prompts, reference, vocab: int,
-               max_model_len: int, served: dict) -> None:
-    """One 1P1D cluster on the GPU through HTTP: determinism, then each workload with the nodes' loops and the KV
-    hand-off (kv_handoff_ms_p50 from the auto split's ShareGPT-like run), under report's modes[mode]."""
+def serve_cluster(report: dict, save, config: ClusterConfig, mode: str, workloads, prompts, reference, vocab: int,
+                  max_model_len: int, served: dict) -> None:
+    """One cluster on the GPU through HTTP, under report's modes[mode]: determinism, then each workload with its
+    nodes' loops (by role) and, where a decode node reads KV, the hand-off (kv_handoff_ms_p50 from the auto 1P1D
+    split's ShareGPT-like run)."""
     with LocalCluster(config) as cluster:
         report["determinism"][mode] = served_determinism(cluster.url, prompts, reference)
         report["modes"][mode] = {}
         for workload in workloads:
-            warm_up_server(cluster.url, workload, vocab)
+            warm_up_server(cluster.url, workload, vocab)  # NOTE: before the counters are read: they count the run's
             before = role_stats(cluster.url)
             runs = run_http_bench(cluster.url, [workload], vocab, max_model_len, label=mode, warm_up=False, **served)
             report["modes"][mode].update(runs["modes"][mode])
             after = role_stats(cluster.url)
-            for role in ("prefill", "decode"):
-                report.setdefault("node_loops", {}).setdefault(mode, {}).setdefault(role, {})[workload.name] = (
-                    loop_breakdown(before[role], after[role]))
-            report["node_loops"][mode]["decode"][workload.name]["usable_blocks"] = after["decode"]["num_usable_blocks"]
-            costs = handoff(before["decode"], after["decode"])
-            report.setdefault("kv_handoff", {}).setdefault(mode, {})[workload.name] = costs
-            if mode == "1p1d_http" and workload.name == HANDOFF_WORKLOAD:
-                report["kv_handoff_ms_p50"] = costs["kv_handoff_ms_p50_at_most"]
+            for role in after:
+                loops = report.setdefault("node_loops", {}).setdefault(mode, {}).setdefault(role, {})
+                loops[workload.name] = loop_breakdown(before[role], after[role]) | {
+                    "usable_blocks": after[role]["num_usable_blocks"]}
+            if "decode" in after:
+                costs = handoff(before["decode"], after["decode"])
+                report.setdefault("kv_handoff", {}).setdefault(mode, {})[workload.name] = costs
+                if mode == "1p1d_http" and workload.name == HANDOFF_WORKLOAD:
+                    report["kv_handoff_ms_p50"] = costs["kv_handoff_ms_p50_at_most"]
             save()
 
 
@@ -217,34 +219,24 @@ def main() -> None:
     save()
     empty_cache()
     # NOTE: a little under what is free now: the allocator may keep a few MiB it cannot give back
-    free_before_clusters = None if free_gpu_bytes() is None else free_gpu_bytes() - 256 * 2**20
+    free_now = free_gpu_bytes()
+    free_before_clusters = None if free_now is None else free_now - 256 * 2**20
     served = {"slo": SLOTargets(), "arrivals": DEFAULT_ARRIVALS, "max_seconds": args.max_seconds}
+    clusters = []
     if "colocated" in deployments:
-        wait_until_gpu_free(free_before_clusters, report)
-        colocated = ClusterConfig(engine, num_prefill=0, num_decode=0, num_colocated=1, port=free_port("127.0.0.1"),
-                                  colocated_gpus=gpu, decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)
-        with LocalCluster(colocated) as cluster:
-            report["determinism"]["colocated_nodes_http"] = served_determinism(cluster.url, prompts, reference)
-            report["modes"]["colocated_nodes_http"] = {}
-            for workload in workloads:
-                warm_up_server(cluster.url, workload, vocab)  # NOTE: before the counters are read: they count the run's
-                before = role_stats(cluster.url)["colocated"]
-                runs = run_http_bench(cluster.url, [workload], vocab, args.max_model_len, label="colocated_nodes_http",
-                                      warm_up=False, **served)
-                report["modes"]["colocated_nodes_http"].update(runs["modes"]["colocated_nodes_http"])
-                report.setdefault("node_loops", {}).setdefault("colocated_nodes_http", {}).setdefault(
-                    "colocated", {})[workload.name] = loop_breakdown(
-                    before, role_stats(cluster.url)["colocated"])
-                save()
+        clusters.append(("colocated_nodes_http", ClusterConfig(
+            engine, num_prefill=0, num_decode=0, num_colocated=1, colocated_gpus=gpu,
+            decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)))
     if "1p1d" in deployments:
         for split in args.kv_splits:
             prefill_mib, decode_mib = split or (None, args.kv_cache_mib)
-            wait_until_gpu_free(free_before_clusters, report)
-            serve_1p1d(report, save, ClusterConfig(
-                engine, port=free_port("127.0.0.1"), prefill_gpus=gpu, decode_gpus=gpu,
-                prefill_kv_cache_mib=prefill_mib, decode_kv_cache_mib=decode_mib, startup_timeout_s=600),
-                "1p1d_http" if split is None else f"1p1d_http:{prefill_mib}/{decode_mib}",
-                workloads, prompts, reference, vocab, args.max_model_len, served)
+            clusters.append(("1p1d_http" if split is None else f"1p1d_http:{prefill_mib}/{decode_mib}", ClusterConfig(
+                engine, prefill_gpus=gpu, decode_gpus=gpu,
+                prefill_kv_cache_mib=prefill_mib, decode_kv_cache_mib=decode_mib, startup_timeout_s=600)))
+    for mode, config in clusters:
+        wait_until_gpu_free(free_before_clusters, report)
+        config = dataclasses.replace(config, port=free_port("127.0.0.1"))  # NOTE: picked just before it is bound
+        serve_cluster(report, save, config, mode, workloads, prompts, reference, vocab, args.max_model_len, served)
     report["ratios_to_engine"] = {
         mode: {name: round(run["output_tok_per_s"] / report["modes"]["engine"][name]["output_tok_per_s"], 3)
                for name, run in runs.items() if name in report["modes"]["engine"]}

@@ -75,7 +75,8 @@ case $part in
       --out "$out/h200_front_door_1p1d_splits_stop51.json" > "$out/front_door_splits.log" 2>&1
     timeout 110 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64,4096 --prefill-chunk-size 4096 \
       --repeats 3 --out "$out/h200_prefill_cost_stop51.json" > "$out/prefill_cost.log" 2>&1 ;;
-  next_after_stop50)  # NOTE: not run as such (stop51_split ran it, the splits in one run)  # not run yet: why 1P1D on one GPU gives 0.69x on 1024x2048 (stop 48). Its decode node ran ~111
+  next_after_stop50)  # NOTE: not run as such (stop51_split ran its question, the splits in one run). Why 1P1D on one
+    # GPU gives 0.69x on 1024x2048 (stop 48). Its decode node ran ~111
     # rows (5,595 tok/s at TPOT 19.8 ms) where the engine ran 240: the split of one GPU (two copies of the weights and
     # reserves, then 3 parts to the decode node's 1 for the prefill node's) leaves the decode node ~62 GiB of KV against
     # the engine's ~103. Here the default split against a prefill node of 8000 MiB and a decode node of 80000 MiB (both

@@ -215,10 +215,10 @@ class FixedShapeScheduler(Scheduler):
         decoding = [r for r in self.running if not r.is_prefilling]
         if self.decode_rides_prefill and decoding:
             # NOTE: the pack is every prompt token between two of a decoding request's tokens, so the budget caps it
-            chunks = self.prefill_chunks(self.joined_pack_rows())
+            chunks = self.prefill_chunks(self.pack_rows_left(0))
             return ScheduledBatch(decode_requests=decoding, prefill_chunks=chunks)
         if not (decoding and self.prefill_budget_spent()):
-            chunks = self.prefill_chunks(self.pack_rows_left() if decoding else None)
+            chunks = self.prefill_chunks(self.pack_rows_left(self.num_prefilled_since_decode) if decoding else None)
             if chunks:
                 self.num_prefilled_since_decode += sum(chunk.num_tokens for chunk in chunks)
                 return ScheduledBatch(prefill_chunks=chunks)
@@ -229,17 +229,13 @@ class FixedShapeScheduler(Scheduler):
         budget = self.cfg.decode_wait_tokens
         return budget > 0 and self.num_prefilled_since_decode >= budget
 
-    def pack_rows_left(self) -> int | None:
-        """While requests decode, a pack holds at most what is left of the prefill token budget (a whole chunk at
-        least), so a large T does not stall every decoding request for a T-row forward."""
+    def pack_rows_left(self, prefilled: int) -> int | None:
+        """While requests decode, a pack holds at most what is left of the prefill token budget after prefilled
+        prompt tokens (a whole chunk at least), so a large T does not stall every decoding request for a T-row
+        forward. A pack that carries the decode step has nothing prefilled before it: it gets the whole budget, so a
+        running request waits at most one budget-sized forward for its next token, as it does apart."""
         budget = self.cfg.decode_wait_tokens
-        return max(budget - self.num_prefilled_since_decode, self.cfg.prefill_chunk_size) if budget else None
-
-    def joined_pack_rows(self) -> int | None:
-        """The most rows of a pack that carries the decode step: the prefill token budget (a whole chunk at least),
-        so a running request waits at most one budget-sized forward for its next token, as it does apart."""
-        budget = self.cfg.decode_wait_tokens
-        return max(budget, self.cfg.prefill_chunk_size) if budget else None
+        return max(budget - prefilled, self.cfg.prefill_chunk_size) if budget else None
 
     def prefill_chunks(self, max_rows: int | None = None) -> list[PrefillChunk]:
         """Algorithm 1 (and packed prefill): the chunk in progress, else an admissible waiting request's."""
