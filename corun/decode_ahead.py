@@ -18,7 +18,8 @@ synchronous.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,10 @@ import torch
 from corun.device_copies import to_device
 from corun.request import Request
 from corun.sampler import SamplerOutput, SamplingBatch
+
+WAIT_POLL_S = 0.0002
+"""How often a host with work to do while a step runs looks again (a decode step takes 5-25 ms on a GPU): late by at
+most this when the step ends, which the step launched ahead covers."""
 
 
 @dataclass
@@ -48,7 +53,14 @@ class DecodeInFlight:
     def holds(self, request: Request) -> bool:
         return id(request) in self.rows
 
-    def wait(self) -> SamplerOutput:
+    def wait(self, while_waiting: Callable[[], None] | None = None) -> SamplerOutput:
+        """The step's outputs on the host; while_waiting, if given, is called at least once and then every
+        WAIT_POLL_S until the device is done (work of the host's that must not wait a whole step)."""
+        if while_waiting is not None:
+            while_waiting()
+            while self.ready is not None and not self.ready.query():
+                time.sleep(WAIT_POLL_S)
+                while_waiting()
         if self.ready is not None:
             self.ready.synchronize()
         return self.host

@@ -20,6 +20,7 @@ size holds them, on a runner that both prefills and decodes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -458,9 +459,11 @@ class ModelRunner:
         return not any(r.params.bad_words_token_ids or r.params.structured is not None or r.params.n != 1
                        for r in requests)
 
-    def run_decode_ahead(self, requests: list[Request]) -> list[SampledToken]:
+    def run_decode_ahead(self, requests: list[Request],
+                         while_waiting: Callable[[], None] | None = None) -> list[SampledToken]:
         """Launch the decode step of requests (those whose token in flight ends them by length left out), then read
-        the step launched before it: -> that step's tokens (the caller drops those of requests that ended since)."""
+        the step launched before it: -> that step's tokens (the caller drops those of requests that ended since).
+        while_waiting: called while the host waits for that step (DecodeInFlight.wait)."""
         previous, self.decode_in_flight = self.decode_in_flight, None
         running = [r for r in requests if continues(r, previous)]
         if running:
@@ -473,7 +476,7 @@ class ModelRunner:
                 logits = logits[:len(running)]
             self.num_forwards_ahead += any(ahead)
             self.decode_in_flight = self.launch_sample(logits, running, ahead, previous)
-        return [] if previous is None else self.read_sampled(previous)
+        return [] if previous is None else self.read_sampled(previous, while_waiting)
 
     def finish_decode_in_flight(self) -> list[SampledToken]:
         """Read the decode step in flight, if any: -> its tokens."""
@@ -494,8 +497,9 @@ class ModelRunner:
         host, ready = copy_to_host(out, len(requests))
         return DecodeInFlight(requests, out.token_ids, host, ready)
 
-    def read_sampled(self, step: DecodeInFlight) -> list[SampledToken]:
-        token_ids, logprobs = to_host(step.wait(), step.requests)
+    def read_sampled(self, step: DecodeInFlight,
+                     while_waiting: Callable[[], None] | None = None) -> list[SampledToken]:
+        token_ids, logprobs = to_host(step.wait(while_waiting), step.requests)
         return [SampledToken(r, tok, lp) for r, tok, lp in zip(step.requests, token_ids, logprobs, strict=True)]
 
     def run_mixed(self, batch: ScheduledBatch) -> list[SampledToken]:

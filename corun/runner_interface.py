@@ -7,7 +7,7 @@ reaches into a runner's model or its attributes beyond these.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -72,8 +72,10 @@ class NodeRunner(Protocol):
         """Whether the decode step of requests may run ahead of the host (run_decode_ahead)."""
         ...
 
-    def run_decode_ahead(self, requests: list[Request]) -> list[SampledToken]:
-        """Launch this decode step, then read the one launched before it: -> that step's tokens."""
+    def run_decode_ahead(self, requests: list[Request],
+                         while_waiting: Callable[[], None] | None = None) -> list[SampledToken]:
+        """Launch this decode step, then read the one launched before it: -> that step's tokens; while_waiting is
+        called while the host waits for them."""
         ...
 
     def finish_decode_in_flight(self) -> list[SampledToken]: ...

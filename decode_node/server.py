@@ -4,8 +4,8 @@ Lifecycle of a request (queues; the KV moves by the transport's receiver, self.t
   waiting (FIFO DecodeRequests) --a slot and KV blocks for prompt + max_tokens free--> claiming
   claiming (handshake with the prefill node first, if new: the receiver adds the peer from its payload and times a
       probe READ; ClaimKV, naming this process) --ClaimReply ok--> transferring
-  transferring (READ of its blocks into ours, polled each turn) --DONE; the transport notifies the prefill node,
-      which frees its copy; token 1 (sampled by prefill) streamed--> running
+  transferring (READ of its blocks into ours, polled each turn and while a decode step runs) --DONE; the transport
+      notifies the prefill node, which frees its copy; token 1 (sampled by prefill) streamed--> running
   running (the N-row decode step; one StepTokens per router per step, a TokenEvent per request in it)
       --stop / length / abort--> finished: slot + blocks free
   refused handshake, refused claim (lease expired), a claim unanswered for CLAIM_TIMEOUT_S, KV of a restarted
@@ -15,6 +15,8 @@ A DecodeRequest of an id the node holds in any of these is a 409: every later me
 A request with n samples holds n slots and n KV reservations from admission on; the prompt's KV is read once, into
 the first sample's blocks, and copied to the others' before they run (each sample is then a request of its own).
 Slots in use = claiming + transferring + running <= N, so an admitted request always has a decode row.
+While the host waits for a decode step, the node takes DecodeRequests and the prefill nodes' replies and moves the
+first three queues on (pull_kv_during_step), so a hand-off does not wait for a step to end.
 Async scheduling (corun/decode_ahead.py): a decode step is launched before the previous one's tokens are read and
 streamed, so a sample learns it finished (or is aborted) one step late; that step's token of it is dropped, and its
 blocks are freed once no step in flight writes them (NodeServer.free).
@@ -123,7 +125,7 @@ class DecodeServer(NodeServer):
         return requests
 
     def run(self, requests: list[Request]) -> list[SampledToken]:
-        sampled, num_rows = run_decode_step(self.runner, requests)
+        sampled, num_rows = run_decode_step(self.runner, requests, self.pull_kv_during_step)
         self.num_decode_steps += num_rows > 0
         self.num_decoded_rows += num_rows
         return sampled
@@ -142,6 +144,25 @@ class DecodeServer(NodeServer):
             for request, block_ids in zip(job.samples.values(), allocated, strict=True):
                 request.block_ids = block_ids
             self.claim(job)
+
+    def pull_kv_during_step(self) -> None:
+        """While the host waits for a decode step (run, lock released): take new requests and the prefill nodes'
+        replies, claim and post READs, and start what has been read.
+
+        NOTE: a READ posted at a turn's start and polled only at the next turn's was seen done a whole step late
+        (the hand-off measured the loop's turn, not the copy); a request read meanwhile still joins the next step,
+        as before, but its claim, READ and token 1 no longer wait for the step. Nothing here frees blocks a step in
+        flight writes: only requests in no step (waiting, claiming, transferring) are touched; an Abort, which may
+        end a running request, waits for the loop's turn."""
+        with self.lock:
+            self.sockets.dispatch_peer_replies(self)
+            for identity, message in self.sockets.take_server_messages():
+                if type(message) is protocol.DecodeRequest:
+                    self.sockets.handle(self, identity, message)
+                else:
+                    self.sockets.hold(identity, message)
+            self.admit()
+            self.poll_transfers()
 
     @property
     def num_seqs_admitted(self) -> int:

@@ -13,6 +13,7 @@ import functools
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import ClassVar
 
 from corun.block_manager import make_block_manager
@@ -70,12 +71,13 @@ def kv_layout(config: EngineConfig) -> str:
     return KV_LAYOUT
 
 
-def run_decode_step(runner: NodeRunner, requests: list[Request]) -> tuple[list[SampledToken], int]:
+def run_decode_step(runner: NodeRunner, requests: list[Request],
+                    while_waiting: Callable[[], None] | None = None) -> tuple[list[SampledToken], int]:
     """The decode step of requests (a decode or colocated node's), ahead of the host where it may (async scheduling):
     -> the tokens read now (the step before's, when ahead) and the rows launched (0: every row had its last token in
-    flight)."""
+    flight). while_waiting: called while the host waits for the step before (only when ahead)."""
     if runner.overlaps(requests):
-        sampled = runner.run_decode_ahead(requests)
+        sampled = runner.run_decode_ahead(requests, while_waiting)
         launched = runner.decode_in_flight
         return sampled, 0 if launched is None else len(launched.requests)
     return runner.run_decode(requests), len(requests)

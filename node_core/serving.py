@@ -133,24 +133,39 @@ class NodeSockets:
         self.held.append((identity, message))
 
     def dispatch(self, server, timeout_ms: int) -> None:
-        """Hand each received message to server.handlers[type](server, source, message).
-
-        NOTE: a handler that raises costs its message, never the node: it is logged and, when the sender is a
-        client of the server socket, answered with a 500 naming the request."""
+        """Hand each received message to server.handlers[type](server, source, message)."""
         for source, message in self.poll(timeout_ms):
-            # NOTE: a peer's replies are taken only from that peer's socket: the server socket is open to every
-            # member, and a "reply" arriving there is no answer to anything this node asked
-            handlers = server.handlers if isinstance(source, bytes) else server.peer_handlers
-            handler = handlers.get(type(message))
-            if handler is None:
-                logger.warning("%s: unexpected %s", server.config.node_id, type(message).__name__)
-                self._refuse(source, getattr(message, "request_id", ""), f"unexpected {type(message).__name__}")
-                continue
-            try:
-                handler(server, source, message)
-            except Exception as error:
-                logger.exception("%s: handling %s failed", server.config.node_id, type(message).__name__)
-                self._refuse(source, getattr(message, "request_id", ""), f"{type(error).__name__}: {error}", 500)
+            self.handle(server, source, message)
+
+    def dispatch_peer_replies(self, server) -> None:
+        """Hand what has arrived on the peer sockets (only) to server.peer_handlers; the server socket's messages wait
+        for the next dispatch."""
+        for address, socket in list(self.peers.items()):
+            while True:
+                try:
+                    frames = socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                message = self._decode(address, frames[-1])
+                if message is not None:
+                    self.handle(server, address, message)
+
+    def handle(self, server, source: bytes | str, message) -> None:
+        """NOTE: a handler that raises costs its message, never the node: it is logged and, when the sender is a
+        client of the server socket, answered with a 500 naming the request."""
+        # NOTE: a peer's replies are taken only from that peer's socket: the server socket is open to every
+        # member, and a "reply" arriving there is no answer to anything this node asked
+        handlers = server.handlers if isinstance(source, bytes) else server.peer_handlers
+        handler = handlers.get(type(message))
+        if handler is None:
+            logger.warning("%s: unexpected %s", server.config.node_id, type(message).__name__)
+            self._refuse(source, getattr(message, "request_id", ""), f"unexpected {type(message).__name__}")
+            return
+        try:
+            handler(server, source, message)
+        except Exception as error:
+            logger.exception("%s: handling %s failed", server.config.node_id, type(message).__name__)
+            self._refuse(source, getattr(message, "request_id", ""), f"{type(error).__name__}: {error}", 500)
 
     def reply(self, identity: bytes, message) -> None:
         self.server.send_multipart([identity, protocol.encode(message)])

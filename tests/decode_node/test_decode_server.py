@@ -183,6 +183,49 @@ def test_a_step_sends_each_router_one_message_with_every_running_request(bench):
     bench.assert_idle()
 
 
+@pytest.mark.parametrize("pulls_during_step", [True, False])
+def test_a_claim_answered_while_a_step_runs_is_read_and_streams_token_1_in_that_turn(bench, monkeypatch,
+                                                                                    pulls_during_step):
+    """The prefill node answers the claim while the decode node's step runs (its wait calls pull_kv_during_step):
+    the READ is posted, seen done and token 1 streamed before the step's turn ends, and the request decodes on to the
+    same tokens. Inverse: a node that pulls nothing during its step leaves the claim reply for its next turn."""
+    result, prompt = bench.prefilled("first")
+    bench.send_decode(result, prompt)
+    bench.until(lambda replies: bench.decode.running)
+    second, second_prompt = bench.prefilled("second")
+    deliver(bench.decode, bench.to_decode, protocol.DecodeRequest("second", second_prompt, PARAMS,
+                                                                  second.first_tokens, second.kv))
+    pull = bench.decode.pull_kv_during_step
+    peer = bench.decode.sockets.connect_peer(second.kv.address)
+
+    def prefill_answers_during_the_step():
+        if "second" in bench.decode.claiming:
+            bench.prefill.step()  # NOTE: receives the claim, replies
+            assert peer.poll(10_000), "no ClaimReply"
+        if pulls_during_step:
+            pull()
+
+    monkeypatch.setattr(bench.decode, "pull_kv_during_step", prefill_answers_during_the_step)
+    replies = bench.step()
+    second_started = any(isinstance(r, protocol.TokenEvent) and r.request_id == "second" for r in replies)
+    assert second_started == pulls_during_step
+    assert ("second" in bench.decode.claiming) != pulls_during_step
+    monkeypatch.undo()
+    events = bench.until(lambda replies: sum(bool(isinstance(r, protocol.TokenEvent) and r.finish_reason)
+                                             for r in replies) == 2)
+    result, prompt = bench.prefilled("alone")  # NOTE: the same prompt and seed, decoded with nothing beside it
+    bench.send_decode(result, prompt)
+    alone = bench.until(finished)
+
+    def outputs(events, request_id):
+        return [(e.token_ids, e.logprobs) for e in events if isinstance(e, protocol.TokenEvent)
+                and e.request_id == request_id]
+
+    assert outputs(replies + events, "second") == outputs(alone, "alone")
+    bench.step(3)
+    bench.assert_idle()
+
+
 def test_refused_claim_is_a_503_and_frees_the_slot(bench):
     result, prompt = bench.prefilled("unknown")
     bench.prefill.transport.leases.clear()  # NOTE: as if the lease were gone: the claim of it is refused
