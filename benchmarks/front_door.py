@@ -65,8 +65,8 @@ def handoff(before: dict, after: dict) -> dict:
             "kv_handoff_ms_p50_at_most": p50, "reads_within_ms": within,
             "kv_transfer_ms_mean": round(1e3 * transfer / max(1, reads), 3),
             "reads_over_1ms": after["reads_over_1ms"] - before["reads_over_1ms"],
-            "note": "hand-off: post to the decode loop's poll that saw the READ done (a poll per decode step, so up "
-                    "to a step's wait is in it); transfer: NIXL's telemetry of the READ itself"}
+            "note": "hand-off: post to the decode node's poll that saw the READ done (polled every 0.2 ms while a "
+                    "decode step runs, else once per loop turn); transfer: NIXL's telemetry of the READ itself"}
 
 
 def itl_against_target(modes: dict) -> dict:

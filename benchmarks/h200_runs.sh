@@ -48,6 +48,16 @@ case $part in
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
     ;;
+  stop52_handoff)  # stop 52: the decode node takes claim replies and new requests, posts and polls READs while it waits
+    # for a decode step (decode_node/server.py pull_kv_during_step; before, a READ posted at a turn's start was seen
+    # done at the next turn's, so the hand-off measured the loop's turn): the one-GPU cluster's GPU test (the wait's
+    # event-polling path), the decode node's sizing test, then 1P1D against its engine on ShareGPT-like (the hand-off)
+    # and 1024x2048
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/launch/test_gpu_cluster.py \
+      tests/corun/test_kv_sizing_gpu.py -rfE > "$out/gpu_tests.log" 2>&1
+    timeout 400 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 8 \
+      --deployments 1p1d --workloads sharegpt,1024x2048 --out "$out/h200_front_door_1p1d_pull_stop52.json" \
+      > "$out/front_door_pull.log" 2>&1 ;;
   stop51_split_auto)  # stop 51, the last device time: the 1:7 split (auto) alone beside its engine on an H200 (stop51_split
     # ran on an H100, where 8000/80000 cannot fit: h100_front_door_1p1d_split_auto_stop51.json)
     timeout 300 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \

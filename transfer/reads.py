@@ -128,7 +128,7 @@ def count_finished(counters: TransferCounters, handle: ReadHandle) -> None:
         counters.reads_completed += 1
         counters.bytes_read += handle.num_bytes
         counters.blocks_read += handle.num_blocks
-        # NOTE: to the poll that saw it done: a decode node polls between steps, so this includes up to one step
+        # NOTE: to the poll that saw it done: a decode node polls while its decode step runs (every WAIT_POLL_S)
         count_read_time(counters, time.perf_counter() - handle.started_at)
     else:
         counters.read_failures += 1
