@@ -156,8 +156,10 @@ class DecodeServer(NodeServer):
         end a running request, waits for the loop's turn."""
         with self.lock:
             self.sockets.dispatch_peer_replies(self)
-            for identity, message in self.sockets.take_server_messages():
-                if type(message) is protocol.DecodeRequest:
+            # NOTE: once a message is held for the turn, later ones wait behind it: the router's messages keep their
+            # order (an Abort, then the same id sent again)
+            for identity, message in [] if self.sockets.held else self.sockets.take_server_messages():
+                if type(message) is protocol.DecodeRequest and not self.sockets.held:
                     self.sockets.handle(self, identity, message)
                 else:
                     self.sockets.hold(identity, message)

@@ -226,6 +226,38 @@ def test_a_claim_answered_while_a_step_runs_is_read_and_streams_token_1_in_that_
     bench.assert_idle()
 
 
+def test_during_a_step_an_abort_waits_for_the_turn_and_what_follows_it_waits_behind_it(bench, monkeypatch):
+    """An Abort may end a running request whose blocks the step in flight still writes: taken during the step, it
+    is held for the next turn, and a DecodeRequest behind it is held too (the router's order kept); both then take
+    effect at the next turn."""
+    result, prompt = bench.prefilled("first", num_tokens=20)
+    bench.send_decode(result, prompt)
+    bench.until(lambda replies: bench.decode.running)
+    second, second_prompt = bench.prefilled("second")
+    pull = bench.decode.pull_kv_during_step
+    sent = []
+
+    def router_sends_during_the_step():
+        if not sent:
+            deliver(bench.decode, bench.to_decode, protocol.Abort("first"))
+            deliver(bench.decode, bench.to_decode, protocol.DecodeRequest("second", second_prompt, PARAMS,
+                                                                          second.first_tokens, second.kv))
+            sent.append(True)
+        pull()
+
+    monkeypatch.setattr(bench.decode, "pull_kv_during_step", router_sends_during_the_step)
+    bench.step()
+    assert [type(m) for _, m in bench.decode.sockets.held] == [protocol.Abort, protocol.DecodeRequest]
+    assert [s.job.request_id for s in bench.decode.running] == ["first"]
+    monkeypatch.undo()
+    events = bench.until(finished)
+    assert not any(s.job.request_id == "first" for s in bench.decode.running)
+    assert any(isinstance(e, protocol.TokenEvent) and e.request_id == "second" for e in events)
+    bench.until(lambda replies: not bench.decode.running)
+    bench.step(3)
+    bench.assert_idle()
+
+
 def test_refused_claim_is_a_503_and_frees_the_slot(bench):
     result, prompt = bench.prefilled("unknown")
     bench.prefill.transport.leases.clear()  # NOTE: as if the lease were gone: the claim of it is refused
