@@ -48,7 +48,8 @@ case $part in
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
     ;;
-  stop52_handoff)  # stop 52: the decode node takes claim replies and new requests, posts and polls READs while it waits
+  stop52_handoff)  # NOTE: ran on an H100 80 GB (no H200 came; results/h100_front_door_1p1d_pull_stop52.json,
+    # h100_gpu_tests_stop52.log). stop 52: the decode node takes claim replies and new requests, posts and polls READs while it waits
     # for a decode step (decode_node/server.py pull_kv_during_step; before, a READ posted at a turn's start was seen
     # done at the next turn's, so the hand-off measured the loop's turn): the one-GPU cluster's GPU test (the wait's
     # event-polling path), the decode node's sizing test, then 1P1D against its engine on ShareGPT-like (the hand-off)
