@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import tempfile
 import time
@@ -50,8 +51,12 @@ def loop_breakdown(before: dict, after: dict) -> dict:
     """Where a node's loop spent the workload's time (seconds per phase), and its forwards."""
     seconds = {phase: round(after[f"loop_{phase}_seconds_total"] - before[f"loop_{phase}_seconds_total"], 3)
                for phase in LOOP_PHASES}
-    steps = {key: after.get(key, 0) - before.get(key, 0) for key in ("num_decode_steps", "num_prefill_forwards")}
-    return {"seconds": seconds, **steps}
+    counts = {key: after.get(key, 0) - before.get(key, 0)
+              for key in ("num_decode_steps", "num_prefill_forwards", "num_decoded_rows", "num_preemptions",
+                          "num_blocks_swapped_out")}
+    rows = round(counts["num_decoded_rows"] / counts["num_decode_steps"], 1) if counts["num_decode_steps"] else None
+    return {"seconds": seconds, **counts, "rows_per_decode_step": rows,
+            "swap_space_blocks": after.get("swap_space_blocks")}
 
 
 def handoff(before: dict, after: dict) -> dict:
@@ -81,6 +86,14 @@ def itl_against_target(modes: dict) -> dict:
                 "engine_itl_p99": engine.get(name, {}).get("itl_ms", {}).get("p99")}
     return {mode: {name: against(name, run) for name, run in runs.items()}
             for mode, runs in modes.items() if mode != "engine"}
+
+
+def swap_spaces(text: str) -> list[int | None]:
+    """--1p1d-swap-spaces: None for auto, else MiB."""
+    try:
+        return [None if part == "auto" else int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a swap space is auto or MiB, got {text!r}") from None
 
 
 def kv_splits(text: str) -> list[tuple[int, int] | None]:
@@ -176,6 +189,10 @@ def main() -> None:
                         "nodes size their KV on the GPU as a user's do; the decode node takes --kv-cache-mib where "
                         "given) or PREFILL_MIB/DECODE_MIB, another split of the GPU's memory, e.g. auto,8000/80000 "
                         "(until stop 45 runs passed 16000 for the prefill node)")
+    parser.add_argument("--1p1d-swap-spaces", dest="swap_spaces", type=swap_spaces, default=[None],
+                        help="for each split, the 1P1D clusters to serve by the decode node's swap space "
+                        "(--swap-space-mib): auto (as a user's nodes take it) or MiB, e.g. auto,0 (0: admission keeps "
+                        "every whole sequence within the KV cache, as before stop 52)")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=1500)
     parser.add_argument("--workloads", default="sharegpt,burstgpt,1024x2048")
@@ -228,10 +245,13 @@ def main() -> None:
             engine, num_prefill=0, num_decode=0, num_colocated=1, colocated_gpus=gpu,
             decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)))
     if "1p1d" in deployments:
-        for split in args.kv_splits:
+        for split, swap_mib in itertools.product(args.kv_splits, args.swap_spaces):
             prefill_mib, decode_mib = split or (None, args.kv_cache_mib)
-            clusters.append(("1p1d_http" if split is None else f"1p1d_http:{prefill_mib}/{decode_mib}", ClusterConfig(
-                engine, prefill_gpus=gpu, decode_gpus=gpu,
+            mode = "1p1d_http" if split is None else f"1p1d_http:{prefill_mib}/{decode_mib}"
+            mode += "" if swap_mib is None else f":swap{swap_mib}"
+            swap = dataclasses.replace(engine.cache, swap_space_bytes=None if swap_mib is None else swap_mib * 2**20)
+            clusters.append((mode, ClusterConfig(
+                dataclasses.replace(engine, cache=swap), prefill_gpus=gpu, decode_gpus=gpu,
                 prefill_kv_cache_mib=prefill_mib, decode_kv_cache_mib=decode_mib, startup_timeout_s=600)))
     for mode, config in clusters:
         wait_until_gpu_free(free_before_clusters, report)

@@ -1,20 +1,24 @@
 """Decode server: N fixed slots, KV pulled from prefill nodes (NIXL READs), one fixed-shape decode step, streaming.
 
 Lifecycle of a request (queues; the KV moves by the transport's receiver, self.transport: transfer/transport.py):
-  waiting (FIFO DecodeRequests) --a slot and KV blocks for prompt + max_tokens free--> claiming
+  waiting (FIFO DecodeRequests) --a slot, KV blocks for the prompt free, and the whole sequences (prompt + max_tokens)
+      of all admitted within the KV cache and the swap space (corun/kv_swap.py); none paused--> claiming
   claiming (handshake with the prefill node first, if new: the receiver adds the peer from its payload and times a
       probe READ; ClaimKV, naming this process) --ClaimReply ok--> transferring
   transferring (READ of its blocks into ours, polled each turn and while a decode step runs) --DONE; the transport
       notifies the prefill node, which frees its copy; token 1 (sampled by prefill) streamed--> running
-  running (the N-row decode step; one StepTokens per router per step, a TokenEvent per request in it)
-      --stop / length / abort--> finished: slot + blocks free
+  running (the N-row decode step; one StepTokens per router per step, a TokenEvent per request in it; a block more
+      whenever its next token needs one) --stop / length / abort--> finished: slot + blocks free
+  running --the cache is out of blocks for an older sample's next token: the newest's blocks (all that fit, at least
+      the one needed) copied to host memory and freed--> paused (holding its slot)
+  paused --its blocks free again (oldest first, before any new admission): copied back--> running
   refused handshake, refused claim (lease expired), a claim unanswered for CLAIM_TIMEOUT_S, KV of a restarted
       prefill instance, a failed READ or one past half the peer's lease --> ErrorReply(503) to the router, blocks
       free; a claimed lease it will not read goes back to the prefill node at once (ReleaseKV)
 A DecodeRequest of an id the node holds in any of these is a 409: every later message names the request by its id.
 A request with n samples holds n slots and n KV reservations from admission on; the prompt's KV is read once, into
 the first sample's blocks, and copied to the others' before they run (each sample is then a request of its own).
-Slots in use = claiming + transferring + running <= N, so an admitted request always has a decode row.
+Slots in use = claiming + transferring + running + paused <= N, so an admitted request always has a decode row.
 While the host waits for a decode step, the node takes DecodeRequests and the prefill nodes' replies and moves the
 first three queues on (pull_kv_during_step), so a hand-off does not wait for a step to end.
 Async scheduling (corun/decode_ahead.py): a decode step is launched before the previous one's tokens are read and
@@ -25,11 +29,13 @@ blocks are freed once no step in flight writes them (NodeServer.free).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from corun.kv_swap import HostSwap, SwappedBlocks, swap_capacity_blocks
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, allocate_all, check_fits_cache, check_request, check_samples_fit
@@ -73,6 +79,10 @@ class RunningSample:
     job: DecodeJob
     index: int
     request: Request
+    order: int
+    """When it started running: older samples keep their blocks, the newest are paused first."""
+    swapped: SwappedBlocks | None = None
+    """Paused: its last blocks, in host memory (request.block_ids holds those still in the cache)."""
 
 
 @dataclass
@@ -100,6 +110,11 @@ class DecodeServer(NodeServer):
         self.claiming: dict[str, DecodeJob] = {}
         self.transferring: dict[str, DecodeJob] = {}
         self.running: list[RunningSample] = []
+        self.paused: list[RunningSample] = []
+        """Oldest first."""
+        self.swap = HostSwap(self.runner.kv_cache, swap_capacity_blocks(self.config.engine, self.runner.kv_cache))
+        self.samples_started = itertools.count()
+        self.num_preemptions = 0
         self.num_decode_steps = 0
         self.num_decoded_rows = 0
         """Running requests summed over decode steps: / num_decode_steps = how many shared a step on average."""
@@ -109,20 +124,27 @@ class DecodeServer(NodeServer):
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
     def busy(self) -> bool:
-        return bool(self.running or self.transferring) or self.runner.decode_in_flight is not None
+        return bool(self.running or self.transferring or self.paused) or self.runner.decode_in_flight is not None
 
     def schedule(self) -> list[Request]:
         """Admit what fits, advance the KV reads; the step decodes every running sample."""
+        self.resume_paused()
         self.admit()
         self.expire_claims()
         self.poll_transfers()
-        requests = [sample.request for sample in self.running]
+        self.grow_running()
+        requests = self.ready_to_step()
         if self.runner.decode_in_flight is not None and not self.runner.overlaps(requests):
             # NOTE: this step needs the tokens in flight on the host (or nothing runs): read and stream them
             self.postprocess(requests, self.runner.finish_decode_in_flight())
             self.free_settled()
-            requests = [sample.request for sample in self.running]
+            requests = self.ready_to_step()
         return requests
+
+    def ready_to_step(self) -> list[Request]:
+        """The running samples whose blocks hold what the next step writes (one may wait a step for blocks that only
+        reads in flight hold: grow_running)."""
+        return [s.request for s in self.running if len(s.request.block_ids) >= self.blocks_for_next_step(s.request)]
 
     def run(self, requests: list[Request]) -> list[SampledToken]:
         sampled, num_rows = run_decode_step(self.runner, requests, self.pull_kv_during_step)
@@ -134,10 +156,22 @@ class DecodeServer(NodeServer):
         return 0
 
     def admit(self) -> None:
-        """FIFO: the head job is admitted when all its samples have a slot and KV for prompt + max_tokens."""
-        while self.waiting and self.num_seqs_admitted + len(self.waiting[0].samples) <= self.max_num_seqs:
+        """FIFO: the head job is admitted when all its samples have a slot and KV blocks for the prompt and token 1, and
+        the whole sequences of everything admitted fit the cache and the swap space; never while a sample is paused
+        (it comes back first)."""
+        while self.waiting and not self.paused and \
+                self.num_seqs_admitted + len(self.waiting[0].samples) <= self.max_num_seqs:
             job = self.waiting[0]
-            allocated = allocate_all(self.block_manager, [r.max_num_tokens for r in job.samples.values()])
+            if self.blocks_promised() + sum(self.whole_blocks(r) for r in job.samples.values()) > \
+                    self.block_manager.num_usable_blocks + self.swap.capacity_blocks:
+                return
+            first_tokens = [r.num_prompt_tokens + 1 for r in job.samples.values()]
+            # NOTE: beyond the cache (swap space), a block of room left for each running sample's next tokens, so that
+            # a new request does not pause the running ones at once
+            room = len(self.running) if self.swap.capacity_blocks else 0
+            if sum(map(self.block_manager.blocks_needed, first_tokens)) + room > self.block_manager.num_free_blocks:
+                return
+            allocated = allocate_all(self.block_manager, first_tokens)
             if allocated is None:
                 return
             self.waiting.popleft()
@@ -169,10 +203,80 @@ class DecodeServer(NodeServer):
     @property
     def num_seqs_admitted(self) -> int:
         pulling = [*self.claiming.values(), *self.transferring.values()]
-        return sum(len(job.samples) for job in pulling) + len(self.running)
+        return sum(len(job.samples) for job in pulling) + len(self.running) + len(self.paused)
+
+    def whole_blocks(self, request: Request) -> int:
+        return self.block_manager.blocks_needed(request.max_num_tokens)
+
+    def blocks_promised(self) -> int:
+        """The blocks the whole sequences of every admitted sample take (corun/kv_swap.py: what admission bounds)."""
+        pulling = [r for job in [*self.claiming.values(), *self.transferring.values()] for r in job.samples.values()]
+        admitted = [*pulling, *(sample.request for sample in [*self.running, *self.paused])]
+        return sum(self.whole_blocks(r) for r in admitted)
+
+    # --- KV blocks as tokens need them; the newest paused when they run out -------------------------------------
+    def grow_running(self) -> None:
+        """Each running sample gets the blocks its next step writes into (its position after the token in flight, if
+        any), oldest first; where the cache has none left, the newest other sample is paused for them."""
+        for sample in sorted(self.running, key=lambda s: s.order):
+            if sample not in self.running:  # NOTE: paused below for an older one
+                continue
+            request = sample.request
+            needed = self.blocks_for_next_step(request) - len(request.block_ids)
+            while needed > 0 and sample in self.running:
+                if self.block_manager.num_free_blocks == 0 and not self.pause_newest(sample):
+                    break  # NOTE: only pulling jobs hold the rest: the sample waits a step for their reads to end
+                new = self.block_manager.allocate(min(needed, self.block_manager.num_free_blocks) *
+                                                  self.block_manager.block_size)
+                request.block_ids = request.block_ids + new  # NOTE: replaced, never mutated (step_inputs caches it)
+                needed -= len(new)
+
+    def blocks_for_next_step(self, request: Request) -> int:
+        """Blocks to the position its next step writes, after its token in flight if any (one too many otherwise)."""
+        return self.block_manager.blocks_needed(min(request.num_tokens + 1, request.max_num_tokens))
+
+    def pause_newest(self, needy: RunningSample) -> bool:
+        """Free the blocks of the newest sample holding any, running or paused, needy included (all it holds, or as many
+        as the swap space takes: at least what needy lacks while admission's bound holds), moving them to host memory
+        and pausing it; -> whether any was freed."""
+        holders = [s for s in [*self.running, *self.paused] if s.request.block_ids]
+        if self.swap.room == 0 or (len(holders) == 1 and holders[0] is needy):
+            return False  # NOTE: pausing needy alone would free blocks for nobody
+        victim = max(holders, key=lambda s: s.order)
+        request = victim.request
+        count = min(len(request.block_ids), self.swap.room)  # NOTE: >= needed while admission holds (kv_swap.py)
+        head, tail = request.block_ids[:-count], request.block_ids[-count:]
+        # NOTE: swap_out returns with every queued kernel done, the step in flight that writes its KV included
+        swapped = self.swap.swap_out(tail)
+        self.block_manager.free(tail)
+        request.block_ids = head
+        victim.swapped = swapped if victim.swapped is None else swapped.followed_by(victim.swapped)
+        if victim in self.running:
+            self.running.remove(victim)
+            self.paused.append(victim)
+            self.paused.sort(key=lambda s: s.order)
+            self.num_preemptions += 1
+        return True
+
+    def resume_paused(self) -> None:
+        """Paused samples, oldest first, while the cache has room for their blocks and their next step's: copied back
+        (queued before the step that reads them)."""
+        while self.paused:
+            sample = self.paused[0]
+            request, swapped = sample.request, sample.swapped
+            held = len(request.block_ids) + swapped.num_blocks
+            if self.block_manager.num_free_blocks < swapped.num_blocks + max(0, self.blocks_for_next_step(request) -
+                                                                             held):
+                return
+            blocks = self.block_manager.allocate(swapped.num_blocks * self.block_manager.block_size)
+            self.swap.swap_in(swapped, blocks)
+            request.block_ids = request.block_ids + blocks
+            sample.swapped = None
+            self.running.append(self.paused.pop(0))
 
     def postprocess(self, requests: list[Request], sampled: list[SampledToken]) -> None:
-        samples = {id(sample.request): sample for sample in self.running}
+        # NOTE: a sample paused since its step was launched still takes that step's token
+        samples = {id(sample.request): sample for sample in [*self.running, *self.paused]}
         step_events: dict[bytes, list[protocol.TokenEvent]] = {}
         for item in sampled:
             sample = samples.get(id(item.request))
@@ -328,7 +432,7 @@ class DecodeServer(NodeServer):
             if index in job.dropped:
                 self.free(request)
                 continue
-            self.running.append(RunningSample(job, index, request))
+            self.running.append(RunningSample(job, index, request, next(self.samples_started)))
             first_logprobs = request.output_logprobs[0] if request.output_logprobs else None
             self.send_tokens(job, index, [request.output_token_ids[0]], first_logprobs, None)
 
@@ -351,7 +455,7 @@ class DecodeServer(NodeServer):
         """Whether a job of this id is waiting, claiming, reading or running here."""
         return request_id in self.claiming or request_id in self.transferring or any(
             job.request_id == request_id for job in self.waiting) or any(
-            sample.job.request_id == request_id for sample in self.running)
+            sample.job.request_id == request_id for sample in [*self.running, *self.paused])
 
     def new_request(self, message: protocol.DecodeRequest, first: protocol.FirstToken) -> Request:
         """Sample first.index as a request of its own, with its own seed, as the prefill node sampled it."""
@@ -399,7 +503,7 @@ class DecodeServer(NodeServer):
                     job.aborted = True
                 else:
                     job.dropped.add(index)
-        for sample in list(self.running):
+        for sample in [*self.running, *self.paused]:
             if sample.job.request_id == request_id and index in (None, sample.index):
                 self.finish(sample)
 
@@ -416,7 +520,10 @@ class DecodeServer(NodeServer):
         self.sockets.reply(job.router, protocol.StepTokens([event]))
 
     def finish(self, sample: RunningSample) -> None:
-        self.running.remove(sample)
+        if sample.swapped is not None:
+            self.swap.drop(sample.swapped)
+            sample.swapped = None
+        (self.running if sample in self.running else self.paused).remove(sample)
         self.free(sample.request)
         self.num_finished += 1
 
@@ -438,7 +545,8 @@ class DecodeServer(NodeServer):
         for request in job.samples.values():
             self.free(request)
 
-    ROLE_COUNTERS = ("num_decode_steps", "num_decoded_rows", "num_finished", "num_graph_replays")
+    ROLE_COUNTERS = ("num_decode_steps", "num_decoded_rows", "num_finished", "num_graph_replays", "num_preemptions",
+                     "num_blocks_swapped_out", "num_blocks_swapped_in")
 
     def role_stats(self) -> dict:
         graph = self.runner.decode_graph
@@ -448,6 +556,9 @@ class DecodeServer(NodeServer):
                 "num_decoded_rows": self.num_decoded_rows, "num_finished": self.num_finished,
                 "num_graph_replays": 0 if graph is None else graph.num_replays,
                 "num_blocks_quarantined": self.num_blocks_quarantined,
+                "num_paused": len(self.paused), "num_preemptions": self.num_preemptions,
+                "num_blocks_swapped_out": self.swap.num_blocks_out, "num_blocks_swapped_in": self.swap.num_blocks_in,
+                "swap_space_blocks": self.swap.capacity_blocks, "swap_used_blocks": self.swap.used_blocks,
                 "kv_probe_read_gbps_min": round(min(self.transport.read_gbps.values(), default=0.0), 3)}
 
 

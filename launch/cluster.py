@@ -190,12 +190,13 @@ def node_engine(config: ClusterConfig, role: Role, num_threads: int, gpu_split: 
 
 
 ROLE_KV_WEIGHTS: dict[Role, int] = {"prefill": 1, "decode": 7, "colocated": 7}
-"""Where nodes share a GPU, each role's weight in the KV memory it holds: a prefill node keeps a prompt's KV only
-while it is prefilled and leased (and its prefix cache), a decode or colocated node every running request's whole
-context (prompt + max_tokens, reserved at admission). At 1:3 (until stop 51) 1P1D on one H200 (8B shape) gave its
-decode node ~62 GiB: ~111 rows of 1024x2048 where the engine ran 240, 0.69x the engine's tok/s (stop 48). At 1:7 a
-prefill node still holds ~10 GiB there, about nine 8,192-token forwards. Measured on an H100 (stop 51): 7% more decode
-blocks than ~1:3 given in MiB, 3,827 against 3,726 tok/s on 1024x2048."""
+"""Where nodes share a GPU, each role's weight in the KV memory it holds: a prefill node keeps a prompt's KV only while
+it is prefilled and leased (and its prefix cache), a decode or colocated node every running request's whole context
+(prompt + max_tokens: reserved at admission on a colocated node; on a decode node beyond its swap space). At 1:3
+(until stop 51) 1P1D on one H200 (8B shape) gave its decode node ~62 GiB: ~111 rows of 1024x2048 where the engine ran
+240, 0.69x the engine's tok/s (stop 48). At 1:7 a prefill node still holds ~10 GiB there, about nine 8,192-token
+forwards. Measured on an H100 (stop 51): 7% more decode blocks than ~1:3 given in MiB, 3,827 against 3,726 tok/s on
+1024x2048."""
 
 
 def gpu_kv_split(config: ClusterConfig, role: Role, index: int) -> tuple[int, float]:

@@ -68,6 +68,10 @@ default on GPUs under LARGE_GPU_BYTES. vLLM takes 1024 on larger ones; a fixed_s
 here (it would also capture and verify four times the decode sizes at start-up)."""
 CPU_KV_CACHE_BYTES = 512 * MIB
 """The KV cache on CPU when --kv-cache-mib is not given (the tiny model: 16k tokens)."""
+GPU_SWAP_SHARE_OF_HOST_MEMORY = 0.25
+"""CacheConfig.swap_space_bytes auto on CUDA: this share of the host memory available when the node starts, split
+among the host's GPUs (taken only as blocks are swapped out). On the H200 host used here (128 GiB) ~30 GiB: a decode
+node sharing the GPU with a prefill node (~73 GiB of KV) admits ~240 requests of 1024 + 2048 tokens instead of ~170."""
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 """The share of a GPU's memory a node may use when --kv-cache-mib is not given (vLLM's gpu_memory_utilization; 0.9
 in its releases before 0.11)."""
@@ -459,6 +463,13 @@ class CacheConfig:
     gpu_kv_share: float = 1.0
     """CUDA, KV auto: this node's part of the KV memory its GPU holds beside the gpu_nodes' weights and reserves
     (the launchers set it; 1.0 where a node has its GPU alone)."""
+    swap_space_bytes: int | None = field(default=None, metadata=flag("--swap-space-mib", scale=MIB))
+    """Host memory a decode node may move KV blocks to (the flag: in MiB), so that it may admit requests whose whole
+    sequences (prompt + max_tokens) hold up to this much more than its KV cache: a request's blocks are allocated as
+    its tokens need them, and when the cache runs out the newest requests' blocks are copied to host memory (pinned,
+    taken as needed) and back, bit for bit, before they decode again (corun/kv_swap.py). 0: every request's
+    whole sequence fits the cache, as an engine reserves it. None (auto): on CUDA GPU_SWAP_SHARE_OF_HOST_MEMORY of the
+    host memory available at start-up, split among the host's GPUs; 0 on CPU."""
     enable_prefix_caching: bool = True
     """Keep the KV of full prompt chunks after use and prefill only the chunks after a prompt's longest cached
     full-chunk prefix (prefill and colocated nodes, the engine; corun/prefix_cache.py). Outputs are bitwise those of
@@ -474,6 +485,8 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
             raise ValueError("memory_budget_bytes must be >= 1")
+        if self.swap_space_bytes is not None and self.swap_space_bytes < 0:
+            raise ValueError(f"swap_space_bytes must be >= 0, got {self.swap_space_bytes}")
         for name in ("gpu_memory_utilization", "gpu_kv_share"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
@@ -481,7 +494,8 @@ class CacheConfig:
             raise ValueError(f"gpu_nodes must be >= 1, got {self.gpu_nodes}")
 
 
-KV_POOL_SIZING = ("num_blocks", "memory_budget_bytes", "gpu_memory_utilization", "gpu_nodes", "gpu_kv_share")
+KV_POOL_SIZING = ("num_blocks", "memory_budget_bytes", "gpu_memory_utilization", "gpu_nodes", "gpu_kv_share",
+                  "swap_space_bytes")
 """CacheConfig's fields that size the KV pool: they decide where a request's KV lives, never what it is (left out of
 the fingerprint and of the prefix cache's salt)."""
 

@@ -1,0 +1,103 @@
+"""KV blocks moved to host memory and back, bit for bit: how a decode node admits more requests than its KV cache
+holds at their full length (CacheConfig.swap_space_bytes) without ever computing a token's KV again.
+
+Why swap and not recompute (vLLM and SGLang preempt by recomputing a request's KV): KV written by decode steps was
+computed at the N-row step's shape; a prefill of the same tokens computes other bits, so a recomputed request would
+continue on other logprobs. A copy keeps the bytes; the attention reads a request's blocks in table order, wherever
+they are, so new block ids change nothing.
+
+Why admission stays safe: a decode node admits a request only while the whole sequences (prompt + max_tokens) of
+everything admitted fit the cache and the swap space together. When a running request needs a block and none is free,
+the blocks held in host memory are then at most swap space - (blocks every admitted request still needs), so the swap
+space has room for at least the block that request needs. The oldest request is never the one swapped out, so it
+always finishes, and its blocks come back to the others (decode_node/server.py, grow_running).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from corun.kv_cache import PagedKVCache
+from wire.config import GPU_SWAP_SHARE_OF_HOST_MEMORY, CacheConfig, EngineConfig
+
+
+def swap_capacity_blocks(config: EngineConfig, kv_cache) -> int:
+    """How many of kv_cache's blocks the swap space holds (none for the vLLM backend, whose KV layout is vLLM's)."""
+    if config.backend != "native":
+        return 0
+    return swap_space_bytes(config.cache, config.device) // kv_cache.block_nbytes
+
+
+def swap_space_bytes(cache: CacheConfig, device: str) -> int:
+    """The swap space a node gets: as configured, or (auto) GPU_SWAP_SHARE_OF_HOST_MEMORY of the host memory available
+    now, split among the host's GPUs, on CUDA; none on CPU (its KV cache is host memory already)."""
+    if cache.swap_space_bytes is not None:
+        return cache.swap_space_bytes
+    if not device.startswith("cuda"):
+        return 0
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(available * GPU_SWAP_SHARE_OF_HOST_MEMORY) // max(1, torch.cuda.device_count())
+
+
+@dataclass
+class SwappedBlocks:
+    """A host copy of some KV blocks, in the order they were in."""
+
+    data: torch.Tensor
+    """[num_blocks, ...]: the blocks' bytes (pinned on CUDA)."""
+
+    @property
+    def num_blocks(self) -> int:
+        return self.data.shape[0]
+
+    def followed_by(self, later: SwappedBlocks) -> SwappedBlocks:
+        """These blocks, then later's (a paused request's blocks swapped out in two parts, the later part first)."""
+        return SwappedBlocks(torch.cat([self.data, later.data]))
+
+
+class HostSwap:
+    """Moves blocks of kv_cache to host memory and back, within capacity_blocks blocks of host memory."""
+
+    def __init__(self, kv_cache: PagedKVCache, capacity_blocks: int):
+        self.kv_cache = kv_cache
+        self.capacity_blocks = capacity_blocks
+        self.used_blocks = 0
+        self.num_blocks_out = 0
+        """Blocks copied to host memory so far (only grows)."""
+        self.num_blocks_in = 0
+
+    @property
+    def room(self) -> int:
+        return self.capacity_blocks - self.used_blocks
+
+    def swap_out(self, block_ids: list[int]) -> SwappedBlocks:
+        """Copies of the blocks in host memory, complete when this returns: every kernel queued before (a decode step
+        in flight writing them) has finished, so the blocks may go back to the pool at once, even to a KV transfer
+        that does not wait for this process's kernels."""
+        if len(block_ids) > self.room:
+            raise ValueError(f"{len(block_ids)} blocks do not fit the swap space's {self.room} free blocks")
+        data = self.kv_cache.data
+        index = torch.tensor(block_ids, device=data.device)
+        host = torch.empty((len(block_ids), *data.shape[1:]), dtype=data.dtype, pin_memory=data.is_cuda)
+        host.copy_(data[index], non_blocking=data.is_cuda)
+        if data.is_cuda:
+            torch.cuda.current_stream(data.device).synchronize()
+        self.used_blocks += len(block_ids)
+        self.num_blocks_out += len(block_ids)
+        return SwappedBlocks(host)
+
+    def swap_in(self, swapped: SwappedBlocks, block_ids: list[int]) -> None:
+        """The swapped blocks' bytes into block_ids, queued on the current stream (before the next step reads them)."""
+        if len(block_ids) != swapped.num_blocks:
+            raise ValueError(f"{swapped.num_blocks} swapped blocks into {len(block_ids)} blocks")
+        data = self.kv_cache.data
+        data[torch.tensor(block_ids, device=data.device)] = swapped.data.to(data.device, non_blocking=data.is_cuda)
+        self.drop(swapped)
+        self.num_blocks_in += len(block_ids)
+
+    def drop(self, swapped: SwappedBlocks) -> None:
+        """The swapped blocks are not needed any more (their request ended)."""
+        self.used_blocks -= swapped.num_blocks

@@ -1,0 +1,142 @@
+"""A decode node that admits more than its KV cache holds at full length (CacheConfig.swap_space_bytes): blocks as
+tokens need them, the newest samples paused to host memory when the cache runs out and copied back, bit for bit
+(corun/kv_swap.py). In-process, on the fake KV transport, beside a real prefill node (tests/decode_node/
+test_decode_server.py's Bench)."""
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+from corun.kv_cache import PagedKVCache
+from corun.kv_swap import HostSwap
+from tests.decode_node.test_decode_server import PARAMS, Bench
+from wire import protocol
+from wire.config import MIB, CacheConfig
+
+LONG = dataclasses.replace(PARAMS, max_tokens=100)
+"""20-token prompts + 100 tokens: 8 blocks of 16 tokens each at full length."""
+SMALL_CACHE = 17
+"""16 usable blocks: two such sequences at full length."""
+REQUESTS = {f"r{i}": dataclasses.replace(LONG, seed=100 + i) for i in range(4)}
+FIRST_PROMPT_TOKEN = {f"r{i}": 30 + 7 * i for i in range(4)}
+"""Each request's prompt: 20 tokens from this id on."""
+
+
+def decode_all(bench: Bench, requests: dict) -> tuple[dict, int]:
+    """Every request through the bench at once -> ({id: [(token ids, logprobs)...]}, most samples held at once)."""
+    for request_id, params in requests.items():
+        result, prompt = bench.prefilled(request_id, params=params, first_id=FIRST_PROMPT_TOKEN[request_id])
+        bench.send_decode(result, prompt, params=params)
+    outputs = {request_id: [] for request_id in requests}
+    most_admitted = 0
+
+    def all_finished(replies):
+        nonlocal most_admitted
+        most_admitted = max(most_admitted, bench.decode.num_seqs_admitted)
+        return sum(bool(isinstance(r, protocol.TokenEvent) and r.finish_reason) for r in replies) == len(requests)
+
+    for event in bench.until(all_finished, max_turns=2000):
+        assert isinstance(event, protocol.TokenEvent), event
+        outputs[event.request_id].append((event.token_ids, event.logprobs))
+    return outputs, most_admitted
+
+
+def alone(model_dir: str, requests: dict) -> dict:
+    """Each request decoded by itself on a cache that holds it whole."""
+    bench = Bench(model_dir)
+    try:
+        return {request_id: decode_all(bench, {request_id: params})[0][request_id]
+                for request_id, params in requests.items()}
+    finally:
+        bench.close()
+
+
+@pytest.fixture(scope="module")
+def outputs_alone(tiny_model_dir):
+    return alone(tiny_model_dir, REQUESTS)
+
+
+def test_samples_beyond_the_cache_are_paused_to_host_memory_and_continue_bit_for_bit(tiny_model_dir, outputs_alone):
+    """Four sequences that take twice the cache at full length run together; the newest are paused and copied back,
+    and every token and logprob is what the request gives alone."""
+    bench = Bench(tiny_model_dir, decode_cache=CacheConfig(num_blocks=SMALL_CACHE, swap_space_bytes=64 * MIB))
+    try:
+        outputs, most_admitted = decode_all(bench, REQUESTS)
+        decode = bench.decode
+        assert most_admitted == 4 and decode.num_preemptions > 0
+        assert decode.swap.num_blocks_out > 0 and decode.swap.num_blocks_in > 0 and decode.swap.used_blocks == 0
+        assert all(sum(len(ids) for ids, _ in outputs[r]) == LONG.max_tokens for r in REQUESTS)
+        assert outputs == outputs_alone
+        bench.step(3)
+        bench.assert_idle()
+    finally:
+        bench.close()
+
+
+def test_inverse_blocks_copied_back_out_of_order_change_the_outputs(tiny_model_dir, outputs_alone, monkeypatch):
+    """The comparison above can fail: a paused sample whose blocks come back in the wrong places continues on other
+    KV, and its tokens or logprobs differ from its outputs alone."""
+    swap_in = HostSwap.swap_in
+    monkeypatch.setattr(HostSwap, "swap_in", lambda self, swapped, block_ids: swap_in(self, swapped, block_ids[::-1]))
+    bench = Bench(tiny_model_dir, decode_cache=CacheConfig(num_blocks=SMALL_CACHE, swap_space_bytes=64 * MIB))
+    try:
+        outputs, _ = decode_all(bench, REQUESTS)
+        assert bench.decode.swap.num_blocks_in > 1
+        assert outputs != outputs_alone
+    finally:
+        bench.close()
+
+
+def test_without_swap_space_the_whole_sequences_fit_the_cache_and_nothing_is_paused(tiny_model_dir, outputs_alone):
+    """swap_space_bytes 0: admission keeps the whole sequences within the cache (two of these at once), so no sample
+    ever waits for blocks; the outputs are the same."""
+    bench = Bench(tiny_model_dir, decode_cache=CacheConfig(num_blocks=SMALL_CACHE, swap_space_bytes=0))
+    try:
+        outputs, most_admitted = decode_all(bench, REQUESTS)
+        assert most_admitted == 2 and bench.decode.num_preemptions == 0 and bench.decode.swap.num_blocks_out == 0
+        assert outputs == outputs_alone
+        bench.step(3)
+        bench.assert_idle()
+    finally:
+        bench.close()
+
+
+def test_an_abort_of_a_paused_sample_frees_its_host_copy_and_its_blocks(tiny_model_dir):
+    bench = Bench(tiny_model_dir, decode_cache=CacheConfig(num_blocks=SMALL_CACHE, swap_space_bytes=64 * MIB))
+    try:
+        for request_id, params in REQUESTS.items():
+            result, prompt = bench.prefilled(request_id, params=params, first_id=FIRST_PROMPT_TOKEN[request_id])
+            bench.send_decode(result, prompt, params=params)
+        bench.until(lambda replies: bench.decode.paused, max_turns=2000)
+        paused = bench.decode.paused[0].job.request_id
+        bench.to_decode.send(protocol.encode(protocol.Abort(paused)))
+        bench.until(lambda replies: not bench.decode.holds(paused), max_turns=50)
+        assert bench.decode.swap.used_blocks == sum(s.swapped.num_blocks for s in bench.decode.paused)
+        bench.until(lambda replies: not (bench.decode.running or bench.decode.paused), max_turns=2000)
+        assert bench.decode.swap.used_blocks == 0
+        bench.step(3)
+        bench.assert_idle()
+    finally:
+        bench.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_blocks_swapped_out_come_back_byte_for_byte_in_other_places(device):
+    """HostSwap alone: blocks copied out (a kernel still queued when the copy is asked for, on CUDA), overwritten,
+    then copied back into other block ids hold the same bytes; the swap space counts them while out; a swap that does
+    not fit is refused."""
+    arch = types.SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=8)  # NOTE: what the cache's shape takes
+    cache = PagedKVCache(arch, CacheConfig(num_blocks=8), torch.float32, device)
+    cache.data.normal_()
+    expected = cache.data[[2, 5]].clone()
+    swap = HostSwap(cache, capacity_blocks=3)
+    cache.data.mul_(1.0)  # NOTE: on CUDA, queued before the copy out: swap_out must wait for it
+    swapped = swap.swap_out([2, 5])
+    assert swap.used_blocks == 2 and swap.room == 1 and swapped.data.device.type == "cpu"
+    with pytest.raises(ValueError, match="do not fit"):
+        swap.swap_out([1, 3])
+    cache.data[[2, 5]] = 0
+    swap.swap_in(swapped, [7, 1])
+    assert torch.equal(cache.data[[7, 1]], expected) and swap.used_blocks == 0 and swap.num_blocks_in == 2
