@@ -48,6 +48,16 @@ case $part in
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
     ;;
+  stop52_swap)  # stop 52: a decode node now allocates KV as tokens need it and admits whole sequences up to its cache
+    # plus a host swap space (auto: a quarter of host memory), pausing the newest samples to host memory when the cache
+    # runs out (corun/kv_swap.py): the swap's GPU test and the one-GPU cluster's, then 1P1D on 1024x2048 (where the
+    # decode node's reservation held it to ~51 rows on an H100, ~111 on an H200 at stop 48) with the swap space at
+    # auto and at 0 (the reservation as before), beside one engine run
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/decode_node/test_kv_swap.py \
+      tests/launch/test_gpu_cluster.py -rfE > "$out/gpu_tests.log" 2>&1
+    timeout 420 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 8 \
+      --deployments 1p1d --workloads 1024x2048 --1p1d-swap-spaces auto,0 \
+      --out "$out/h200_front_door_1p1d_swap_stop52.json" > "$out/front_door_swap.log" 2>&1 ;;
   stop52_handoff)  # NOTE: ran on an H100 80 GB (no H200 came; results/h100_front_door_1p1d_pull_stop52.json,
     # h100_gpu_tests_stop52.log). stop 52: the decode node takes claim replies and new requests, posts and polls READs while it waits
     # for a decode step (decode_node/server.py pull_kv_during_step; before, a READ posted at a turn's start was seen

@@ -80,9 +80,9 @@ class HostSwap:
         if len(block_ids) > self.room:
             raise ValueError(f"{len(block_ids)} blocks do not fit the swap space's {self.room} free blocks")
         data = self.kv_cache.data
-        index = torch.tensor(block_ids, device=data.device)
         host = torch.empty((len(block_ids), *data.shape[1:]), dtype=data.dtype, pin_memory=data.is_cuda)
-        host.copy_(data[index], non_blocking=data.is_cuda)
+        for first, offset, count in adjacent_runs(block_ids):
+            host[offset:offset + count].copy_(data[first:first + count], non_blocking=data.is_cuda)
         if data.is_cuda:
             torch.cuda.current_stream(data.device).synchronize()
         self.used_blocks += len(block_ids)
@@ -94,10 +94,23 @@ class HostSwap:
         if len(block_ids) != swapped.num_blocks:
             raise ValueError(f"{swapped.num_blocks} swapped blocks into {len(block_ids)} blocks")
         data = self.kv_cache.data
-        data[torch.tensor(block_ids, device=data.device)] = swapped.data.to(data.device, non_blocking=data.is_cuda)
+        for first, offset, count in adjacent_runs(block_ids):
+            data[first:first + count].copy_(swapped.data[offset:offset + count], non_blocking=data.is_cuda)
         self.drop(swapped)
         self.num_blocks_in += len(block_ids)
 
     def drop(self, swapped: SwappedBlocks) -> None:
         """The swapped blocks are not needed any more (their request ended)."""
         self.used_blocks -= swapped.num_blocks
+
+
+def adjacent_runs(block_ids: list[int]) -> list[tuple[int, int, int]]:
+    """(first block id, its place in block_ids, blocks) of each run of consecutive ids: one copy each, straight between
+    the cache and host memory (a gather of a paused request's blocks would take as much GPU memory again)."""
+    runs: list[list[int]] = []
+    for place, block in enumerate(block_ids):
+        if runs and runs[-1][0] + runs[-1][2] == block:
+            runs[-1][2] += 1
+        else:
+            runs.append([block, place, 1])
+    return [(first, place, count) for first, place, count in runs]

@@ -130,13 +130,13 @@ def test_blocks_swapped_out_come_back_byte_for_byte_in_other_places(device):
     arch = types.SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=8)  # NOTE: what the cache's shape takes
     cache = PagedKVCache(arch, CacheConfig(num_blocks=8), torch.float32, device)
     cache.data.normal_()
-    expected = cache.data[[2, 5]].clone()
-    swap = HostSwap(cache, capacity_blocks=3)
+    expected = cache.data[[2, 3, 5]].clone()
+    swap = HostSwap(cache, capacity_blocks=4)
     cache.data.mul_(1.0)  # NOTE: on CUDA, queued before the copy out: swap_out must wait for it
-    swapped = swap.swap_out([2, 5])
-    assert swap.used_blocks == 2 and swap.room == 1 and swapped.data.device.type == "cpu"
+    swapped = swap.swap_out([2, 3, 5])
+    assert swap.used_blocks == 3 and swap.room == 1 and swapped.data.device.type == "cpu"
     with pytest.raises(ValueError, match="do not fit"):
-        swap.swap_out([1, 3])
-    cache.data[[2, 5]] = 0
-    swap.swap_in(swapped, [7, 1])
-    assert torch.equal(cache.data[[7, 1]], expected) and swap.used_blocks == 0 and swap.num_blocks_in == 2
+        swap.swap_out([1, 4])
+    cache.data[[2, 3, 5]] = 0
+    swap.swap_in(swapped, [6, 7, 1])
+    assert torch.equal(cache.data[[6, 7, 1]], expected) and swap.used_blocks == 0 and swap.num_blocks_in == 3
