@@ -46,7 +46,7 @@ ENGINES = [EngineConfig(model="m", dtype="bfloat16", device="cuda:1", seed=7, ma
                         cublas_split_k=True, num_threads=3, scheduler=scheduler, backend="vllm",
                         cache=CacheConfig(block_size=32, num_blocks=7, memory_budget_bytes=3 * MIB,
                                           gpu_memory_utilization=0.45, gpu_nodes=3, gpu_kv_share=0.2,
-                                          enable_prefix_caching=False))
+                                          swap_space_bytes=5 * MIB, enable_prefix_caching=False))
            for scheduler in (PACKED, BUCKETED)]
 NODES = [NodeConfig(role="decode", node_id="decode-3", engine=engine, host="0.0.0.0", port=7001,
                     advertise_host="10.0.0.2", cluster_key_file="/keys/cluster.key", kv_lease_seconds=2.5,
