@@ -48,7 +48,14 @@ case $part in
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
     ;;
-  stop52_swap)  # stop 52: a decode node now allocates KV as tokens need it and admits whole sequences up to its cache
+  stop52_swap_h200)  # stop 52: stop52_swap's 1P1D runs alone (the GPU tests passed on an H100): the 0.8x target is an H200's
+    timeout 300 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --deployments 1p1d --workloads 1024x2048 --1p1d-swap-spaces auto,0 \
+      --out "$out/h200_front_door_1p1d_swap_stop52.json" > "$out/front_door_swap.log" 2>&1 ;;
+  stop52_swap)  # NOTE: ran on an H100 80 GB (results/h100_front_door_1p1d_swap_stop52.json, h100_gpu_tests_swap_stop52.log;
+    # inline on the same warm machine: --1p1d-swap-spaces 65536, h100_front_door_1p1d_swap65536_stop52.json, and
+    # --workloads sharegpt --1p1d-swap-spaces auto,0, h100_front_door_1p1d_swap_sharegpt_stop52.json).
+    # stop 52: a decode node now allocates KV as tokens need it and admits whole sequences up to its cache
     # plus a host swap space (auto: a quarter of host memory), pausing the newest samples to host memory when the cache
     # runs out (corun/kv_swap.py): the swap's GPU test and the one-GPU cluster's, then 1P1D on 1024x2048 (where the
     # decode node's reservation held it to ~51 rows on an H100, ~111 on an H200 at stop 48) with the swap space at
