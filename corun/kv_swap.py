@@ -39,7 +39,15 @@ def swap_space_bytes(cache: CacheConfig, device: str) -> int:
     if not device.startswith("cuda"):
         return 0
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return int(available * GPU_SWAP_SHARE_OF_HOST_MEMORY) // max(1, torch.cuda.device_count())
+    return int(available * GPU_SWAP_SHARE_OF_HOST_MEMORY) // host_gpu_count()
+
+
+def host_gpu_count() -> int:
+    """The host's NVIDIA GPUs, every one (a node's process sees only its own through CUDA_VISIBLE_DEVICES, so its
+    torch.cuda.device_count() would give each of eight decode nodes a quarter of the host's memory)."""
+    gpus = "/proc/driver/nvidia/gpus"
+    count = len(os.listdir(gpus)) if os.path.isdir(gpus) else torch.cuda.device_count()
+    return max(1, count)
 
 
 @dataclass

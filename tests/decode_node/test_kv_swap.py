@@ -140,3 +140,21 @@ def test_blocks_swapped_out_come_back_byte_for_byte_in_other_places(device):
     cache.data[[2, 3, 5]] = 0
     swap.swap_in(swapped, [6, 7, 1])
     assert torch.equal(cache.data[[6, 7, 1]], expected) and swap.used_blocks == 0 and swap.num_blocks_in == 3
+
+
+def test_the_swap_space_is_as_given_none_on_cpu_and_on_cuda_a_share_of_the_host_split_among_all_its_gpus(
+        monkeypatch):
+    """auto on CUDA: GPU_SWAP_SHARE_OF_HOST_MEMORY of the available memory over every GPU of the host, not over the
+    one a node's CUDA_VISIBLE_DEVICES shows it (eight decode nodes would otherwise take twice the host's memory)."""
+    from corun import kv_swap
+    from wire.config import GPU_SWAP_SHARE_OF_HOST_MEMORY
+
+    assert kv_swap.swap_space_bytes(CacheConfig(), "cpu") == 0
+    assert kv_swap.swap_space_bytes(CacheConfig(swap_space_bytes=5 * MIB), "cuda") == 5 * MIB
+    pages = {"SC_AVPHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(kv_swap.os, "sysconf", pages.__getitem__)
+    monkeypatch.setattr(kv_swap.os.path, "isdir", lambda path: path == "/proc/driver/nvidia/gpus")
+    monkeypatch.setattr(kv_swap.os, "listdir", lambda path: [f"0000:{i}" for i in range(8)])
+    monkeypatch.setattr(kv_swap.torch.cuda, "device_count", lambda: 1)
+    assert kv_swap.host_gpu_count() == 8
+    assert kv_swap.swap_space_bytes(CacheConfig(), "cuda") == int(4096 * 1000 * GPU_SWAP_SHARE_OF_HOST_MEMORY) // 8
