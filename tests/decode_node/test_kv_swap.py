@@ -20,7 +20,7 @@ LONG = dataclasses.replace(PARAMS, max_tokens=100)
 SMALL_CACHE = 17
 """16 usable blocks: two such sequences at full length."""
 REQUESTS = {f"r{i}": dataclasses.replace(LONG, seed=100 + i) for i in range(4)}
-FIRST_PROMPT_TOKEN = {f"r{i}": 30 + 7 * i for i in range(4)}
+FIRST_PROMPT_TOKEN = {**{f"r{i}": 30 + 7 * i for i in range(4)}, "pair": 90}
 """Each request's prompt: 20 tokens from this id on."""
 
 
@@ -158,3 +158,45 @@ def test_the_swap_space_is_as_given_none_on_cpu_and_on_cuda_a_share_of_the_host_
     monkeypatch.setattr(kv_swap.torch.cuda, "device_count", lambda: 1)
     assert kv_swap.host_gpu_count() == 8
     assert kv_swap.swap_space_bytes(CacheConfig(), "cuda") == int(4096 * 1000 * GPU_SWAP_SHARE_OF_HOST_MEMORY) // 8
+
+
+def test_samples_of_one_request_are_paused_and_resumed_as_requests_of_their_own(tiny_model_dir):
+    """n = 2: each sample has its own blocks (the prompt's copied from the first's before they run), so pausing one
+    leaves the other running; both give what they give alone (on a cache that holds them whole)."""
+    requests = {"pair": dataclasses.replace(LONG, n=2, seed=7), **{r: REQUESTS[r] for r in ("r1", "r2")}}
+
+    def outputs_by_sample(bench):
+        outputs, _ = decode_all_samples(bench, requests)
+        return outputs
+
+    bench = Bench(tiny_model_dir, decode_cache=CacheConfig(num_blocks=SMALL_CACHE + 8, swap_space_bytes=64 * MIB))
+    try:
+        together = outputs_by_sample(bench)
+        assert bench.decode.num_preemptions > 0
+        bench.step(3)
+        bench.assert_idle()
+    finally:
+        bench.close()
+    bench = Bench(tiny_model_dir)
+    try:
+        apart = {}
+        for request_id in requests:
+            apart.update(decode_all_samples(bench, {request_id: requests[request_id]})[0])
+    finally:
+        bench.close()
+    assert together == apart and len(together) == 4
+
+
+def decode_all_samples(bench: Bench, requests: dict) -> tuple[dict, int]:
+    """decode_all by (request id, sample index)."""
+    for request_id, params in requests.items():
+        result, prompt = bench.prefilled(request_id, params=params, first_id=FIRST_PROMPT_TOKEN[request_id])
+        bench.send_decode(result, prompt, params=params)
+    outputs: dict = {}
+    num_samples = sum(params.n for params in requests.values())
+    events = bench.until(lambda replies: sum(bool(isinstance(r, protocol.TokenEvent) and r.finish_reason)
+                                             for r in replies) == num_samples, max_turns=3000)
+    for event in events:
+        assert isinstance(event, protocol.TokenEvent), event
+        outputs.setdefault((event.request_id, event.index), []).append((event.token_ids, event.logprobs))
+    return outputs, num_samples
