@@ -70,8 +70,10 @@ CPU_KV_CACHE_BYTES = 512 * MIB
 """The KV cache on CPU when --kv-cache-mib is not given (the tiny model: 16k tokens)."""
 GPU_SWAP_SHARE_OF_HOST_MEMORY = 0.25
 """CacheConfig.swap_space_bytes auto on CUDA: this share of the host memory available when the node starts, split
-among the host's GPUs (taken only as blocks are swapped out). On the H200 host used here (128 GiB) ~30 GiB: a decode
-node sharing the GPU with a prefill node (~73 GiB of KV) admits ~240 requests of 1024 + 2048 tokens instead of ~170."""
+among the host's GPUs (taken only as blocks are swapped out). Measured on an H100 host (125 GiB; 1P1D on the one GPU,
+1024x2048 at t = 0, benchmarks/results/h100_front_door_1p1d_swap*_stop52.json): auto, ~31 GiB, doubled the decode
+node's rows (95.5 against 48.7 per step) and gave 0.732x the engine's tok/s against 0.629x with none; 64 GiB gave
+0.660x (more pauses, more copies); ShareGPT-like, where the KV does not bind, 0.946x against 0.950x."""
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 """The share of a GPU's memory a node may use when --kv-cache-mib is not given (vLLM's gpu_memory_utilization; 0.9
 in its releases before 0.11)."""
