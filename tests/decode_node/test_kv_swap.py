@@ -4,6 +4,7 @@ tokens need them, the newest samples paused to host memory when the cache runs o
 test_decode_server.py's Bench)."""
 
 import dataclasses
+import random
 import types
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from corun.kv_cache import PagedKVCache
 from corun.kv_swap import HostSwap
-from tests.decode_node.test_decode_server import PARAMS, Bench
+from tests.decode_node.test_decode_server import PARAMS, Bench, finished
 from wire import protocol
 from wire.config import MIB, CacheConfig
 
@@ -200,3 +201,47 @@ def decode_all_samples(bench: Bench, requests: dict) -> tuple[dict, int]:
         assert isinstance(event, protocol.TokenEvent), event
         outputs.setdefault((event.request_id, event.index), []).append((event.token_ids, event.logprobs))
     return outputs, num_samples
+
+
+def test_a_mixed_load_with_aborts_on_a_small_cache_loses_nothing_and_leaks_nothing(tiny_model_dir):
+    """Requests of random lengths, some aborted mid-way, through a cache a quarter of their whole sequences: every
+    request not aborted finishes with the outputs it gives alone; at the end every block, slot and host copy is back."""
+    rng = random.Random(52)
+    requests = {f"m{i}": dataclasses.replace(PARAMS, max_tokens=rng.randint(20, 100), seed=200 + i) for i in range(10)}
+    prompts = {request_id: rng.randint(5, 28) for request_id in requests}
+    aborted = {"m3", "m7"}
+    bench = Bench(tiny_model_dir, decode_cache=CacheConfig(num_blocks=13, swap_space_bytes=64 * MIB))
+    try:
+        for request_id, params in requests.items():
+            result, prompt = bench.prefilled(request_id, prompts[request_id], params, first_id=40 + prompts[request_id])
+            bench.send_decode(result, prompt, params=params)
+        events = []
+        for turn in range(3000):
+            events += bench.step()
+            if turn == 40:
+                for request_id in aborted:
+                    bench.to_decode.send(protocol.encode(protocol.Abort(request_id)))
+            assert bench.decode.num_seqs_admitted <= bench.decode.max_num_seqs
+            if not (bench.decode.waiting or bench.decode.claiming or bench.decode.transferring or bench.decode.running
+                    or bench.decode.paused) and turn > 40:
+                break
+        assert bench.decode.num_preemptions > 0
+        bench.step(3)
+        bench.assert_idle()
+        assert bench.decode.swap.used_blocks == 0
+    finally:
+        bench.close()
+    together = {}
+    for event in events:
+        assert isinstance(event, protocol.TokenEvent), event
+        together.setdefault(event.request_id, []).append((event.token_ids, event.logprobs))
+    bench = Bench(tiny_model_dir)
+    try:
+        for request_id in sorted(set(requests) - aborted):
+            params = requests[request_id]
+            result, prompt = bench.prefilled(request_id, prompts[request_id], params, first_id=40 + prompts[request_id])
+            bench.send_decode(result, prompt, params=params)
+            alone = [(e.token_ids, e.logprobs) for e in bench.until(finished)]
+            assert together[request_id] == alone, request_id
+    finally:
+        bench.close()
