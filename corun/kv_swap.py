@@ -51,23 +51,46 @@ def host_gpu_count() -> int:
 
 
 @dataclass
-class SwappedBlocks:
-    """A host copy of some KV blocks, in the order they were in."""
+class HostCopy:
+    """The blocks of one swap-out, in host memory."""
 
     data: torch.Tensor
     """[num_blocks, ...]: the blocks' bytes (pinned on CUDA)."""
+    copied: torch.cuda.Event | None
+    """Fires once the copy from the cache is complete (None: it was when made, on CPU)."""
+    block_ids: list[int]
+    """The cache blocks copied: they go back to the pool only once `copied` has fired."""
 
     @property
     def num_blocks(self) -> int:
         return self.data.shape[0]
 
+    def done(self) -> bool:
+        return self.copied is None or self.copied.query()
+
+
+@dataclass
+class SwappedBlocks:
+    """A paused request's blocks in host memory, in order: one part per swap-out (a later one holds earlier blocks)."""
+
+    parts: list[HostCopy]
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(part.num_blocks for part in self.parts)
+
     def followed_by(self, later: SwappedBlocks) -> SwappedBlocks:
-        """These blocks, then later's (a paused request's blocks swapped out in two parts, the later part first)."""
-        return SwappedBlocks(torch.cat([self.data, later.data]))
+        """These blocks, then later's."""
+        return SwappedBlocks(self.parts + later.parts)
 
 
 class HostSwap:
-    """Moves blocks of kv_cache to host memory and back, within capacity_blocks blocks of host memory."""
+    """Moves blocks of kv_cache to host memory and back, within capacity_blocks blocks of host memory.
+
+    On CUDA a copy out runs on a stream of its own once the kernels queued before it have run (the step in flight
+    that writes the blocks), so the next step need not wait for it; its blocks go back to the pool when it is complete
+    (copied_blocks), never earlier: a KV READ given them does not wait for this process's kernels. A copy back waits
+    on the device for the copy out it reads, before the next step reads its blocks."""
 
     def __init__(self, kv_cache: PagedKVCache, capacity_blocks: int):
         self.kv_cache = kv_cache
@@ -76,40 +99,74 @@ class HostSwap:
         self.num_blocks_out = 0
         """Blocks copied to host memory so far (only grows)."""
         self.num_blocks_in = 0
+        self.copying: list[HostCopy] = []
+        """Copies out whose cache blocks are not back in the pool yet."""
+        data = kv_cache.data
+        self.copy_stream = torch.cuda.Stream(data.device) if capacity_blocks and data.is_cuda else None
 
     @property
     def room(self) -> int:
         return self.capacity_blocks - self.used_blocks
 
+    @property
+    def blocks_in_copy(self) -> int:
+        return sum(part.num_blocks for part in self.copying)
+
     def swap_out(self, block_ids: list[int]) -> SwappedBlocks:
-        """Copies of the blocks in host memory, complete when this returns: every kernel queued before (a decode step
-        in flight writing them) has finished, so the blocks may go back to the pool at once, even to a KV transfer
-        that does not wait for this process's kernels."""
+        """The blocks copied to host memory, after every kernel queued before; they are not free until copied_blocks
+        gives them back."""
         if len(block_ids) > self.room:
             raise ValueError(f"{len(block_ids)} blocks do not fit the swap space's {self.room} free blocks")
         data = self.kv_cache.data
         host = torch.empty((len(block_ids), *data.shape[1:]), dtype=data.dtype, pin_memory=data.is_cuda)
-        for first, offset, count in adjacent_runs(block_ids):
-            host[offset:offset + count].copy_(data[first:first + count], non_blocking=data.is_cuda)
-        if data.is_cuda:
-            torch.cuda.current_stream(data.device).synchronize()
+        copied = None
+        if self.copy_stream is not None:
+            self.copy_stream.wait_stream(torch.cuda.current_stream(data.device))
+            with torch.cuda.stream(self.copy_stream):
+                copy_runs(host, data, block_ids, to_cache=False)
+                copied = torch.cuda.Event()
+                copied.record(self.copy_stream)
+        else:
+            copy_runs(host, data, block_ids, to_cache=False)
+        part = HostCopy(host, copied, list(block_ids))
+        self.copying.append(part)
         self.used_blocks += len(block_ids)
         self.num_blocks_out += len(block_ids)
-        return SwappedBlocks(host)
+        return SwappedBlocks([part])
+
+    def copied_blocks(self) -> list[int]:
+        """The cache blocks whose copies out have completed since the last call: theirs to free now."""
+        done = [part for part in self.copying if part.done()]
+        self.copying = [part for part in self.copying if part not in done]
+        return [block for part in done for block in part.block_ids]
 
     def swap_in(self, swapped: SwappedBlocks, block_ids: list[int]) -> None:
         """The swapped blocks' bytes into block_ids, queued on the current stream (before the next step reads them)."""
         if len(block_ids) != swapped.num_blocks:
             raise ValueError(f"{swapped.num_blocks} swapped blocks into {len(block_ids)} blocks")
         data = self.kv_cache.data
-        for first, offset, count in adjacent_runs(block_ids):
-            data[first:first + count].copy_(swapped.data[offset:offset + count], non_blocking=data.is_cuda)
+        start = 0
+        for part in swapped.parts:
+            if part.copied is not None:
+                torch.cuda.current_stream(data.device).wait_event(part.copied)
+            copy_runs(part.data, data, block_ids[start:start + part.num_blocks], to_cache=True)
+            start += part.num_blocks
         self.drop(swapped)
         self.num_blocks_in += len(block_ids)
 
     def drop(self, swapped: SwappedBlocks) -> None:
-        """The swapped blocks are not needed any more (their request ended)."""
+        """The swapped blocks are not needed any more (copied back, or their request ended)."""
         self.used_blocks -= swapped.num_blocks
+
+
+def copy_runs(host: torch.Tensor, data: torch.Tensor, block_ids: list[int], to_cache: bool) -> None:
+    """host[i] <-> the cache's block block_ids[i], a copy per run of adjacent ids (asynchronous on CUDA)."""
+    for first, place, count in adjacent_runs(block_ids):
+        cache_part, host_part = data[first:first + count], host[place:place + count]
+        if to_cache:
+            cache_part.copy_(host_part, non_blocking=data.is_cuda)
+        else:
+            host_part.copy_(cache_part, non_blocking=data.is_cuda)
 
 
 def adjacent_runs(block_ids: list[int]) -> list[tuple[int, int, int]]:

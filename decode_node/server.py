@@ -128,6 +128,7 @@ class DecodeServer(NodeServer):
 
     def schedule(self) -> list[Request]:
         """Admit what fits, advance the KV reads; the step decodes every running sample."""
+        self.free_copied()
         self.resume_paused()
         self.admit()
         self.expire_claims()
@@ -217,38 +218,50 @@ class DecodeServer(NodeServer):
     # --- KV blocks as tokens need them; the newest paused when they run out -------------------------------------
     def grow_running(self) -> None:
         """Each running sample gets the blocks its next step writes into (its position after the token in flight, if
-        any), oldest first; where the cache has none left, the newest other sample is paused for them."""
+        any), oldest first; where the cache has none left, the newest sample is paused for them. Then a block is kept
+        free (or on its way back from a copy) for each running sample, so that the next steps' blocks do not wait
+        for a copy: a sample that finds none free waits a step (ready_to_step)."""
         for sample in sorted(self.running, key=lambda s: s.order):
             if sample not in self.running:  # NOTE: paused below for an older one
                 continue
             request = sample.request
             needed = self.blocks_for_next_step(request) - len(request.block_ids)
             while needed > 0 and sample in self.running:
-                if self.block_manager.num_free_blocks == 0 and not self.pause_newest(sample):
-                    break  # NOTE: only pulling jobs hold the rest: the sample waits a step for their reads to end
+                coming = self.swap.blocks_in_copy
+                if self.block_manager.num_free_blocks == 0 and (coming >= needed or not self.pause_newest()):
+                    break  # NOTE: the blocks are on their way back from a copy, or pulling jobs hold the rest
+                if self.block_manager.num_free_blocks == 0:
+                    break  # NOTE: paused just now: its blocks come back when the copy ends
                 new = self.block_manager.allocate(min(needed, self.block_manager.num_free_blocks) *
                                                   self.block_manager.block_size)
                 request.block_ids = request.block_ids + new  # NOTE: replaced, never mutated (step_inputs caches it)
                 needed -= len(new)
+        while self.block_manager.num_free_blocks + self.swap.blocks_in_copy < len(self.running) and \
+                self.pause_newest():
+            pass
+
+    def free_copied(self) -> None:
+        """The blocks of paused samples whose copies to host memory have completed go back to the pool."""
+        copied = self.swap.copied_blocks()
+        if copied:
+            self.block_manager.free(copied)
 
     def blocks_for_next_step(self, request: Request) -> int:
         """Blocks to the position its next step writes, after its token in flight if any (one too many otherwise)."""
         return self.block_manager.blocks_needed(min(request.num_tokens + 1, request.max_num_tokens))
 
-    def pause_newest(self, needy: RunningSample) -> bool:
-        """Free the blocks of the newest sample holding any, running or paused, needy included (all it holds, or as many
-        as the swap space takes: at least what needy lacks while admission's bound holds), moving them to host memory
-        and pausing it; -> whether any was freed."""
+    def pause_newest(self) -> bool:
+        """Pause the newest sample holding blocks, running or paused, unless it is the only one (the oldest always
+        runs on): its blocks (all of them, or as many as the swap space takes: at least one while admission's bound
+        holds) are copied to host memory and come back to the pool when the copy ends; -> whether any was."""
         holders = [s for s in [*self.running, *self.paused] if s.request.block_ids]
-        if self.swap.room == 0 or (len(holders) == 1 and holders[0] is needy):
-            return False  # NOTE: pausing needy alone would free blocks for nobody
+        if self.swap.room == 0 or len(holders) < 2:
+            return False
         victim = max(holders, key=lambda s: s.order)
         request = victim.request
         count = min(len(request.block_ids), self.swap.room)  # NOTE: >= needed while admission holds (kv_swap.py)
         head, tail = request.block_ids[:-count], request.block_ids[-count:]
-        # NOTE: swap_out returns with every queued kernel done, the step in flight that writes its KV included
-        swapped = self.swap.swap_out(tail)
-        self.block_manager.free(tail)
+        swapped = self.swap.swap_out(tail)  # NOTE: after the step in flight, which writes its KV
         request.block_ids = head
         victim.swapped = swapped if victim.swapped is None else swapped.followed_by(victim.swapped)
         if victim in self.running:
@@ -256,17 +269,19 @@ class DecodeServer(NodeServer):
             self.paused.append(victim)
             self.paused.sort(key=lambda s: s.order)
             self.num_preemptions += 1
+        self.free_copied()  # NOTE: on CPU the copy is complete already
         return True
 
     def resume_paused(self) -> None:
-        """Paused samples, oldest first, while the cache has room for their blocks and their next step's: copied back
-        (queued before the step that reads them)."""
+        """Paused samples, oldest first, while the cache has room for their blocks, their next step's and a block for
+        each running sample's next (grow_running's reserve, lest it pause one at once): copied back (queued before
+        the step that reads them)."""
         while self.paused:
             sample = self.paused[0]
             request, swapped = sample.request, sample.swapped
             held = len(request.block_ids) + swapped.num_blocks
-            if self.block_manager.num_free_blocks < swapped.num_blocks + max(0, self.blocks_for_next_step(request) -
-                                                                             held):
+            wanted = swapped.num_blocks + max(0, self.blocks_for_next_step(request) - held) + len(self.running) + 1
+            if self.block_manager.num_free_blocks < wanted:
                 return
             blocks = self.block_manager.allocate(swapped.num_blocks * self.block_manager.block_size)
             self.swap.swap_in(swapped, blocks)

@@ -125,9 +125,9 @@ def test_an_abort_of_a_paused_sample_frees_its_host_copy_and_its_blocks(tiny_mod
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_blocks_swapped_out_come_back_byte_for_byte_in_other_places(device):
-    """HostSwap alone: blocks copied out (a kernel still queued when the copy is asked for, on CUDA), overwritten,
-    then copied back into other block ids hold the same bytes; the swap space counts them while out; a swap that does
-    not fit is refused."""
+    """HostSwap alone: blocks copied out (a kernel still queued when the copy is asked for, on CUDA), overwritten
+    once the copy says they are free, then copied back into other block ids hold the same bytes; the swap space counts
+    them while out; a swap that does not fit is refused."""
     arch = types.SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=8)  # NOTE: what the cache's shape takes
     cache = PagedKVCache(arch, CacheConfig(num_blocks=8), torch.float32, device)
     cache.data.normal_()
@@ -135,9 +135,13 @@ def test_blocks_swapped_out_come_back_byte_for_byte_in_other_places(device):
     swap = HostSwap(cache, capacity_blocks=4)
     cache.data.mul_(1.0)  # NOTE: on CUDA, queued before the copy out: swap_out must wait for it
     swapped = swap.swap_out([2, 3, 5])
-    assert swap.used_blocks == 3 and swap.room == 1 and swapped.data.device.type == "cpu"
+    assert swap.used_blocks == 3 and swap.room == 1 and swapped.parts[0].data.device.type == "cpu"
     with pytest.raises(ValueError, match="do not fit"):
         swap.swap_out([1, 4])
+    freed = []
+    while not freed:  # NOTE: at once on CPU; on CUDA once the copy's event fired
+        freed = swap.copied_blocks()
+    assert freed == [2, 3, 5] and swap.blocks_in_copy == 0 and swap.copied_blocks() == []
     cache.data[[2, 3, 5]] = 0
     swap.swap_in(swapped, [6, 7, 1])
     assert torch.equal(cache.data[[6, 7, 1]], expected) and swap.used_blocks == 0 and swap.num_blocks_in == 3
@@ -243,5 +247,43 @@ def test_a_mixed_load_with_aborts_on_a_small_cache_loses_nothing_and_leaks_nothi
             bench.send_decode(result, prompt, params=params)
             alone = [(e.token_ids, e.logprobs) for e in bench.until(finished)]
             assert together[request_id] == alone, request_id
+    finally:
+        bench.close()
+
+
+def test_blocks_whose_copy_has_not_ended_are_given_to_nobody_and_outputs_hold(tiny_model_dir, outputs_alone,
+                                                                              monkeypatch):
+    """As on a GPU, where a copy out ends a while after it is asked for (here: a part reports done at its third
+    look): until it ends its blocks are neither free nor any sample's, the samples that need blocks meanwhile wait a
+    step or take the reserve, and every output is still the one given alone."""
+    from corun.kv_swap import HostCopy
+
+    looks: dict[int, int] = {}
+
+    def done_at_third_look(part):
+        looks[id(part)] = looks.get(id(part), 0) + 1
+        return looks[id(part)] >= 3
+
+    monkeypatch.setattr(HostCopy, "done", done_at_third_look)
+    bench = Bench(tiny_model_dir, decode_cache=CacheConfig(num_blocks=SMALL_CACHE, swap_space_bytes=64 * MIB))
+    decode = bench.decode
+    step = bench.step
+    seen_copying = []
+
+    def checked_step(turns: int = 1):
+        replies = step(turns)
+        for part in decode.swap.copying:
+            seen_copying.append(part)
+            held = {b for s in [*decode.running, *decode.paused] for b in s.request.block_ids}
+            assert not set(part.block_ids) & (set(decode.block_manager.free_block_ids) | held)
+        return replies
+
+    bench.step = checked_step
+    try:
+        outputs, most_admitted = decode_all(bench, REQUESTS)
+        assert seen_copying and decode.num_preemptions > 0 and most_admitted == 4
+        assert outputs == outputs_alone
+        step(3)
+        bench.assert_idle()
     finally:
         bench.close()
