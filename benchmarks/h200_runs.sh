@@ -48,6 +48,13 @@ case $part in
         --out "$out/h200_defaults_poisson_${rate}_split.json" > "$out/bench_poisson_$rate.log" 2>&1
     done
     ;;
+  stop52_swap_async)  # NOTE: run inline on a warm H100 at the end of stop 52's device time, after a pause's copy moved
+    # to a stream of its own (the host no longer waits for it): the swap's GPU test (pytest -m gpu
+    # tests/decode_node/test_kv_swap.py: passed), then this, cut at 12 s to fit the time left
+    # (results/h100_front_door_1p1d_swap_async_stop52.json)
+    timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
+      --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
+      > "$out/front_door_swap_async.log" 2>&1 ;;
   stop52_swap_h200)  # stop 52: stop52_swap's 1P1D runs alone (the GPU tests passed on an H100): the 0.8x target is an H200's
     timeout 300 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
       --deployments 1p1d --workloads 1024x2048 --1p1d-swap-spaces auto,0 \
