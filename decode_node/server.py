@@ -9,9 +9,10 @@ Lifecycle of a request (queues; the KV moves by the transport's receiver, self.t
       notifies the prefill node, which frees its copy; token 1 (sampled by prefill) streamed--> running
   running (the N-row decode step; one StepTokens per router per step, a TokenEvent per request in it; a block more
       whenever its next token needs one) --stop / length / abort--> finished: slot + blocks free
-  running --the cache is out of blocks for an older sample's next token: the newest's blocks (all that fit, at least
-      the one needed) copied to host memory and freed--> paused (holding its slot)
-  paused --its blocks free again (oldest first, before any new admission): copied back--> running
+  running --the cache is out of blocks for a sample's next token, or short of a block free per running sample: the
+      newest's blocks (all that the swap space takes) copied to host memory, free once the copy ends--> paused
+      (holding its slot; the oldest sample is never paused)
+  paused --room for its blocks again (oldest first, before any new admission): copied back--> running
   refused handshake, refused claim (lease expired), a claim unanswered for CLAIM_TIMEOUT_S, KV of a restarted
       prefill instance, a failed READ or one past half the peer's lease --> ErrorReply(503) to the router, blocks
       free; a claimed lease it will not read goes back to the prefill node at once (ReleaseKV)
