@@ -9,8 +9,9 @@ they are, so new block ids change nothing.
 Why admission stays safe: a decode node admits a request only while the whole sequences (prompt + max_tokens) of
 everything admitted fit the cache and the swap space together. When a running request needs a block and none is free,
 the blocks held in host memory are then at most swap space - (blocks every admitted request still needs), so the swap
-space has room for at least the block that request needs. The oldest request is never the one swapped out, so it
-always finishes, and its blocks come back to the others (decode_node/server.py, grow_running).
+space has room for at least the block that request needs (blocks whose copy out has not ended are coming back: a
+request short of one waits for them, about a step). The oldest request is never the one swapped out, so it always
+finishes, and its blocks come back to the others (decode_node/server.py, grow_running).
 """
 
 from __future__ import annotations
