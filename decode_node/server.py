@@ -227,12 +227,12 @@ class DecodeServer(NodeServer):
                 continue
             request = sample.request
             needed = self.blocks_for_next_step(request) - len(request.block_ids)
-            while needed > 0 and sample in self.running:
-                coming = self.swap.blocks_in_copy
-                if self.block_manager.num_free_blocks == 0 and (coming >= needed or not self.pause_newest()):
-                    break  # NOTE: the blocks are on their way back from a copy, or pulling jobs hold the rest
-                if self.block_manager.num_free_blocks == 0:
-                    break  # NOTE: paused just now: its blocks come back when the copy ends
+            while needed > 0:
+                if self.block_manager.num_free_blocks == 0 and (self.swap.blocks_in_copy >= needed or
+                                                                 not self.pause_newest()):
+                    break  # NOTE: blocks on their way back from a copy (or held by pulling jobs): it waits a step
+                if sample not in self.running or self.block_manager.num_free_blocks == 0:
+                    break  # NOTE: it was the newest, paused itself; or the blocks come back when the copy ends
                 new = self.block_manager.allocate(min(needed, self.block_manager.num_free_blocks) *
                                                   self.block_manager.block_size)
                 request.block_ids = request.block_ids + new  # NOTE: replaced, never mutated (step_inputs caches it)

@@ -287,3 +287,38 @@ def test_blocks_whose_copy_has_not_ended_are_given_to_nobody_and_outputs_hold(ti
         bench.assert_idle()
     finally:
         bench.close()
+
+
+def test_the_newest_sample_short_of_a_block_in_a_full_cache_pauses_itself_and_takes_none(tiny_model_dir,
+                                                                                        outputs_alone, monkeypatch):
+    """The cache full (every free block taken) when the newest running sample needs one more: it is the one paused,
+    all its blocks copied out in order, and it takes no block while paused; resumed, it gives its outputs alone."""
+    bench = Bench(tiny_model_dir, decode_cache=CacheConfig(num_blocks=SMALL_CACHE, swap_space_bytes=64 * MIB))
+    decode = bench.decode
+    requests = {r: REQUESTS[r] for r in ("r0", "r1")}
+    try:
+        for request_id, params in requests.items():
+            result, prompt = bench.prefilled(request_id, params=params, first_id=FIRST_PROMPT_TOKEN[request_id])
+            bench.send_decode(result, prompt, params=params)
+        replies = bench.until(lambda replies: len(decode.running) == 2)
+        hog = decode.block_manager.allocate(decode.block_manager.num_free_blocks * decode.block_manager.block_size)
+        newest = max(decode.running, key=lambda s: s.order)
+        blocks_before = list(newest.request.block_ids)
+        wanted = decode.blocks_for_next_step
+        monkeypatch.setattr(decode, "blocks_for_next_step",
+                            lambda request: wanted(request) + (request is newest.request))
+        decode.grow_running()
+        assert newest in decode.paused and newest.request.block_ids == []
+        assert [b for part in newest.swapped.parts for b in part.block_ids] == blocks_before
+        monkeypatch.undo()
+        decode.block_manager.free(hog)
+        events = bench.until(lambda replies: not (decode.running or decode.paused), max_turns=2000)
+        outputs = {}
+        for event in replies + events:
+            assert isinstance(event, protocol.TokenEvent), event
+            outputs.setdefault(event.request_id, []).append((event.token_ids, event.logprobs))
+        assert outputs == {r: outputs_alone[r] for r in requests}
+        bench.step(3)
+        bench.assert_idle()
+    finally:
+        bench.close()
