@@ -168,10 +168,10 @@ class DecodeServer(NodeServer):
                     self.block_manager.num_usable_blocks + self.swap.capacity_blocks:
                 return
             first_tokens = [r.num_prompt_tokens + 1 for r in job.samples.values()]
-            # NOTE: beyond the cache (swap space), a block of room left for each running sample's next tokens, so that
-            # a new request does not pause the running ones at once
-            room = len(self.running) if self.swap.capacity_blocks else 0
-            if sum(map(self.block_manager.blocks_needed, first_tokens)) + room > self.block_manager.num_free_blocks:
+            # NOTE: beyond the cache (swap space), grow_running's reserve is left: a block for each running sample's
+            # next tokens, so that a new request does not pause the running ones at once
+            reserve = len(self.running) if self.swap.capacity_blocks else 0
+            if sum(map(self.block_manager.blocks_needed, first_tokens)) + reserve > self.block_manager.num_free_blocks:
                 return
             allocated = allocate_all(self.block_manager, first_tokens)
             if allocated is None:
