@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from benchmarks.front_door import kv_splits
+from benchmarks.front_door import kv_splits, swap_spaces
 
 
 def test_splits_read_auto_and_prefill_slash_decode_mib_in_order():
@@ -16,3 +16,9 @@ def test_splits_read_auto_and_prefill_slash_decode_mib_in_order():
 def test_a_split_that_is_neither_is_refused_with_the_form_it_takes(text):
     with pytest.raises(argparse.ArgumentTypeError, match="auto or PREFILL_MIB/DECODE_MIB"):
         kv_splits(text)
+
+
+def test_swap_spaces_read_auto_and_mib_in_order_and_refuse_anything_else():
+    assert swap_spaces("auto,0,65536") == [None, 0, 65536]
+    with pytest.raises(argparse.ArgumentTypeError, match="auto or MiB"):
+        swap_spaces("auto,lots")
