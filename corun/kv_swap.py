@@ -51,7 +51,7 @@ def host_gpu_count() -> int:
     return max(1, count)
 
 
-@dataclass
+@dataclass(eq=False)
 class HostCopy:
     """The blocks of one swap-out, in host memory."""
 
@@ -70,7 +70,7 @@ class HostCopy:
         return self.copied is None or self.copied.query()
 
 
-@dataclass
+@dataclass(eq=False)
 class SwappedBlocks:
     """A paused request's blocks in host memory, in order: one part per swap-out (a later one holds earlier blocks)."""
 
@@ -137,8 +137,10 @@ class HostSwap:
 
     def copied_blocks(self) -> list[int]:
         """The cache blocks whose copies out have completed since the last call: theirs to free now."""
-        done = [part for part in self.copying if part.done()]
-        self.copying = [part for part in self.copying if part not in done]
+        done, copying = [], []
+        for part in self.copying:  # NOTE: one look each: an event may fire between two
+            (done if part.done() else copying).append(part)
+        self.copying = copying
         return [block for part in done for block in part.block_ids]
 
     def swap_in(self, swapped: SwappedBlocks, block_ids: list[int]) -> None:

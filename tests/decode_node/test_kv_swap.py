@@ -322,3 +322,19 @@ def test_the_newest_sample_short_of_a_block_in_a_full_cache_pauses_itself_and_ta
         bench.assert_idle()
     finally:
         bench.close()
+
+
+def test_copies_out_that_end_out_of_order_give_back_their_own_blocks(monkeypatch):
+    """Two copies out in flight, the later one ending first (a GPU's events may fire so): its blocks alone come back,
+    then the other's."""
+    from corun.kv_swap import HostCopy
+
+    cache = PagedKVCache(types.SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=8), CacheConfig(num_blocks=8),
+                         torch.float32, "cpu")
+    swap = HostSwap(cache, capacity_blocks=6)
+    first, second = swap.swap_out([1, 2]).parts[0], swap.swap_out([5]).parts[0]
+    ended = {id(second)}
+    monkeypatch.setattr(HostCopy, "done", lambda part: id(part) in ended)
+    assert swap.copied_blocks() == [5] and swap.copying == [first]
+    ended.add(id(first))
+    assert swap.copied_blocks() == [1, 2] and swap.copying == [] and swap.used_blocks == 3
