@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from corun.kv_cache import PagedKVCache
+from wire.block_runs import block_runs
 from wire.config import GPU_SWAP_SHARE_OF_HOST_MEMORY, CacheConfig, EngineConfig
 
 
@@ -164,21 +165,11 @@ class HostSwap:
 
 def copy_runs(host: torch.Tensor, data: torch.Tensor, block_ids: list[int], to_cache: bool) -> None:
     """host[i] <-> the cache's block block_ids[i], a copy per run of adjacent ids (asynchronous on CUDA)."""
-    for first, place, count in adjacent_runs(block_ids):
+    # NOTE: a gather of a paused request's blocks would take as much GPU memory again: a copy per run instead
+    for first, place, count in block_runs(block_ids, range(len(block_ids))):
         cache_part, host_part = data[first:first + count], host[place:place + count]
         if to_cache:
             cache_part.copy_(host_part, non_blocking=data.is_cuda)
         else:
             host_part.copy_(cache_part, non_blocking=data.is_cuda)
 
-
-def adjacent_runs(block_ids: list[int]) -> list[tuple[int, int, int]]:
-    """(first block id, its place in block_ids, blocks) of each run of consecutive ids: one copy each, straight between
-    the cache and host memory (a gather of a paused request's blocks would take as much GPU memory again)."""
-    runs: list[list[int]] = []
-    for place, block in enumerate(block_ids):
-        if runs and runs[-1][0] + runs[-1][2] == block:
-            runs[-1][2] += 1
-        else:
-            runs.append([block, place, 1])
-    return [(first, place, count) for first, place, count in runs]

@@ -38,7 +38,6 @@ from transfer.reads import (
     KVRegion,
     ReadHandle,
     XferState,
-    block_runs,
     check_block_ids,
     check_kv_data,
     check_peer_layout,
@@ -46,6 +45,7 @@ from transfer.reads import (
     kv_segments,
 )
 from transfer.transport import BlockPool
+from wire.block_runs import block_runs
 from wire.config import TransferConfig
 
 logger = logging.getLogger(__name__)

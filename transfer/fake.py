@@ -23,7 +23,6 @@ from transfer.reads import (
     KVRegion,
     ReadHandle,
     XferState,
-    block_runs,
     check_block_ids,
     check_kv_data,
     check_peer_layout,
@@ -31,6 +30,7 @@ from transfer.reads import (
     kv_segments,
 )
 from transfer.transport import BlockPool
+from wire.block_runs import block_runs
 from wire.config import TransferConfig
 
 _AGENTS: dict[str, FakeKVTransferAgent] = {}

@@ -104,17 +104,6 @@ def check_block_ids(remote_block_ids: Sequence[int], local_block_ids: Sequence[i
         raise ValueError(f"local block ids repeat: {list(local_block_ids)}")
 
 
-def block_runs(remote_block_ids: Sequence[int], local_block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(remote first block, local first block, blocks) of the maximal runs adjacent on both sides, in order."""
-    runs: list[list[int]] = []
-    for remote, local in zip(remote_block_ids, local_block_ids, strict=True):
-        if runs and runs[-1][0] + runs[-1][2] == remote and runs[-1][1] + runs[-1][2] == local:
-            runs[-1][2] += 1
-        else:
-            runs.append([remote, local, 1])
-    return [(remote, local, count) for remote, local, count in runs]
-
-
 def _check_range(side: str, block_ids: Sequence[int], num_blocks: int) -> None:
     # NOTE: the null block (padding rows read and write it) never holds a request's KV, so it is never moved
     bad = [b for b in block_ids if not NULL_BLOCK < b < num_blocks]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from transfer.reads import block_runs
+from wire.block_runs import block_runs
 
 
 @pytest.mark.parametrize("remote, local, runs", [
