@@ -193,6 +193,10 @@ def main() -> None:
                         help="for each split, the 1P1D clusters to serve by the decode node's swap space "
                         "(--swap-space-mib): auto (as a user's nodes take it) or MiB, e.g. auto,0 (0: admission keeps "
                         "every whole sequence within the KV cache, as before stop 52)")
+    parser.add_argument("--1p1d-share-weights", dest="share_weights", default="auto",
+                        help="for each split and swap space, the 1P1D clusters to serve by their share_weights: "
+                        "auto (as a user's: one copy of the weights for both nodes on the GPU) and off (each node "
+                        "its own, as before stop 53), e.g. auto,off")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=1500)
     parser.add_argument("--workloads", default="sharegpt,burstgpt,1024x2048")
@@ -245,14 +249,17 @@ def main() -> None:
             engine, num_prefill=0, num_decode=0, num_colocated=1, colocated_gpus=gpu,
             decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)))
     if "1p1d" in deployments:
-        for split, swap_mib in itertools.product(args.kv_splits, args.swap_spaces):
+        for split, swap_mib, share in itertools.product(args.kv_splits, args.swap_spaces,
+                                                         args.share_weights.split(",")):
             prefill_mib, decode_mib = split or (None, args.kv_cache_mib)
             mode = "1p1d_http" if split is None else f"1p1d_http:{prefill_mib}/{decode_mib}"
             mode += "" if swap_mib is None else f":swap{swap_mib}"
+            mode += "" if share == "auto" else f":weights-{share}"
             swap = dataclasses.replace(engine.cache, swap_space_bytes=None if swap_mib is None else swap_mib * 2**20)
             clusters.append((mode, ClusterConfig(
                 dataclasses.replace(engine, cache=swap), prefill_gpus=gpu, decode_gpus=gpu,
-                prefill_kv_cache_mib=prefill_mib, decode_kv_cache_mib=decode_mib, startup_timeout_s=600)))
+                prefill_kv_cache_mib=prefill_mib, decode_kv_cache_mib=decode_mib, startup_timeout_s=600,
+                share_weights=share)))
     for mode, config in clusters:
         wait_until_gpu_free(free_before_clusters, report)
         config = dataclasses.replace(config, port=free_port("127.0.0.1"))  # NOTE: picked just before it is bound

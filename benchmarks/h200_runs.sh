@@ -55,6 +55,15 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
+  stop53_shared_weights)  # stop 53: the nodes on one GPU hold one copy of the weights (corun/shared_weights.py: the
+    # decode node loads and publishes them over CUDA IPC, the prefill node maps them), so the decode node's KV gets the
+    # second copy's memory: the GPU tests, then 1P1D on 1024x2048 sharing (the defaults) against each node its own
+    # copy, beside one engine run
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_shared_weights.py \
+      tests/launch/test_gpu_cluster.py -rfE > "$out/gpu_tests.log" 2>&1
+    timeout 400 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --deployments 1p1d --workloads 1024x2048 --1p1d-share-weights auto,off \
+      --out "$out/front_door_1p1d_shared_weights_stop53.json" > "$out/front_door.log" 2>&1 ;;
   stop52_swap_h200)  # stop 52: stop52_swap's 1P1D runs alone (the GPU tests passed on an H100): the 0.8x target is an H200's
     timeout 300 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
       --deployments 1p1d --workloads 1024x2048 --1p1d-swap-spaces auto,0 \

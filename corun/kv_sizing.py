@@ -82,19 +82,22 @@ def forward_reserve_bytes(arch: ModelArchConfig, sched: SchedulerConfig, dtype: 
 
 
 def gpu_kv_budget(memory: GpuMemory, utilization: float, reserve_bytes: int, gpu_nodes: int = 1,
-                  kv_share: float = 1.0) -> int:
+                  kv_share: float = 1.0, shared_weight_bytes: int = 0, holds_shared_weights: bool = False) -> int:
     """kv_share of what the GPU's share (utilization) holds beside every node's weights and forwards' reserve (each
     of the gpu_nodes holds what this one does), and no more than is free beside this node's reserve (a node that
-    started before may hold more than its part)."""
-    pool = int(memory.total_bytes * utilization) - gpu_nodes * (memory.reserved_bytes + reserve_bytes)
+    started before may hold more than its part). shared_weight_bytes: weights the GPU's nodes share, counted once
+    (corun/shared_weights.py); holds_shared_weights: this node's allocator holds them (the exporter)."""
+    own_bytes = memory.reserved_bytes - (shared_weight_bytes if holds_shared_weights else 0)
+    pool = int(memory.total_bytes * utilization) - shared_weight_bytes - gpu_nodes * (own_bytes + reserve_bytes)
     return min(int(pool * kv_share), memory.free_bytes - reserve_bytes)
 
 
 def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
-                   memory: GpuMemory | None = None, piecewise_rows: int = 0) -> EngineConfig:
+                   memory: GpuMemory | None = None, piecewise_rows: int = 0, shared_weight_bytes: int = 0,
+                   holds_shared_weights: bool = False) -> EngineConfig:
     """config with the KV cache's budget resolved (kept as given when --kv-cache-mib or --num-blocks is). On CUDA,
     call it once the weights are loaded; memory: the GPU's figures (None: ask the device); piecewise_rows: as
-    forward_reserve_bytes takes it."""
+    forward_reserve_bytes takes it; shared_weight_bytes, holds_shared_weights: as gpu_kv_budget takes them."""
     cache = config.cache
     if cache.num_blocks is not None or cache.memory_budget_bytes is not None:
         return config
@@ -102,7 +105,8 @@ def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
         return dataclasses.replace(config, cache=dataclasses.replace(cache, memory_budget_bytes=CPU_KV_CACHE_BYTES))
     memory = memory or GpuMemory.of(config.device)
     reserve = forward_reserve_bytes(arch, config.scheduler, dtype, piecewise_rows)
-    budget = gpu_kv_budget(memory, cache.gpu_memory_utilization, reserve, cache.gpu_nodes, cache.gpu_kv_share)
+    budget = gpu_kv_budget(memory, cache.gpu_memory_utilization, reserve, cache.gpu_nodes, cache.gpu_kv_share,
+                           shared_weight_bytes, holds_shared_weights)
     block_bytes = bytes_per_block(arch, cache.block_size, dtype)
     needed = (config.max_blocks_per_seq + 1) * block_bytes  # NOTE: one request of max_model_len, and the null block
     most = MOST_KV_PER_ROW_AT_FULL_LENGTH * config.scheduler.max_num_seqs * config.max_blocks_per_seq * block_bytes
@@ -117,8 +121,8 @@ def with_kv_budget(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
             f"request of --max-model-len {config.scheduler.max_model_len} needs ({needed // MIB} MiB): raise "
             f"--gpu-memory-utilization, lower --max-model-len or --max-num-batched-tokens, or give --kv-cache-mib")
     logger.info("KV cache sized on %s: %d MiB = %.2f of (%.2f x %.1f GiB - %d x (%.1f GiB held: weights + %.1f GiB "
-                "for the forwards)), %.1f GiB free, at most %d x N x max_model_len tokens", config.device,
-                budget // MIB, cache.gpu_kv_share, cache.gpu_memory_utilization, memory.total_bytes / GIB,
-                cache.gpu_nodes, memory.reserved_bytes / GIB, reserve / GIB, memory.free_bytes / GIB,
-                MOST_KV_PER_ROW_AT_FULL_LENGTH)
+                "for the forwards) - %.1f GiB of weights shared), %.1f GiB free, at most %d x N x max_model_len "
+                "tokens", config.device, budget // MIB, cache.gpu_kv_share, cache.gpu_memory_utilization,
+                memory.total_bytes / GIB, cache.gpu_nodes, memory.reserved_bytes / GIB, reserve / GIB,
+                shared_weight_bytes / GIB, memory.free_bytes / GIB, MOST_KV_PER_ROW_AT_FULL_LENGTH)
     return dataclasses.replace(config, cache=dataclasses.replace(cache, memory_budget_bytes=budget))

@@ -44,12 +44,13 @@ from corun.joined_steps import most_rows_through_pieces, runs_through_pieces, ve
 from corun.kv_cache import PagedKVCache
 from corun.kv_sizing import with_kv_budget
 from corun.models.config import ModelArchConfig
-from corun.models.loader import DTYPES, load_model
+from corun.models.loader import DTYPES, empty_model, load_model
 from corun.pack_sizes import equivalent_pack_sizes
 from corun.piecewise_graphs import PiecewiseForward, piecewise_sizes
 from corun.request import Request
 from corun.sampler import Sampler, SamplerOutput, SamplingBatch
 from corun.scheduler import PrefillChunk, ScheduledBatch
+from corun.shared_weights import WeightsWatch, export_weights, import_weights
 from corun.step_inputs import (
     BlockTableRows,
     PrefillPackInputs,
@@ -62,7 +63,7 @@ from corun.step_inputs import (
     join_decode_and_pack,
 )
 from corun.structured import grammars_for
-from wire.config import DEFAULT_PREFILL_CHUNK, EngineConfig
+from wire.config import DEFAULT_PREFILL_CHUNK, EngineConfig, SharedWeightsConfig
 from wire.outputs import TokenLogprobs
 from wire.seeding import sample_seed
 
@@ -85,11 +86,13 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, runs_prefill: bool = True, runs_decode: bool = True):
+    def __init__(self, config: EngineConfig, runs_prefill: bool = True, runs_decode: bool = True,
+                 weights: SharedWeightsConfig = SharedWeightsConfig()):
         """runs_prefill False: a decode node, which reads its prompts' KV and never prefills (no prefill graphs or pack
         probes; it keeps the engine's forward reserve, kv_sizing.forward_reserve_bytes says why); runs_decode False:
         a prefill node, which never runs the decode step. Only a runner that does both (the engine, a colocated node)
-        runs mixed steps (run_mixed) or joins a decode step to a prefill forward (run_prefill_and_decode)."""
+        runs mixed steps (run_mixed) or joins a decode step to a prefill forward (run_prefill_and_decode).
+        weights: its own copy of the weights, or one shared by the nodes on its GPU (corun/shared_weights.py)."""
         self.config = config = resolved_on_device(config)
         if config.device.startswith("cuda"):  # NOTE: before the first CUDA call, which fixes cuBLAS's workspace
             apply_cublas_split_k(config.cublas_split_k)
@@ -101,7 +104,9 @@ class ModelRunner:
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.window_blocks = config.max_blocks_per_seq
         self.table_rows = BlockTableRows(self.window_blocks)
-        self.model, self.sampler = self.load_model_and_sampler()
+        self.weights_watch: WeightsWatch | None = None
+        """An importing node's check that the node holding its weights' memory still runs (None: nothing to watch)."""
+        self.model, self.sampler = self.load_model_and_sampler(weights)
         self.runs_prefill, self.runs_decode = runs_prefill, runs_decode
         sched = config.scheduler
         self.joins_steps = (runs_prefill and runs_decode and self.mode == "fixed_shape"
@@ -113,8 +118,12 @@ class ModelRunner:
         self.piecewise_sizes = piecewise_sizes(most_rows) if pieces else []
         """Row counts of the piecewise graphs (mixed steps, joined forwards) this runner captures; [] for none."""
         # NOTE: after the weights, which the GPU's KV budget is what is left beside
+        shared_bytes = 0 if weights.holding == "own" else sum(
+            p.numel() * p.element_size() for p in self.model.parameters())
         self.config = config = with_kv_budget(config, self.model.cfg, DTYPES[config.dtype],
-                                              piecewise_rows=max(self.piecewise_sizes, default=0))
+                                              piecewise_rows=max(self.piecewise_sizes, default=0),
+                                              shared_weight_bytes=shared_bytes,
+                                              holds_shared_weights=weights.holding == "export")
         self.kv_cache = PagedKVCache(self.model.cfg, config.cache, DTYPES[config.dtype], config.device)
         self.num_prefill_forwards = self.num_decode_forwards = self.num_mixed_forwards = 0
         self.num_padded_prefill_forwards = 0
@@ -155,10 +164,11 @@ class ModelRunner:
         self.decode_in_flight: DecodeInFlight | None = None
         """The decode step launched ahead of the host (async scheduling, corun/decode_ahead.py), until read."""
 
-    def load_model_and_sampler(self):
-        """The checkpoint, with the kernels this mode and device run."""
+    def load_model_and_sampler(self, weights: SharedWeightsConfig):
+        """The checkpoint (or the weights another node on this GPU published), with the kernels this mode and device
+        run."""
         config = self.config
-        model = load_model(config.model, config.dtype, config.device, config.scheduler.max_model_len)
+        model = self.load_weights(weights)
         sampler = Sampler()
         sampler.grammars = grammars_for(config.model)
         if self.mode == "batch_invariant":
@@ -173,6 +183,17 @@ class ModelRunner:
         if self.on_cuda:  # NOTE: row-wise fixed-order kernels, so batch-invariant: every mode may use them
             model.use_fused_kernels()
         return model, sampler
+
+    def load_weights(self, weights: SharedWeightsConfig):
+        config, max_positions = self.config, self.config.scheduler.max_model_len
+        if weights.holding == "import":
+            model = empty_model(config.model, config.dtype, config.device, max_positions)
+            self.weights_watch = import_weights(model, weights, config.model, config.dtype, config.device)
+            return model
+        model = load_model(config.model, config.dtype, config.device, max_positions)
+        if weights.holding == "export":
+            export_weights(model, weights, config.model, config.dtype)
+        return model
 
     def set_up_fixed_shapes(self) -> None:
         """CUDA graphs of the decode and padded prefill shapes (and the piecewise graphs of mixed steps and joined

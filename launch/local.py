@@ -89,7 +89,9 @@ class LocalCluster:
         engine = launch.node_engine(self.config, role, 1, launch.gpu_kv_split(self.config, role, index))
         gpu = launch.node_gpu(self.config, role, index)
         env = launch.node_environment(gpu)
-        argv = launch.node_argv(self.config, engine, role, index, host, port, key_file=self.key_file)
+        weights = launch.weights_sharing(self.config, role, index, self.key_file and self.key_file.parent)
+        argv = launch.node_argv(self.config, engine, role, index, host, port, key_file=self.key_file,
+                                weights=weights)
         self.spawn(launch.node_id(role, index), argv, env, "" if gpu is None else f" on GPU {gpu}")
         address = f"tcp://{host}:{port}"
         self.role_addresses(role).append(address)

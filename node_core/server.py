@@ -22,13 +22,14 @@ from corun.model_runner import ModelRunner, SampledToken
 from corun.models.loader import model_digest
 from corun.request import Request
 from corun.runner_interface import NodeRunner
+from corun.shared_weights import WeightsWatch
 from node_core.liveness import PingsWhileBusy
 from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
 from transfer.compat import KV_LAYOUT, compat_hash, compat_info
 from transfer.counters import TransferCounters
 from transfer.transport import KVReceiver, KVSender, make_transport
 from wire import protocol
-from wire.config import EngineConfig, NodeConfig, TransferConfig
+from wire.config import EngineConfig, NodeConfig, SharedWeightsConfig, TransferConfig
 from wire.iteration_tokens import STAT_KEY as ITERATION_TOKENS_KEY
 from wire.iteration_tokens import IterationTokenCounts
 from wire.node_auth import ClusterKey
@@ -52,13 +53,17 @@ def transfer_for_host(config: NodeConfig) -> TransferConfig:
     return dataclasses.replace(transfer, ucx_devices=("lo",))
 
 
-def make_model_runner(config: EngineConfig, runs_prefill: bool, runs_decode: bool) -> NodeRunner:
-    """runs_prefill, runs_decode: what the node's forwards do (a colocated node both)."""
+def make_model_runner(config: EngineConfig, runs_prefill: bool, runs_decode: bool,
+                      weights: SharedWeightsConfig = SharedWeightsConfig()) -> NodeRunner:
+    """runs_prefill, runs_decode: what the node's forwards do (a colocated node both); weights: its own, or shared by
+    the nodes on its GPU (the native engine's)."""
     if config.backend == "vllm":
+        if weights.holding != "own":
+            raise ValueError("the vllm engine loads its own weights (--weights-holding own)")
         from corun.vllm_backend.runner import VllmModelRunner  # NOTE: only in scripts/setup_vllm.sh's venv
 
         return VllmModelRunner(config, capture_decode_graph=runs_decode)
-    return ModelRunner(config, runs_prefill=runs_prefill, runs_decode=runs_decode)
+    return ModelRunner(config, runs_prefill=runs_prefill, runs_decode=runs_decode, weights=weights)
 
 
 def kv_layout(config: EngineConfig) -> str:
@@ -95,7 +100,10 @@ class NodeServer:
         self.config = config = dataclasses.replace(config, engine=resolved_on_device(config.engine))
         self.instance_id = uuid.uuid4().hex
         """This process: a node restarted on the same address gets another one."""
-        self.runner: NodeRunner = make_model_runner(config.engine, runs_prefill, runs_decode)
+        self.runner: NodeRunner = make_model_runner(config.engine, runs_prefill, runs_decode, config.weights)
+        self.weights_watch: WeightsWatch | None = getattr(self.runner, "weights_watch", None)
+        """Where this node maps the weights of another on its GPU: checked after every forward, before its outputs
+        leave (corun/shared_weights.py)."""
         self.config = config = dataclasses.replace(config, engine=self.runner.config)  # NOTE: the KV budget, sized
         # NOTE: a decode node's prompt KV is read from prefill nodes, never computed here: nothing to share
         self.block_manager = make_block_manager(config.engine, self.runner.kv_cache.num_blocks,
@@ -218,6 +226,8 @@ class NodeServer:
         scheduled = time.perf_counter()
         if batch:
             sampled = self.run_unlocked(batch)
+            if self.weights_watch is not None:
+                self.weights_watch.check()
             ran = time.perf_counter()
             # NOTE: vLLM's count: the prompt tokens the forward computed plus the tokens it sampled
             self.iteration_tokens.observe(self.num_prompt_tokens(batch) + len(sampled))

@@ -16,6 +16,7 @@ import zmq
 
 from corun.cublas import split_k_in_effect
 from corun.device_facts import model_context
+from corun.shared_weights import SharedWeightsError
 from wire import protocol
 from wire.config import KV_POOL_SIZING, EngineConfig, NodeConfig
 from wire.flags import add_flags, config_from_args
@@ -261,6 +262,9 @@ def serve(role: str, server_factory, config: NodeConfig) -> int:
     try:
         while not stopping:
             server.step()
+    except SharedWeightsError as error:  # NOTE: expected when the node holding its weights ends: one line
+        print(f"{role}_node {config.node_id}: stopping: {error}", file=sys.stderr, flush=True)
+        return 3
     finally:
         server.close()
     return 0

@@ -638,6 +638,36 @@ class TransferConfig:
         return env | ({"UCX_TLS": ",".join(self.ucx_transports)} if self.ucx_transports else {})
 
 
+WeightsHolding = Literal["own", "export", "import"]
+WEIGHTS_FLAG_PREFIX = "weights-"
+"""What the flags of a node's SharedWeightsConfig start with: --weights-holding, --weights-rendezvous, ..."""
+
+
+@dataclass(frozen=True)
+class SharedWeightsConfig:
+    """Whether a node holds its own copy of the model's weights or one copy shared with the other nodes on its GPU
+    (corun/shared_weights.py). The launchers set it (launch/cluster.py weights_sharing); it never changes outputs
+    (the bytes are the same), so none of it is in the fingerprint."""
+
+    holding: WeightsHolding = "own"
+    """own: the node loads its weights for itself. export: it loads them and publishes them at rendezvous for the
+    other nodes on its GPU (CUDA IPC; on CPU one memory-mapped file). import: it loads none and maps those the
+    exporting node published; on CUDA it stops when that node ends (its memory goes with it)."""
+    rendezvous: str | None = None
+    """The file the exporting node writes when its weights are in and the importing nodes read (the launcher's
+    private directory); required unless holding is own."""
+    wait_s: float = 600.0
+    """How long an importing node waits for the exporting node's file (it loads and publishes its weights first)."""
+
+    def __post_init__(self):
+        if self.holding not in get_args(WeightsHolding):
+            raise ValueError(f"weights holding must be own, export or import, got {self.holding!r}")
+        if self.holding != "own" and not self.rendezvous:
+            raise ValueError(f"weights holding {self.holding} needs a rendezvous file")
+        if not self.wait_s > 0:
+            raise ValueError(f"weights wait_s must be > 0, got {self.wait_s}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class NodeSettings:
     """What every node of a cluster is given alike: NodeConfig's and ClusterConfig's fields (the launchers hand
@@ -686,6 +716,9 @@ class NodeConfig(NodeSettings, Supervised):
     cluster_key_file: str | None = None
     """The cluster's CURVE key pair (wire.node_auth): only its holders may talk to this node. None: no
     authentication (in-process tests); the launchers always make one."""
+    weights: SharedWeightsConfig = field(default_factory=SharedWeightsConfig,
+                                         metadata=flag(prefix=WEIGHTS_FLAG_PREFIX))
+    """Its own copy of the weights, or one shared by the nodes on its GPU (the flags: --weights-...)."""
 
     def __post_init__(self):
         if self.role not in get_args(Role):

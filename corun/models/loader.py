@@ -73,6 +73,20 @@ def load_model(model_dir: str | Path, dtype: str, device: str, max_positions: in
     return model.eval().requires_grad_(False)
 
 
+def model_arch(model_dir: str | Path) -> ModelArchConfig:
+    return preset_config(str(model_dir)) if is_random_spec(str(model_dir)) else ModelArchConfig.from_dir(model_dir)
+
+
+def empty_model(model_dir: str | Path, dtype: str, device: str, max_positions: int) -> DecoderLM:
+    """The model's modules with no weights (meta tensors of its dtype) and its RoPE tables on device: what a node
+    that maps another node's weights fills (corun/shared_weights.py import_weights)."""
+    cfg = model_arch(model_dir)
+    with torch.device("meta"):
+        model = DecoderLM(cfg, max_positions).to(DTYPES[dtype])
+    model.rope_cos, model.rope_sin = (t.to(device) for t in cos_sin_table(cfg, max_positions))
+    return model.eval().requires_grad_(False)
+
+
 def random_model(cfg: ModelArchConfig, dtype: str, device: str, max_positions: int, seed: int = 0) -> DecoderLM:
     with torch.device(device):
         model = DecoderLM(cfg, max_positions).to(DTYPES[dtype])

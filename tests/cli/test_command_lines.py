@@ -39,7 +39,7 @@ CLUSTERS = [
     ClusterConfig(CUDA, num_prefill=2, num_decode=3, num_colocated=1, num_routers=2, prefill_gpus=("0", "1"),
                   decode_gpus=("2",), colocated_gpus=("3",), prefill_kv_cache_mib=100, decode_kv_cache_mib=200,
                   startup_timeout_s=9.5, drain_timeout_s=8.5, admin_port=8001, admin_max_connections=4,
-                  admin_timeout_s=2.5, kv_lease_seconds=2.5, transfer=TRANSFER, **ROUTER_SETTINGS),
+                  admin_timeout_s=2.5, share_weights="off", kv_lease_seconds=2.5, transfer=TRANSFER, **ROUTER_SETTINGS),
     ClusterConfig(ENGINES[1], **ROUTER_SETTINGS),
 ]
 """NOTE: colocated servers run the native engine: the second config sets the engine's backend."""

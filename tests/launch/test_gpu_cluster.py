@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 
 from corun import LLM, SamplingParams
+from corun.shared_weights import read_manifest
 from launch.cluster import ClusterConfig, free_port
 from launch.local import LocalCluster
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig, TransferConfig
@@ -53,6 +54,10 @@ def test_one_gpu_1p1d_serves_the_colocated_bits_over_cuda_ipc(tiny_model_dir, dt
                            port=free_port("127.0.0.1"), prefill_gpus=("0",),
                            decode_gpus=("0",), transfer=TransferConfig())
     with LocalCluster(config) as cluster:
+        # NOTE: the defaults share the weights (share_weights auto): the decode node published them, the prefill node
+        # maps them (it would not have started otherwise)
+        manifest = read_manifest(cluster.key_file.parent / "weights-gpu0.msgpack")
+        assert manifest.exporter_pid == dict(cluster.processes)["decode-0"].pid
         served = [post(cluster.url, {"model": "corun-tiny", "prompt": prompt, "ignore_eos": True, **PARAMS, **IDS})
                   for prompt in PROMPTS]
         decode = decode_stats_once(cluster.url, len(PROMPTS))
