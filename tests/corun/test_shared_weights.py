@@ -144,8 +144,8 @@ def test_cuda_weights_published_by_one_process_are_read_by_another(tmp_path):
     script = (
         "import sys, time, torch; from corun.models.loader import load_model; "
         "from corun.shared_weights import export_weights; from wire.config import SharedWeightsConfig; "
-        "model = load_model('random:tiny', 'bfloat16', 'cuda', 64); "
-        f"export_weights(model, SharedWeightsConfig('export', {config.rendezvous!r}), 'random:tiny', 'bfloat16'); "
+        "model = load_model('random:qwen3-tiny', 'bfloat16', 'cuda', 64); "
+        f"export_weights(model, SharedWeightsConfig('export', {config.rendezvous!r}), 'random:qwen3-tiny', 'bfloat16'); "
         "print(float(model.norm.weight.float().sum()), flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
@@ -153,10 +153,10 @@ def test_cuda_weights_published_by_one_process_are_read_by_another(tmp_path):
         from corun.shared_weights import import_weights
 
         total = float(child.stdout.readline())
-        model = empty_model("random:tiny", "bfloat16", "cuda", 64)
-        watch = import_weights(model, sharing(tmp_path, "import"), "random:tiny", "bfloat16", "cuda")
+        model = empty_model("random:qwen3-tiny", "bfloat16", "cuda", 64)
+        watch = import_weights(model, sharing(tmp_path, "import"), "random:qwen3-tiny", "bfloat16", "cuda")
         assert float(model.norm.weight.float().sum()) == total
-        own = load_model("random:tiny", "bfloat16", "cuda", 64)
+        own = load_model("random:qwen3-tiny", "bfloat16", "cuda", 64)
         for (name, mine), (_, theirs) in zip(own.named_parameters(), model.named_parameters(), strict=True):
             assert torch.equal(mine, theirs), name
         watch.check()
