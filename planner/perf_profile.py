@@ -75,9 +75,10 @@ class SharedGPU:
     """The hand-off under load on the shared GPU (it replaces the profile's kv_handoff there)."""
     source: str = ""
     decode_kv_capacity_tokens: int | None = None
-    """KV tokens of the decode process on the shared GPU: the two processes each hold the weights and a reserve, and
-    split what is left (launch/cluster.py ROLE_KV_WEIGHTS). None (a profile made before stop 51): the profile's
-    kv_capacity_tokens, as a GPU of its own."""
+    """KV tokens of the decode process on the shared GPU: the two processes each hold a reserve (and, in profiles
+    measured before stop 53, the weights: since then they share one copy, corun/shared_weights.py) and split what is
+    left (launch/cluster.py ROLE_KV_WEIGHTS). None (a profile made before stop 51): the profile's kv_capacity_tokens,
+    as a GPU of its own."""
 
     def __post_init__(self):
         if not (self.decode_stretch >= 1 and self.prefill_stretch >= 1):

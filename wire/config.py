@@ -460,8 +460,9 @@ class CacheConfig:
     """CUDA, when memory_budget_bytes is auto: the share of the GPU's memory its nodes may use, weights, activations
     and KV caches together (vLLM's flag). A node never takes more than the GPU has free."""
     gpu_nodes: int = 1
-    """CUDA, KV auto: the nodes on this node's GPU, itself included, each holding the model's weights and a reserve
-    for its forwards (the launchers set it: launch/cluster.py gpu_kv_split, Ray by --gpus-per-node)."""
+    """CUDA, KV auto: the nodes on this node's GPU, itself included, each holding a reserve for its forwards and the
+    model's weights (unless they share one copy: NodeConfig.weights) (the launchers set it: launch/cluster.py
+    gpu_kv_split, Ray by --gpus-per-node)."""
     gpu_kv_share: float = 1.0
     """CUDA, KV auto: this node's part of the KV memory its GPU holds beside the gpu_nodes' weights and reserves
     (the launchers set it; 1.0 where a node has its GPU alone)."""

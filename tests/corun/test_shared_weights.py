@@ -145,7 +145,8 @@ def test_cuda_weights_published_by_one_process_are_read_by_another(tmp_path):
         "import sys, time, torch; from corun.models.loader import load_model; "
         "from corun.shared_weights import export_weights; from wire.config import SharedWeightsConfig; "
         "model = load_model('random:qwen3-tiny', 'bfloat16', 'cuda', 64); "
-        f"export_weights(model, SharedWeightsConfig('export', {config.rendezvous!r}), 'random:qwen3-tiny', 'bfloat16'); "
+        f"export_weights(model, SharedWeightsConfig('export', {config.rendezvous!r}), 'random:qwen3-tiny', "
+        "'bfloat16'); "
         "print(float(model.norm.weight.float().sum()), flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
