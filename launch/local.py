@@ -22,6 +22,7 @@ from launch.cluster import ClusterConfig, free_port
 from launch.removals import Removal, Removals, wait_until_removed
 from launch.restarts import RestartPolicy
 from launch.routers import RouterGroup
+from wire.config import SharedWeightsConfig
 from wire.node_auth import ClusterKey
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class LocalCluster:
         self.removals = Removals(config.drain_timeout_s, config.api_key)
         self.stopping: list[threading.Thread] = []
         """Threads stopping removed nodes (stop() waits for them)."""
+        self.weights: dict[str, SharedWeightsConfig] = {}
+        """How each node started holds its weights (launch/cluster.py weights_sharing)."""
 
     @property
     def url(self) -> str:
@@ -90,6 +93,7 @@ class LocalCluster:
         gpu = launch.node_gpu(self.config, role, index)
         env = launch.node_environment(gpu)
         weights = launch.weights_sharing(self.config, role, index, self.key_file and self.key_file.parent)
+        self.weights[launch.node_id(role, index)] = weights
         argv = launch.node_argv(self.config, engine, role, index, host, port, key_file=self.key_file,
                                 weights=weights)
         self.spawn(launch.node_id(role, index), argv, env, "" if gpu is None else f" on GPU {gpu}")
@@ -115,7 +119,18 @@ class LocalCluster:
         restart_dead_nodes() stops it once drained (launch/removals.py)."""
         if node_id not in self.node_addresses:
             raise ValueError(f"no running node {node_id!r} (have {', '.join(self.node_addresses)})")
+        if importers := self.importers_of(node_id):
+            raise ValueError(f"{node_id} holds the weights mapped by {', '.join(importers)} on its GPU: remove "
+                             f"those first")
         return self.removals.begin(node_id, self.node_addresses[node_id], self.routers.admin_urls)
+
+    def importers_of(self, node_id: str) -> list[str]:
+        """The running nodes that map the weights node_id published (they would stop with it)."""
+        exported = self.weights.get(node_id)
+        if exported is None or exported.holding != "export":
+            return []
+        return [other for other in self.node_addresses if other != node_id
+                and self.weights[other].rendezvous == exported.rendezvous]
 
     def remove_node(self, node_id: str) -> None:
         """begin_removal(), then wait until the node is stopped; ValueError if its drain timed out (the node is

@@ -66,5 +66,9 @@ def test_a_cluster_sharing_its_weights_serves_the_engine_s_bits(tiny_model_dir, 
         mapped = {name: maps_file(node_pid(cluster, name), ".msgpack.data") for name in ("prefill-0", "decode-0")}
         assert mapped == {"prefill-0": share == "on", "decode-0": share == "on"}, \
             "with sharing on both nodes map the one file; off, neither does (so the check can fail)"
+        assert cluster.importers_of("decode-0") == (["prefill-0"] if share == "on" else [])
+        if share == "on":  # NOTE: the prefill node would stop with it
+            with pytest.raises(ValueError, match="decode-0 holds the weights mapped by prefill-0 on its GPU"):
+                cluster.begin_removal("decode-0")
     finally:
         cluster.stop()
