@@ -36,13 +36,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from corun.kv_swap import HostSwap, SwappedBlocks, swap_capacity_blocks
+from corun.kv_swap import HostSwap, swap_capacity_blocks
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, allocate_all, check_fits_cache, check_request, check_samples_fit
+from decode_node.jobs import DecodeJob, RunningSample
+from decode_node.kv_growth import KVGrowth
 from node_core.server import NodeServer, run_decode_step
 from transfer.compat import IncompatiblePeer, check_compatible
-from transfer.reads import ReadHandle
 from transfer.transport import KVReceiver
 from wire import protocol
 from wire.config import NodeConfig
@@ -52,38 +53,6 @@ logger = logging.getLogger(__name__)
 
 CLAIM_TIMEOUT_S = 10.0
 """A prefill node answers a handshake or claim at its next loop turn: 10 s of silence means it is gone."""
-
-
-@dataclass
-class DecodeJob:
-    """One DecodeRequest: its prompt's KV is read once into the first sample's blocks, then copied to the others."""
-
-    router: bytes
-    request_id: str
-    samples: dict[int, Request]
-    """Sample index -> its request (seed sample_seed(seed, index)); the first one receives the READ."""
-    kv: protocol.KVHandle
-    read: ReadHandle | None = None
-    aborted: bool = False
-    dropped: set[int] = field(default_factory=set)
-    """Samples aborted alone before running (a stop string ended them): freed once the READ is done."""
-    claimed_at: float = 0.0
-    """When its claim (or the handshake it waits on) was sent."""
-
-    @property
-    def reader(self) -> Request:
-        return next(iter(self.samples.values()))
-
-
-@dataclass(eq=False)
-class RunningSample:
-    job: DecodeJob
-    index: int
-    request: Request
-    order: int
-    """When it started running: older samples keep their blocks, the newest are paused first."""
-    swapped: SwappedBlocks | None = None
-    """Paused: its last blocks, in host memory (request.block_ids holds those still in the cache)."""
 
 
 @dataclass
@@ -99,7 +68,7 @@ class PrefillPeer:
     """Jobs admitted before the handshake with this peer completed."""
 
 
-class DecodeServer(NodeServer):
+class DecodeServer(KVGrowth, NodeServer):
     role = "decode"
     transport: KVReceiver
 
@@ -142,11 +111,6 @@ class DecodeServer(NodeServer):
             self.free_settled()
             requests = self.ready_to_step()
         return requests
-
-    def ready_to_step(self) -> list[Request]:
-        """The running samples whose blocks hold what the next step writes (one may wait a step for blocks that only
-        reads in flight hold: grow_running)."""
-        return [s.request for s in self.running if len(s.request.block_ids) >= self.blocks_for_next_step(s.request)]
 
     def run(self, requests: list[Request]) -> list[SampledToken]:
         sampled, num_rows = run_decode_step(self.runner, requests, self.pull_kv_during_step)
@@ -206,89 +170,6 @@ class DecodeServer(NodeServer):
     def num_seqs_admitted(self) -> int:
         pulling = [*self.claiming.values(), *self.transferring.values()]
         return sum(len(job.samples) for job in pulling) + len(self.running) + len(self.paused)
-
-    def whole_blocks(self, request: Request) -> int:
-        return self.block_manager.blocks_needed(request.max_num_tokens)
-
-    def blocks_promised(self) -> int:
-        """The blocks the whole sequences of every admitted sample take (corun/kv_swap.py: what admission bounds)."""
-        pulling = [r for job in [*self.claiming.values(), *self.transferring.values()] for r in job.samples.values()]
-        admitted = [*pulling, *(sample.request for sample in [*self.running, *self.paused])]
-        return sum(self.whole_blocks(r) for r in admitted)
-
-    # --- KV blocks as tokens need them; the newest paused when they run out -------------------------------------
-    def grow_running(self) -> None:
-        """Each running sample gets the blocks its next step writes into (its position after the token in flight, if
-        any), oldest first; where the cache has none left, the newest sample is paused for them. Then a block is kept
-        free (or on its way back from a copy) for each running sample, so that the next steps' blocks do not wait
-        for a copy: a sample that finds none free waits a step (ready_to_step)."""
-        for sample in sorted(self.running, key=lambda s: s.order):
-            if sample not in self.running:  # NOTE: paused below for an older one
-                continue
-            request = sample.request
-            needed = self.blocks_for_next_step(request) - len(request.block_ids)
-            while needed > 0:
-                if self.block_manager.num_free_blocks == 0 and (self.swap.blocks_in_copy >= needed or
-                                                                 not self.pause_newest()):
-                    break  # NOTE: blocks on their way back from a copy (or held by pulling jobs): it waits a step
-                if sample not in self.running or self.block_manager.num_free_blocks == 0:
-                    break  # NOTE: it was the newest, paused itself; or the blocks come back when the copy ends
-                new = self.block_manager.allocate(min(needed, self.block_manager.num_free_blocks) *
-                                                  self.block_manager.block_size)
-                request.block_ids = request.block_ids + new  # NOTE: replaced, never mutated (step_inputs caches it)
-                needed -= len(new)
-        while self.block_manager.num_free_blocks + self.swap.blocks_in_copy < len(self.running) and \
-                self.pause_newest():
-            pass
-
-    def free_copied(self) -> None:
-        """The blocks of paused samples whose copies to host memory have completed go back to the pool."""
-        copied = self.swap.copied_blocks()
-        if copied:
-            self.block_manager.free(copied)
-
-    def blocks_for_next_step(self, request: Request) -> int:
-        """Blocks to the position its next step writes, after its token in flight if any (one too many otherwise)."""
-        return self.block_manager.blocks_needed(min(request.num_tokens + 1, request.max_num_tokens))
-
-    def pause_newest(self) -> bool:
-        """Pause the newest sample holding blocks, running or paused, unless it is the only one (the oldest always
-        runs on): its blocks (all of them, or as many as the swap space takes: at least one while admission's bound
-        holds) are copied to host memory and come back to the pool when the copy ends; -> whether any was."""
-        holders = [s for s in [*self.running, *self.paused] if s.request.block_ids]
-        if self.swap.room == 0 or len(holders) < 2:
-            return False
-        victim = max(holders, key=lambda s: s.order)
-        request = victim.request
-        count = min(len(request.block_ids), self.swap.room)  # NOTE: >= needed while admission holds (kv_swap.py)
-        head, tail = request.block_ids[:-count], request.block_ids[-count:]
-        swapped = self.swap.swap_out(tail)  # NOTE: after the step in flight, which writes its KV
-        request.block_ids = head
-        victim.swapped = swapped if victim.swapped is None else swapped.followed_by(victim.swapped)
-        if victim in self.running:
-            self.running.remove(victim)
-            self.paused.append(victim)
-            self.paused.sort(key=lambda s: s.order)
-            self.num_preemptions += 1
-        self.free_copied()  # NOTE: on CPU the copy is complete already
-        return True
-
-    def resume_paused(self) -> None:
-        """Paused samples, oldest first, while the cache has room for their blocks, their next step's and a block for
-        each running sample's next (grow_running's reserve, lest it pause one at once): copied back (queued before
-        the step that reads them)."""
-        while self.paused:
-            sample = self.paused[0]
-            request, swapped = sample.request, sample.swapped
-            held = len(request.block_ids) + swapped.num_blocks
-            wanted = swapped.num_blocks + max(0, self.blocks_for_next_step(request) - held) + len(self.running) + 1
-            if self.block_manager.num_free_blocks < wanted:
-                return
-            blocks = self.block_manager.allocate(swapped.num_blocks * self.block_manager.block_size)
-            self.swap.swap_in(swapped, blocks)
-            request.block_ids = request.block_ids + blocks
-            sample.swapped = None
-            self.running.append(self.paused.pop(0))
 
     def postprocess(self, requests: list[Request], sampled: list[SampledToken]) -> None:
         # NOTE: a sample paused since its step was launched still takes that step's token
