@@ -82,7 +82,7 @@ class ColocatedServer(NodeServer):
         batch = self.scheduler.schedule()
         if self.runner.decode_in_flight is not None and not runs_ahead(self.runner, batch):
             # NOTE: what runs next needs the tokens in flight on the host (or nothing runs): read and stream them
-            self.postprocess(ScheduledBatch(), self.runner.finish_decode_in_flight())
+            self.postprocess(ScheduledBatch(), self.read_decode_in_flight())
             batch = without_finished(batch)
         return batch
 

@@ -107,7 +107,7 @@ class DecodeServer(KVGrowth, NodeServer):
         requests = self.ready_to_step()
         if self.runner.decode_in_flight is not None and not self.runner.overlaps(requests):
             # NOTE: this step needs the tokens in flight on the host (or nothing runs): read and stream them
-            self.postprocess(requests, self.runner.finish_decode_in_flight())
+            self.postprocess(requests, self.read_decode_in_flight())
             self.free_settled()
             requests = self.ready_to_step()
         return requests

@@ -226,8 +226,7 @@ class NodeServer:
         scheduled = time.perf_counter()
         if batch:
             sampled = self.run_unlocked(batch)
-            if self.weights_watch is not None:
-                self.weights_watch.check()
+            self.check_weights()
             ran = time.perf_counter()
             # NOTE: vLLM's count: the prompt tokens the forward computed plus the tokens it sampled
             self.iteration_tokens.observe(self.num_prompt_tokens(batch) + len(sampled))
@@ -239,6 +238,18 @@ class NodeServer:
         loop["receive"] += received - started
         loop["schedule"] += scheduled - received
         loop["turns"] += time.perf_counter() - started
+
+    def check_weights(self) -> None:
+        """Where this node maps another's weights: stop (SharedWeightsError) if that node has begun to exit. Called
+        once a forward's outputs are on the host, before they leave the node."""
+        if self.weights_watch is not None:
+            self.weights_watch.check()
+
+    def read_decode_in_flight(self) -> list[SampledToken]:
+        """The tokens of the decode step in flight (none: []), checked as a forward's are (check_weights)."""
+        sampled = self.runner.finish_decode_in_flight()
+        self.check_weights()
+        return sampled
 
     def forward_seconds(self) -> float:
         """How long the forward now running has run (0 between forwards): a loop hung in one shows here, while its

@@ -1,10 +1,13 @@
 """The colocated server in-process: its waiting prompts start tenant by tenant (each tenant's in arrival order)."""
 
+import subprocess
+import sys
 import time
 
 import pytest
 
 from colocated_node.server import ColocatedServer
+from corun.shared_weights import SharedWeightsError, WeightsWatch, process_state
 from launch.local import free_port
 from tests.node_sockets import router_socket, small_engine
 from wire import protocol
@@ -73,3 +76,23 @@ def test_one_tenant_stays_first_come_first_served_and_two_take_turns(server, rou
     assert ids(first_tokens_in_order(server, router, one)) == ["d1", "d2", "d3", "d4"]
     two = [generate(f"a{i}", "client-a") for i in range(1, 4)] + [generate(f"b{i}", "client-b") for i in range(1, 4)]
     assert ids(first_tokens_in_order(server, router, two)) == ["a1", "b1", "a2", "b2", "a3", "b3"]
+
+
+def test_a_node_whose_weights_holder_ended_stops_before_sending_what_its_forward_made(server, router):
+    """A node mapping another's weights (corun/shared_weights.py; on CUDA: a watch) stops at the first forward after
+    that node ends, and nothing that forward computed reaches the router. Inverse: with the holder alive, the same
+    request streams its first token."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        server.weights_watch = WeightsWatch(holder.pid, process_state(holder.pid).start_ticks)
+        [event] = first_tokens_in_order(server, router, [generate("alive", "default")])
+        assert event.request_id == "alive"
+    finally:
+        holder.kill()
+        holder.wait()
+    router.send(protocol.encode(generate("after", "default")))
+    deadline = time.monotonic() + 10
+    with pytest.raises(SharedWeightsError, match=f"pid {holder.pid}"):
+        while time.monotonic() < deadline:
+            server.step()
+    assert not router.poll(200), "a token of the forward that ran after the holder ended left the node"
