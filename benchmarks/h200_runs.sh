@@ -55,7 +55,14 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
-  stop53_shared_weights)  # stop 53: the nodes on one GPU hold one copy of the weights (corun/shared_weights.py: the
+  stop53_h200)  # stop 53, on an H200: stop53_shared_weights (1P1D on 1024x2048 sharing the weights against a copy
+    # each, issue 21's 0.8x), then issue 20's two prefill figures (64 and 4096 tokens alone, the defaults and buckets)
+    bash benchmarks/h200_runs.sh stop53_shared_weights "$out"
+    timeout 170 python3 -m benchmarks.prefill_cost --paths "corun,$BUCKETS" --lengths 64,4096 \
+      --prefill-chunk-size 4096 --out "$out/h200_prefill_cost_stop53.json" > "$out/prefill_cost.log" 2>&1 ;;
+  stop53_shared_weights)  # NOTE: ran on an H100 80 GB (results/h100_front_door_1p1d_shared_weights_stop53.json,
+    # h100_gpu_tests_shared_weights_stop53.log; inline on the same warm machine, the three workloads at the defaults:
+    # h100_front_door_1p1d_shared_weights_workloads_stop53.json). stop 53: the nodes on one GPU hold one copy of the weights (corun/shared_weights.py: the
     # decode node loads and publishes them over CUDA IPC, the prefill node maps them), so the decode node's KV gets the
     # second copy's memory: the GPU tests, then 1P1D on 1024x2048 sharing (the defaults) against each node its own
     # copy, beside one engine run
