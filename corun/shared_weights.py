@@ -25,7 +25,6 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -33,6 +32,7 @@ import msgspec
 import torch
 
 from wire.config import SharedWeightsConfig
+from wire.cuda_ipc import ProcessWatch, SharedCudaTensor, own_start_ticks
 
 logger = logging.getLogger(__name__)
 
@@ -40,25 +40,10 @@ MANIFEST_VERSION = 1
 FILE_ALIGNMENT = 64
 """Bytes: where each parameter starts in the CPU file (a multiple of every element size; cache-line aligned)."""
 WAIT_POLL_S = 0.2
-PF_EXITING = 0x4
-"""/proc/PID/stat's flags bit the kernel sets as a process begins to exit (before it lets go of its memory)."""
 
 
 class SharedWeightsError(RuntimeError):
     """A node cannot use the weights it was told to import (no manifest in time, another model, an ended exporter)."""
-
-
-class CudaStorage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """torch's CUDA IPC description of one storage (UntypedStorage._share_cuda_'s tuple, by name)."""
-
-    device: int
-    handle: bytes
-    size_bytes: int
-    offset_bytes: int
-    ref_counter_handle: bytes
-    ref_counter_offset: int
-    event_handle: bytes | None
-    event_sync_required: bool
 
 
 class SharedTensor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -68,7 +53,7 @@ class SharedTensor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     stride: list[int]
     storage_offset: int
     """In elements, of the tensor in its storage (CUDA) or in its slot of the file (CPU: always 0)."""
-    cuda: CudaStorage | None = None
+    cuda: SharedCudaTensor | None = None
     file_offset: int | None = None
     """CPU: where the tensor's bytes start in the data file."""
 
@@ -86,47 +71,17 @@ class SharedWeightsManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=T
     data_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class ProcessState:
-    start_ticks: int
-    exiting: bool
-
-
-def process_state(pid: int) -> ProcessState | None:
-    """The process' start time and whether it has begun to exit (None: no such process)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = text[text.rindex(")") + 2:].split()  # NOTE: after the command name, which may hold spaces
-    state, flags, start_ticks = fields[0], int(fields[6]), int(fields[19])
-    return ProcessState(start_ticks, state in ("Z", "X", "x") or bool(flags & PF_EXITING))
-
-
-class WeightsWatch:
+class WeightsWatch(ProcessWatch):
     """An importer's check that the exporter whose CUDA memory holds its weights has not begun to exit."""
-
-    def __init__(self, pid: int, start_ticks: int):
-        self.pid, self.start_ticks = pid, start_ticks
-
-    def exporter_alive(self) -> bool:
-        state = process_state(self.pid)
-        return state is not None and state.start_ticks == self.start_ticks and not state.exiting
 
     def check(self) -> None:
         """Raise SharedWeightsError once the exporter has begun to exit: call it after a step's outputs are read from
         the GPU and before they leave the node."""
-        if not self.exporter_alive():
+        if not self.alive():
             raise SharedWeightsError(
                 f"the node whose GPU memory holds this node's weights (pid {self.pid}) has ended: this node stops "
                 f"before sending anything its last step computed (the launcher starts it again once that node has "
                 f"published its weights anew)")
-
-
-def own_start_ticks() -> int:
-    state = process_state(os.getpid())
-    assert state is not None
-    return state.start_ticks
 
 
 def export_weights(model: torch.nn.Module, config: SharedWeightsConfig, model_name: str, dtype: str) -> None:
@@ -150,13 +105,9 @@ def export_weights(model: torch.nn.Module, config: SharedWeightsConfig, model_na
 
 
 def cuda_entry(name: str, tensor: torch.Tensor) -> SharedTensor:
-    storage = tensor.untyped_storage()
-    device, handle, size_bytes, offset_bytes, ref_handle, ref_offset, event_handle, event_sync = \
-        storage._share_cuda_()
-    return SharedTensor(name, dtype_name(tensor.dtype), list(tensor.shape), list(tensor.stride()),
-                        tensor.storage_offset(),
-                        cuda=CudaStorage(device, handle, size_bytes, offset_bytes, ref_handle, ref_offset,
-                                         event_handle, event_sync))
+    shape, stride, dtype = list(tensor.shape), list(tensor.stride()), dtype_name(tensor.dtype)
+    return SharedTensor(name, dtype, shape, stride, tensor.storage_offset(), cuda=SharedCudaTensor.of(
+        dtype, shape, stride, tensor.storage_offset(), tensor.untyped_storage()._share_cuda_()))
 
 
 def move_into_file(params: dict[str, torch.nn.Parameter], data_file: str) -> tuple[list[SharedTensor], int]:
@@ -208,7 +159,7 @@ def wait_for_manifest(config: SharedWeightsConfig) -> SharedWeightsManifest:
     path, deadline = Path(config.rendezvous), time.monotonic() + config.wait_s
     while True:
         manifest = read_manifest(path)
-        if manifest is not None and WeightsWatch(manifest.exporter_pid, manifest.exporter_start_ticks).exporter_alive():
+        if manifest is not None and ProcessWatch(manifest.exporter_pid, manifest.exporter_start_ticks).alive():
             return manifest
         if time.monotonic() > deadline:
             what = "no node published" if manifest is None else \
@@ -247,12 +198,14 @@ def import_weights(model: torch.nn.Module, config: SharedWeightsConfig, model_na
 
 
 def open_cuda_tensor(entry: SharedTensor) -> torch.Tensor:
+    if entry.cuda is None:
+        raise SharedWeightsError(f"{entry.name}: published without a CUDA handle")
+    return open_shared_cuda_tensor(entry.cuda)
+
+
+def open_shared_cuda_tensor(shared: SharedCudaTensor) -> torch.Tensor:
+    """The tensor another process on this GPU described (wire/cuda_ipc.py): the same memory, mapped here."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    ipc = entry.cuda
-    if ipc is None:
-        raise SharedWeightsError(f"{entry.name}: published without a CUDA handle")
-    return rebuild_cuda_tensor(torch.Tensor, torch.Size(entry.shape), tuple(entry.stride), entry.storage_offset,
-                               torch.storage.TypedStorage, getattr(torch, entry.dtype), ipc.device, ipc.handle,
-                               ipc.size_bytes, ipc.offset_bytes, False, ipc.ref_counter_handle,
-                               ipc.ref_counter_offset, ipc.event_handle, ipc.event_sync_required)
+    return rebuild_cuda_tensor(*shared.rebuild_args(torch.Tensor, torch.storage.TypedStorage,
+                                                    getattr(torch, shared.dtype), torch.Size(shared.shape)))

@@ -21,11 +21,11 @@ from corun.shared_weights import (
     MANIFEST_VERSION,
     SharedWeightsError,
     WeightsWatch,
-    process_state,
     read_manifest,
     wait_for_manifest,
 )
 from wire.config import GIB, CacheConfig, EngineConfig, SchedulerConfig, SharedWeightsConfig
+from wire.cuda_ipc import process_state
 
 
 def engine(model_dir: str, device: str = "cpu") -> EngineConfig:
@@ -113,7 +113,7 @@ def test_the_watch_sees_its_exporter_end_and_a_reused_pid():
     try:
         watch = WeightsWatch(child.pid, process_state(child.pid).start_ticks)
         watch.check()
-        assert not WeightsWatch(child.pid, process_state(child.pid).start_ticks + 1).exporter_alive(), \
+        assert not WeightsWatch(child.pid, process_state(child.pid).start_ticks + 1).alive(), \
             "a process started at another time holds that pid now"
     finally:
         child.kill()
