@@ -35,7 +35,7 @@ from launch.local import LocalCluster
 from node_core.server import LOOP_PHASES
 from planner.workloads import make_workload
 from transfer.counters import READ_MS_BUCKETS
-from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig, TransferConfig
 
 HANDOFF_WORKLOAD = "sharegpt"
 
@@ -70,8 +70,10 @@ def handoff(before: dict, after: dict) -> dict:
             "kv_handoff_ms_p50_at_most": p50, "reads_within_ms": within,
             "kv_transfer_ms_mean": round(1e3 * transfer / max(1, reads), 3),
             "reads_over_1ms": after["reads_over_1ms"] - before["reads_over_1ms"],
+            "reads_on_gpu": after.get("reads_on_gpu", 0) - before.get("reads_on_gpu", 0),
             "note": "hand-off: post to the decode node's poll that saw the READ done (polled every 0.2 ms while a "
-                    "decode step runs, else once per loop turn); transfer: NIXL's telemetry of the READ itself"}
+                    "decode step runs, else once per loop turn); transfer: NIXL's telemetry of the READ itself (of a "
+                    "read copied on the GPU, reads_on_gpu: post to the poll that saw its event)"}
 
 
 def itl_against_target(modes: dict) -> dict:
@@ -197,6 +199,10 @@ def main() -> None:
                         help="for each split and swap space, the 1P1D clusters to serve by their share_weights: "
                         "auto (as a user's: one copy of the weights for both nodes on the GPU) and off (each node "
                         "its own, as before stop 53), e.g. auto,off")
+    parser.add_argument("--1p1d-copy-on-gpu", dest="copy_on_gpu", default="on",
+                        help="for each of the above, the 1P1D clusters to serve by the decode node's KV reads: on (a "
+                        "user's: its own copy from the prefill node's KV mapped over CUDA IPC) and off (NIXL's READ, "
+                        "as before stop 53), e.g. on,off")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=1500)
     parser.add_argument("--workloads", default="sharegpt,burstgpt,1024x2048")
@@ -249,17 +255,19 @@ def main() -> None:
             engine, num_prefill=0, num_decode=0, num_colocated=1, colocated_gpus=gpu,
             decode_kv_cache_mib=args.kv_cache_mib, startup_timeout_s=600)))
     if "1p1d" in deployments:
-        for split, swap_mib, share in itertools.product(args.kv_splits, args.swap_spaces,
-                                                         args.share_weights.split(",")):
+        for split, swap_mib, share, copy in itertools.product(args.kv_splits, args.swap_spaces,
+                                                               args.share_weights.split(","),
+                                                               args.copy_on_gpu.split(",")):
             prefill_mib, decode_mib = split or (None, args.kv_cache_mib)
             mode = "1p1d_http" if split is None else f"1p1d_http:{prefill_mib}/{decode_mib}"
             mode += "" if swap_mib is None else f":swap{swap_mib}"
             mode += "" if share == "auto" else f":weights-{share}"
+            mode += "" if copy == "on" else ":nixl-reads"
             swap = dataclasses.replace(engine.cache, swap_space_bytes=None if swap_mib is None else swap_mib * 2**20)
             clusters.append((mode, ClusterConfig(
                 dataclasses.replace(engine, cache=swap), prefill_gpus=gpu, decode_gpus=gpu,
                 prefill_kv_cache_mib=prefill_mib, decode_kv_cache_mib=decode_mib, startup_timeout_s=600,
-                share_weights=share)))
+                share_weights=share, transfer=TransferConfig(copy_on_gpu=copy == "on"))))
     for mode, config in clusters:
         wait_until_gpu_free(free_before_clusters, report)
         config = dataclasses.replace(config, port=free_port("127.0.0.1"))  # NOTE: picked just before it is bound

@@ -55,6 +55,15 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
+  stop53_gpu_reads)  # stop 53: the decode node copies the KV of a prefill node on its GPU itself, from that node's KV
+    # mapped over CUDA IPC, instead of NIXL's READ (transfer/gpu_peers.py; benchmarks/handoff_copy_latency.py measured
+    # such a copy at ~1 ms p50 under load where the READ took 9-23 ms): the GPU tests (1P1D on one GPU both ways), then
+    # the hand-off under the ShareGPT-like load, copy on the GPU (the defaults) against NIXL's READ
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/launch/test_gpu_cluster.py \
+      tests/corun/test_shared_weights.py -rfE > "$out/gpu_tests.log" 2>&1
+    timeout 400 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --deployments 1p1d --workloads sharegpt --1p1d-copy-on-gpu on,off \
+      --out "$out/front_door_1p1d_gpu_reads_stop53.json" > "$out/front_door.log" 2>&1 ;;
   stop53_h200)  # stop 53, on an H200: stop53_shared_weights (1P1D on 1024x2048 sharing the weights against a copy
     # each, issue 21's 0.8x), then issue 20's two prefill figures (64 and 4096 tokens alone, the defaults and buckets)
     bash benchmarks/h200_runs.sh stop53_shared_weights "$out"

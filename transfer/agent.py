@@ -32,6 +32,7 @@ from nixl._api import nixl_agent, nixl_agent_config, nixl_xfer_handle, nixlBind
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
 from transfer.endpoints import AgentReceiver, AgentSender
+from transfer.gpu_peers import GpuPeers, GpuRead, GpuShare
 from transfer.reads import (
     PROBE_TIMEOUT_S,
     KVData,
@@ -83,6 +84,12 @@ class KVTransferAgent(KVRegion):
         self._nixl.create_backend("UCX", {"ucx_error_handling_mode": config.ucx_error_handling,
                                           "ucx_devices": ",".join(config.ucx_devices)})
         self._registration = self._nixl.register_memory(list(self._segments))
+        self._gpu_peers = GpuPeers(self._segments) if vram and config.copy_on_gpu else None
+        """Peers on this GPU whose reads this process copies (transfer/gpu_peers.py); None: every read is NIXL's."""
+
+    def gpu_share(self) -> GpuShare | None:
+        """This node's KV as a process on its GPU maps it (the handshake carries it); None on CPU or when turned off."""
+        return None if self._gpu_peers is None else self._gpu_peers.share()
 
     # --- what the handshake reply carries ---------------------------------------------------------------------
     def metadata(self) -> bytes:
@@ -90,11 +97,12 @@ class KVTransferAgent(KVRegion):
 
     # --- peers ------------------------------------------------------------------------------------------------
     def add_peer(self, node_id: str, agent_metadata: bytes, kv_base_addresses: Sequence[int], num_blocks: int,
-                 block_nbytes: int, memory_type: str, device_id: int = 0) -> None:
+                 block_nbytes: int, memory_type: str, device_id: int = 0, gpu_share: GpuShare | None = None) -> None:
         """Load a peer's metadata and prepare its block list; a peer added again (a restart) is replaced.
 
         kv_base_addresses: one per peer segment, in the order its segments pair with ours.
-        device_id: the peer's GPU index for VRAM (its KV segments' device), 0 for DRAM."""
+        device_id: the peer's GPU index for VRAM (its KV segments' device), 0 for DRAM.
+        gpu_share: its KV as CUDA IPC handles: where it is on this GPU, its reads are copied here."""
         check_peer_layout(self, node_id, kv_base_addresses, block_nbytes)
         if memory_type not in ("DRAM", "VRAM"):
             raise IncompatiblePeer(f"peer {node_id} offers memory type {memory_type!r}, not DRAM or VRAM")
@@ -104,12 +112,16 @@ class KVTransferAgent(KVRegion):
             self._nixl.remove_remote_agent(loaded_name)
             raise IncompatiblePeer(f"peer {node_id} sent the NIXL metadata of agent {loaded_name}")
         self._peers[node_id] = _Peer(node_id, num_blocks, tuple(kv_base_addresses), device_id)
+        if self._gpu_peers is not None:
+            self._gpu_peers.add(node_id, gpu_share)
 
     def has_peer(self, node_id: str) -> bool:
         return node_id in self._peers
 
     def remove_peer(self, node_id: str) -> None:
         """Forget a peer (reads still in flight to it should be polled to the end first)."""
+        if self._gpu_peers is not None:
+            self._gpu_peers.remove(node_id)
         if self._peers.pop(node_id, None) is not None:
             self._nixl.remove_remote_agent(node_id)
 
@@ -128,6 +140,10 @@ class KVTransferAgent(KVRegion):
         self.counters.descriptors_posted += len(runs) * len(self._segments)
         num_blocks = len(local_block_ids)
         handle = ReadHandle(peer, num_blocks, num_blocks * self.block_nbytes, "PROC", None)
+        if self._gpu_peers is not None and self._gpu_peers.has(peer):
+            self.counters.reads_on_gpu += 1
+            handle.backend_handle = self._gpu_peers.start_read(peer, runs, notification)
+            return handle
         try:
             handle.backend_handle = self._post_read(remote, runs, notification)
             state = self._nixl.transfer(handle.backend_handle)
@@ -155,7 +171,9 @@ class KVTransferAgent(KVRegion):
 
     def poll(self, handle: ReadHandle) -> XferState:
         """The read's state; the first time it is "DONE" or "ERR" the transfer handle is released and counted."""
-        if handle.state == "PROC":
+        if handle.state == "PROC" and isinstance(handle.backend_handle, GpuRead):
+            self._advance_gpu_read(handle)
+        elif handle.state == "PROC":
             try:
                 state = self._nixl.check_xfer_state(handle.backend_handle)
             except _TRANSFER_ERRORS as error:
@@ -163,11 +181,33 @@ class KVTransferAgent(KVRegion):
             self._advance(handle, state)
         return handle.state
 
+    def _advance_gpu_read(self, handle: ReadHandle) -> None:
+        """A read copied on this GPU: once done, the peer hears of it as of a NIXL READ (its notification)."""
+        read: GpuRead = handle.backend_handle
+        state, handle.error = self._gpu_peers.state(read)
+        if state == "DONE":
+            try:
+                self._nixl.send_notif(read.peer, read.notification)
+            except _TRANSFER_ERRORS as error:  # NOTE: the peer's lease then ends at its deadline
+                logger.warning("%s: the end of a read could not be sent to %s: %r", self.name, read.peer, error)
+            seconds = time.perf_counter() - read.posted_at
+            self.counters.read_transfer_seconds_total += seconds
+            self.counters.read_transfer_seconds_max = max(self.counters.read_transfer_seconds_max, seconds)
+            self.counters.reads_over_1ms += seconds > 1e-3
+        if state != "PROC":
+            handle.backend_handle = None
+            self._advance(handle, state)
+
     def cancel(self, handle: ReadHandle) -> bool:
         """Give up a READ still in flight (it took too long); True when NIXL released it, so nothing more will be
         written into its local blocks. Counted as a failed read."""
         if handle.state != "PROC":
             return True
+        if isinstance(handle.backend_handle, GpuRead):
+            finished = self._gpu_peers.copy_finished(handle.backend_handle)
+            handle.backend_handle, handle.state, handle.error = None, "ERR", "cancelled: the READ took too long"
+            count_finished(self.counters, handle)
+            return finished
         xfer, handle.backend_handle = handle.backend_handle, None
         handle.state, handle.error = "ERR", "cancelled: the READ took too long"
         count_finished(self.counters, handle)

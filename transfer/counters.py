@@ -37,6 +37,8 @@ class TransferCounters:
     reads_within_10ms: int = 0
     reads_within_20ms: int = 0
     reads_within_50ms: int = 0
+    reads_on_gpu: int = 0
+    """decode: READs copied by this process from a prefill node on its GPU (transfer/gpu_peers.py), not by NIXL."""
     descriptors_posted: int = 0
     """decode: descriptors of posted READs (a run of blocks adjacent on both sides is one)."""
     kv_released: int = 0

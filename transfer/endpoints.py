@@ -19,6 +19,7 @@ import msgspec
 
 from transfer.compat import IncompatiblePeer
 from transfer.counters import TransferCounters
+from transfer.gpu_peers import GpuShare
 from transfer.leases import LeasingSender
 from transfer.reads import PROBE_BYTES, MemoryType, ReadHandle, XferState
 from transfer.transport import BlockPool, check_transport
@@ -41,8 +42,11 @@ class Agent(Protocol):
 
     def metadata(self) -> bytes: ...
 
+    def gpu_share(self) -> GpuShare | None: ...
+
     def add_peer(self, node_id: str, agent_metadata: bytes, kv_base_addresses: Sequence[int], num_blocks: int,
-                 block_nbytes: int, memory_type: str, device_id: int = 0) -> None: ...
+                 block_nbytes: int, memory_type: str, device_id: int = 0, gpu_share: GpuShare | None = None) -> None:
+        ...
 
     def has_peer(self, node_id: str) -> bool: ...
 
@@ -77,6 +81,8 @@ class AgentPayload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The KV tensor's CUDA device in the prefill process (0 for DRAM)."""
     ucx_settings: dict[str, str]
     """The UCX settings the prefill node's agent was made with (TransferConfig.ucx_environment()), for the log."""
+    gpu_share: GpuShare | None = None
+    """Its KV as a process on its GPU maps it (transfer/gpu_peers.py); None for DRAM KV or with copy_on_gpu off."""
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)
@@ -103,7 +109,7 @@ class AgentSender(LeasingSender):
     def handshake_payload(self) -> bytes:
         agent = self.agent
         return AgentPayload(agent.metadata(), agent.kv_base_addresses, agent.num_blocks, agent.block_nbytes,
-                            agent.memory_type, agent.device_id, self.ucx_settings).encode()
+                            agent.memory_type, agent.device_id, self.ucx_settings, agent.gpu_share()).encode()
 
     def done_request_ids(self) -> list[str]:
         return self.read_notifications(notification for _peer, notification in self.agent.new_notifications())
@@ -130,7 +136,7 @@ class AgentReceiver:
         check_transport(self.transport, transport, node_id)
         peer = AgentPayload.decode(node_id, payload)
         self.agent.add_peer(node_id, peer.agent_metadata, peer.kv_base_addresses, peer.num_blocks, peer.block_nbytes,
-                            peer.memory_type, peer.device_id)
+                            peer.memory_type, peer.device_id, peer.gpu_share)
         try:
             self.check_read_speed(node_id, peer)
         except IncompatiblePeer:

@@ -56,8 +56,12 @@ class FakeKVTransferAgent(KVRegion):
     def metadata(self) -> bytes:
         return self.name.encode()
 
+    def gpu_share(self) -> None:
+        """In one process there is nothing to map: every read is this fake's copy."""
+        return None
+
     def add_peer(self, node_id: str, agent_metadata: bytes, kv_base_addresses: Sequence[int], num_blocks: int,
-                 block_nbytes: int, memory_type: str, device_id: int = 0) -> None:
+                 block_nbytes: int, memory_type: str, device_id: int = 0, gpu_share: None = None) -> None:
         check_peer_layout(self, node_id, kv_base_addresses, block_nbytes)
         if agent_metadata.decode() != node_id or node_id not in _AGENTS:
             raise IncompatiblePeer(f"peer {node_id} sent the metadata of agent {agent_metadata.decode()}")

@@ -610,6 +610,11 @@ class TransferConfig:
     topology run: 20 GB/s refused that peer once, and the retry's handshake measured 33 GB/s)."""
     allow_slow_reads: bool = False
     """Serve even with a VRAM peer whose probe READ is slower than min_vram_read_gbps."""
+    copy_on_gpu: bool = True
+    """A decode node reads the KV of a prefill node on its own GPU (the same device UUID) by a copy of its own from
+    that node's memory mapped over CUDA IPC, not by NIXL's READ: on one H100 under load the READ took 9-23 ms on
+    average where such a copy took ~1 ms (transfer/gpu_peers.py). NIXL still carries the handshake and the end of
+    the read to the prefill node."""
 
     def __post_init__(self):
         if not isinstance(self.transport, str) or self.transport not in KV_TRANSPORTS:

@@ -48,11 +48,13 @@ def decode_stats_once(url: str, num_reads: int, timeout_s: float = 10.0) -> dict
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_one_gpu_1p1d_serves_the_colocated_bits_over_cuda_ipc(tiny_model_dir, dtype):
+@pytest.mark.parametrize("dtype, copy_on_gpu", [("float32", True), ("bfloat16", True), ("bfloat16", False)])
+def test_one_gpu_1p1d_serves_the_colocated_bits_over_cuda_ipc(tiny_model_dir, dtype, copy_on_gpu):
+    """The KV read by the decode node's own copy from the prefill node's mapped KV (transfer/gpu_peers.py, the
+    default), and by NIXL's READ (copy_on_gpu off): the same bits either way."""
     config = ClusterConfig(engine(tiny_model_dir, dtype), served_model_name="corun-tiny",
                            port=free_port("127.0.0.1"), prefill_gpus=("0",),
-                           decode_gpus=("0",), transfer=TransferConfig())
+                           decode_gpus=("0",), transfer=TransferConfig(copy_on_gpu=copy_on_gpu))
     with LocalCluster(config) as cluster:
         # NOTE: the defaults share the weights (share_weights auto): the decode node published them, the prefill node
         # maps them (it would not have started otherwise)
@@ -72,6 +74,7 @@ def test_one_gpu_1p1d_serves_the_colocated_bits_over_cuda_ipc(tiny_model_dir, dt
         assert choice["token_ids"] == want.outputs[0].token_ids
         assert choice["logprobs"]["token_logprobs"] == [lp.logprob for lp in want.outputs[0].logprobs]
     assert decode["reads_completed"] == len(PROMPTS)
+    assert decode["reads_on_gpu"] == (len(PROMPTS) if copy_on_gpu else 0)
     expected = llm.generate(PROMPTS, SamplingParams(**PARAMS, **CONTROLS, logit_bias=BIAS, ignore_eos=True))
     for body, want in zip(sampled, expected, strict=True):
         assert [c["token_ids"] for c in body["choices"]] == [o.token_ids for o in want.outputs]

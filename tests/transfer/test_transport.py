@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import msgpack
+import msgspec
 import pytest
 
 from corun.block_manager import BlockManager
@@ -166,9 +167,26 @@ def test_a_payload_of_another_transport_or_malformed_is_refused(pair):
     with pytest.raises(IncompatiblePeer, match="over transport 'nixl', this node reads over 'fake'"):
         receiver.add_peer(sender.name, "nixl", payload)
     mistyped = msgpack.packb({**msgpack.unpackb(payload), "num_blocks": "12"}, use_bin_type=True)
-    for bad in (b"\xc1", msgpack.packb({"agent_metadata": b"x"}), mistyped):
+    bad_share = msgpack.packb({**msgpack.unpackb(payload), "gpu_share": {"gpu_uuid": "GPU-1", "pid": "x"}},
+                              use_bin_type=True)
+    for bad in (b"\xc1", msgpack.packb({"agent_metadata": b"x"}), mistyped, bad_share):
         with pytest.raises(IncompatiblePeer, match=f"peer {sender.name} sent a malformed handshake payload"):
             receiver.add_peer(sender.name, "fake", bad)
     assert not receiver.has_peer(sender.name)
     receiver.add_peer(sender.name, "fake", payload)
     assert receiver.has_peer(sender.name)
+
+
+def test_a_gpu_share_in_the_payload_survives_the_round_trip():
+    """A prefill node's KV as CUDA IPC handles (transfer/gpu_peers.py) decodes field for field; a payload without one
+    (CPU KV, copy_on_gpu off) decodes to None."""
+    from transfer.endpoints import AgentPayload
+    from transfer.gpu_peers import GpuShare
+    from wire.cuda_ipc import CudaStorage, SharedCudaTensor
+
+    storage = CudaStorage(0, b"handle", 4096, 512, b"counter", 8, None, True)
+    share = GpuShare("GPU-1234", 4321, 99, (SharedCudaTensor("bfloat16", [4, 16, 2], [32, 2, 1], 0, storage),))
+    payload = AgentPayload(b"meta", (1, 2), 4, 64, "VRAM", 0, {}, share)
+    assert AgentPayload.decode("prefill-0", payload.encode()) == payload
+    assert AgentPayload.decode("prefill-0", msgspec.msgpack.encode(
+        msgspec.structs.replace(payload, gpu_share=None))).gpu_share is None

@@ -35,7 +35,7 @@ from wire.flags import (
 TRANSFER = TransferConfig(transport="fake", cuda_ipc_get_zcopy="auto", ucx_transports=("cuda_ipc", "rc"),
                           ucx_devices=("mlx5_0:1",),
                           ucx_error_handling="peer", progress_thread="on", min_vram_read_gbps=5.5,
-                          allow_slow_reads=True)
+                          allow_slow_reads=True, copy_on_gpu=False)
 PACKED = SchedulerConfig(mode="mixed", max_num_seqs=9, max_model_len=99, prefill_chunk_size=33,
                          max_num_batched_tokens=77, prefill_buckets=(), prefill_pack_tokens=64, prefill_pack_seqs=3,
                          prefill_pack_sizes=(16, 48), decode_step_sizes=(4, 8), prefill_token_budget=5,
