@@ -37,6 +37,12 @@ class GpuShare(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     segments: tuple[SharedCudaTensor, ...]
 
 
+@dataclass(frozen=True)
+class GpuPeer:
+    segments: tuple[torch.Tensor, ...]
+    watch: ProcessWatch
+
+
 @dataclass
 class GpuRead:
     """One read copied on this GPU: done once its event has fired and the peer still runs."""
@@ -45,12 +51,8 @@ class GpuRead:
     peer: str
     notification: bytes
     posted_at: float
-
-
-@dataclass(frozen=True)
-class GpuPeer:
-    segments: tuple[torch.Tensor, ...]
-    watch: ProcessWatch
+    source: GpuPeer
+    """Held until the read is polled to its end: the mapping must outlive the copy even if the peer is removed."""
 
 
 def gpu_uuid(tensor: torch.Tensor) -> str:
@@ -109,15 +111,14 @@ class GpuPeers:
                     mine[local_first:local_first + count].copy_(theirs[remote_first:remote_first + count],
                                                                 non_blocking=True)
             event.record(self.stream)
-        return GpuRead(event, peer, notification, time.perf_counter())
+        return GpuRead(event, peer, notification, time.perf_counter(), remote)
 
     def state(self, read: GpuRead) -> tuple[str, str | None]:
         """("PROC", None) while the copy runs; then ("DONE", None), or ("ERR", why) if the peer began to exit."""
         if not read.event.query():
             return "PROC", None
-        peer = self.peers.get(read.peer)
-        if peer is None or not peer.watch.alive():
-            return "ERR", f"{read.peer} ended while its KV was copied: the bytes may not be its"
+        if self.peers.get(read.peer) is not read.source or not read.source.watch.alive():
+            return "ERR", f"{read.peer} ended (or was forgotten) while its KV was copied: the bytes may not be its"
         return "DONE", None
 
     def copy_finished(self, read: GpuRead) -> bool:
