@@ -50,12 +50,10 @@ class SharedTensor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     dtype: str
     shape: list[int]
-    stride: list[int]
-    storage_offset: int
-    """In elements, of the tensor in its storage (CUDA) or in its slot of the file (CPU: always 0)."""
     cuda: SharedCudaTensor | None = None
+    """CUDA: its storage's IPC handle and where it lies in it."""
     file_offset: int | None = None
-    """CPU: where the tensor's bytes start in the data file."""
+    """CPU: where the tensor's bytes (contiguous) start in the data file."""
 
 
 class SharedWeightsManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -105,9 +103,9 @@ def export_weights(model: torch.nn.Module, config: SharedWeightsConfig, model_na
 
 
 def cuda_entry(name: str, tensor: torch.Tensor) -> SharedTensor:
-    shape, stride, dtype = list(tensor.shape), list(tensor.stride()), dtype_name(tensor.dtype)
-    return SharedTensor(name, dtype, shape, stride, tensor.storage_offset(), cuda=SharedCudaTensor.of(
-        dtype, shape, stride, tensor.storage_offset(), tensor.untyped_storage()._share_cuda_()))
+    shape, dtype = list(tensor.shape), dtype_name(tensor.dtype)
+    return SharedTensor(name, dtype, shape, cuda=SharedCudaTensor.of(
+        dtype, shape, list(tensor.stride()), tensor.storage_offset(), tensor.untyped_storage()._share_cuda_()))
 
 
 def move_into_file(params: dict[str, torch.nn.Parameter], data_file: str) -> tuple[list[SharedTensor], int]:
@@ -124,8 +122,7 @@ def move_into_file(params: dict[str, torch.nn.Parameter], data_file: str) -> tup
         slot = file_view(data, offsets[name], param.dtype, list(param.shape))
         slot.copy_(param.data)
         param.data = slot
-        entries.append(SharedTensor(name, dtype_name(param.dtype), list(param.shape), list(slot.stride()), 0,
-                                    file_offset=offsets[name]))
+        entries.append(SharedTensor(name, dtype_name(param.dtype), list(param.shape), file_offset=offsets[name]))
     return entries, total
 
 
