@@ -71,6 +71,8 @@ def handoff(before: dict, after: dict) -> dict:
             "kv_transfer_ms_mean": round(1e3 * transfer / max(1, reads), 3),
             "reads_over_1ms": after["reads_over_1ms"] - before["reads_over_1ms"],
             "reads_on_gpu": after.get("reads_on_gpu", 0) - before.get("reads_on_gpu", 0),
+            "gpu_copy_ms_mean": round(1e3 * (after.get("read_copy_seconds_total", 0.0)
+                                             - before.get("read_copy_seconds_total", 0.0)) / max(1, reads), 3),
             "note": "hand-off: post to the decode node's poll that saw the READ done (polled every 0.2 ms while a "
                     "decode step runs, else once per loop turn); transfer: NIXL's telemetry of the READ itself (of a "
                     "read copied on the GPU, reads_on_gpu: post to the poll that saw its event)"}

@@ -191,6 +191,7 @@ class KVTransferAgent(KVRegion):
             except _TRANSFER_ERRORS as error:  # NOTE: the peer's lease then ends at its deadline
                 logger.warning("%s: the end of a read could not be sent to %s: %r", self.name, read.peer, error)
             seconds = time.perf_counter() - read.posted_at
+            self.counters.read_copy_seconds_total += GpuPeers.copy_seconds(read)
             self.counters.read_transfer_seconds_total += seconds
             self.counters.read_transfer_seconds_max = max(self.counters.read_transfer_seconds_max, seconds)
             self.counters.reads_over_1ms += seconds > 1e-3

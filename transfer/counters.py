@@ -39,6 +39,9 @@ class TransferCounters:
     reads_within_50ms: int = 0
     reads_on_gpu: int = 0
     """decode: READs copied by this process from a prefill node on its GPU (transfer/gpu_peers.py), not by NIXL."""
+    read_copy_seconds_total: float = 0.0
+    """decode, reads_on_gpu: the GPU's own time from each read's first copy to its last (its events), summed; the rest
+    of read_seconds_total is the wait for the copy to run and for the poll that saw it done."""
     descriptors_posted: int = 0
     """decode: descriptors of posted READs (a run of blocks adjacent on both sides is one)."""
     kv_released: int = 0

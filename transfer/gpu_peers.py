@@ -48,6 +48,9 @@ class GpuRead:
     """One read copied on this GPU: done once its event has fired and the peer still runs."""
 
     event: torch.cuda.Event
+    began: torch.cuda.Event
+    """Recorded before the copies: began.elapsed_time(event) is the GPU's own time for them, so that a slow hand-off
+    tells a copy that waited to run from one that ran slowly."""
     peer: str
     notification: bytes
     posted_at: float
@@ -104,14 +107,16 @@ class GpuPeers:
     def start_read(self, peer: str, runs: list[tuple[int, int, int]], notification: bytes) -> GpuRead:
         """Copy (remote first block, local first block, blocks) runs of every segment from the peer's KV into ours.
         NOTE: the peer leased these blocks once the forward that wrote them had ended, and ours are in no step."""
-        remote, event = self.peers[peer], torch.cuda.Event()
+        remote = self.peers[peer]
+        began, event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(self.stream):
+            began.record(self.stream)
             for mine, theirs in zip(self.segments, remote.segments, strict=True):
                 for remote_first, local_first, count in runs:
                     mine[local_first:local_first + count].copy_(theirs[remote_first:remote_first + count],
                                                                 non_blocking=True)
             event.record(self.stream)
-        return GpuRead(event, peer, notification, time.perf_counter(), remote)
+        return GpuRead(event, began, peer, notification, time.perf_counter(), remote)
 
     def state(self, read: GpuRead) -> tuple[str, str | None]:
         """("PROC", None) while the copy runs; then ("DONE", None), or ("ERR", why) if the peer began to exit."""
@@ -120,6 +125,11 @@ class GpuPeers:
         if self.peers.get(read.peer) is not read.source or not read.source.watch.alive():
             return "ERR", f"{read.peer} ended (or was forgotten) while its KV was copied: the bytes may not be its"
         return "DONE", None
+
+    @staticmethod
+    def copy_seconds(read: GpuRead) -> float:
+        """The GPU's time from the read's first copy to its last (call once its event has fired)."""
+        return read.began.elapsed_time(read.event) / 1e3
 
     def copy_finished(self, read: GpuRead) -> bool:
         """Nothing more will be written into the read's local blocks."""
