@@ -24,8 +24,9 @@ added to the TTFT of every request that decodes. The other two are modelled here
   (capacity_model.shared_gpu_delay): the colocated node's TPOT model with that delay per prefill second instead of
   1. A prefill stretches by 1 + (prefill_stretch - 1) * P(a request decoding), and the hand-off is the one measured
   under load there. Its decode node holds the KV the profile measured for it on the shared GPU
-  (SharedGPU.decode_kv_capacity_tokens: the two processes each hold the weights and a reserve, and split the rest),
-  where the profile gives it.
+  (SharedGPU.decode_kv_capacity_tokens: the two processes each hold a reserve and split the rest; in the H200
+  profile, measured before stop 53, each held the weights too, where they now share one copy), where the profile
+  gives it.
 Goodput: requests per second that meet both targets, rate * (1 - P(TTFT > target)) * (1 - P(TPOT > target)) (the two
 taken as independent); 0 when a queue is unstable.
 """
