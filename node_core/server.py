@@ -92,6 +92,9 @@ class NodeServer:
     role: ClassVar[str]
     handlers: ClassVar[dict]
     """Message type -> handler(self, client identity, message) for what arrives on the server socket."""
+    handled_during_forward: ClassVar[frozenset[type]] = frozenset()
+    """Messages the liveness thread handles while a forward runs (node_core/liveness.py), under the node's lock: their
+    handlers touch nothing a forward uses."""
     peer_handlers: ClassVar[dict] = {}
     """Message type -> handler(self, peer address, message) for replies on the sockets this node opened to peers."""
 
@@ -175,6 +178,7 @@ class NodeServer:
         return {**self.role_stats(), **loop, "num_free_blocks": blocks.num_free_blocks,
                 "num_usable_blocks": blocks.num_usable_blocks,
                 "num_pongs_while_busy": self.pings_while_busy.num_answered,
+                "num_handled_during_forward": self.pings_while_busy.num_handled,
                 "forward_running_seconds": round(self.forward_seconds(), 3),
                 "kv_cache_usage_perc": round(1 - blocks.num_free_blocks / blocks.num_usable_blocks, 6),
                 **self.prefix_cache_stats(), **self.prefix_cache_gauges(),
@@ -203,7 +207,8 @@ class NodeServer:
         """Stats that only ever grow: the transfer counters, the forward counts and the role's (fixed names)."""
         loop = {f"loop_{phase}_seconds_total" for phase in LOOP_PHASES}
         return tuple(sorted({*self.transfer_counters.as_dict(), *self.runner.forward_counts(), *self.ROLE_COUNTERS,
-                             *loop, "num_pongs_while_busy", *self.prefix_cache_stats()}))
+                             *loop, "num_pongs_while_busy", "num_handled_during_forward",
+                             *self.prefix_cache_stats()}))
 
     @property
     def transfer_counters(self) -> TransferCounters:

@@ -222,6 +222,9 @@ class PrefillServer(NodeServer):
         if lease is not None:
             self.free(lease.holder)
 
+    handled_during_forward = frozenset({protocol.ClaimKV})
+    """A decode node's claim names a lease that no forward touches: answered while a prefill forward runs, so the
+    hand-off does not wait for it (on_claim changes the lease's state only)."""
     handlers = {protocol.PrefillRequest: on_prefill, protocol.HandshakeRequest: on_handshake,
                 protocol.ClaimKV: on_claim, protocol.ReleaseKV: on_release, protocol.Abort: on_abort,
                 protocol.InstanceGone: on_instance_gone, protocol.Ping: NodeServer.on_ping,

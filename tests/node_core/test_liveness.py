@@ -73,3 +73,68 @@ def test_a_node_in_a_forward_longer_than_the_liveness_timeout_keeps_answering_pi
     assert max(gaps) < HEALTHY_WITHIN_S, f"a {max(gaps):.1f} s silence: the router would count the node as gone"
     assert slow_node.pings_while_busy.num_answered > 0
     assert max(forward_seconds) > BUSY_FORWARD_S  # NOTE: what an operator sees of a loop stuck in a forward
+
+
+CLAIM_FORWARD_S = 1.5
+
+
+def node_with_slow_forwards(model_dir: str, server_class=PrefillServer) -> PrefillServer:
+    """A prefill node whose forwards each take CLAIM_FORWARD_S, its loop in a thread (stop it: stop_loop)."""
+    engine = EngineConfig(model=model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
+                          scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=256, prefill_chunk_size=64))
+    node = server_class(NodeConfig("prefill", "prefill-claims", engine, port=free_port("127.0.0.1")))
+    forward = node.runner.run_prefill
+
+    def slow_forward(chunks):
+        time.sleep(CLAIM_FORWARD_S)  # NOTE: releases the GIL, as torch's forwards do
+        return forward(chunks)
+
+    node.runner.run_prefill = slow_forward
+    node.stopping = threading.Event()
+    node.loop = threading.Thread(target=lambda: [node.step() for _ in iter(node.stopping.is_set, True)], daemon=True)
+    node.loop.start()
+    return node
+
+
+def claim_wait(node: PrefillServer) -> float:
+    """Seconds a decode node's ClaimKV, sent while the node runs another prompt's forward, waits for its reply."""
+    router, decode = (zmq.Context.instance().socket(zmq.DEALER) for _ in range(2))
+    try:
+        for socket in (router, decode):
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(node.config.address)
+        router.send(protocol.encode(prefill("leased")))
+        assert router.poll(30_000) and isinstance(protocol.decode(router.recv_multipart()[-1]),
+                                                  protocol.PrefillResult)
+        router.send(protocol.encode(prefill("running")))
+        deadline = time.monotonic() + 10
+        while node.forward_started is None:  # NOTE: the second prompt's forward has begun
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        sent = time.monotonic()
+        decode.send(protocol.encode(protocol.ClaimKV("leased", "decode-0", "a" * 32)))
+        assert decode.poll(30_000)
+        reply = protocol.decode(decode.recv_multipart()[-1])
+        assert isinstance(reply, protocol.ClaimReply) and reply.ok, reply
+        return time.monotonic() - sent
+    finally:
+        router.close()
+        decode.close()
+        node.stopping.set()
+        node.loop.join(30)
+        node.close()
+
+
+class PrefillServerClaimingBetweenForwards(PrefillServer):
+    handled_during_forward = frozenset()
+
+
+def test_a_claim_is_answered_while_a_prefill_forward_runs(tiny_model_dir):
+    """A decode node's claim does not wait out the prefill node's forward (node_core/liveness.py). Inverse: a node
+    that handles claims only between forwards answers after the forward."""
+    node = node_with_slow_forwards(tiny_model_dir)
+    waited = claim_wait(node)
+    assert waited < CLAIM_FORWARD_S / 3, f"the claim waited {waited:.2f} s, as long as the forward"
+    assert node.pings_while_busy.num_handled == 1
+    waited = claim_wait(node_with_slow_forwards(tiny_model_dir, PrefillServerClaimingBetweenForwards))
+    assert waited > CLAIM_FORWARD_S / 2, "inverse: the claim was answered during the forward without the rule"
