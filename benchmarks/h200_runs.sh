@@ -55,7 +55,9 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
-  stop53_gpu_reads)  # stop 53: the decode node copies the KV of a prefill node on its GPU itself, from that node's KV
+  stop53_gpu_reads)  # NOTE: ran on an H100 80 GB (results/h100_front_door_1p1d_gpu_reads_stop53.json,
+    # h100_gpu_tests_gpu_reads_stop53.log); since then the reads also count read_copy_seconds_total (front_door's
+    # gpu_copy_ms_mean), not yet run. stop 53: the decode node copies the KV of a prefill node on its GPU itself, from that node's KV
     # mapped over CUDA IPC, instead of NIXL's READ (transfer/gpu_peers.py; benchmarks/handoff_copy_latency.py measured
     # such a copy at ~1 ms p50 under load where the READ took 9-23 ms): the GPU tests (1P1D on one GPU both ways), then
     # the hand-off under the ShareGPT-like load, copy on the GPU (the defaults) against NIXL's READ
