@@ -15,6 +15,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -251,18 +252,45 @@ def node_id(role: Role, index: int) -> str:
     return f"{role}-{index}"
 
 
+def mark_picked(port: int) -> bool:
+    """Mark port picked on this host; False if a launcher picked it within PICK_HOLD_S. Where the marks cannot be
+    written (a read-only or foreign temporary directory), every port counts as unpicked, as before the marks."""
+    marker = PICKED_PORTS_DIR / str(port)
+    try:
+        if not PICKED_PORTS_DIR.is_dir():
+            PICKED_PORTS_DIR.mkdir(exist_ok=True)
+            os.chmod(PICKED_PORTS_DIR, 0o1777)  # NOTE: every user's launchers share it, as /tmp itself
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - marker.stat().st_mtime > PICK_HOLD_S:
+                marker.unlink()
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 FREE_PORT_TRIES = 64
 FREE_PORTS_FROM = 20000
 """free_port's lowest pick: above the ports other cluster software claims (Ray's worker ports are 10002-19999)."""
 
 
+PICKED_PORTS_DIR = Path(tempfile.gettempdir()) / "corun-picked-ports"
+"""Where free_port marks the ports it picked, one empty file each, so that no launcher on this host picks one again
+while the process it was picked for starts (a node binds its port only once its model has loaded)."""
+PICK_HOLD_S = 300.0
+"""How long a pick stays off other picks: longer than a node's start-up, so a marker this old is stale."""
+
+
 def free_port(host: str) -> int:
     """A port nothing is bound to on host, for a process started next to bind: picked at random below the kernel's
-    ephemeral range. NOTE: a port the kernel hands out for port 0 lies in that range, where it may give it next as an
-    outgoing connection's source port before the new process binds it (seen with two test workers: 'Address already
-    in use'); below it only another listener can take it, and a random pick makes two launchers' picks collide
-    rarely."""
+    ephemeral range, and not picked by a launcher on this host in the last PICK_HOLD_S. NOTE: a port the kernel hands
+    out for port 0 lies in that range, where it may give it next as an outgoing connection's source port before the
+    new process binds it (seen with two test workers: 'Address already in use'); below it only another listener can
+    take it. Two launchers could still pick the same port while neither process had bound it yet (seen once in a
+    suite run: two test workers' nodes, each loading its model); the marker closes that window."""
     first_ephemeral = 32768
     with contextlib.suppress(OSError, ValueError):
         first_ephemeral = int(EPHEMERAL_PORTS_FILE.read_text().split()[0])
@@ -271,7 +299,8 @@ def free_port(host: str) -> int:
     for port in random.SystemRandom().sample(range(low, high + 1), min(FREE_PORT_TRIES, high - low + 1)):
         with socket.socket() as s, contextlib.suppress(OSError):
             s.bind((host, port))
-            return port
+            if mark_picked(port):
+                return port
     with socket.socket() as s:  # NOTE: every pick taken: the kernel's choice
         s.bind((host, 0))
         return s.getsockname()[1]

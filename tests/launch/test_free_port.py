@@ -26,3 +26,27 @@ def test_a_port_someone_listens_on_is_never_given():
     finally:
         for s in taken:
             s.close()
+
+
+def test_a_port_picked_by_a_launcher_on_this_host_is_not_picked_again_while_held(monkeypatch, tmp_path):
+    """Two launchers' nodes bind their ports only once their models load; a port one picked stays off the other's
+    picks (its marker) until PICK_HOLD_S. Inverse: a marker older than that no longer holds the port."""
+    import os
+    import time
+
+    import launch.cluster as cluster
+
+    monkeypatch.setattr(cluster, "PICKED_PORTS_DIR", tmp_path / "picked")
+    first = free_port("127.0.0.1")
+    second = free_port("127.0.0.1")  # NOTE: a different port in any case: only its order is fixed below
+
+    class Fixed:
+        def sample(self, population, k):
+            return [first, second]
+
+    monkeypatch.setattr(cluster.random, "SystemRandom", Fixed)
+    (tmp_path / "picked" / str(second)).unlink()
+    assert free_port("127.0.0.1") == second, "the port picked first was picked again while held"
+    old = time.time() - cluster.PICK_HOLD_S - 1
+    os.utime(tmp_path / "picked" / str(first), (old, old))
+    assert free_port("127.0.0.1") == first, "inverse: a stale marker still held its port"
