@@ -32,14 +32,15 @@ import msgspec
 import torch
 
 from wire.config import SharedWeightsConfig
-from wire.cuda_ipc import ProcessWatch, SharedCudaTensor, own_start_ticks
+from wire.cuda_ipc import ProcessWatch, SharedCudaTensor, dtype_name, own_start_ticks
 
 logger = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 1
 FILE_ALIGNMENT = 64
 """Bytes: where each parameter starts in the CPU file (a multiple of every element size; cache-line aligned)."""
-WAIT_POLL_S = 0.2
+MANIFEST_POLL_S = 0.2
+"""How often an importer looks for a live exporter's manifest."""
 
 
 class SharedWeightsError(RuntimeError):
@@ -131,10 +132,6 @@ def file_view(data: torch.Tensor, offset: int, dtype: torch.dtype, shape: list[i
     return data[offset:offset + nbytes].view(dtype).view(shape)
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def read_manifest(path: Path) -> SharedWeightsManifest | None:
     """The manifest at path, None while there is none; SharedWeightsError for one this code cannot read."""
     try:
@@ -162,7 +159,7 @@ def wait_for_manifest(config: SharedWeightsConfig) -> SharedWeightsManifest:
             what = "no node published" if manifest is None else \
                 f"the node that published (pid {manifest.exporter_pid}) has ended and none published"
             raise SharedWeightsError(f"{what} the weights at {path} within {config.wait_s:.0f} s (--weights-wait-s)")
-        time.sleep(WAIT_POLL_S)
+        time.sleep(MANIFEST_POLL_S)
 
 
 def import_weights(model: torch.nn.Module, config: SharedWeightsConfig, model_name: str, dtype: str,

@@ -225,13 +225,15 @@ def weights_sharing(config: ClusterConfig, role: Role, index: int, directory: Pa
     wanted = config.share_weights == "on" or (config.share_weights == "auto" and cuda)
     if not wanted or directory is None or config.engine.backend != "native":
         return SharedWeightsConfig()
-    place = gpu_of(config, (role, index)) if cuda else "host"
-    sharers = [node for node in config.nodes() if (gpu_of(config, node) if cuda else "host") == place]
+    def place(node: tuple[Role, int]) -> str:
+        return f"gpu{gpu_of(config, node)}" if cuda else "host"
+
+    sharers = [node for node in config.nodes() if place(node) == place((role, index))]
     if len(sharers) < 2:
         return SharedWeightsConfig()
     exporter = min(sharers, key=lambda node: (WEIGHTS_EXPORTER_ROLES.index(node[0]), node[1]))
     return SharedWeightsConfig(holding="export" if (role, index) == exporter else "import",
-                               rendezvous=str(directory / f"weights-{'gpu' + place if cuda else place}.msgpack"))
+                               rendezvous=str(directory / f"weights-{place((role, index))}.msgpack"))
 
 
 def gpu_kv_split(config: ClusterConfig, role: Role, index: int) -> tuple[int, float]:
@@ -250,6 +252,13 @@ def gpu_kv_split(config: ClusterConfig, role: Role, index: int) -> tuple[int, fl
 def node_id(role: Role, index: int) -> str:
     """A node's id: its NIXL agent name, its name in logs and in the router's X-CoRun-*-Node headers."""
     return f"{role}-{index}"
+
+
+PICKED_PORTS_DIR = Path(tempfile.gettempdir()) / "corun-picked-ports"
+"""Where free_port marks the ports it picked, one empty file each, so that no launcher on this host picks one again
+while the process it was picked for starts (a node binds its port only once its model has loaded)."""
+PICK_HOLD_S = 300.0
+"""How long a pick stays off other picks: longer than a node's start-up, so a marker this old is stale."""
 
 
 def mark_picked(port: int) -> bool:
@@ -275,13 +284,6 @@ EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 FREE_PORT_TRIES = 64
 FREE_PORTS_FROM = 20000
 """free_port's lowest pick: above the ports other cluster software claims (Ray's worker ports are 10002-19999)."""
-
-
-PICKED_PORTS_DIR = Path(tempfile.gettempdir()) / "corun-picked-ports"
-"""Where free_port marks the ports it picked, one empty file each, so that no launcher on this host picks one again
-while the process it was picked for starts (a node binds its port only once its model has loaded)."""
-PICK_HOLD_S = 300.0
-"""How long a pick stays off other picks: longer than a node's start-up, so a marker this old is stale."""
 
 
 def free_port(host: str) -> int:

@@ -104,9 +104,6 @@ class NodeServer:
         self.instance_id = uuid.uuid4().hex
         """This process: a node restarted on the same address gets another one."""
         self.runner: NodeRunner = make_model_runner(config.engine, runs_prefill, runs_decode, config.weights)
-        self.weights_watch: WeightsWatch | None = getattr(self.runner, "weights_watch", None)
-        """Where this node maps the weights of another on its GPU: checked after every forward, before its outputs
-        leave (corun/shared_weights.py)."""
         self.config = config = dataclasses.replace(config, engine=self.runner.config)  # NOTE: the KV budget, sized
         # NOTE: a decode node's prompt KV is read from prefill nodes, never computed here: nothing to share
         self.block_manager = make_block_manager(config.engine, self.runner.kv_cache.num_blocks,
@@ -247,8 +244,9 @@ class NodeServer:
     def check_weights(self) -> None:
         """Where this node maps another's weights: stop (SharedWeightsError) if that node has begun to exit. Called
         once a forward's outputs are on the host, before they leave the node."""
-        if self.weights_watch is not None:
-            self.weights_watch.check()
+        watch: WeightsWatch | None = getattr(self.runner, "weights_watch", None)  # NOTE: the vLLM runner has none
+        if watch is not None:
+            watch.check()
 
     def read_decode_in_flight(self) -> list[SampledToken]:
         """The tokens of the decode step in flight (none: []), checked as a forward's are (check_weights)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import msgspec
 import torch
 
-from wire.cuda_ipc import ProcessWatch, SharedCudaTensor, own_start_ticks
+from wire.cuda_ipc import ProcessWatch, SharedCudaTensor, dtype_name, own_start_ticks
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class GpuPeers:
         """This process's KV for a peer on its GPU (made once: each _share_cuda_ call makes a new IPC counter)."""
         if self._share is None:
             self._share = GpuShare(self.uuid, os.getpid(), own_start_ticks(), tuple(
-                SharedCudaTensor.of(str(s.dtype).removeprefix("torch."), list(s.shape), list(s.stride()),
+                SharedCudaTensor.of(dtype_name(s.dtype), list(s.shape), list(s.stride()),
                                     s.storage_offset(), s.untyped_storage()._share_cuda_()) for s in self.segments))
         return self._share
 
@@ -85,7 +85,7 @@ class GpuPeers:
         self.remove(node_id)
         if share is None or share.gpu_uuid != self.uuid or share.pid == os.getpid():
             return False
-        layouts = [(tuple(s.shape[1:]), str(s.dtype).removeprefix("torch.")) for s in self.segments]
+        layouts = [(tuple(s.shape[1:]), dtype_name(s.dtype)) for s in self.segments]
         if [(tuple(s.shape[1:]), s.dtype) for s in share.segments] != layouts:
             logger.warning("KV of %s is on this GPU but laid out otherwise: read over NIXL", node_id)
             return False

@@ -23,6 +23,11 @@ PF_EXITING = 0x4
 """/proc/PID/stat's flags bit the kernel sets as a process begins to exit (before it lets go of its memory)."""
 
 
+def dtype_name(dtype: Any) -> str:
+    """A torch dtype as SharedCudaTensor.dtype names it: bfloat16, float32, ..."""
+    return str(dtype).removeprefix("torch.")
+
+
 class CudaStorage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """torch's CUDA IPC description of one storage (UntypedStorage._share_cuda_'s tuple, by name)."""
 

@@ -85,7 +85,7 @@ def test_a_node_whose_weights_holder_ended_stops_before_sending_what_its_forward
     request streams its first token."""
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        server.weights_watch = WeightsWatch(holder.pid, process_state(holder.pid).start_ticks)
+        server.runner.weights_watch = WeightsWatch(holder.pid, process_state(holder.pid).start_ticks)
         [event] = first_tokens_in_order(server, router, [generate("alive", "default")])
         assert event.request_id == "alive"
     finally:

@@ -20,26 +20,38 @@ FORWARD_S = HEALTHY_WITHIN_S + 2
 """The slow forward: longer than a Pong may be old before the router counts the node as gone."""
 
 
-@pytest.fixture
-def slow_node(tiny_model_dir):
-    """A prefill node whose forwards each take FORWARD_S (a long prompt on a loaded host), its loop in a thread."""
-    engine = EngineConfig(model=tiny_model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
+def node_with_slow_forwards(model_dir: str, forward_s: float, node_id: str,
+                            server_class=PrefillServer) -> PrefillServer:
+    """A prefill node whose forwards each take forward_s (a long prompt on a loaded host), its loop in a thread
+    (stop_node ends both)."""
+    engine = EngineConfig(model=model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
                           scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=256, prefill_chunk_size=64))
-    node = PrefillServer(NodeConfig("prefill", "prefill-busy", engine, port=free_port("127.0.0.1")))
+    node = server_class(NodeConfig("prefill", node_id, engine, port=free_port("127.0.0.1")))
     forward = node.runner.run_prefill
 
     def slow_forward(chunks):
-        time.sleep(FORWARD_S)  # NOTE: releases the GIL, as torch's forwards do
+        time.sleep(forward_s)  # NOTE: releases the GIL, as torch's forwards do
         return forward(chunks)
 
     node.runner.run_prefill = slow_forward
-    stopping = threading.Event()
-    loop = threading.Thread(target=lambda: [node.step() for _ in iter(stopping.is_set, True)], daemon=True)
-    loop.start()
-    yield node
-    stopping.set()
-    loop.join(30)
+    node.stopping = threading.Event()
+    node.loop = threading.Thread(target=lambda: [node.step() for _ in iter(node.stopping.is_set, True)], daemon=True)
+    node.loop.start()
+    return node
+
+
+def stop_node(node: PrefillServer) -> None:
+    node.stopping.set()
+    node.loop.join(30)
     node.close()
+
+
+@pytest.fixture
+def slow_node(tiny_model_dir):
+    """Forwards longer than a Pong may be old before the router counts the node as gone."""
+    node = node_with_slow_forwards(tiny_model_dir, FORWARD_S, "prefill-busy")
+    yield node
+    stop_node(node)
 
 
 def prefill(request_id: str) -> protocol.PrefillRequest:
@@ -78,24 +90,6 @@ def test_a_node_in_a_forward_longer_than_the_liveness_timeout_keeps_answering_pi
 CLAIM_FORWARD_S = 1.5
 
 
-def node_with_slow_forwards(model_dir: str, server_class=PrefillServer) -> PrefillServer:
-    """A prefill node whose forwards each take CLAIM_FORWARD_S, its loop in a thread (stop it: stop_loop)."""
-    engine = EngineConfig(model=model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
-                          scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=256, prefill_chunk_size=64))
-    node = server_class(NodeConfig("prefill", "prefill-claims", engine, port=free_port("127.0.0.1")))
-    forward = node.runner.run_prefill
-
-    def slow_forward(chunks):
-        time.sleep(CLAIM_FORWARD_S)  # NOTE: releases the GIL, as torch's forwards do
-        return forward(chunks)
-
-    node.runner.run_prefill = slow_forward
-    node.stopping = threading.Event()
-    node.loop = threading.Thread(target=lambda: [node.step() for _ in iter(node.stopping.is_set, True)], daemon=True)
-    node.loop.start()
-    return node
-
-
 def claim_wait(node: PrefillServer) -> float:
     """Seconds a decode node's ClaimKV, sent while the node runs another prompt's forward, waits for its reply."""
     router, decode = (zmq.Context.instance().socket(zmq.DEALER) for _ in range(2))
@@ -120,9 +114,7 @@ def claim_wait(node: PrefillServer) -> float:
     finally:
         router.close()
         decode.close()
-        node.stopping.set()
-        node.loop.join(30)
-        node.close()
+        stop_node(node)
 
 
 class PrefillServerClaimingBetweenForwards(PrefillServer):
@@ -132,9 +124,10 @@ class PrefillServerClaimingBetweenForwards(PrefillServer):
 def test_a_claim_is_answered_while_a_prefill_forward_runs(tiny_model_dir):
     """A decode node's claim does not wait out the prefill node's forward (node_core/liveness.py). Inverse: a node
     that handles claims only between forwards answers after the forward."""
-    node = node_with_slow_forwards(tiny_model_dir)
+    node = node_with_slow_forwards(tiny_model_dir, CLAIM_FORWARD_S, "prefill-claims")
     waited = claim_wait(node)
     assert waited < CLAIM_FORWARD_S / 3, f"the claim waited {waited:.2f} s, as long as the forward"
     assert node.pings_while_busy.num_handled == 1
-    waited = claim_wait(node_with_slow_forwards(tiny_model_dir, PrefillServerClaimingBetweenForwards))
+    waited = claim_wait(node_with_slow_forwards(tiny_model_dir, CLAIM_FORWARD_S, "prefill-claims",
+                                                PrefillServerClaimingBetweenForwards))
     assert waited > CLAIM_FORWARD_S / 2, "inverse: the claim was answered during the forward without the rule"
