@@ -55,6 +55,15 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
+  stop54_handoff)  # NOTE: ran on an H100 80 GB (results/h100_front_door_1p1d_handoff_stop54.json,
+    # h100_gpu_tests_handoff_stop54.log). stop 54: stop53_gpu_reads again, now with the copies' own GPU time (gpu_copy_ms_mean against
+    # kv_handoff_ms_mean: a copy that ran slowly from one that waited to run or was seen late), and the GPU code of stop
+    # 53 not yet run on a GPU (the review's mends, claims answered during a prefill forward)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/launch/test_gpu_cluster.py \
+      tests/corun/test_shared_weights.py -rfE > "$out/gpu_tests.log" 2>&1
+    timeout 400 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --deployments 1p1d --workloads sharegpt --1p1d-copy-on-gpu on,off \
+      --out "$out/front_door_1p1d_handoff_stop54.json" > "$out/front_door.log" 2>&1 ;;
   stop53_gpu_reads)  # NOTE: ran on an H100 80 GB (results/h100_front_door_1p1d_gpu_reads_stop53.json,
     # h100_gpu_tests_gpu_reads_stop53.log); since then the reads also count read_copy_seconds_total (front_door's
     # gpu_copy_ms_mean), not yet run. stop 53: the decode node copies the KV of a prefill node on its GPU itself, from that node's KV
