@@ -8,15 +8,19 @@ import time
 from pathlib import Path
 from typing import get_args
 
+from corun.models.presets import PRESETS
 from wire.config import DType
 from wire.engine_args import add_engine_args, engine_config_from_args
 
 
 def add_make_tiny_model(commands) -> None:
     cmd = commands.add_parser("make-tiny-model", help="write the built-in tiny random-weight Qwen3 (HF format)")
-    cmd.add_argument("dir", type=Path)
-    cmd.add_argument("--seed", type=int, default=0)
-    cmd.add_argument("--dtype", default="float32", choices=get_args(DType))
+    cmd.add_argument("dir", type=Path, help="where to write the model (created if missing; its files are replaced)")
+    cmd.add_argument("--seed", type=int, default=0,
+                     help="seeds the tokenizer's training text and the weights: the same seed, the same model "
+                          "(default: %(default)s)")
+    cmd.add_argument("--dtype", default="float32", choices=get_args(DType),
+                     help="the weights' dtype in model.safetensors and config.json (default: %(default)s)")
     cmd.set_defaults(run=run_make_tiny_model)
 
 
@@ -30,9 +34,10 @@ def run_make_tiny_model(args) -> int:
 def add_make_random_model(commands) -> None:
     cmd = commands.add_parser("make-random-model", help="a random-weight model of a preset's shape (e.g. qwen3-8b) "
                               "that the cluster serves like a checkpoint: config and tokenizer, weights drawn at load")
-    cmd.add_argument("preset")
-    cmd.add_argument("dir", type=Path)
-    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("preset", help=f"the shape: {', '.join(PRESETS)}")
+    cmd.add_argument("dir", type=Path, help="where to write the model (created if missing; its files are replaced)")
+    cmd.add_argument("--seed", type=int, default=0,
+                     help="seeds the weights drawn at load time (default: %(default)s)")
     cmd.set_defaults(run=run_make_random_model)
 
 

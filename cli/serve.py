@@ -44,7 +44,7 @@ def run_serve(args) -> int:
         raise ValueError("--engine vllm runs with the local launcher (.venv-vllm has no Ray; its placement of vLLM "
                          "nodes was not tried)")
     ray_config = ray_config_from_args(args, config) if args.launcher == "ray" else None
-    check_model(config.engine.model)  # NOTE: after the flags, before any process starts
+    check_model(config.engine)  # NOTE: after the flags, before any process starts
     check_port_free(config.host, config.port)
     if config.admin_port is not None:
         check_port_free(config.host, config.admin_port)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from corun.models.config import checkpoint_dtype, context_length
-from corun.models.presets import is_random_spec, preset_config
+from corun.models.config import checkpoint_dtype
+from corun.models.context import check_context_length
 from wire.config import AUTO, LARGE_GPU_BYTES, EngineConfig
 
 
@@ -41,22 +41,3 @@ def resolved_on_device(config: EngineConfig) -> EngineConfig:
     checkpoint = checkpoint_dtype(config.model) if config.dtype == AUTO else None
     return config.resolved(large_gpu=is_large_gpu(config.device), checkpoint_dtype=checkpoint,
                            bfloat16_supported=bfloat16_supported)
-
-
-def model_context(model: str) -> tuple[int, str] | None:
-    """The longest sequence the model (a checkpoint directory or a random preset) is made for, and where it was read;
-    None where nothing says."""
-    if is_random_spec(model):
-        return preset_config(model).max_position_embeddings, "the preset's max_position_embeddings"
-    return context_length(model)
-
-
-def check_context_length(config: EngineConfig) -> None:
-    """A ValueError when max_model_len is longer than the model is made for, as vLLM refuses it: RoPE at positions
-    the model never saw gives text of no use (and the tokenizer's own limit says the same)."""
-    found = model_context(config.model)
-    if found is None or config.scheduler.max_model_len <= found[0]:
-        return
-    most, where = found
-    raise ValueError(f"--max-model-len {config.scheduler.max_model_len} is longer than the model's context, {most} "
-                     f"({where} of {config.model}): give at most {most}")

@@ -24,7 +24,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from wire.structured import StructuredOutput
+from wire.structured import StructuredOutput, invalid_constraint
 
 logger = logging.getLogger(__name__)
 MAX_CACHED_GRAMMARS = 256
@@ -108,7 +108,7 @@ class Grammars:
             try:
                 compiled = compile_spec(compiler, spec)
             except (RuntimeError, ValueError, TypeError) as error:
-                raise GrammarError(f"invalid {spec.kind} constraint: {first_line(error)}") from None
+                raise GrammarError(invalid_constraint(spec.kind, first_line(error))) from None
             self._compiled[key] = compiled
             if len(self._compiled) > MAX_CACHED_GRAMMARS:
                 self._compiled.popitem(last=False)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from corun.models.config import random_weights_spec
+from corun.models.context import check_context_length
 from wire.config import (
     MIB,
     EngineConfig,
@@ -36,7 +37,7 @@ from wire.config import (
     SharedWeightsConfig,
     settings_of,
 )
-from wire.flags import config_argv, config_environment, environment_variables, flag
+from wire.flags import config_argv, config_environment, environment_variables, flag, parse_port
 from wire.node_auth import ClusterKey
 from wire.supervision import make_owned_dir
 
@@ -91,7 +92,7 @@ class ClusterConfig(RouterSettings, NodeSettings):
     drain_timeout_s: float = 600.0
     """How long a node being removed may take to finish what it holds; one that still holds work then is
     returned to service (nothing lost) and its removal says so (launch/removals.py)."""
-    admin_port: int | None = None
+    admin_port: int | None = field(default=None, metadata=flag(parse=parse_port))
     """`corun serve`'s control port (`corun scale`: add or remove nodes at run time); None: none."""
     admin_max_connections: int = 16
     """Connections the control port holds open at once; one more is answered 503 and closed."""
@@ -145,9 +146,15 @@ class ClusterConfig(RouterSettings, NodeSettings):
                                               ("colocated", self.num_colocated)) for i in range(count)]
 
 
-def check_model(path: str) -> None:
+def check_model(engine: EngineConfig) -> None:
     """Before any node starts: the files the cluster's processes read (the nodes config.json and the weights, the
-    router tokenizer.json), so a wrong --model is one line now, not three processes failing later."""
+    router tokenizer.json) and --max-model-len against the model's context, so a wrong --model or a context the
+    model was not made for is one line now, not nodes failing later while the router already answers 503."""
+    check_model_files(engine.model)
+    check_context_length(engine)
+
+
+def check_model_files(path: str) -> None:
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"--model {path}: no such directory (the built-in tiny model: "
@@ -269,15 +276,24 @@ def mark_picked(port: int) -> bool:
         if not PICKED_PORTS_DIR.is_dir():
             PICKED_PORTS_DIR.mkdir(exist_ok=True)
             os.chmod(PICKED_PORTS_DIR, 0o1777)  # NOTE: every user's launchers share it, as /tmp itself
-        with contextlib.suppress(FileNotFoundError):
-            if time.time() - marker.stat().st_mtime > PICK_HOLD_S:
-                marker.unlink()
+        remove_stale_marks()
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
         return False
     except OSError:
         return True
     return True
+
+
+def remove_stale_marks() -> None:
+    """Remove every mark older than PICK_HOLD_S (they hold no port), so that the directory keeps only live picks.
+    NOTE: per mark, any OSError is left alone: another launcher removed it first, or another user's mark is not
+    ours to remove (the port then stays off this launcher's picks, which try another)."""
+    now = time.time()
+    for marker in PICKED_PORTS_DIR.iterdir():
+        with contextlib.suppress(OSError):
+            if now - marker.stat().st_mtime > PICK_HOLD_S:
+                marker.unlink()
 
 
 EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")

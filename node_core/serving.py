@@ -15,7 +15,7 @@ import torch
 import zmq
 
 from corun.cublas import split_k_in_effect
-from corun.device_facts import model_context
+from corun.models.context import model_context
 from corun.shared_weights import SharedWeightsError
 from wire import protocol
 from wire.config import KV_POOL_SIZING, EngineConfig, NodeConfig

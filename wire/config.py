@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from wire.auth import API_KEY_ENV, check_api_key
-from wire.flags import NOT_A_FLAG, flag, format_switch, name_parser, parse_switch
+from wire.flags import NOT_A_FLAG, PORTS, flag, format_switch, name_parser, parse_port, parse_switch
 
 MIB = 2**20
 GIB = 2**30
@@ -150,6 +150,15 @@ def parse_buckets(text: str) -> tuple[int, ...]:
 
 def format_sizes(sizes: tuple | str) -> str:
     return sizes if sizes == AUTO else ",".join(map(str, sizes)) or "none"
+
+
+def check_at_least(config, lowest: int, *names: str) -> None:
+    """A ValueError naming the first of config's fields (names) below lowest; None (auto) passes. NOTE: None alone is
+    auto: a falsy test let max_num_seqs 0 through, and every request was then refused at the nodes."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < lowest:
+            raise ValueError(f"{name} must be >= {lowest}, got {value}")
 
 
 DECODE_TILE_TOKENS = 128
@@ -303,19 +312,12 @@ class SchedulerConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "mode", canonical_mode(self.mode))  # NOTE: an old name becomes the new one here
-        for name in ("max_num_seqs", "max_model_len", "prefill_pack_seqs"):
-            if (getattr(self, name) or 1) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.prefill_chunk_size is not None and self.prefill_chunk_size < 1:
-            raise ValueError(f"prefill_chunk_size must be >= 1, got {self.prefill_chunk_size}")
+        check_at_least(self, 1, "max_num_seqs", "max_model_len", "prefill_pack_seqs", "max_num_batched_tokens",
+                       "prefill_chunk_size")
         if self.decode_kv_split_tokens < 0 or self.decode_kv_split_tokens % DECODE_TILE_TOKENS:
             raise ValueError(f"decode_kv_split_tokens must be a multiple of {DECODE_TILE_TOKENS} (0 = no split), "
                              f"got {self.decode_kv_split_tokens}")
-        for name in ("prefill_pack_tokens", "prefill_token_budget"):
-            if (getattr(self, name) or 0) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        check_at_least(self, 0, "prefill_pack_tokens", "prefill_token_budget")
         buckets, sizes = self.prefill_buckets, self.decode_step_sizes
         if buckets != AUTO and (any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets))):
             raise ValueError(f"prefill_buckets must be increasing positive sizes or 'auto', got {buckets}")
@@ -467,12 +469,13 @@ class CacheConfig:
     """CUDA, KV auto: this node's part of the KV memory its GPU holds beside the gpu_nodes' weights and reserves
     (the launchers set it; 1.0 where a node has its GPU alone)."""
     swap_space_bytes: int | None = field(default=None, metadata=flag("--swap-space-mib", scale=MIB))
-    """Host memory a decode node may move KV blocks to (the flag: in MiB), so that it may admit requests whose whole
-    sequences (prompt + max_tokens) hold up to this much more than its KV cache: a request's blocks are allocated as
-    its tokens need them, and when the cache runs out the newest requests' blocks are copied to host memory (pinned,
-    taken as needed) and back, bit for bit, before they decode again (corun/kv_swap.py). 0: every request's
-    whole sequence fits the cache, as an engine reserves it. None (auto): on CUDA GPU_SWAP_SHARE_OF_HOST_MEMORY of the
-    host memory available at start-up, split among the host's GPUs; 0 on CPU."""
+    """Host memory a decode node, a colocated node or an engine may move KV blocks to (the flag: in MiB), so that it
+    may admit requests whose whole sequences (prompt + max_tokens) hold up to this much more than its KV cache: a
+    request's blocks are allocated as its tokens need them, and when the cache runs out the newest requests' own
+    blocks are copied to host memory (pinned, taken as needed) and back, bit for bit, before they decode again
+    (corun/kv_swap.py; an engine's, corun/swap_preemption.py, keeps the prefix cache's chunks in place). 0: every
+    request's whole sequence is reserved at admission and nothing is paused. None (auto): on CUDA
+    GPU_SWAP_SHARE_OF_HOST_MEMORY of the host memory available at start-up, split among the host's GPUs; 0 on CPU."""
     enable_prefix_caching: bool = True
     """Keep the KV of full prompt chunks after use and prefill only the chunks after a prompt's longest cached
     full-chunk prefix (prefill and colocated nodes, the engine; corun/prefix_cache.py). Outputs are bitwise those of
@@ -714,7 +717,7 @@ class NodeConfig(NodeSettings, Supervised):
     """Interface the control socket binds (0.0.0.0: all of them)."""
     # NOTE: a flag the node process must be given: 0 (bind any free port) suits in-process tests alone, since nobody
     # could reach a node process at a port it chose itself
-    port: int = field(default=0, metadata=flag(required=True))
+    port: int = field(default=0, metadata=flag(required=True, parse=parse_port))
     """zmq ROUTER control port (router requests, decode->prefill handshakes and claims)."""
     advertise_host: str | None = None
     """Host the router and the other nodes reach this node at (the host's IP when it binds 0.0.0.0 on one of
@@ -755,7 +758,7 @@ class RouterSettings:
     """The model name clients send and /v1/models lists. None: the model as given (--model), as vLLM names it."""
     host: str = LOCAL_HOST
     """The interface the router's HTTP server binds (`corun serve`: the local launcher's nodes bind it too)."""
-    port: int = 8000
+    port: int = field(default=8000, metadata=flag(parse=parse_port))
     """The router's HTTP port."""
     max_pending_requests: int = 4096
     """Samples (prompts x n) in flight, queued or running; beyond this a request gets 429 with Retry-After. NOTE:
@@ -870,7 +873,7 @@ class RouterConfig(RouterSettings, Supervised):
     reuse_port: bool = False
     """Listen with SO_REUSEPORT, so that several router processes serve one port (`corun serve --routers K`): the
     kernel spreads new connections over them."""
-    control_port: int | None = None
+    control_port: int | None = field(default=None, metadata=flag(parse=parse_port))
     """One of several routers: a second listener, on this port of the same host, where this process alone answers
     /health, /metrics (its own series) and the /admin/nodes API. The public port then refuses /admin/nodes (a pool
     change must reach every router: `corun scale` does that), and its /metrics is every router's, summed
@@ -887,7 +890,7 @@ class RouterConfig(RouterSettings, Supervised):
     no output: seeds come from the client's request id."""
 
     def __post_init__(self):
-        if self.control_port is not None and not 0 < self.control_port < 65536:
+        if self.control_port is not None and self.control_port not in PORTS:
             raise ValueError(f"control_port must be a port number, got {self.control_port}")
         name = self.instance_name
         if name and not (name.isascii() and name.replace("-", "").isalnum()):

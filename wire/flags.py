@@ -90,6 +90,19 @@ def format_switch(value: bool) -> str:
     return "on" if value else "off"
 
 
+PORTS = range(1, 65536)
+"""The ports a flag may name. NOTE: not 0 ("any free port"): a process the kernel gave a port of its choosing could
+not be found there by the launcher or the clients."""
+
+
+def parse_port(text: str) -> int:
+    """A port flag's value: argparse shows a number outside PORTS, or none, as the flag's one-line error."""
+    port = int(text) if text.isascii() and text.isdigit() else None
+    if port not in PORTS:
+        raise argparse.ArgumentTypeError(f"must be a port number from {PORTS[0]} to {PORTS[-1]}, got {text!r}")
+    return port
+
+
 def parse_names(text: str) -> tuple[str, ...]:
     """A comma-separated list of names; 'none': the empty one."""
     return () if text == "none" else tuple(name for name in text.split(",") if name)

@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from corun.models.config import ModelArchConfig, random_weights_spec
 from corun.models.decoder import DecoderLM
-from corun.models.presets import fill_random_, is_random_spec, preset_config, preset_digest
+from corun.models.presets import is_random_spec, preset_config, preset_digest
 from corun.models.rope import cos_sin_table
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -93,6 +93,18 @@ def random_model(cfg: ModelArchConfig, dtype: str, device: str, max_positions: i
     fill_random_(model, seed)
     model.rope_cos, model.rope_sin = (t.to(device) for t in cos_sin_table(cfg, max_positions))
     return model.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def fill_random_(model: torch.nn.Module, seed: int = 0) -> None:
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0)
+        else:
+            fan_in = param.shape[-1]
+            std = 3.0 / fan_in ** 0.5 if "embed" in name or "lm_head" in name else 1.0 / fan_in ** 0.5
+            param.normal_(0.0, std, generator=generator)
 
 
 def model_digest(model_dir: str | Path) -> str:

@@ -1,15 +1,16 @@
 """Random-weight models by name (`random:qwen3-8b`): benchmark shapes without a checkpoint on disk.
 
-Weights are drawn on the target device from a seeded generator, so a 16 GB model needs no file and no copy.
-The shape is the real model's; the values are noise scaled like the tiny model's (peaked enough to sample).
+Weights are drawn on the target device from a seeded generator (corun/models/loader.py fill_random_), so a 16 GB
+model needs no file and no copy. The shape is the real model's; the values are noise scaled like the tiny model's
+(peaked enough to sample).
+
+Imports no torch: the launcher reads a preset's context here (corun/models/context.py) before any node starts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-
-import torch
 
 from corun.models.config import RANDOM_WEIGHTS_KEY, ModelArchConfig
 
@@ -39,18 +40,6 @@ def preset_config(model: str) -> ModelArchConfig:
 
 def preset_digest(model: str) -> str:
     return hashlib.sha256(json.dumps(PRESETS[model.removeprefix(RANDOM_PREFIX)], sort_keys=True).encode()).hexdigest()
-
-
-@torch.no_grad()
-def fill_random_(model: torch.nn.Module, seed: int = 0) -> None:
-    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, param in model.named_parameters():
-        if "norm" in name:
-            param.fill_(1.0)
-        else:
-            fan_in = param.shape[-1]
-            std = 3.0 / fan_in ** 0.5 if "embed" in name or "lm_head" in name else 1.0 / fan_in ** 0.5
-            param.normal_(0.0, std, generator=generator)
 
 
 END_OF_TEXT = "<|endoftext|>"

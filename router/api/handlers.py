@@ -18,8 +18,10 @@ from router.api.openai_api import GenerationRequest, Kind, bind_seed, parse_body
 from router.api.responses import ChoiceDelta, ChoiceTotal, ResponseContext, response_body
 from router.api.state import RouterState
 from router.api.streaming import stream_response
+from router.api.structured import refused_constraint
 from router.generation.beam_search import beam_search_deltas
 from router.generation.deltas import DeltaOutlet, merge, prompt_deltas
+from router.generation.pipeline import GenerationError
 from router.nodes.choice import Placement, UnknownNode
 from wire.outputs import TokenLogprobs
 from wire.seeding import seed_from_request_id
@@ -90,6 +92,12 @@ async def generate_response(request: web.Request, state: RouterState, request_id
         if generation.stream:
             return await stream_response(request, ctx, generation, deltas, request[RESPONSE_HEADERS_KEY], outlet)
         return await full_response(request, ctx, generation, deltas, outlet)
+    except GenerationError as error:
+        # NOTE: before any token (a node refuses a constraint at admission), so the answer is still a plain 400
+        if error.constraint_reason is None or generation.constraint_field is None:
+            raise
+        raise refused_constraint(generation.constraint_field, generation.params.structured.kind,
+                                 error.constraint_reason) from None
     finally:
         await deltas.aclose()
 

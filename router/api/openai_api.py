@@ -75,6 +75,9 @@ class GenerationRequest:
     """Chat with tools (router/api/tools.py): how the output becomes tool calls."""
     beam_search: BeamSearch | None = None
     """vLLM's use_beam_search: params.n beams instead of n samples (router/generation/beam_search.py)."""
+    constraint_field: str | None = None
+    """The field params.structured came from (response_format, structured_outputs, a guided_* field, or tools for a
+    forced tool call), named when a node refuses the constraint."""
 
 
 def parse_body(tokenizer: Tokenizer, body: bytes, kind: Kind, model: ModelInfo) -> GenerationRequest:
@@ -161,7 +164,9 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
     n = int_field(body, "n", 1, 1, MAX_SAMPLES)
     # NOTE: as vLLM's V1 engine: no best_of beyond n (it would rank samples by their logprobs and drop some)
     read_field(body, "best_of", None, lambda v: v == n and is_int(v), f"equal to n ({n}): best_of > n is not supported")
-    requested = read_structured(body)
+    requested, requested_field = read_structured(body)
+    # NOTE: a named or required tool choice is a constraint of its own, as vLLM's (it replaces the others)
+    tool_constraint = tools.constraint() if tools else None
     params = SamplingParams(
         temperature=float(read_field(body, "temperature", 1.0, lambda v: is_number(v) and v >= 0, "a number >= 0")),
         top_p=float(read_field(body, "top_p", 1.0, lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")),
@@ -176,8 +181,7 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
         n=n,
         **read_controls(body, model, max_tokens),
         **read_token_controls(body, model, tokenizer),
-        # NOTE: a named or required tool choice is a constraint of its own, as vLLM's (it replaces the others)
-        structured=(tools.constraint() if tools else None) or requested,
+        structured=tool_constraint or requested,
     )
     stream = bool_field(body, "stream", False)
     include_usage, continuous_usage, ignored_options = read_stream_options(body, stream, model.strict_fields)
@@ -188,7 +192,8 @@ def build_request(kind: Kind, body: dict, prompts: tuple[tuple[int, ...], ...], 
     stop_strings = read_stop_strings(body)
     beam_search = read_beam_search(body, params, stop_strings, stream, output, model.max_logprobs)
     return GenerationRequest(kind, prompts, params, read_seed(body), stop_strings, stream, include_usage,
-                             continuous_usage, tuple(ignored + ignored_options), output, tools, beam_search)
+                             continuous_usage, tuple(ignored + ignored_options), output, tools, beam_search,
+                             "tools" if tool_constraint else requested_field)
 
 
 def read_controls(body: dict, model: ModelInfo, max_tokens: int) -> dict:

@@ -87,9 +87,10 @@ def check_text_length(text: str, tokenizer: Tokenizer, max_model_len: int, param
     bounds that cost by the context length, not by the body size limit."""
     max_chars = tokenizer.max_text_chars(max_model_len)
     if max_chars is not None and len(text) > max_chars:
-        raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, the {param} "
-                          f"has {len(text)} characters, more than {max_model_len} tokens of this tokenizer can hold "
-                          f"(at most {max_chars} characters).", param=param)
+        # NOTE: "the text of" the field, so that the verb agrees with any field's name ('messages' is plural)
+        raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, the text of "
+                          f"'{param}' has {len(text)} characters, more than {max_model_len} tokens of this tokenizer "
+                          f"can hold (at most {max_chars} characters).", param=param)
 
 
 def checked_prompt(prompt, max_tokens: int, model: ModelInfo) -> tuple[int, ...]:

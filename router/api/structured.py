@@ -5,14 +5,15 @@ disable_additional_properties}), `response_format` (json_object, json_schema; it
 vLLM's structured_outputs_from_response_format), and the older `guided_json`, `guided_regex`, `guided_choice`,
 `guided_grammar` (vLLM removed them; here they still constrain, rather than being ignored). One constraint kind per
 request. The router checks the shapes and that a schema is JSON; whether a schema, regex or grammar compiles is the
-nodes' check (xgrammar imports torch, which the router must not): their refusal is the request's 400.
+nodes' check (xgrammar imports torch, which the router must not): their refusal is the request's 400, naming the
+field the constraint came from (refused_constraint).
 """
 
 from __future__ import annotations
 
 import json
 
-from router.api.errors import bad_request
+from router.api.errors import RequestError, bad_request
 from router.api.fields import TEXT, is_str_list, is_text, read_field, shorten
 from wire.structured import MAX_CHOICES, MAX_SPEC_CHARS, StructuredOutput
 
@@ -24,8 +25,9 @@ OPTIONS = frozenset({"disable_any_whitespace", "disable_additional_properties", 
                      "structural_tag", "disable_fallback", "disable_any_whitespace"})
 
 
-def read_structured(body: dict) -> StructuredOutput | None:
-    """The request's constraint: response_format, else structured_outputs, else a guided_* field."""
+def read_structured(body: dict) -> tuple[StructuredOutput | None, str | None]:
+    """The request's constraint: response_format, else structured_outputs, else a guided_* field; and the name of
+    the field it came from (None without one)."""
     from_format = read_response_format(body)
     from_fields = read_structured_outputs(body)
     guided = [name for name in GUIDED_FIELDS if body.get(name) is not None]
@@ -34,11 +36,15 @@ def read_structured(body: dict) -> StructuredOutput | None:
         raise bad_request(f"only one kind of structured output per request, got {names}", param=guided[0])
     read_field(body, "guided_whitespace_pattern", None, lambda v: False, "null (not supported)")
     read_field(body, "guided_decoding_backend", None, lambda v: isinstance(v, str), "a string")
+    fields_name = "structured_outputs"
     if guided:
         from_fields = constraint(GUIDED_FIELDS[guided[0]], body[guided[0]], guided[0], any_whitespace=True)
-    if from_format is not None and from_fields is not None:  # NOTE: vLLM: response_format replaces the kind
-        return StructuredOutput(from_format.kind, from_format.spec, any_whitespace=from_fields.any_whitespace)
-    return from_format or from_fields
+        fields_name = guided[0]
+    if from_format is None:
+        return from_fields, None if from_fields is None else fields_name
+    if from_fields is not None:  # NOTE: vLLM: response_format replaces the kind
+        from_format = StructuredOutput(from_format.kind, from_format.spec, any_whitespace=from_fields.any_whitespace)
+    return from_format, "response_format"
 
 
 def read_structured_outputs(body: dict) -> StructuredOutput | None:
@@ -118,6 +124,12 @@ def schema_text(value, name: str) -> str:
     if len(text) > MAX_SPEC_CHARS:
         raise bad_request(f"'{name}' has more than {MAX_SPEC_CHARS} characters", param=name.split(".")[0])
     return text
+
+
+def refused_constraint(field: str, kind: str, reason: str) -> RequestError:
+    """A node's refusal of the request's constraint (it does not compile) as the client's 400: the field it came from
+    and the grammar library's reason, not the node's name nor the request's id there."""
+    return bad_request(f"invalid {kind} constraint in '{field}': {reason}", param=field)
 
 
 def closed_objects(schema):

@@ -34,6 +34,7 @@ from wire.protocol import (
     TokenEvent,
 )
 from wire.sampling_params import SamplingParams
+from wire.structured import refused_constraint_reason
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +52,15 @@ its consumer cannot take now), which then queues for it as every event did befor
 
 
 class GenerationError(Exception):
-    """A request the cluster could not serve; `status` is the HTTP status to answer with."""
+    """A request the cluster could not serve; `status` is the HTTP status to answer with. constraint_reason: where
+    a node refused the request's structured-output constraint, the grammar library's reason (the API layer answers
+    naming the field the constraint came from, without the node's name and ids)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, constraint_reason: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.constraint_reason = constraint_reason
 
 
 async def generate(pool: NodePool, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -335,7 +339,8 @@ async def next_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
     if reply is SILENT:
         raise silence_error(node, timeout_s, replies.ended_unhealthy)
     if isinstance(reply, ErrorReply):
-        raise node_failure(node, reply.status, f": {reply.message}")
+        refused = refused_constraint_reason(reply.message) if reply.status == 400 else None
+        raise node_failure(node, reply.status, f": {reply.message}", constraint_reason=refused)
     return reply
 
 
@@ -350,12 +355,12 @@ def silence_error(node: NodeClient, timeout_s: float, stopped_answering: bool) -
     return node_failure(node, 504, f"sent nothing for {timeout_s:g} s")
 
 
-def node_failure(node: NodeClient, status: int, what: str) -> GenerationError:
+def node_failure(node: NodeClient, status: int, what: str, constraint_reason: str | None = None) -> GenerationError:
     """A node's failure as the client sees it ("<node> <what>", or "<node>: <message>" for what = ": <message>"):
     the node by its name, and no address, even one a node's own message holds (the log line has them)."""
     text = f"{node.name}{'' if what.startswith(':') else ' '}{what}"
     logger.warning("%s (at %s)", text, node.address)
-    return GenerationError(status, without_addresses(text))
+    return GenerationError(status, without_addresses(text), constraint_reason)
 
 
 ADDRESS = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s,;)\]'\"]+|\[[0-9a-fA-F:.]+\](:\d+)?|\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b"

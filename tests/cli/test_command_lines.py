@@ -24,7 +24,7 @@ from node_core.serving import node_arg_parser
 from router.__main__ import parse_config
 from tests.wire.test_flags import ENGINES, NODES, ROUTERS, TRANSFER, assert_every_field_set
 from wire.config import EngineConfig, NodeConfig, RouterConfig
-from wire.flags import config_argv, config_environment, config_flags, config_from_args, field_docs
+from wire.flags import config_argv, config_environment, config_flags, config_from_args, field_docs, parse_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CUDA = dataclasses.replace(ENGINES[0], device="cuda", backend="native")
@@ -103,6 +103,27 @@ def test_corun_serve_rebuilds_every_field_of_its_cluster_config():
     assert cluster_config_from_args(serve_args(["--model", "m"]), {}) == ClusterConfig(EngineConfig(model="m"))
 
 
+@pytest.mark.parametrize("flag", ["--port", "--admin-port"])
+@pytest.mark.parametrize("value", ["99999", "65536", "0", "-1", "80a", ""])
+def test_corun_serve_refuses_a_port_outside_1_to_65535_in_one_line(capsys, flag, value):
+    """99999 once reached the bind as a traceback (OverflowError); 0 would have the kernel pick a port nobody knows."""
+    with pytest.raises(SystemExit) as exited:
+        serve_args(["--model", "m", flag, value])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"corun serve: error: argument {flag}: must be a port number from 1 to 65535, got {value!r}"
+    highest = cluster_config_from_args(serve_args(["--model", "m", flag, "65535"]), {})
+    assert getattr(highest, flag[2:].replace("-", "_")) == 65535  # NOTE: inverse: the range's ends are ports
+
+
+def test_every_port_flag_of_the_cluster_s_programs_takes_a_port_number():
+    """`corun serve`, the router and the nodes: one flag type for every port."""
+    ports = [each for config_class in (ClusterConfig, RouterConfig, NodeConfig) for each in config_flags(config_class)
+             if (each.path[-1] == "port" or each.path[-1].endswith("_port")) and not each.is_bool]
+    assert {each.option for each in ports} == {"--port", "--admin-port", "--control-port"}
+    assert all(each.parse is parse_port for each in ports)
+
+
 def test_corun_serve_launcher_ray_rebuilds_every_field_of_its_ray_config():
     # NOTE: on Ray, Ray picks each node's GPU (no --prefill-gpus ...), and the nodes run the native engine
     assert_every_field_set(RayClusterConfig, RAYS, unset=("cluster.engine.backend", "cluster.prefill_gpus",
@@ -171,3 +192,10 @@ def test_corun_serve_and_corun_scale_import_no_torch():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("command", ["make-tiny-model", "make-random-model"])
+def test_the_model_writing_commands_describe_every_argument(command):
+    """`corun make-tiny-model --help` once showed dir, --seed and --dtype with no word of what they do."""
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    assert [action.dest for action in commands.choices[command]._actions if not action.help] == []

@@ -50,3 +50,24 @@ def test_a_port_picked_by_a_launcher_on_this_host_is_not_picked_again_while_held
     old = time.time() - cluster.PICK_HOLD_S - 1
     os.utime(tmp_path / "picked" / str(first), (old, old))
     assert free_port("127.0.0.1") == first, "inverse: a stale marker still held its port"
+
+
+def test_a_pick_removes_every_stale_marker(monkeypatch, tmp_path):
+    """Markers of ports no launcher picks again stayed for good (1,299 of them in one /tmp): a pick removes every one
+    older than PICK_HOLD_S. Inverse: a marker within it stays."""
+    import os
+    import time
+
+    import launch.cluster as cluster
+
+    picked = tmp_path / "picked"
+    monkeypatch.setattr(cluster, "PICKED_PORTS_DIR", picked)
+    picked.mkdir()
+    stale, held = picked / "1", picked / "2"  # NOTE: ports free_port never picks, so only the sweep removes them
+    stale.touch()
+    held.touch()
+    old = time.time() - cluster.PICK_HOLD_S - 1
+    os.utime(stale, (old, old))
+    port = free_port("127.0.0.1")
+    assert not stale.exists() and held.exists()
+    assert sorted(marker.name for marker in picked.iterdir()) == sorted(["2", str(port)])

@@ -9,9 +9,13 @@ import sys
 import time
 
 import openai
+import pytest
 
+from cli.main import main
+from launch.cluster import check_model
 from launch.local import free_port
 from tests.launch.cluster_client import child_pids, wait_for_line
+from wire.config import EngineConfig, SchedulerConfig
 
 
 def test_corun_serve_serves_chat_and_stops_everything_on_sigterm(tiny_model_dir):
@@ -63,6 +67,29 @@ def test_a_wrong_model_or_a_busy_port_is_one_line_before_any_node_starts(tiny_mo
         port = busy.getsockname()[1]
         code, lines, _ = serve_errors(["--model", tiny_model_dir, "--port", str(port)])
     assert code == 2 and len(lines) == 1 and f"cannot serve on 127.0.0.1:{port}" in lines[0]
+
+
+def test_the_launcher_refuses_a_max_model_len_beyond_the_model_s_context(tiny_model_dir):
+    """check_model, which `corun serve` runs before any process starts: the nodes' own check (corun/device_facts.py)
+    came only once the router listened, which answered 503 meanwhile. Inverse: the context itself is served."""
+    check_model(EngineConfig(model=tiny_model_dir, scheduler=SchedulerConfig(max_model_len=2048)))
+    with pytest.raises(ValueError, match=r"^--max-model-len 999999 is longer than the model's context, 2048 "
+                                         r"\(max_position_embeddings in config.json of .*\): give at most 2048$"):
+        check_model(EngineConfig(model=tiny_model_dir, scheduler=SchedulerConfig(max_model_len=999999)))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-num-seqs", "0"], "max_num_seqs must be >= 1, got 0"),
+    (["--max-model-len", "0"], "max_model_len must be >= 1, got 0"),
+    (["--max-model-len", "999999"], "--max-model-len 999999 is longer than the model's context, 2048"),
+])
+def test_settings_the_nodes_cannot_serve_are_one_line_before_any_process_starts(tiny_model_dir, monkeypatch, capsys,
+                                                                                flags, message):
+    started = []
+    monkeypatch.setattr("launch.local.serve_forever", started.append)
+    assert main(["serve", "--model", tiny_model_dir, "--port", str(free_port("127.0.0.1")), *flags]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"corun serve: error: {message}") and error.count("\n") == 1 and started == []
 
 
 def test_a_node_that_fails_at_start_up_is_one_line_per_process(tiny_model_dir, tmp_path):

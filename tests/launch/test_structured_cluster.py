@@ -126,15 +126,18 @@ def test_response_format_on_both_endpoints(mixed, tiny_model_dir):
     assert not follows(tiny_model_dir, spec, free_ids), "inverse: unconstrained output does not follow it"
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"structured_outputs": {"regex": "(unclosed"}}, "invalid regex constraint"),
-    ({"guided_grammar": "root ::= undefined_rule"}, "invalid grammar constraint"),
-    ({"structured_outputs": {"json": {"type": "no-such-type"}}}, "invalid json constraint"),
+@pytest.mark.parametrize("extra, param, message", [
+    ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs", "invalid regex constraint"),
+    ({"guided_grammar": "root ::= undefined_rule"}, "guided_grammar", "invalid grammar constraint"),
+    ({"structured_outputs": {"json": {"type": "no-such-type"}}}, "structured_outputs", "invalid json constraint"),
 ])
 @pytest.mark.parametrize("headers", [PD, COLOCATED])
-def test_a_spec_the_nodes_cannot_compile_is_a_400(mixed, extra, message, headers):
-    with pytest.raises(openai.BadRequestError, match=message):
+def test_a_spec_the_nodes_cannot_compile_is_a_400_naming_its_field(mixed, extra, param, message, headers):
+    """The grammar library's reason and the field, not the node that refused it nor the request's id there."""
+    with pytest.raises(openai.BadRequestError, match=f"^Error code: 400 - .*{message} in '{param}': ") as refused:
         complete(client(mixed), extra, headers)
+    assert refused.value.body["param"] == param
+    assert "node" not in refused.value.body["message"] and "request" not in refused.value.body["message"]
 
 
 def test_named_tool_choice_gives_a_valid_call_streamed_and_not(mixed):

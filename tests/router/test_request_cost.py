@@ -60,6 +60,8 @@ def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_it_is_encod
     refused = refusal(counting, body(**fields), kind)
     assert refused.status == 400 and refused.param == param
     assert "maximum context length" in refused.message and "characters" in refused.message
+    # NOTE: once "the messages has ...": the field is named, and the verb agrees with "the text"
+    assert f"However, the text of '{param}' has " in refused.message
     assert counting.num_encoded_chars <= tokenizer.max_text_chars(MAX_MODEL_LEN)
 
 

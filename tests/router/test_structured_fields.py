@@ -10,7 +10,9 @@ import pytest
 from router.api.errors import RequestError
 from router.api.openai_api import ModelInfo, parse_chat_request, parse_completion_request
 from router.api.tools import ToolRequest, ToolStream, chat_message, read_tools
-from wire.structured import StructuredOutput
+from tests.router.fake_nodes import FakeBehaviour
+from tests.router.harness import RouterHarness, post
+from wire.structured import StructuredOutput, invalid_constraint
 
 MODEL = ModelInfo("corun-tiny", 2048, vocab_size=2048, max_logprobs=20, max_num_prompts=8)
 SCHEMA = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
@@ -194,3 +196,57 @@ def test_a_forced_call_cut_by_max_tokens_is_no_call():
     # NOTE: inverse: the same text finished by stop is a call (named)
     message, _ = chat_message(tools({"type": "function", "function": {"name": "get_weather"}}), "r", 0, '{"ci', "stop")
     assert message["tool_calls"]
+
+
+
+BAD_SCHEMA = {"type": "nonsense"}
+LIBRARY_REASON = 'Unsupported type "nonsense"'
+CHAT = ("/v1/chat/completions", {"model": "corun-tiny", "messages": [{"role": "user", "content": "hi"}]})
+COMPLETION = ("/v1/completions", {"model": "corun-tiny", "prompt": "The river"})
+
+
+def refused_by_the_prefill_node(tiny_model_dir, word_token_ids, node_message: str, endpoint, fields: dict):
+    """The replies, not streamed and streamed, when the one prefill node refuses every request with node_message."""
+    refusing = FakeBehaviour(error=(400, node_message))
+    path, body = endpoint
+    with RouterHarness(tiny_model_dir, word_token_ids, num_prefill=1, num_decode=1, prefill=refusing) as router:
+        router.wait_until_healthy()
+        return [post(router.base_url + path, {**body, **fields, "stream": stream}) for stream in (False, True)]
+
+
+@pytest.mark.parametrize("endpoint, fields, field", [
+    (CHAT, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": BAD_SCHEMA}}},
+     "response_format"),
+    (COMPLETION, {"guided_json": BAD_SCHEMA}, "guided_json"),
+    (COMPLETION, {"structured_outputs": {"json": BAD_SCHEMA}}, "structured_outputs"),
+    (CHAT, {"tools": [WEATHER], "tool_choice": "required"}, "tools"),
+])
+def test_a_constraint_a_node_cannot_compile_is_a_400_naming_its_field(tiny_model_dir, word_token_ids, endpoint,
+                                                                       fields, field):
+    """A node's refusal reads "request <its id>: invalid json constraint: <xgrammar's reason>" (corun/scheduler.py,
+    corun/structured.py); the client gets the field and the reason, not the node's name nor the id."""
+    node_message = f"request 0123abcd-0: {invalid_constraint('json', LIBRARY_REASON)}"
+    for reply in refused_by_the_prefill_node(tiny_model_dir, word_token_ids, node_message, endpoint, fields):
+        assert reply.status == 400 and reply.body["error"] == {
+            "message": f"invalid json constraint in '{field}': {LIBRARY_REASON}", "type": "BadRequestError",
+            "param": field, "code": 400}
+
+
+def test_another_refusal_of_a_constrained_request_keeps_the_node_s_words(tiny_model_dir, word_token_ids):
+    """Inverse: only a refusal of the constraint is reworded."""
+    fields = {"guided_json": BAD_SCHEMA}
+    for reply in refused_by_the_prefill_node(tiny_model_dir, word_token_ids, "request 0123abcd-0: no room",
+                                             COMPLETION, fields):
+        assert reply.status == 400 and reply.body["error"]["param"] is None
+        assert reply.body["error"]["message"] == "prefill node fake-prefill-0: request 0123abcd-0: no room"
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "response_format"),
+    ({"guided_regex": "[0-9]+"}, "guided_regex"),
+    ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs"),
+    ({"response_format": {"type": "text"}}, None),
+    ({}, None),
+])
+def test_the_request_knows_which_field_its_constraint_came_from(tokenizer, fields, field):
+    assert completion(tokenizer, **fields).constraint_field == field

@@ -170,3 +170,26 @@ def test_dtype_auto_is_float32_on_cpu_and_the_checkpoint_s_half_precision_on_cud
     assert EngineConfig(model="m", device="cuda").resolved(checkpoint_dtype="float16").dtype == "float16"
     with pytest.raises(ValueError, match="dtype must be auto"):
         EngineConfig(model="m", dtype="fp8")
+
+
+@pytest.mark.parametrize("value", [0, -3])
+@pytest.mark.parametrize("name", ["max_num_seqs", "max_model_len", "prefill_pack_seqs", "max_num_batched_tokens",
+                                  "prefill_chunk_size"])
+def test_a_size_below_1_is_refused_and_0_is_not_auto(name, value):
+    """max_num_seqs 0 once passed as auto (the cluster started, and refused every request), max_model_len 0 crashed
+    the nodes (a division by it): only None is auto."""
+    with pytest.raises(ValueError, match=f"^{name} must be >= 1, got {value}$"):
+        SchedulerConfig(**{name: value})
+
+
+@pytest.mark.parametrize("flag, name", [("--max-num-seqs", "max_num_seqs"), ("--max-model-len", "max_model_len")])
+def test_the_flags_and_llm_refuse_0_by_the_config_s_rule(tiny_model_dir, flag, name):
+    """`corun bench`, `corun generate`, `corun serve` and the nodes build their engine's config from these flags."""
+    from corun.llm import LLM
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    with pytest.raises(ValueError, match=f"^{name} must be >= 1, got 0$"):
+        engine_config_from_args(parser.parse_args(["--model", tiny_model_dir, flag, "0"]))
+    with pytest.raises(ValueError, match=f"^{name} must be >= 1, got 0$"):
+        LLM(tiny_model_dir, **{name: 0})
