@@ -55,6 +55,18 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
+  stop54_engine_swap)  # stop 54: the engine (and a colocated node) with a swap space by default on CUDA: blocks as tokens
+    # need them, the newest paused to host memory (corun/swap_preemption.py), so on an H100 the engine's 1024x2048
+    # rows are no longer its cache over whole sequences (111 at stop 53): the GPU tests, then t = 0 at the defaults
+    # (swap auto) against the swap space off, corun beside standard in each
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_engine_swap.py \
+      tests/decode_node/test_kv_swap.py -rfE > "$out/gpu_tests.log" 2>&1
+    timeout 230 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
+      --max-seconds 20 --workloads 1024x2048,sharegpt --modes corun,standard \
+      --out "$out/defaults_t0_engine_swap_stop54.json" > "$out/bench_swap_auto.log" 2>&1
+    timeout 170 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
+      --max-seconds 20 --workloads 1024x2048 --modes corun,standard --swap-space-mib 0 \
+      --out "$out/defaults_t0_engine_swap_off_stop54.json" > "$out/bench_swap_off.log" 2>&1 ;;
   stop54_handoff)  # NOTE: ran on an H100 80 GB (results/h100_front_door_1p1d_handoff_stop54.json,
     # h100_gpu_tests_handoff_stop54.log). stop 54: stop53_gpu_reads again, now with the copies' own GPU time (gpu_copy_ms_mean against
     # kv_handoff_ms_mean: a copy that ran slowly from one that waited to run or was seen late), and the GPU code of stop

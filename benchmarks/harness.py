@@ -180,6 +180,7 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
     counts_before, rows_before = engine.runner.forward_counts(), dict(engine.runner.decode_rows_histogram)
     prefill_rows_before = dict(getattr(engine.runner, "prefill_rows_histogram", {}))  # NOTE: the vLLM runner: none
     retries_before = allocator_retries()
+    preemptions_before = getattr(engine.scheduler, "num_preemptions", 0)  # NOTE: the vLLM engine's: none
     elapsed = serve_arrivals(engine, prompts, trace, math.inf if max_seconds is None else max_seconds,
                              label or workload.name)
     counts_after, rows_after = engine.runner.forward_counts(), engine.runner.decode_rows_histogram
@@ -192,6 +193,7 @@ def run_workload(engine: LLMEngine, workload: Workload, hardware: dict, seed: in
         "prefill_forwards_by_rows": {rows: n - prefill_rows_before.get(rows, 0) for rows, n in sorted(
             getattr(engine.runner, "prefill_rows_histogram", {}).items())},
         "truncated": trace.truncated, "allocator_retries": allocator_retries() - retries_before,
+        "num_preemptions": getattr(engine.scheduler, "num_preemptions", 0) - preemptions_before,
         **prefix_cache_summary(engine, queried_before, hits_before)}
 
 
@@ -302,6 +304,8 @@ def summarize(engine: LLMEngine, trace: Trace, elapsed: float, hardware: dict, s
     result["itl_ms"] = {"p50": round(1e3 * percentile(trace.token_gaps, 0.5), 3),
                         "p99": round(1e3 * percentile(trace.token_gaps, 0.99), 3)}
     result["num_decode_steps"] = len(trace.decode_steps)
+    result["rows_per_decode_step"] = round(statistics.fmean(len(c) for _, c in trace.decode_steps), 1) \
+        if trace.decode_steps else None
     if trace.decode_steps and hardware:
         result["decode_step"] = decode_step_summary(engine, trace.decode_steps, hardware)
     return result

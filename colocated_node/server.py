@@ -7,12 +7,14 @@ hand-off.
 Lifecycle of a request (queues; each of its n samples is a request of its own, seed sample_seed(seed, i), as
 LLM.generate splits them):
   waiting (tenant by tenant, each one's FIFO: node_core/tenant_turns.py) --a slot and KV blocks for prompt +
-      max_tokens free--> prefilling (alone, one
+      max_tokens free (with a swap space, as the engine admits: corun/engine.py)--> prefilling (alone, one
       chunk per forward, as the engine's fixed_shape mode: bucketed, packed or natural; from the end of the prompt's
       longest cached full-chunk prefix, corun/prefix_cache.py)
   prefilling --last chunk: token 1 sampled, streamed (with the prompt's logprobs)--> decoding
   decoding (the N-row decode step; one StepTokens per router per step, a TokenEvent per sample in it)
       --stop / length / Abort--> finished: slot + blocks free
+  decoding --the cache is out of blocks: the newest's own blocks copied to host memory--> paused --room again-->
+      decoding
   with prefill_token_budget, a decode step runs once that many prompt tokens were prefilled since the last one.
   async scheduling (corun/decode_ahead.py): a decode step is launched before the previous one's tokens are read and
       streamed, so a sample learns it finished (or is aborted) one step late; that step's token of it is dropped.
@@ -26,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from corun.engine import runs_ahead, without_finished
+from corun.kv_swap import host_swap_for
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, check_samples_fit, make_scheduler
@@ -59,7 +62,8 @@ class ColocatedServer(NodeServer):
             raise ValueError(f"a colocated node runs mode fixed_shape (got {config.engine.scheduler.mode}): its "
                              "outputs are the engine's and the P/D cluster's only under fixed_shape's shapes")
         super().__init__(config)  # NOTE: it prefills and decodes; no KV transport: it moves no KV
-        self.scheduler = make_scheduler(self.config.engine.scheduler, self.block_manager)
+        self.scheduler = make_scheduler(self.config.engine.scheduler, self.block_manager,
+                                        host_swap_for(self.config.engine, self.runner.kv_cache))
         if self.runner.decode_rides_prefill:
             self.scheduler.decode_rides_prefill = True
         if self.runner.multi_chunk_prefill:
@@ -180,6 +184,7 @@ class ColocatedServer(NodeServer):
     def role_stats(self) -> dict:
         graph = self.runner.decode_graph
         return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
+                "num_paused": len(self.scheduler.paused), "num_preemptions": self.scheduler.num_preemptions,
                 "num_prefill_forwards": self.num_prefill_forwards, "num_decode_steps": self.num_decode_steps,
                 "num_decoded_rows": self.num_decoded_rows, "num_finished": self.num_finished,
                 "num_graph_replays": 0 if graph is None else graph.num_replays}

@@ -1,10 +1,13 @@
 """The colocated engine. step() = schedule -> run -> postprocess.
 
 Lifecycle of a request (queues of the scheduler):
-  waiting --admit (slot + KV blocks for prompt + max_tokens free)--> running (prefilling, chunk by chunk)
+  waiting --admit (slot + KV blocks for prompt + max_tokens free; with a swap space, for prompt + token 1 while the
+  whole sequences of all admitted fit the cache and the swap space)--> running (prefilling, chunk by chunk)
   (admission holds the prompt's longest cached full-chunk prefix, corun/prefix_cache.py; prefill starts after it,
   and each full chunk a prefill forward completes is offered to the cache)
   running (prefilled; token 1 sampled) --decode steps--> finished (stop token or max_tokens) -> blocks freed
+  running (decoding) --the cache is out of blocks for a request's next token: the newest's own blocks copied to host
+  memory (corun/swap_preemption.py)--> paused --room again (oldest first, before any admission): copied back--> running
   (async scheduling, corun/decode_ahead.py: a decode step is launched before the previous one's tokens are read, so a
   request learns it finished one step late; that step's token of it is dropped)
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from corun.block_manager import make_block_manager
+from corun.kv_swap import host_swap_for
 from corun.model_runner import ModelRunner, SampledToken
 from corun.request import Request, RequestStatus
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, make_scheduler
@@ -42,7 +46,8 @@ class LLMEngine:
         # NOTE: resolved on the device by the runner, with the KV budget it sized
         self.config = config = self.runner.config
         self.block_manager = make_block_manager(config, self.runner.kv_cache.num_blocks)
-        self.scheduler = make_scheduler(config.scheduler, self.block_manager)
+        self.scheduler = make_scheduler(config.scheduler, self.block_manager,
+                                        host_swap_for(config, self.runner.kv_cache))
         if self.runner.decode_rides_prefill:
             self.scheduler.decode_rides_prefill = True
         if self.runner.multi_chunk_prefill:

@@ -33,6 +33,12 @@ def swap_capacity_blocks(config: EngineConfig, kv_cache) -> int:
     return swap_space_bytes(config.cache, config.device) // kv_cache.block_nbytes
 
 
+def host_swap_for(config: EngineConfig, kv_cache) -> HostSwap | None:
+    """An engine's or colocated node's swap space (corun/swap_preemption.py), None where it has none."""
+    capacity = swap_capacity_blocks(config, kv_cache)
+    return HostSwap(kv_cache, capacity) if capacity else None
+
+
 def swap_space_bytes(cache: CacheConfig, device: str) -> int:
     """The swap space a node gets: as configured, or (auto) GPU_SWAP_SHARE_OF_HOST_MEMORY of the host memory available
     now, split among the host's GPUs, on CUDA; none on CPU (its KV cache is host memory already)."""

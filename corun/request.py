@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from wire.outputs import TokenLogprobs
 
 if TYPE_CHECKING:
+    from corun.kv_swap import SwappedBlocks
     from corun.prefix_cache import CachedChunk
 from wire.sampling_params import SamplingParams
 
@@ -52,6 +53,10 @@ class Request:
     """The prompt's full chunks' hash chain (wire/prefix_hash.py), once the prefix cache asked for it."""
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
+    admission_order: int = -1
+    """When it was admitted: with a swap space the newest are paused first, the oldest never (swap_preemption.py)."""
+    swapped: SwappedBlocks | None = None
+    """Paused: its last blocks, in host memory (block_ids holds those still in the cache)."""
 
     @classmethod
     def create(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int,

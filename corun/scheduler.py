@@ -2,8 +2,10 @@
 
 fixed_shape (paper Algorithms 1 and 2): finish a chunked prefill first; else admit the head of the waiting queue
 alone, while running < N and its whole configured sequence (prompt + max_tokens) fits in the KV cache; else
-one decode step over every decoding request. Since KV for the whole sequence is reserved at admission nothing is
-ever preempted. Packed prefill (prefill_pack_tokens) fills one forward with the next chunk of several prompts
+one decode step over every decoding request. Without a swap space KV for the whole sequence is reserved at admission
+and nothing is ever preempted; with one (both modes), a request gets blocks as its tokens need them and the newest are
+paused to host memory when the cache runs out, bit for bit (corun/swap_preemption.py).
+Packed prefill (prefill_pack_tokens) fills one forward with the next chunk of several prompts
 instead of one; with a prefill_token_budget a decode step runs once that many prompt tokens were prefilled since
 the last one, so a queue of prompts cannot starve the requests already decoding; with decode_rides_prefill (where
 the runner verified it changes no bits) every prefill forward carries the decode step instead, one forward for
@@ -20,10 +22,15 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from corun.block_manager import BlockManager
 from corun.request import Request, RequestStatus
+from corun.swap_preemption import SwapPreemption
 from wire.config import SchedulerConfig
+
+if TYPE_CHECKING:
+    from corun.kv_swap import HostSwap
 
 
 class RequestRejected(ValueError):
@@ -136,12 +143,19 @@ class ScheduledBatch:
     prefill_chunks: list[PrefillChunk] = field(default_factory=list)
 
 
-class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, block_manager: BlockManager):
+class Scheduler(SwapPreemption):
+    def __init__(self, cfg: SchedulerConfig, block_manager: BlockManager, swap: HostSwap | None = None):
+        """swap: the host memory paused requests' blocks go to (None or no capacity: whole sequences reserved)."""
         self.cfg = cfg
         self.block_manager = block_manager
+        self.swap = swap
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.paused: list[Request] = []
+        """Oldest first (Request.admission_order)."""
+        self.num_preemptions = 0
+        self.chunks_let_go_after_copy = []
+        self._admissions = itertools.count()
         self.waiting_order: Callable[[], Iterable[Request]] = lambda: self.waiting
         """Waiting in the order its prompts may start (fixed_shape's prefill): arrival order, unless the owner
         (a colocated node: its tenants in turn) sets another."""
@@ -158,11 +172,14 @@ class Scheduler:
         check_fits_cache(request.request_id, self.block_manager, request.max_num_tokens)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.paused)
 
     def finish(self, request: Request, reason: str) -> None:
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
-        self.running.remove(request)
+        if request in self.paused:
+            self.forget_paused(request)
+        else:
+            self.running.remove(request)
         self.block_manager.release(request)
 
     def abort(self, request: Request) -> None:
@@ -170,7 +187,7 @@ class Scheduler:
         if request in self.waiting:
             self.waiting.remove(request)
             request.status, request.finish_reason = RequestStatus.FINISHED, "abort"
-        elif request in self.running:
+        elif request in self.running or request in self.paused:
             self.finish(request, "abort")
 
     def admit_head(self) -> Request | None:
@@ -181,12 +198,13 @@ class Scheduler:
 
     def admit(self, request: Request) -> bool:
         """Move a waiting request to running (admit_head's rule, for any request of waiting)."""
-        if len(self.running) >= self.cfg.max_num_seqs:
+        if len(self.running) + len(self.paused) >= self.cfg.max_num_seqs or not self.may_admit(request):
             return False
-        if not self.block_manager.allocate_request(request, request.max_num_tokens):
+        if not self.block_manager.allocate_request(request, self.admission_tokens(request)):
             return False
         self.waiting.remove(request)
         request.status = RequestStatus.RUNNING
+        request.admission_order = next(self._admissions)
         self.running.append(request)
         self.on_admit(request)
         return True
@@ -201,8 +219,8 @@ class Scheduler:
 
 
 class FixedShapeScheduler(Scheduler):
-    def __init__(self, cfg: SchedulerConfig, block_manager: BlockManager):
-        super().__init__(cfg, block_manager)
+    def __init__(self, cfg: SchedulerConfig, block_manager: BlockManager, swap: HostSwap | None = None):
+        super().__init__(cfg, block_manager, swap)
         self.num_prefilled_since_decode = 0
         """Prompt tokens prefilled since the last decode step (for prefill_token_budget)."""
         self.decode_rides_prefill = False
@@ -212,7 +230,8 @@ class FixedShapeScheduler(Scheduler):
         """Set by the owner when its runner verified that a prompt may run several chunks in one forward."""
 
     def schedule(self) -> ScheduledBatch | None:
-        decoding = [r for r in self.running if not r.is_prefilling]
+        self.prepare_blocks()
+        decoding = self.ready_to_step(self.decoding())
         if self.decode_rides_prefill and decoding:
             # NOTE: the pack is every prompt token between two of a decoding request's tokens, so the budget caps it
             chunks = self.prefill_chunks(self.pack_rows_left(0))
@@ -247,7 +266,8 @@ class FixedShapeScheduler(Scheduler):
 class MixedScheduler(Scheduler):
     def schedule(self) -> ScheduledBatch | None:
         budget = self.cfg.max_num_batched_tokens
-        decodes = [r for r in self.running if not r.is_prefilling][:budget]
+        self.prepare_blocks()
+        decodes = self.ready_to_step(self.decoding())[:budget]
         budget -= len(decodes)
         chunks = []
         for request in [r for r in self.running if r.is_prefilling]:
@@ -321,9 +341,9 @@ def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefi
     return chunks
 
 
-def make_scheduler(cfg: SchedulerConfig, block_manager: BlockManager) -> Scheduler:
+def make_scheduler(cfg: SchedulerConfig, block_manager: BlockManager, swap: HostSwap | None = None) -> Scheduler:
     """cfg resolved on its device (EngineConfig.resolved): a scheduler never guesses an 'auto' setting."""
     if not cfg.is_resolved:
         raise ValueError("the scheduler needs a config resolved on its device (EngineConfig.resolved)")
     # NOTE: batch_invariant mode schedules like mixed; only its kernels differ.
-    return (FixedShapeScheduler if cfg.mode == "fixed_shape" else MixedScheduler)(cfg, block_manager)
+    return (FixedShapeScheduler if cfg.mode == "fixed_shape" else MixedScheduler)(cfg, block_manager, swap)
