@@ -55,7 +55,9 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
-  stop54_engine_swap)  # stop 54: the engine (and a colocated node) with a swap space by default on CUDA: blocks as tokens
+  stop54_engine_swap)  # NOTE: ran on an H100 80 GB (results/h100_defaults_t0_engine_swap_stop54.json,
+    # h100_defaults_t0_engine_swap_off_stop54.json, h100_gpu_tests_engine_swap_stop54.log; inline on the warm machine,
+    # then after the pause moved whole requests, the small-cache runs in results/README.md 'Stop 54'). stop 54: the engine (and a colocated node) with a swap space by default on CUDA: blocks as tokens
     # need them, the newest paused to host memory (corun/swap_preemption.py), so on an H100 the engine's 1024x2048
     # rows are no longer its cache over whole sequences (111 at stop 53): the GPU tests, then t = 0 at the defaults
     # (swap auto) against the swap space off, corun beside standard in each

@@ -202,10 +202,10 @@ def pool_families(statuses: list[NodeStatus], model_name: str) -> Iterator:
                                 labels=MODEL_LABEL)
     waiting.add_metric([model_name], float(sum(s.pong.stats.get("num_waiting", 0) for s in answered)))
     yield from (running, waiting, kv_cache_usage(answered, model_name), iteration_tokens(answered, model_name))
-    # NOTE: only a decode node preempts: it pauses samples to host memory (corun/kv_swap.py); the engine and colocated
-    # nodes reserve a request's KV for its whole length when they admit it
-    preemptions = CounterMetricFamily("vllm:num_preemptions", "Samples the decode nodes paused to host memory, over "
-                                      "the nodes", labels=MODEL_LABEL)
+    # NOTE: decode and colocated nodes with a swap space pause samples to host memory (corun/kv_swap.py,
+    # corun/swap_preemption.py); a prefill node never does
+    preemptions = CounterMetricFamily("vllm:num_preemptions", "Samples the decode and colocated nodes paused to host "
+                                      "memory, over the nodes", labels=MODEL_LABEL)
     preemptions.add_metric([model_name], float(sum(s.pong.stats.get("num_preemptions", 0) for s in answered)))
     # NOTE: the prefill and colocated nodes' prefix caches, in prompt tokens as vLLM counts them (a request asking
     # prompt_logprobs looks nothing up and is not counted); summed over the nodes that answered
