@@ -203,3 +203,20 @@ def test_on_cuda_paused_requests_continue_bit_for_bit(tiny_model_dir):
         assert generate(cuda_engine(SMALL_CACHE, SWAP), batch) != alone
     finally:
         HostSwap.swap_in = swap_in
+
+
+def test_a_deleted_engine_frees_its_kv_cache_without_waiting_for_the_garbage_collector(tiny_model_dir):
+    """Nothing of an engine holds itself in a cycle: with the swap space (which holds the KV cache) the scheduler's
+    cycle kept a deleted engine's KV until a collection, and a second engine in the process sized its KV beside it."""
+    import gc
+    import weakref
+
+    llm = engine(tiny_model_dir, SMALL_CACHE, SWAP)
+    generate(llm, prompts(1), dataclasses.replace(LONG, max_tokens=4))
+    kv_cache = weakref.ref(llm.engine.runner.kv_cache)
+    gc.disable()
+    try:
+        del llm
+        assert kv_cache() is None
+    finally:
+        gc.enable()
