@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Fresh-machine set-up: a venv in .venv with the CPU torch, then the project and its test extras; guidellm (a load
 # client the tests run against `corun serve`) in its own venv, .venv-guidellm; vLLM's CPU build in .venv-vllm.
+#   bash scripts/setup.sh          everything (the tests need it all)
+#   bash scripts/setup.sh serve    .venv only: what `corun serve` needs (about half the time; no vLLM, no guidellm)
 set -euo pipefail
+only=${1:-all}
+if [ "$only" != all ] && [ "$only" != serve ]; then
+    echo "setup.sh: unknown argument '$only' (give nothing, or 'serve' for .venv only)" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.."
 step() { echo "setup: $* ($(date +%T))"; }
 step "1/6 virtual environment in .venv"
@@ -15,6 +22,10 @@ step "3/6 torch 2.13.0 (CPU build)"
 python -m pip install -q torch==2.13.0
 step "4/6 corun-cluster and its test extras (ray, nixl, vllm's pieces...: the longest step)"
 python -m pip install -q -e ".[test,plot]"
+if [ "$only" = serve ]; then
+    step "done: .venv/bin/corun (the tests need the rest: bash scripts/setup.sh)"
+    exit 0
+fi
 # NOTE: its own venv: guidellm 0.8.1 pins click~=8.4 and its sanic wants multidict<7, which in .venv would
 # downgrade click (ray, huggingface_hub) and the router's aiohttp's multidict. CPU torch first, as above.
 step "5/6 guidellm 0.8.1 in .venv-guidellm (tests/clients/test_guidellm.py)"
