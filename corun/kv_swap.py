@@ -164,6 +164,20 @@ class HostSwap:
         self.drop(swapped)
         self.num_blocks_in += len(block_ids)
 
+    def pause_tail(self, request, count: int, earlier: SwappedBlocks | None) -> SwappedBlocks:
+        """The request's last count blocks copied out (after the step in flight, which writes its KV) and gone from
+        its block ids; -> all it has in host memory now, in order (these blocks come before earlier's)."""
+        head, tail = request.block_ids[:-count], request.block_ids[-count:]
+        swapped = self.swap_out(tail)
+        request.block_ids = head
+        return swapped if earlier is None else swapped.followed_by(earlier)
+
+    def resume(self, request, swapped: SwappedBlocks, block_manager) -> None:
+        """The request's swapped blocks copied back into new blocks of block_manager, after those it holds."""
+        blocks = block_manager.allocate(swapped.num_blocks * block_manager.block_size)
+        self.swap_in(swapped, blocks)
+        request.block_ids = request.block_ids + blocks  # NOTE: replaced, never mutated (step_inputs caches it)
+
     def drop(self, swapped: SwappedBlocks) -> None:
         """The swapped blocks are not needed any more (copied back, or their request ended)."""
         self.used_blocks -= swapped.num_blocks

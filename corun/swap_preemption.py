@@ -132,14 +132,11 @@ class SwapPreemption:
         if not victims:
             return False
         victim = max(victims, key=lambda r: r.admission_order)
-        count = self.pausable_blocks(victim)
-        head, tail = victim.block_ids[:-count], victim.block_ids[-count:]
-        swapped = self.swap.swap_out(tail)  # NOTE: after the step in flight, which writes its KV
-        if not head and victim.cached_chunks:  # NOTE: a chunk's blocks may be reused only once the copy has read them
-            self.chunks_let_go_after_copy.append((swapped.parts[0], victim.cached_chunks))
+        victim.swapped = self.swap.pause_tail(victim, self.pausable_blocks(victim), victim.swapped)
+        if not victim.block_ids and victim.cached_chunks:
+            # NOTE: the chunks' blocks may be reused only once the copy (its newest part: first) has read them
+            self.chunks_let_go_after_copy.append((victim.swapped.parts[0], victim.cached_chunks))
             victim.cached_chunks = []
-        victim.block_ids = head
-        victim.swapped = swapped if victim.swapped is None else swapped.followed_by(victim.swapped)
         if victim in self.running:
             self.running.remove(victim)
             self.paused.append(victim)
@@ -177,9 +174,7 @@ class SwapPreemption:
                 len(self.decoding()) + 1
             if self.block_manager.num_free_blocks < wanted:
                 return
-            blocks = self.block_manager.allocate(swapped.num_blocks * self.block_manager.block_size)
-            self.swap.swap_in(swapped, blocks)
-            request.block_ids = request.block_ids + blocks
+            self.swap.resume(request, swapped, self.block_manager)
             request.swapped = None
             self.running.append(self.paused.pop(0))
 

@@ -85,10 +85,7 @@ class KVGrowth:
         victim = max(holders, key=lambda s: s.order)
         request = victim.request
         count = min(len(request.block_ids), self.swap.room)  # NOTE: >= needed while admission holds (kv_swap.py)
-        head, tail = request.block_ids[:-count], request.block_ids[-count:]
-        swapped = self.swap.swap_out(tail)  # NOTE: after the step in flight, which writes its KV
-        request.block_ids = head
-        victim.swapped = swapped if victim.swapped is None else swapped.followed_by(victim.swapped)
+        victim.swapped = self.swap.pause_tail(request, count, victim.swapped)
         if victim in self.running:
             self.running.remove(victim)
             self.paused.append(victim)
@@ -108,8 +105,6 @@ class KVGrowth:
             wanted = swapped.num_blocks + max(0, self.blocks_for_next_step(request) - held) + len(self.running) + 1
             if self.block_manager.num_free_blocks < wanted:
                 return
-            blocks = self.block_manager.allocate(swapped.num_blocks * self.block_manager.block_size)
-            self.swap.swap_in(swapped, blocks)
-            request.block_ids = request.block_ids + blocks
+            self.swap.resume(request, swapped, self.block_manager)
             sample.swapped = None
             self.running.append(self.paused.pop(0))
