@@ -100,3 +100,43 @@ def test_a_node_whose_weights_holder_ended_stops_before_sending_what_its_forward
     while router.poll(200):  # NOTE: the alive request's last step may still be on its way
         arrived += [event.request_id for event in protocol.decode(router.recv_multipart()[-1]).events]
     assert "after" not in arrived, "a token of the forward that ran after the holder ended left the node"
+
+
+def test_with_a_swap_space_paused_samples_stream_what_each_request_gives_alone(tiny_model_dir):
+    """A colocated node whose cache holds two of these sequences whole (17 blocks) and a swap space: four requests
+    run with pauses (corun/swap_preemption.py), and each streams the tokens and logprobs the engine gives it alone."""
+    import dataclasses
+
+    from corun import LLM
+    from wire.config import MIB, CacheConfig
+
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=100, logprobs=1, ignore_eos=True)
+    prompts = {f"r{i}": list(range(30 + 7 * i, 50 + 7 * i)) for i in range(4)}
+    engine = small_engine(tiny_model_dir)
+    alone_llm = LLM.from_config(dataclasses.replace(engine, cache=CacheConfig(num_blocks=256)))
+    alone = {rid: [(t, lp) for t, lp in zip(out.token_ids, out.logprobs, strict=True)]
+             for rid, out in ((rid, alone_llm.generate([p], params)[0].outputs[0]) for rid, p in prompts.items())}
+    del alone_llm
+    node = ColocatedServer(NodeConfig("colocated", "colocated-swap", dataclasses.replace(
+        engine, cache=CacheConfig(num_blocks=17, swap_space_bytes=64 * MIB)), port=free_port("127.0.0.1")))
+    try:
+        with router_socket(node.config.address) as router:
+            for rid, prompt in prompts.items():
+                router.send(protocol.encode(protocol.GenerateRequest(rid, prompt, params)))
+            streamed = {rid: [] for rid in prompts}
+            finished: set[str] = set()
+            deadline = time.monotonic() + 120
+            while len(finished) < len(prompts) or node.busy():
+                node.receive(timeout_ms=1)
+                node.step()
+                while router.poll(0):
+                    for event in protocol.decode(router.recv_multipart()[-1]).events:
+                        streamed[event.request_id] += zip(event.token_ids, event.logprobs, strict=True)
+                        if event.finish_reason:
+                            finished.add(event.request_id)
+                assert time.monotonic() < deadline, f"finished {sorted(finished)} only"
+        assert node.scheduler.num_preemptions > 0 and node.role_stats()["num_preemptions"] > 0
+        assert node.scheduler.swap.used_blocks == 0 and not node.block_manager.allocated_block_ids
+        assert streamed == alone
+    finally:
+        node.close()
