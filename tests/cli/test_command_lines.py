@@ -110,8 +110,9 @@ def test_corun_serve_refuses_a_port_outside_1_to_65535_in_one_line(capsys, flag,
     with pytest.raises(SystemExit) as exited:
         serve_args(["--model", "m", flag, value])
     assert exited.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == \
-        f"corun serve: error: argument {flag}: must be a port number from 1 to 65535, got {value!r}"
+    assert capsys.readouterr().err.splitlines() == [
+        f"corun serve: error: argument {flag}: must be a port number from 1 to 65535, got {value!r}",
+        "(corun serve --help lists the arguments)"]
     highest = cluster_config_from_args(serve_args(["--model", "m", flag, "65535"]), {})
     assert getattr(highest, flag[2:].replace("-", "_")) == 65535  # NOTE: inverse: the range's ends are ports
 
@@ -199,3 +200,15 @@ def test_the_model_writing_commands_describe_every_argument(command):
     """`corun make-tiny-model --help` once showed dir, --seed and --dtype with no word of what they do."""
     commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
     assert [action.dest for action in commands.choices[command]._actions if not action.help] == []
+
+
+@pytest.mark.parametrize("argv", [["serve", "--model", "m", "--max-num-seqs", "x"], ["bench", "--nosuch"], ["nosuch"]])
+def test_a_usage_error_is_two_lines_the_error_and_where_the_flags_are(capsys, argv):
+    """argparse printed the whole usage first (~80 lines for serve), and the error scrolled out of sight."""
+    from cli.main import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    lines = capsys.readouterr().err.splitlines()
+    assert exited.value.code == 2 and len(lines) == 2
+    assert lines[0].startswith("corun") and ": error: " in lines[0] and lines[1].endswith("--help lists the arguments)")
