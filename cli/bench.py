@@ -60,7 +60,7 @@ def add_bench(commands) -> None:
                      help="SLO targets for goodput, e.g. --goodput ttft:500 tpot:50")
     cmd.add_argument("--max-seconds", type=float, default=None,
                      help="cut each (mode, workload) run after this long; its result is marked truncated")
-    cmd.add_argument("--out", default=None)
+    cmd.add_argument("--out", default=None, help="write the JSON report here as well as to stdout")
     served = cmd.add_argument_group("a running cluster (vllm bench serve-like); --model names its checkpoint")
     served.add_argument("--url", default=None, help="the router, e.g. http://127.0.0.1:8000: stream every request "
                         "to it instead of running engines here")

@@ -11,6 +11,7 @@ from typing import get_args
 from corun.models.presets import PRESETS
 from wire.config import DType
 from wire.engine_args import add_engine_args, engine_config_from_args
+from wire.sampling_params import SamplingParams
 
 
 def add_make_tiny_model(commands) -> None:
@@ -52,14 +53,16 @@ def add_generate(commands) -> None:
     cmd = commands.add_parser("generate", help="offline generation for a file of prompts (one per line)")
     add_engine_args(cmd)
     cmd.add_argument("--prompts", required=True, help="text file, one prompt per line ('-' for stdin)")
-    cmd.add_argument("--max-tokens", type=int, default=16)
+    sampling = SamplingParams()  # NOTE: the defaults are SamplingParams' own, as every other entry point's
+    cmd.add_argument("--max-tokens", type=int, default=sampling.max_tokens, help="tokens to generate per prompt")
     cmd.add_argument("--seed", type=int, default=None,
                      help="request seed for every prompt (default: derived from --base-seed and each request id)")
-    cmd.add_argument("--temperature", type=float, default=1.0)
-    cmd.add_argument("--top-p", type=float, default=1.0)
-    cmd.add_argument("--top-k", type=int, default=0)
-    cmd.add_argument("--logprobs", type=int, default=None)
-    cmd.add_argument("--ignore-eos", action="store_true")
+    cmd.add_argument("--temperature", type=float, default=sampling.temperature, help="0: greedy")
+    cmd.add_argument("--top-p", type=float, default=sampling.top_p, help="nucleus sampling's probability mass")
+    cmd.add_argument("--top-k", type=int, default=sampling.top_k, help="the k most likely tokens only (0: all)")
+    cmd.add_argument("--logprobs", type=int, default=None,
+                     help="also the log-probabilities of this many most likely tokens per position (--json)")
+    cmd.add_argument("--ignore-eos", action="store_true", help="generate --max-tokens even past the EOS token")
     cmd.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     cmd.set_defaults(run=run_generate)
 
@@ -74,7 +77,6 @@ def read_prompts(path: str) -> list[str]:
 
 def run_generate(args) -> int:
     from corun.llm import LLM
-    from wire.sampling_params import SamplingParams
 
     prompts = read_prompts(args.prompts)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

@@ -70,8 +70,9 @@ def add_profiling_flags(cmd) -> None:
     cmd.add_argument("--prefill-token-budget", type=int, default=None, help="prompt tokens a colocated node "
                      "prefills between two decode steps (default: the profile's; the engine's auto to profile)")
     cmd.add_argument("--device", default=EngineConfig.device, help="profiling: device")
-    cmd.add_argument("--dtype", default=EngineConfig.dtype, choices=get_args(EngineDType))
-    cmd.add_argument("--num-threads", type=int, default=None)
+    cmd.add_argument("--dtype", default=EngineConfig.dtype, choices=get_args(EngineDType),
+                     help="the profiled engine's dtype (auto: the checkpoint's, bf16 where the GPU has it)")
+    cmd.add_argument("--num-threads", type=int, default=None, help="CPU compute threads (default: torch's)")
     cmd.add_argument("--profile-lengths", default=None, help="profiling: prompt lengths, e.g. 64,256,1024")
     cmd.add_argument("--profile-contexts", default=None, help="profiling: decode contexts, e.g. 256,1024")
     cmd.add_argument("--profile-rows", default=None, help="profiling: active decode rows, e.g. 1,16,32")

@@ -23,7 +23,7 @@ def add_scale(commands) -> None:
     cmd.add_argument("--api-key", default=None, help=f"corun serve's --api-key (default: ${API_KEY_ENV})")
     action = cmd.add_subparsers(dest="action", required=True)
     add = action.add_parser("add", help="start one more node of a role and add it to the router's pool")
-    add.add_argument("role", choices=["prefill", "decode", "colocated"])
+    add.add_argument("role", choices=["prefill", "decode", "colocated"], help="the new node's role")
     add.add_argument("--no-wait", action="store_true", help="return once the node is started and in the routers' "
                      "pools, before it answers (by default: once every router has it answering, so that it takes "
                      "requests)")
