@@ -8,8 +8,9 @@ tokens on the device, at the position after it, and the host reads step k's toke
 Why outputs do not change: a row's input token, position, KV slot, context length and sampling position are
 exactly those the synchronous step would give it; only where the token comes from differs. A row whose token of
 step k ends it (a stop token) is still computed in step k+1: its KV write lands in its own reserved blocks
-(admission reserves prompt + max_tokens, and a row whose step-k token reaches max_tokens is left out), and the
-fixed-shape step gives every other row the same bits whatever that row holds. Its token is dropped.
+(admission reserves prompt + max_tokens, or, with a swap space, a row's blocks reach the position its next step
+writes before that step is scheduled: swap_preemption.py; a row whose step-k token reaches max_tokens is left out),
+and the fixed-shape step gives every other row the same bits whatever that row holds. Its token is dropped.
 Logit adjustments run ahead too: min_tokens needs only the count of tokens (known), the penalties count the token in
 flight from the device (HistoryAhead, fill_penalty_tokens), bias and allowed tokens need no history. Rows whose next
 logits depend on the values of their last tokens on the host (bad words, a grammar's matcher) make the step
