@@ -16,9 +16,20 @@ from launch.cluster import ClusterConfig
 from launch.ray_config import RayClusterConfig
 from wire.flags import add_flags, config_from_args
 
+SERVE_EXAMPLES = """\
+The OpenAI API of a local cluster, until Ctrl-C. For example:
+  corun serve --model models/tiny --prefill 1 --decode 1 --port 8000   a prefill and a decode node (the README's)
+  corun serve --model DIR --device cuda --prefill 0 --decode 0 --colocated 1   one GPU: a colocated node
+  corun serve --model DIR --device cuda --prefill 1 --decode 3 --prefill-gpus 0 --decode-gpus 1,2,3
+                                                                        P/D over four GPUs
+Every flag below; README.md says which deployment to pick when."""
+
 
 def add_serve(commands) -> None:
-    cmd = commands.add_parser("serve", help="a cluster: prefill servers, decode servers and the router")
+    cmd = commands.add_parser(
+        "serve", help="a cluster: prefill servers, decode servers and the router",
+        usage="corun serve --model DIR [--prefill P --decode D | --colocated K] [--port PORT] [options]",
+        formatter_class=argparse.RawDescriptionHelpFormatter, description=SERVE_EXAMPLES)
     add_flags(cmd, ClusterConfig)
     cmd.add_argument("--launcher", default="local", choices=["local", "ray"],
                      help="local: every process on this host; ray: the nodes on a Ray cluster, the router here")
