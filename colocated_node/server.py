@@ -13,7 +13,7 @@ LLM.generate splits them):
   prefilling --last chunk: token 1 sampled, streamed (with the prompt's logprobs)--> decoding
   decoding (the N-row decode step; one StepTokens per router per step, a TokenEvent per sample in it)
       --stop / length / Abort--> finished: slot + blocks free
-  decoding --the cache is out of blocks: the newest's own blocks copied to host memory--> paused --room again-->
+  decoding --the cache is out of blocks: the newest's blocks copied to host memory--> paused --room again-->
       decoding
   with prefill_token_budget, a decode step runs once that many prompt tokens were prefilled since the last one.
   async scheduling (corun/decode_ahead.py): a decode step is launched before the previous one's tokens are read and

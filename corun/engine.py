@@ -6,7 +6,7 @@ Lifecycle of a request (queues of the scheduler):
   (admission holds the prompt's longest cached full-chunk prefix, corun/prefix_cache.py; prefill starts after it,
   and each full chunk a prefill forward completes is offered to the cache)
   running (prefilled; token 1 sampled) --decode steps--> finished (stop token or max_tokens) -> blocks freed
-  running (decoding) --the cache is out of blocks for a request's next token: the newest's own blocks copied to host
+  running (decoding) --the cache is out of blocks for a request's next token: the newest's blocks copied to host
   memory (corun/swap_preemption.py)--> paused --room again (oldest first, before any admission): copied back--> running
   (async scheduling, corun/decode_ahead.py: a decode step is launched before the previous one's tokens are read, so a
   request learns it finished one step late; that step's token of it is dropped)

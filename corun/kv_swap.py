@@ -167,6 +167,8 @@ class HostSwap:
     def pause_tail(self, request, count: int, earlier: SwappedBlocks | None) -> SwappedBlocks:
         """The request's last count blocks copied out (after the step in flight, which writes its KV) and gone from
         its block ids; -> all it has in host memory now, in order (these blocks come before earlier's)."""
+        if count < 1:  # NOTE: block_ids[-0:] is every block
+            raise ValueError(f"a pause moves at least one block, got {count}")
         head, tail = request.block_ids[:-count], request.block_ids[-count:]
         swapped = self.swap_out(tail)
         request.block_ids = head

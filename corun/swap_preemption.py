@@ -93,8 +93,11 @@ class SwapPreemption:
         return [r for r in decoding if len(r.block_ids) >= self.blocks_for_next_step(r)]
 
     def blocks_for_next_step(self, request: Request) -> int:
-        """Blocks to the position its next step writes, after its token in flight if any (one too many otherwise)."""
-        return self.block_manager.blocks_needed(min(request.num_tokens + 1, request.max_num_tokens))
+        """Blocks to the position its next step writes, after its token in flight if any (one too many otherwise).
+        NOTE: at most max_num_tokens - 1 positions: a request's last token is never fed back, so its KV is never
+        written (a request whose token in flight is its last by length runs no further step; asking a block for it
+        paused others for a block no step writes)."""
+        return self.block_manager.blocks_needed(min(request.num_tokens + 1, request.max_num_tokens - 1))
 
     def grow_running(self) -> None:
         """Each decoding request, oldest first, gets its next step's blocks, pausing the newest where none are free;

@@ -471,9 +471,10 @@ class CacheConfig:
     swap_space_bytes: int | None = field(default=None, metadata=flag("--swap-space-mib", scale=MIB))
     """Host memory a decode node, a colocated node or an engine may move KV blocks to (the flag: in MiB), so that it
     may admit requests whose whole sequences (prompt + max_tokens) hold up to this much more than its KV cache: a
-    request's blocks are allocated as its tokens need them, and when the cache runs out the newest requests' own
-    blocks are copied to host memory (pinned, taken as needed) and back, bit for bit, before they decode again
-    (corun/kv_swap.py; an engine's, corun/swap_preemption.py, keeps the prefix cache's chunks in place). 0: every
+    request's blocks are allocated as its tokens need them, and when the cache runs out the newest requests' blocks
+    are copied to host memory (pinned, taken as needed) and back, bit for bit, before they decode again
+    (corun/kv_swap.py; an engine's, corun/swap_preemption.py, lets the prefix cache's chunks a paused request held go
+    once copied, and copies back its own). 0: every
     request's whole sequence is reserved at admission and nothing is paused. None (auto): on CUDA
     GPU_SWAP_SHARE_OF_HOST_MEMORY of the host memory available at start-up, split among the host's GPUs; 0 on CPU."""
     enable_prefix_caching: bool = True

@@ -4,6 +4,7 @@ memory and copied back, bit for bit (corun/swap_preemption.py). Float32 on CPU, 
 
 import dataclasses
 import random
+import types
 
 import pytest
 
@@ -220,3 +221,30 @@ def test_a_deleted_engine_frees_its_kv_cache_without_waiting_for_the_garbage_col
         assert kv_cache() is None
     finally:
         gc.enable()
+
+
+def test_a_request_never_holds_a_block_for_its_last_token_which_no_step_writes(tiny_model_dir):
+    """20 + 109 tokens: positions 0-127 are written (the last token is never fed back), 8 blocks; asking a ninth for
+    position 128, once its last token was in flight, paused other requests for a block no step writes (review)."""
+    llm = engine(tiny_model_dir, SMALL_CACHE, SWAP)
+    eng = llm.engine
+    request = eng.add_request("edge", prompts(1)[0], dataclasses.replace(LONG, max_tokens=109))
+    most, prepare = 0, eng.scheduler.prepare_blocks
+
+    def prepare_and_count():
+        nonlocal most
+        prepare()
+        most = max(most, len(request.block_ids))
+    eng.scheduler.prepare_blocks = prepare_and_count
+    while eng.has_unfinished():
+        eng.step()
+    assert len(request.output_token_ids) == 109
+    assert most == eng.block_manager.blocks_needed(request.max_num_tokens - 1) == 8
+    assert eng.block_manager.blocks_needed(request.max_num_tokens) == 9  # NOTE: what admission's bound counts
+
+
+def test_a_pause_of_no_blocks_is_refused():
+    """block_ids[-0:] is every block: a pause of 0 would move them all."""
+    swap = HostSwap.__new__(HostSwap)
+    with pytest.raises(ValueError, match="at least one block"):
+        swap.pause_tail(types.SimpleNamespace(block_ids=[1, 2]), 0, None)
