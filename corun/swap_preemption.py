@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from corun.request import Request
 
 
+def blocks_for_next_step(block_manager: BlockManager, request: Request) -> int:
+    """Blocks to the position a request's next decode step writes, after its token in flight if any (one too many
+    otherwise): an engine's and a decode node's.
+    NOTE: at most max_num_tokens - 1 positions: a request's last token is never fed back, so its KV is never written (a
+    request whose token in flight is its last by length runs no further step; asking a block for it paused others for
+    a block no step writes)."""
+    return block_manager.blocks_needed(min(request.num_tokens + 1, request.max_num_tokens - 1))
+
+
 class SwapPreemption:
     """A part of Scheduler (corun/scheduler.py): its running and paused requests (paused oldest first, by
     Request.admission_order), its block manager and its HostSwap."""
@@ -93,11 +102,7 @@ class SwapPreemption:
         return [r for r in decoding if len(r.block_ids) >= self.blocks_for_next_step(r)]
 
     def blocks_for_next_step(self, request: Request) -> int:
-        """Blocks to the position its next step writes, after its token in flight if any (one too many otherwise).
-        NOTE: at most max_num_tokens - 1 positions: a request's last token is never fed back, so its KV is never
-        written (a request whose token in flight is its last by length runs no further step; asking a block for it
-        paused others for a block no step writes)."""
-        return self.block_manager.blocks_needed(min(request.num_tokens + 1, request.max_num_tokens - 1))
+        return blocks_for_next_step(self.block_manager, request)
 
     def grow_running(self) -> None:
         """Each decoding request, oldest first, gets its next step's blocks, pausing the newest where none are free;

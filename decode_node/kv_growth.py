@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from corun.request import Request
+from corun.swap_preemption import blocks_for_next_step
 
 if TYPE_CHECKING:
     from corun.block_manager import BlockManager
@@ -72,8 +73,7 @@ class KVGrowth:
             self.block_manager.free(copied)
 
     def blocks_for_next_step(self, request: Request) -> int:
-        """Blocks to the position its next step writes, after its token in flight if any (one too many otherwise)."""
-        return self.block_manager.blocks_needed(min(request.num_tokens + 1, request.max_num_tokens))
+        return blocks_for_next_step(self.block_manager, request)
 
     def pause_newest(self) -> bool:
         """Pause the newest sample holding blocks, running or paused, unless it is the only one (the oldest always
