@@ -19,6 +19,7 @@ finishes:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,6 +35,17 @@ def blocks_for_next_step(block_manager: BlockManager, request: Request) -> int:
     request whose token in flight is its last by length runs no further step; asking a block for it paused others for
     a block no step writes)."""
     return block_manager.blocks_needed(min(request.num_tokens + 1, request.max_num_tokens - 1))
+
+
+def move_to_paused(running: list, paused: list, holder, order: Callable) -> bool:
+    """A paused holder (an engine's request, a decode node's sample) leaves running for paused, which stays oldest
+    first by order; -> whether it was running (a new pause, not a paused one paused further)."""
+    if holder not in running:
+        return False
+    running.remove(holder)
+    paused.append(holder)
+    paused.sort(key=order)
+    return True
 
 
 class SwapPreemption:
@@ -145,11 +157,7 @@ class SwapPreemption:
             # NOTE: the chunks' blocks may be reused only once the copy (its newest part: first) has read them
             self.chunks_let_go_after_copy.append((victim.swapped.parts[0], victim.cached_chunks))
             victim.cached_chunks = []
-        if victim in self.running:
-            self.running.remove(victim)
-            self.paused.append(victim)
-            self.paused.sort(key=lambda r: r.admission_order)
-            self.num_preemptions += 1
+        self.num_preemptions += move_to_paused(self.running, self.paused, victim, lambda r: r.admission_order)
         self.free_copied()  # NOTE: on CPU the copy is complete already
         return True
 

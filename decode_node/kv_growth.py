@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from corun.request import Request
-from corun.swap_preemption import blocks_for_next_step
+from corun.swap_preemption import blocks_for_next_step, move_to_paused
 
 if TYPE_CHECKING:
     from corun.block_manager import BlockManager
@@ -86,11 +86,7 @@ class KVGrowth:
         request = victim.request
         count = min(len(request.block_ids), self.swap.room)  # NOTE: >= needed while admission holds (kv_swap.py)
         victim.swapped = self.swap.pause_tail(request, count, victim.swapped)
-        if victim in self.running:
-            self.running.remove(victim)
-            self.paused.append(victim)
-            self.paused.sort(key=lambda s: s.order)
-            self.num_preemptions += 1
+        self.num_preemptions += move_to_paused(self.running, self.paused, victim, lambda s: s.order)
         self.free_copied()  # NOTE: on CPU the copy is complete already
         return True
 
