@@ -55,6 +55,22 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
+  stop55_prefill_order)  # NOTE: ran on an H100 80 GB (results/h100_gpu_tests_prefill_order_stop55.log,
+    # h100_prefill_cost_{before,after}_stop55.json; h100_prefill_kernel_sweep_launch_order_stop55.json, whose
+    # longest-first rows failed to compile: the sweep's copy read a global in the kernel, since mended). stop 55: the packed prefill kernel launches its query tiles longest first (one grid
+    # axis, kv heads innermost; corun/packed_prefill.packed_prefill_tiles), so a long prompt's last tiles do not start
+    # when most SMs are idle: the GPU tests of the kernel and the packed graphs, the launch sweep with both orders, then
+    # the prefill figures of issue 20 item 5 before (HEAD's tree, exported to .gl/before) and after, in one call
+    timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kernels.py \
+      tests/corun/test_prefill_graphs.py tests/corun/test_multi_chunk_prefill.py tests/corun/test_joined_steps.py \
+      -rfE > "$out/gpu_tests.log" 2>&1
+    timeout 150 python3 -m benchmarks.prefill_kernel_sweep --out "$out/prefill_kernel_sweep_order_stop55.json" \
+      > "$out/sweep.log" 2>&1
+    (cd .gl/before && PYTHONPATH=/tmp/pydeps:. timeout 110 python3 -m benchmarks.prefill_cost --paths corun \
+      --lengths 16,64,1024,4096 --prefill-chunk-size 4096 --repeats 3 \
+      --out "$out/prefill_cost_before_stop55.json" > "$out/prefill_cost_before.log" 2>&1)
+    timeout 110 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64,1024,4096 --prefill-chunk-size 4096 \
+      --repeats 3 --out "$out/prefill_cost_after_stop55.json" > "$out/prefill_cost_after.log" 2>&1 ;;
   stop54_engine_swap)  # NOTE: ran on an H100 80 GB (results/h100_defaults_t0_engine_swap_stop54.json,
     # h100_defaults_t0_engine_swap_off_stop54.json, h100_gpu_tests_engine_swap_stop54.log; inline on the warm machine,
     # then after the pause moved whole requests, the small-cache runs in results/README.md 'Stop 54'). stop 54: the engine (and a colocated node) with a swap space by default on CUDA: blocks as tokens

@@ -31,8 +31,11 @@ def _kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seqs_ptr, tile_starts
             start_positions_ptr, num_tokens_ptr, scale, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
             stride_ot, stride_oh, stride_table, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
             BLOCK_SIZE: tl.constexpr, QUERY_TOKENS: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr,
-            EXP2: tl.constexpr):
-    program, kv_head = tl.program_id(0), tl.program_id(1)
+            EXP2: tl.constexpr, LONGEST_FIRST: tl.constexpr, NUM_KV_HEADS: tl.constexpr):
+    if LONGEST_FIRST:  # NOTE: one grid axis, kv heads innermost, the tiles sorted longest first (Pack)
+        program, kv_head = tl.program_id(0) // NUM_KV_HEADS, tl.program_id(0) % NUM_KV_HEADS
+    else:
+        program, kv_head = tl.program_id(0), tl.program_id(1)
     seq = tl.load(tile_seqs_ptr + program)
     if seq >= 0:
         tile_start = tl.load(tile_starts_ptr + program)
@@ -100,8 +103,10 @@ def _kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seqs_ptr, tile_starts
 class Pack:
     """Sequences (start position, tokens) of one launch over a shared paged cache."""
 
-    def __init__(self, cache_k, cache_v, tables, seqs: list[tuple[int, int, int]], query_tile: int):
-        """seqs: (table row, start position, tokens); the step's rows are the sequences' tokens in order."""
+    def __init__(self, cache_k, cache_v, tables, seqs: list[tuple[int, int, int]], query_tile: int,
+                 longest_first: bool = False):
+        """seqs: (table row, start position, tokens); the step's rows are the sequences' tokens in order.
+        longest_first: the query tiles sorted by their keys, most first (else sequence by sequence, in order)."""
         device = cache_k.device
         self.cache_k, self.cache_v = cache_k, cache_v
         self.tables = tables[[s[0] for s in seqs]].contiguous()
@@ -112,20 +117,29 @@ class Pack:
             first, last = start // query_tile, (start + count - 1) // query_tile
             tile_seqs += [i] * (last - first + 1)
             tile_starts += [t * query_tile for t in range(first, last + 1)]
+        if longest_first:
+            order = sorted(range(len(tile_starts)), key=lambda i: -tile_starts[i])
+            tile_seqs, tile_starts = [tile_seqs[i] for i in order], [tile_starts[i] for i in order]
         ints = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
         self.query_starts, self.start_positions, self.num_tokens = ints(query_starts), ints(starts), ints(counts)
         self.tile_seqs, self.tile_starts = ints(tile_seqs), ints(tile_starts)
         self.rows = sum(counts)
 
 
+def pack_for(variant: dict, k, v, tables, seqs: list[tuple[int, int, int]]) -> Pack:
+    return Pack(k, v, tables, seqs, variant["query"], longest_first=variant.get("order") == "longest_first")
+
+
 def launch(variant: dict, q, pack: Pack, out):
-    _kernel[(pack.tile_seqs.shape[0], KV_HEADS)](
+    longest_first = variant.get("order") == "longest_first"
+    grid = (pack.tile_seqs.shape[0] * KV_HEADS,) if longest_first else (pack.tile_seqs.shape[0], KV_HEADS)
+    _kernel[grid](
         q, pack.cache_k, pack.cache_v, out, pack.tables, pack.tile_seqs, pack.tile_starts, pack.query_starts,
         pack.start_positions, pack.num_tokens, HEAD_DIM ** -0.5, q.stride(0), q.stride(1), pack.cache_k.stride(0),
         pack.cache_k.stride(1), pack.cache_k.stride(2), out.stride(0), out.stride(1), pack.tables.stride(0),
         GROUP=GROUP, GROUP_PAD=GROUP, HEAD_DIM=HEAD_DIM, BLOCK_SIZE=BLOCK, QUERY_TOKENS=variant["query"],
-        TILE=variant["tile"], SPLIT=variant["split"], EXP2=variant["exp2"], num_warps=variant["warps"],
-        num_stages=variant["stages"])
+        TILE=variant["tile"], SPLIT=variant["split"], EXP2=variant["exp2"], LONGEST_FIRST=longest_first,
+        NUM_KV_HEADS=KV_HEADS, num_warps=variant["warps"], num_stages=variant["stages"])
     return out
 
 
@@ -154,13 +168,13 @@ def check_invariance(variant: dict, gen) -> bool:
     k, v, tables = make_cache(lengths, gen)
     q_all = torch.randn(sum(lengths), HEADS, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
     q0 = q_all[:700].contiguous()
-    alone = launch(variant, q0, Pack(k, v, tables, [(0, 0, 700)], variant["query"]), torch.empty_like(q0))
+    alone = launch(variant, q0, pack_for(variant, k, v, tables, [(0, 0, 700)]), torch.empty_like(q0))
     q_behind = torch.cat([q_all[700:], q0])
-    behind = launch(variant, q_behind, Pack(k, v, tables, [(1, 0, 123), (2, 0, 517), (0, 0, 700)], variant["query"]),
+    behind = launch(variant, q_behind, pack_for(variant, k, v, tables, [(1, 0, 123), (2, 0, 517), (0, 0, 700)]),
                     torch.empty_like(q_behind))[640:]
-    first = launch(variant, q0[:300].contiguous(), Pack(k, v, tables, [(0, 0, 300)], variant["query"]),
+    first = launch(variant, q0[:300].contiguous(), pack_for(variant, k, v, tables, [(0, 0, 300)]),
                    torch.empty_like(q0[:300]))
-    second = launch(variant, q0[300:].contiguous(), Pack(k, v, tables, [(0, 300, 400)], variant["query"]),
+    second = launch(variant, q0[300:].contiguous(), pack_for(variant, k, v, tables, [(0, 300, 400)]),
                     torch.empty_like(q0[300:]))
     return bool(torch.equal(alone, behind) and torch.equal(alone, torch.cat([first, second])))
 
@@ -169,7 +183,7 @@ def measure(variant: dict, packs: dict[str, list[int]], gen) -> dict:
     row = {"invariant": check_invariance(variant, gen)}
     for name, lengths in packs.items():
         k, v, tables = make_cache(lengths, gen)
-        pack = Pack(k, v, tables, [(i, 0, n) for i, n in enumerate(lengths)], variant["query"])
+        pack = pack_for(variant, k, v, tables, [(i, 0, n) for i, n in enumerate(lengths)])
         q = torch.randn(pack.rows, HEADS, HEAD_DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
         out = torch.empty_like(q)
         seconds = timed(lambda: launch(variant, q, pack, out), 20)
@@ -177,12 +191,12 @@ def measure(variant: dict, packs: dict[str, list[int]], gen) -> dict:
     return row
 
 
-VARIANTS = [dict(query=16, tile=64, warps=4, stages=3, split=False, exp2=False)]  # NOTE: the product's kernel now
-VARIANTS += [dict(query=q, tile=t, warps=w, stages=s, split=True, exp2=True)
-             for q, t, w, s in [(16, 64, 4, 3), (32, 64, 4, 3), (32, 64, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3),
-                                (64, 64, 8, 3), (64, 64, 8, 2), (32, 64, 4, 2), (32, 32, 4, 3)]]
-VARIANTS += [dict(query=32, tile=64, warps=4, stages=3, split=True, exp2=False),
-             dict(query=32, tile=64, warps=4, stages=3, split=False, exp2=True)]
+PRODUCT = dict(query=64, tile=64, warps=8, stages=3, split=True, exp2=True)
+"""The product's launch until stop 55 (launch order: sequence by sequence, kv head outermost)."""
+VARIANTS = [PRODUCT, {**PRODUCT, "order": "longest_first"}]
+VARIANTS += [dict(query=q, tile=t, warps=w, stages=st, split=True, exp2=True, order=o)
+             for q, t, w, st in [(32, 128, 8, 3), (64, 128, 8, 2), (64, 64, 8, 4), (32, 64, 8, 3), (64, 32, 8, 3)]
+             for o in ("launch", "longest_first")]
 
 
 def main() -> None:

@@ -38,13 +38,19 @@ def max_prefill_tiles(num_rows: int, num_seqs: int) -> int:
 
 
 def packed_prefill_tiles(start_positions: list[int], num_tokens: list[int], num_programs: int):
-    """-> (tile_seqs, tile_starts) lists padded with -1 / 0 to num_programs (0: exactly as many as needed)."""
-    tile_seqs, tile_starts = [], []
+    """-> (tile_seqs, tile_starts) lists padded with -1 / 0 to num_programs (0: exactly as many as needed), the
+    tiles with the most keys first.
+
+    NOTE: a query tile's work grows with its position (it reads every key up to it), and the GPU starts programs
+    in launch order; launched shortest first, one 4,096-token prompt's last, longest tiles start when most SMs are
+    done (a model of 132 SMs: 1.31x the balanced time; longest first: 1.00x). Which program runs a tile changes no
+    bits: each reduces its own rows alone."""
+    tiles = []
     for seq, (start, count) in enumerate(zip(start_positions, num_tokens, strict=True)):
         if count == 0:
             continue
         first, last = start // PREFILL_QUERY_TILE, (start + count - 1) // PREFILL_QUERY_TILE
-        tile_seqs += [seq] * (last - first + 1)
-        tile_starts += [t * PREFILL_QUERY_TILE for t in range(first, last + 1)]
-    padding = max(0, num_programs - len(tile_seqs))
-    return tile_seqs + [-1] * padding, tile_starts + [0] * padding
+        tiles += [(t * PREFILL_QUERY_TILE, seq) for t in range(first, last + 1)]
+    tiles.sort(key=lambda tile: -tile[0])
+    padding = max(0, num_programs - len(tiles))
+    return [seq for _, seq in tiles] + [-1] * padding, [start for start, _ in tiles] + [0] * padding

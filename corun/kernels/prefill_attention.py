@@ -70,10 +70,12 @@ def _attend_tile(q, m, denom, acc, k_ptr, v_ptr, table_ptr, tile, last_position,
 def _packed_prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, tile_seqs_ptr, tile_starts_ptr, query_starts_ptr, start_positions_ptr,
     num_tokens_ptr, scale, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_ot, stride_oh, stride_table,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    QUERY_TOKENS: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, QUERY_TOKENS: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    program, kv_head = tl.program_id(0), tl.program_id(1)
+    # NOTE: one grid axis, the kv heads innermost: every head of the longest tile launches first (the tiles come
+    # longest first, corun/packed_prefill.packed_prefill_tiles)
+    program, kv_head = tl.program_id(0) // NUM_KV_HEADS, tl.program_id(0) % NUM_KV_HEADS
     seq = tl.load(tile_seqs_ptr + program)
     if seq >= 0:  # NOTE: the grid is sized for the fullest pack; programs without a tile do nothing
         tile_start = tl.load(tile_starts_ptr + program)  # absolute position, a multiple of QUERY_TOKENS
@@ -120,12 +122,13 @@ def packed_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     assert q.stride(2) == 1 and out.stride(2) == 1, "head_dim must be contiguous"
-    _packed_prefill_kernel[(meta.tile_seqs.shape[0], num_kv_heads)](
+    _packed_prefill_kernel[(meta.tile_seqs.shape[0] * num_kv_heads,)](
         q, k_cache, v_cache, out, meta.block_tables, meta.tile_seqs, meta.tile_starts, meta.query_starts,
         meta.start_positions, meta.num_tokens, scale, q.stride(0), q.stride(1), k_cache.stride(0),
         k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1), meta.block_tables.stride(0),
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        QUERY_TOKENS=PREFILL_QUERY_TILE, TILE=TILE_TOKENS, PRECISION=precision_for(q.dtype), **LAUNCH)
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, QUERY_TOKENS=PREFILL_QUERY_TILE, TILE=TILE_TOKENS, PRECISION=precision_for(q.dtype),
+        **LAUNCH)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

@@ -221,6 +221,20 @@ def test_packed_prefill_is_pack_invariant():
     torch.testing.assert_close(alone.float(), expected, atol=tolerance, rtol=tolerance)
 
 
+def test_packed_prefill_tiles_cover_every_query_tile_longest_first():
+    """Each sequence's query tiles once (from the one its chunk starts in), the tiles with the most keys first, then
+    the padding; a sequence with no tokens has none."""
+    from corun.packed_prefill import PREFILL_QUERY_TILE as TILE
+    from corun.packed_prefill import packed_prefill_tiles
+
+    starts, counts = [0, 3 * TILE + 5, 0, TILE], [2 * TILE + 1, TILE, 0, 1]
+    seqs, tile_starts = packed_prefill_tiles(starts, counts, 12)
+    expected = {(0, 0), (0, TILE), (0, 2 * TILE), (1, 3 * TILE), (1, 4 * TILE), (3, TILE)}
+    assert set(zip(seqs[:6], tile_starts[:6], strict=True)) == expected
+    assert tile_starts[:6] == sorted(tile_starts[:6], reverse=True)
+    assert seqs[6:] == [-1] * 6 and tile_starts[6:] == [0] * 6
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 def test_batch_invariant_row_kernels_are_row_invariant_and_close(dtype):
     """Linear, RMSNorm and log_softmax of batch_invariant mode: a row's bits do not depend on the row count."""
