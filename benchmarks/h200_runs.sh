@@ -55,6 +55,35 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
+  stop55_bands)  # NOTE: ran on an H100 80 GB (results/h100_gpu_tests_prefill_bands_stop55.log,
+    # h100_prefill_cost_before_2_stop55.json, h100_prefill_cost_bands_stop55.json, h100_defaults_t0_bands_stop55.json).
+    # stop 55, the product after stop55_sweep_bands: tiles in bands of 512 positions, the latest band
+    # first, sequence by sequence within one. The GPU tests, the prefill figures before (stop 54's tree in .gl/before)
+    # and after, then issue 20's t = 0 rows at the defaults against standard
+    timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kernels.py \
+      tests/corun/test_prefill_graphs.py tests/corun/test_multi_chunk_prefill.py tests/corun/test_joined_steps.py \
+      -rfE > "$out/gpu_tests.log" 2>&1
+    (cd .gl/before && PYTHONPATH=/tmp/pydeps:. timeout 110 python3 -m benchmarks.prefill_cost --paths corun \
+      --lengths 16,64,1024,4096 --prefill-chunk-size 4096 --repeats 3 \
+      --out "$out/prefill_cost_before_stop55.json" > "$out/prefill_cost_before.log" 2>&1)
+    timeout 110 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64,1024,4096 --prefill-chunk-size 4096 \
+      --repeats 3 --out "$out/prefill_cost_bands_stop55.json" > "$out/prefill_cost_after.log" 2>&1
+    timeout 200 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
+      --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,standard \
+      --out "$out/defaults_t0_bands_stop55.json" > "$out/bench_t0.log" 2>&1 ;;
+  stop55_sweep_bands)  # NOTE: ran on an H100 80 GB (results/h100_prefill_kernel_sweep_bands_stop55.json). stop 55, after stop55_t0: the sweep's longest-first rows put 32 x 256-token packs at
+    # +10% (0.146 against 0.133 ms a layer): bands of positions (a sequence's tiles together within one), and 16 warps
+    timeout 150 python3 -m benchmarks.prefill_kernel_sweep --out "$out/prefill_kernel_sweep_bands_stop55.json" \
+      > "$out/sweep.log" 2>&1 ;;
+  stop55_t0)  # NOTE: ran on an H100 80 GB (results/h100_prefill_kernel_sweep_order_stop55.json,
+    # h100_defaults_t0_stop55.json: the tiles longest first, before the bands). stop 55, after stop55_prefill_order: the launch sweep again (its longest-first rows had failed to
+    # compile), then issue 20's t = 0 rows at the defaults against standard, whose prompt attention is FlashAttention's
+    # varlen kernel (the packed kernel's order is corun's alone)
+    timeout 130 python3 -m benchmarks.prefill_kernel_sweep --out "$out/prefill_kernel_sweep_order_stop55.json" \
+      > "$out/sweep.log" 2>&1
+    timeout 400 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
+      --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,standard \
+      --out "$out/defaults_t0_stop55.json" > "$out/bench_t0.log" 2>&1 ;;
   stop55_prefill_order)  # NOTE: ran on an H100 80 GB (results/h100_gpu_tests_prefill_order_stop55.log,
     # h100_prefill_cost_{before,after}_stop55.json; h100_prefill_kernel_sweep_launch_order_stop55.json, whose
     # longest-first rows failed to compile: the sweep's copy read a global in the kernel, since mended). stop 55: the packed prefill kernel launches its query tiles longest first (one grid

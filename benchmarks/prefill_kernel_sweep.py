@@ -104,7 +104,7 @@ class Pack:
     """Sequences (start position, tokens) of one launch over a shared paged cache."""
 
     def __init__(self, cache_k, cache_v, tables, seqs: list[tuple[int, int, int]], query_tile: int,
-                 longest_first: bool = False):
+                 longest_first: bool = False, coarse_positions: int = 1):
         """seqs: (table row, start position, tokens); the step's rows are the sequences' tokens in order.
         longest_first: the query tiles sorted by their keys, most first (else sequence by sequence, in order)."""
         device = cache_k.device
@@ -118,7 +118,10 @@ class Pack:
             tile_seqs += [i] * (last - first + 1)
             tile_starts += [t * query_tile for t in range(first, last + 1)]
         if longest_first:
-            order = sorted(range(len(tile_starts)), key=lambda i: -tile_starts[i])
+            # NOTE: coarse_positions > 1: tiles in bands of that many positions, longest band first, and within a
+            # band sequence by sequence (a sequence's tiles launch together, its keys still in L2)
+            band = lambda i: (-(tile_starts[i] // coarse_positions), tile_seqs[i], -tile_starts[i])  # noqa: E731
+            order = sorted(range(len(tile_starts)), key=band)
             tile_seqs, tile_starts = [tile_seqs[i] for i in order], [tile_starts[i] for i in order]
         ints = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
         self.query_starts, self.start_positions, self.num_tokens = ints(query_starts), ints(starts), ints(counts)
@@ -127,11 +130,13 @@ class Pack:
 
 
 def pack_for(variant: dict, k, v, tables, seqs: list[tuple[int, int, int]]) -> Pack:
-    return Pack(k, v, tables, seqs, variant["query"], longest_first=variant.get("order") == "longest_first")
+    order = variant.get("order", "launch")
+    return Pack(k, v, tables, seqs, variant["query"], longest_first=order != "launch",
+                coarse_positions=int(order.split("_")[-1]) if order.startswith("bands_") else 1)
 
 
 def launch(variant: dict, q, pack: Pack, out):
-    longest_first = variant.get("order") == "longest_first"
+    longest_first = variant.get("order", "launch") != "launch"
     grid = (pack.tile_seqs.shape[0] * KV_HEADS,) if longest_first else (pack.tile_seqs.shape[0], KV_HEADS)
     _kernel[grid](
         q, pack.cache_k, pack.cache_v, out, pack.tables, pack.tile_seqs, pack.tile_starts, pack.query_starts,
@@ -193,10 +198,12 @@ def measure(variant: dict, packs: dict[str, list[int]], gen) -> dict:
 
 PRODUCT = dict(query=64, tile=64, warps=8, stages=3, split=True, exp2=True)
 """The product's launch until stop 55 (launch order: sequence by sequence, kv head outermost)."""
-VARIANTS = [PRODUCT, {**PRODUCT, "order": "longest_first"}]
-VARIANTS += [dict(query=q, tile=t, warps=w, stages=st, split=True, exp2=True, order=o)
-             for q, t, w, st in [(32, 128, 8, 3), (64, 128, 8, 2), (64, 64, 8, 4), (32, 64, 8, 3), (64, 32, 8, 3)]
-             for o in ("launch", "longest_first")]
+VARIANTS = [PRODUCT] + [{**PRODUCT, "order": order} for order in ("longest_first", "bands_256", "bands_512")]
+VARIANTS += [dict(query=q, tile=t, warps=w, stages=st, split=True, exp2=True, order="longest_first")
+             for q, t, w, st in [(64, 64, 16, 3), (64, 64, 16, 2), (64, 128, 16, 2), (64, 128, 16, 3),
+                                 (32, 128, 8, 3), (64, 32, 8, 3)]]
+"""Orders: launch (sequence by sequence), longest_first (every tile by its keys, most first), bands_N (tiles in bands
+of N positions, longest band first, sequence by sequence within one)."""
 
 
 def main() -> None:

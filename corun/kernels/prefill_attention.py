@@ -73,8 +73,8 @@ def _packed_prefill_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, QUERY_TOKENS: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    # NOTE: one grid axis, the kv heads innermost: every head of the longest tile launches first (the tiles come
-    # longest first, corun/packed_prefill.packed_prefill_tiles)
+    # NOTE: one grid axis, the kv heads innermost: every head of a tile launches together, in the tiles' order
+    # (the most keys first: corun/packed_prefill.packed_prefill_tiles)
     program, kv_head = tl.program_id(0) // NUM_KV_HEADS, tl.program_id(0) % NUM_KV_HEADS
     seq = tl.load(tile_seqs_ptr + program)
     if seq >= 0:  # NOTE: the grid is sized for the fullest pack; programs without a tile do nothing

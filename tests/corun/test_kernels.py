@@ -221,18 +221,23 @@ def test_packed_prefill_is_pack_invariant():
     torch.testing.assert_close(alone.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-def test_packed_prefill_tiles_cover_every_query_tile_longest_first():
-    """Each sequence's query tiles once (from the one its chunk starts in), the tiles with the most keys first, then
-    the padding; a sequence with no tokens has none."""
+def test_packed_prefill_tiles_cover_every_query_tile_latest_band_first():
+    """Each sequence's query tiles once (from the one its chunk starts in), in bands of positions with the latest
+    band first, sequence by sequence within a band, each sequence's tiles latest first; then the padding."""
     from corun.packed_prefill import PREFILL_QUERY_TILE as TILE
+    from corun.packed_prefill import PREFILL_TILE_BAND as BAND
     from corun.packed_prefill import packed_prefill_tiles
 
-    starts, counts = [0, 3 * TILE + 5, 0, TILE], [2 * TILE + 1, TILE, 0, 1]
-    seqs, tile_starts = packed_prefill_tiles(starts, counts, 12)
-    expected = {(0, 0), (0, TILE), (0, 2 * TILE), (1, 3 * TILE), (1, 4 * TILE), (3, TILE)}
-    assert set(zip(seqs[:6], tile_starts[:6], strict=True)) == expected
-    assert tile_starts[:6] == sorted(tile_starts[:6], reverse=True)
-    assert seqs[6:] == [-1] * 6 and tile_starts[6:] == [0] * 6
+    starts, counts = [0, BAND - 2 * TILE + 5, 0, TILE], [BAND + TILE + 1, 2 * TILE, 0, 1]
+    seqs, tile_starts = packed_prefill_tiles(starts, counts, 40)
+    used = len(seqs) - seqs.count(-1)
+    expected = {(0, t * TILE) for t in range(BAND // TILE + 2)} | {(1, BAND - 2 * TILE), (1, BAND - TILE),
+                                                                   (1, BAND)} | {(3, TILE)}
+    tiles = list(zip(seqs[:used], tile_starts[:used], strict=True))
+    assert len(tiles) == len(expected) and set(tiles) == expected
+    assert tiles == sorted(tiles, key=lambda tile: (-(tile[1] // BAND), tile[0], -tile[1]))
+    assert tiles[:3] == [(0, BAND + TILE), (0, BAND), (1, BAND)]
+    assert seqs[used:] == [-1] * (40 - used) and tile_starts[used:] == [0] * (40 - used)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
