@@ -55,13 +55,14 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
-  stop55_defaults_t0)  # NOTE: stop 55, issue 20's t = 0 table at the current code on one machine: the defaults beside
+  stop55_defaults_t0)  # NOTE: ran on an H100 80 GB (results/h100_defaults_stop55.json). stop 55, issue 20's t = 0 table at the current code on one machine: the defaults beside
     # the previous best variants (Algorithm 1's budget 0; packed T = 2048) and the graph-captured standard
     timeout 400 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
       --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes corun,corun:prefill_token_budget=0,$PACKED,standard \
       --out "$out/defaults_stop55.json" > "$out/bench_t0.log" 2>&1 ;;
-  stop55_defaults_poisson)  # NOTE: stop 55, issue 20's Poisson rows at the current code, the defaults against standard
+  stop55_defaults_poisson)  # NOTE: ran on an H100 80 GB, warm after stop55_defaults_t0
+    # (results/h100_defaults_poisson_{16,32}_stop55.json). stop 55, issue 20's Poisson rows at the current code, the defaults against standard
     for rate in 16 32; do
       timeout 200 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
         --num-requests 300 --workloads sharegpt --request-rate $rate --max-seconds 22 --modes corun,standard \
