@@ -33,6 +33,7 @@ from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, check_samples_fit, make_scheduler
 from node_core.server import NodeServer, run_decode_step
+from node_core.serving import refusal
 from node_core.tenant_turns import TenantTurns
 from wire import protocol
 from wire.config import NodeConfig
@@ -151,7 +152,7 @@ class ColocatedServer(NodeServer):
                                  self.runner.arch.vocab_size)
             self.check_fits(message.request_id, requests)
         except RequestRejected as error:
-            self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, str(error)))
+            self.sockets.reply(identity, refusal(message.request_id, error))
             return
         for index, request in enumerate(requests):
             self.scheduler.add(request)

@@ -34,7 +34,12 @@ if TYPE_CHECKING:
 
 
 class RequestRejected(ValueError):
-    """The request can never run on this engine (too long for the model or the KV cache)."""
+    """The request can never run on this engine (too long for the model or the KV cache). constraint_reason: where
+    its structured-output constraint does not compile, the grammar library's reason (ErrorReply.constraint_reason)."""
+
+    def __init__(self, message: str, constraint_reason: str | None = None):
+        super().__init__(message)
+        self.constraint_reason = constraint_reason
 
 
 def check_request(request_id: str, prompt_token_ids: list[int], params, config, vocab_size: int,
@@ -76,7 +81,7 @@ def check_structured(request_id: str, params, config, vocab_size: int) -> None:
     try:
         grammars_for(config.model).compile(params.structured, vocab_size)
     except GrammarError as error:
-        raise RequestRejected(f"request {request_id}: {error}") from None
+        raise RequestRejected(f"request {request_id}: {error}", constraint_reason=error.constraint_reason) from None
 
 
 def check_length(request_id: str, num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:

@@ -32,7 +32,12 @@ BITS_PER_WORD = 32
 
 
 class GrammarError(ValueError):
-    """The constraint does not compile (a bad schema, regex or grammar): the request is refused with a 400."""
+    """The constraint does not compile (a bad schema, regex or grammar): the request is refused with a 400.
+    constraint_reason: the grammar library's reason where the constraint itself is at fault (None: the model's)."""
+
+    def __init__(self, message: str, constraint_reason: str | None = None):
+        super().__init__(message)
+        self.constraint_reason = constraint_reason
 
 
 def num_bitmask_words(vocab_size: int) -> int:
@@ -108,7 +113,8 @@ class Grammars:
             try:
                 compiled = compile_spec(compiler, spec)
             except (RuntimeError, ValueError, TypeError) as error:
-                raise GrammarError(invalid_constraint(spec.kind, first_line(error))) from None
+                reason = first_line(error)
+                raise GrammarError(invalid_constraint(spec.kind, reason), constraint_reason=reason) from None
             self._compiled[key] = compiled
             if len(self._compiled) > MAX_CACHED_GRAMMARS:
                 self._compiled.popitem(last=False)

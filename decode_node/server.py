@@ -43,6 +43,7 @@ from corun.scheduler import RequestRejected, allocate_all, check_fits_cache, che
 from decode_node.jobs import DecodeJob, RunningSample
 from decode_node.kv_growth import KVGrowth
 from node_core.server import NodeServer, run_decode_step
+from node_core.serving import refusal
 from transfer.compat import IncompatiblePeer, check_compatible
 from transfer.transport import KVReceiver
 from wire import protocol
@@ -341,9 +342,9 @@ class DecodeServer(KVGrowth, NodeServer):
                 message.request_id, 409, f"request id {message.request_id!r} is already in use on decode node "
                                          f"{self.config.node_id}"))
             return
-        error = self.admission_error(message)
-        if error:
-            self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, error))
+        refused = self.admission_refusal(message)
+        if refused is not None:
+            self.sockets.reply(identity, refused)
             return
         samples = {first.index: self.new_request(message, first) for first in message.first_tokens}
         self.waiting.append(DecodeJob(identity, message.request_id, samples, message.kv))
@@ -365,23 +366,26 @@ class DecodeServer(KVGrowth, NodeServer):
         request.num_computed_tokens = request.num_prompt_tokens
         return request
 
-    def admission_error(self, message: protocol.DecodeRequest) -> str | None:
+    def admission_refusal(self, message: protocol.DecodeRequest) -> protocol.ErrorReply | None:
+        """The 400 a request this node can never run gets; None: it may run."""
         request_id, params = message.request_id, message.params
         indices = [first.index for first in message.first_tokens]
-        if message.kv is None or message.kv.num_tokens != len(message.prompt_token_ids):
-            return f"request {request_id}: no KV handle matching its {len(message.prompt_token_ids)}-token prompt"
-        if not indices or len(set(indices)) != len(indices) or not all(0 <= i < params.n for i in indices):
-            return f"request {request_id}: first tokens must name distinct samples in [0, n={params.n})"
-        vocab = self.runner.arch.vocab_size
-        if any(not 0 <= first.token_id < vocab for first in message.first_tokens):
-            return f"request {request_id}: first token ids must be in [0, {vocab})"
         try:
+            if message.kv is None or message.kv.num_tokens != len(message.prompt_token_ids):
+                raise RequestRejected(f"request {request_id}: no KV handle matching its "
+                                      f"{len(message.prompt_token_ids)}-token prompt")
+            if not indices or len(set(indices)) != len(indices) or not all(0 <= i < params.n for i in indices):
+                raise RequestRejected(f"request {request_id}: first tokens must name distinct samples in "
+                                      f"[0, n={params.n})")
+            vocab = self.runner.arch.vocab_size
+            if any(not 0 <= first.token_id < vocab for first in message.first_tokens):
+                raise RequestRejected(f"request {request_id}: first token ids must be in [0, {vocab})")
             check_request(request_id, message.prompt_token_ids, params, self.config.engine, vocab)
             check_samples_fit(request_id, len(indices), self.max_num_seqs)
             check_fits_cache(request_id, self.block_manager, len(message.prompt_token_ids) + params.max_tokens,
                              len(indices))
         except RequestRejected as error:
-            return str(error)
+            return refusal(request_id, error)
         return None
 
     def on_abort(self, identity: bytes, message: protocol.Abort) -> None:

@@ -16,6 +16,7 @@ import zmq
 
 from corun.cublas import split_k_in_effect
 from corun.models.context import model_context
+from corun.scheduler import RequestRejected
 from corun.shared_weights import SharedWeightsError
 from wire import protocol
 from wire.config import KV_POOL_SIZING, EngineConfig, NodeConfig
@@ -62,6 +63,12 @@ def engine_facts(config: EngineConfig, model_digest: str) -> dict:
         facts["gpu"] = {"name": torch.cuda.get_device_name(), "triton": triton.__version__,
                         "cuda": torch.version.cuda}
     return facts
+
+
+def refusal(request_id: str, error: RequestRejected) -> protocol.ErrorReply:
+    """A request this node can never run, as its router is told: a 400 with the reason (a constraint that does not
+    compile: the grammar library's reason in a field of its own, ErrorReply.constraint_reason)."""
+    return protocol.ErrorReply(request_id, 400, str(error), constraint_reason=error.constraint_reason)
 
 
 class NodeSockets:

@@ -41,6 +41,7 @@ from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import PrefillChunk, RequestRejected, check_fits_cache, check_request, pack_prefill_chunks
 from node_core.server import NodeServer
+from node_core.serving import refusal
 from node_core.tenant_turns import TenantTurns
 from transfer.compat import IncompatiblePeer, check_compatible
 from transfer.leases import Claimer
@@ -166,7 +167,7 @@ class PrefillServer(NodeServer):
         try:
             self.check_admissible(request)
         except RequestRejected as error:
-            self.sockets.reply(identity, protocol.ErrorReply(message.request_id, 400, str(error)))
+            self.sockets.reply(identity, refusal(message.request_id, error))
             return
         self.waiting.append(PendingPrefill(identity, request, tenant=message.tenant))
 

@@ -55,6 +55,8 @@ Version history:
      node's process is gone (another instance answered on its address), so the leases it claimed end at once
      instead of at their deadline (issue 23: a killed decode node held prefill KV for kv_lease_seconds).
   20: GenerateRequest.tenant: a colocated node takes its tenants' waiting prompts in turn, as prefill nodes do.
+  21: ErrorReply.constraint_reason: a node's refusal of a structured-output constraint carries the grammar library's
+     reason as a field (the router read it back out of the message's text).
 
 Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
 with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
@@ -70,7 +72,7 @@ import msgspec
 from wire.outputs import TokenLogprobs
 from wire.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 
-PROTOCOL_VERSION = 20
+PROTOCOL_VERSION = 21
 
 
 class ProtocolError(ValueError):
@@ -223,6 +225,9 @@ class ErrorReply(Message):
     status: int
     """HTTP-like: 400 bad request, 503 no capacity or peer unusable, 500 internal."""
     message: str
+    constraint_reason: str | None = None
+    """A refusal of the request's structured-output constraint (it does not compile): the grammar library's reason,
+    which the router answers with, naming the field the constraint came from."""
 
 
 class Abort(Message):

@@ -7,28 +7,18 @@ it can without the grammar engine (router/api/structured.py), so a spec the engi
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
 StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
 MAX_SPEC_CHARS = 1 << 20
 """Longest schema, regex or grammar text (and the choices' total length): a bound on a node's compile work."""
 MAX_CHOICES = 1024
-INVALID_CONSTRAINT = re.compile(rf"invalid (?:{'|'.join(get_args(StructuredKind))}) constraint: (.*)\Z", re.DOTALL)
-"""invalid_constraint's words, wherever they stand in a node's refusal (after its request's id)."""
 
 
 def invalid_constraint(kind: str, reason: str) -> str:
     """How a node refuses a constraint that does not compile (corun/structured.py), reason: the grammar library's."""
     return f"invalid {kind} constraint: {reason}"
-
-
-def refused_constraint_reason(node_message: str) -> str | None:
-    """The grammar library's reason in a node's refusal of a constraint (invalid_constraint's words); None for any
-    other refusal. The router answers with it, naming the field the constraint came from."""
-    found = INVALID_CONSTRAINT.search(node_message)
-    return None if found is None else found.group(1)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from wire.protocol import (
     TokenEvent,
 )
 from wire.sampling_params import SamplingParams
-from wire.structured import refused_constraint_reason
 
 logger = logging.getLogger(__name__)
 
@@ -339,8 +338,7 @@ async def next_reply(node: NodeClient, replies: ReplyQueue, timeout_s: float):
     if reply is SILENT:
         raise silence_error(node, timeout_s, replies.ended_unhealthy)
     if isinstance(reply, ErrorReply):
-        refused = refused_constraint_reason(reply.message) if reply.status == 400 else None
-        raise node_failure(node, reply.status, f": {reply.message}", constraint_reason=refused)
+        raise node_failure(node, reply.status, f": {reply.message}", constraint_reason=reply.constraint_reason)
     return reply
 
 

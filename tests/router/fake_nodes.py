@@ -82,8 +82,8 @@ class FakeBehaviour:
     """decode: pause before each token event (a slow node)."""
     silent: bool = False
     """Take requests and never answer them (pings are still answered)."""
-    error: tuple[int, str] | None = None
-    """Answer every request with ErrorReply(status, message)."""
+    error: tuple[int, str] | tuple[int, str, str] | None = None
+    """Answer every request with ErrorReply(its id, *error): (status, message[, constraint_reason])."""
     fail_after_tokens: int | None = None
     """decode: after streaming this many tokens, fail the request with ErrorReply(503) (a lost KV read, a
     crashed peer), `num_failures` times in all; later requests run normally."""

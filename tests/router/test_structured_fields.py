@@ -205,9 +205,11 @@ CHAT = ("/v1/chat/completions", {"model": "corun-tiny", "messages": [{"role": "u
 COMPLETION = ("/v1/completions", {"model": "corun-tiny", "prompt": "The river"})
 
 
-def refused_by_the_prefill_node(tiny_model_dir, word_token_ids, node_message: str, endpoint, fields: dict):
-    """The replies, not streamed and streamed, when the one prefill node refuses every request with node_message."""
-    refusing = FakeBehaviour(error=(400, node_message))
+def refused_by_the_prefill_node(tiny_model_dir, word_token_ids, node_message: str, endpoint, fields: dict,
+                                constraint_reason: str | None = None):
+    """The replies, not streamed and streamed, when the one prefill node refuses every request with node_message
+    (and constraint_reason, ErrorReply's field)."""
+    refusing = FakeBehaviour(error=(400, node_message, constraint_reason))
     path, body = endpoint
     with RouterHarness(tiny_model_dir, word_token_ids, num_prefill=1, num_decode=1, prefill=refusing) as router:
         router.wait_until_healthy()
@@ -223,22 +225,25 @@ def refused_by_the_prefill_node(tiny_model_dir, word_token_ids, node_message: st
 ])
 def test_a_constraint_a_node_cannot_compile_is_a_400_naming_its_field(tiny_model_dir, word_token_ids, endpoint,
                                                                        fields, field):
-    """A node's refusal reads "request <its id>: invalid json constraint: <xgrammar's reason>" (corun/scheduler.py,
-    corun/structured.py); the client gets the field and the reason, not the node's name nor the id."""
+    """A node's refusal of a constraint carries xgrammar's reason in ErrorReply.constraint_reason (node_core/serving.py
+    refusal); the client gets the field and the reason, not the node's name nor the id."""
     node_message = f"request 0123abcd-0: {invalid_constraint('json', LIBRARY_REASON)}"
-    for reply in refused_by_the_prefill_node(tiny_model_dir, word_token_ids, node_message, endpoint, fields):
+    for reply in refused_by_the_prefill_node(tiny_model_dir, word_token_ids, node_message, endpoint, fields,
+                                             constraint_reason=LIBRARY_REASON):
         assert reply.status == 400 and reply.body["error"] == {
             "message": f"invalid json constraint in '{field}': {LIBRARY_REASON}", "type": "BadRequestError",
             "param": field, "code": 400}
 
 
-def test_another_refusal_of_a_constrained_request_keeps_the_node_s_words(tiny_model_dir, word_token_ids):
-    """Inverse: only a refusal of the constraint is reworded."""
+@pytest.mark.parametrize("node_message", ["request 0123abcd-0: no room",
+                                          f"request 0123abcd-0: {invalid_constraint('json', LIBRARY_REASON)}"])
+def test_another_refusal_of_a_constrained_request_keeps_the_node_s_words(tiny_model_dir, word_token_ids, node_message):
+    """Inverse: only a refusal that names its constraint's reason (the field, not words in the message) is
+    reworded."""
     fields = {"guided_json": BAD_SCHEMA}
-    for reply in refused_by_the_prefill_node(tiny_model_dir, word_token_ids, "request 0123abcd-0: no room",
-                                             COMPLETION, fields):
+    for reply in refused_by_the_prefill_node(tiny_model_dir, word_token_ids, node_message, COMPLETION, fields):
         assert reply.status == 400 and reply.body["error"]["param"] is None
-        assert reply.body["error"]["message"] == "prefill node fake-prefill-0: request 0123abcd-0: no room"
+        assert reply.body["error"]["message"] == f"prefill node fake-prefill-0: {node_message}"
 
 
 @pytest.mark.parametrize("fields, field", [

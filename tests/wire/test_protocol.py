@@ -39,6 +39,7 @@ MESSAGES = [
                          protocol.TokenEvent("r5", [7], None, None, None, 0, 1024)]),
     protocol.StepTokens([]),
     protocol.ErrorReply("r1", 503, "gone"),
+    protocol.ErrorReply("r1", 400, "request r1: invalid regex constraint: unbalanced", constraint_reason="unbalanced"),
     protocol.Abort("r1"),
     protocol.Abort("r4", 1),
     protocol.Ping(9),
