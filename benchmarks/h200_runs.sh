@@ -55,6 +55,12 @@ case $part in
     timeout 165 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 2 \
       --deployments 1p1d --workloads 1024x2048 --out "$out/h100_front_door_1p1d_swap_async_stop52.json" \
       > "$out/front_door_swap_async.log" 2>&1 ;;
+  stop55_determinism)  # NOTE: ran on an H100 80 GB (results/h100_determinism_bands_stop55.json), then inline on the warm
+    # machine the same command with --modes standard, the inverse (results/h100_determinism_standard_stop55.json).
+    # stop 55, the last device time: the 8B determinism suite (bs1 vs bsN, needle) at the
+    # defaults with the prefill tiles by band, corun only (the budget left held no standard run beside it)
+    timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun --out "$out/determinism_bands_stop55.json" > "$out/det.log" 2>&1 ;;
   stop55_defaults_t0)  # NOTE: ran on an H100 80 GB (results/h100_defaults_stop55.json). stop 55, issue 20's t = 0 table at the current code on one machine: the defaults beside
     # the previous best variants (Algorithm 1's budget 0; packed T = 2048) and the graph-captured standard
     timeout 400 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
