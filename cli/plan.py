@@ -45,6 +45,8 @@ def add_plan(commands) -> None:
     cmd.add_argument("--plot", default=None, metavar="FILE.png", help="write predicted TTFT p99, TPOT p99 and "
                      "goodput against the rate for the recommended deployment and the best of each other kind")
     add_profiling_flags(cmd)
+    cmd.add_argument("--swap-kv-tokens", type=int, default=None, help="KV tokens a decode or colocated instance's "
+                     "swap space holds in host memory (default: the profile's; 0: whole sequences reserved in the KV)")
     cmd.add_argument("--max-utilization", type=float, default=0.9, help="busiest a pool may be planned")
     cmd.add_argument("--simulate-requests", type=int, default=20000,
                      help="requests in the simulation that checks the plan (0: no simulation)")
@@ -165,7 +167,8 @@ def decode_config(args, profile: PerformanceProfile) -> DecodeConfig:
     missing = [name for name, value in values.items() if value is None]
     if missing:
         raise ValueError(f"the profile does not give {', '.join(missing)}: pass --{missing[0].replace('_', '-')}")
-    return DecodeConfig(**values)
+    swap_tokens = args.swap_kv_tokens if args.swap_kv_tokens is not None else profile.swap_capacity_tokens or 0
+    return DecodeConfig(**values, swap_tokens=swap_tokens)
 
 
 def measure_profile(args) -> PerformanceProfile:

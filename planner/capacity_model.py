@@ -79,14 +79,18 @@ class WorkloadStats:
     """KV tokens reserved at admission."""
     input_lens: np.ndarray
     output_lens: np.ndarray
+    held: np.ndarray
+    """KV tokens a request holds over its decode steps, on average (its mean context, block-rounded; 0 for a request
+    that does not decode): what a swap space lets it hold instead of its whole sequence."""
 
     @classmethod
     def of(cls, workload, model, decode) -> WorkloadStats:
         inputs, outputs = (np.array(x, dtype=float) for x in zip(*workload.lengths))
         steps = outputs - 1
         context_sum = steps * inputs + steps * (steps + 1) / 2
+        held = decode.reserved_tokens(np.divide(context_sum, steps, out=np.zeros_like(steps), where=steps > 0))
         return cls(workload.rate, model.prefill.seconds(inputs), steps, context_sum,
-                   decode.reserved_tokens(inputs + outputs), inputs, outputs)
+                   decode.reserved_tokens(inputs + outputs), inputs, outputs, held)
 
     @property
     def decodes(self) -> np.ndarray:
@@ -208,7 +212,7 @@ def decode_load(stats: WorkloadStats, model, decode, num_decode: int,
     step_s = min(step.a / (1 - coupling) if coupling < 1 else math.inf, float(step.seconds(max_context)))
     cycle_s = step_s / gpu_share
     mean_context = instance_rate * cycle_s * context_per_request
-    slots = usable_slots(decode, steps, reserved)
+    slots = usable_slots(decode, steps, reserved, stats.held[busy])
     wait = queue_wait(num_decode * slots, stats.rate * fraction, cycle_s * float(steps.mean()),
                       float(steps.var() / steps.mean() ** 2))
     stable = wait is not None and mean_context < max_context
@@ -216,7 +220,7 @@ def decode_load(stats: WorkloadStats, model, decode, num_decode: int,
                                            interference, max_context), 0.0, max(cycle_s, 1e-9))
     return DecodeLoad(stable, step_s, tpot_p99 if stable else math.inf,
                       instance_rate * cycle_s * float(steps.mean()) / decode.max_num_seqs,
-                      instance_rate * cycle_s * float((steps * reserved).mean()) / decode.kv_capacity_tokens,
+                      kv_utilization(decode, instance_rate * cycle_s, steps, reserved, stats.held[busy]),
                       slots, wait if stable else WaitTail(1.0, math.inf), cycle_s, mean_context, gpu_share,
                       interference)
 
@@ -293,13 +297,27 @@ def tpot_alone_p99(stats: WorkloadStats, model) -> float:
     return float(np.quantile(model.decode.seconds(stats.context_sum[busy] / stats.decode_steps[busy]), QUANTILE))
 
 
-def usable_slots(decode, steps: np.ndarray, reserved: np.ndarray) -> int:
+def usable_slots(decode, steps: np.ndarray, reserved: np.ndarray, held: np.ndarray) -> int:
     """Slots per instance the KV can keep busy: min(N, capacity / mean reservation of a resident request),
-    where a resident is weighted by how long it stays (its decode steps)."""
+    where a resident is weighted by how long it stays (its decode steps). With a swap space: min(N, (capacity +
+    swap space) / mean reservation, capacity / mean of what a resident holds)."""
     if steps.size == 0:
         return decode.max_num_seqs
     resident_reservation = float((steps * reserved).sum() / steps.sum())
-    return max(1, min(decode.max_num_seqs, int(decode.kv_capacity_tokens // resident_reservation)))
+    slots = min(decode.max_num_seqs, int(decode.admission_tokens // resident_reservation))
+    if decode.swap_tokens:
+        slots = min(slots, int(decode.kv_capacity_tokens // float((steps * held).sum() / steps.sum())))
+    return max(1, slots)
+
+
+def kv_utilization(decode, residence_per_step: float, steps: np.ndarray, reserved: np.ndarray,
+                   held: np.ndarray) -> float:
+    """Mean reserved KV over what admission may reserve (the KV, plus the swap space), or with a swap space the
+    mean KV held over the KV where that is higher. residence_per_step: arrivals per second x a step's seconds."""
+    reserving = residence_per_step * float((steps * reserved).mean()) / decode.admission_tokens
+    if not decode.swap_tokens:
+        return reserving
+    return max(reserving, residence_per_step * float((steps * held).mean()) / decode.kv_capacity_tokens)
 
 
 def prefill_utilization(stats: WorkloadStats, num_prefill: int) -> float:

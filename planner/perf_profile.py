@@ -96,6 +96,9 @@ class PerformanceProfile:
     decode_points: tuple[DecodePoint, ...]
     kv_capacity_tokens: int | None = None
     """KV tokens of one instance of the profiled engine (the planner's default)."""
+    swap_capacity_tokens: int | None = None
+    """KV tokens the profiled engine's swap space holds in host memory (corun/kv_swap.py: auto on CUDA, none on CPU;
+    the planner's default). None: a profile made before stop 55, taken as none."""
     max_model_len: int | None = None
     block_size: int = CacheConfig.block_size
     source: str = ""
@@ -116,6 +119,8 @@ class PerformanceProfile:
             raise ValueError("a profile needs prefill points and decode points")
         if any(p.prompt_len < 1 or p.seconds <= 0 for p in self.prefill_points):
             raise ValueError("prefill points need prompt_len >= 1 and seconds > 0")
+        if self.swap_capacity_tokens is not None and self.swap_capacity_tokens < 0:
+            raise ValueError(f"swap_capacity_tokens must be >= 0, got {self.swap_capacity_tokens}")
         if self.prefill_token_budget is not None and self.prefill_token_budget < 0:
             raise ValueError(f"prefill_token_budget must be >= 0, got {self.prefill_token_budget}")
         if any(not 1 <= p.num_rows <= self.max_num_seqs or p.sum_context < 0 or p.seconds <= 0

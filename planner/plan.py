@@ -14,7 +14,10 @@ The analytic model (planner/capacity_model.py; planner/plan_sim.py replays the c
   active rows) whatever the number of busy rows; by Little's law the mean context is
   (lambda/D) * s * E[sum of a request's contexts], so s = a / (1 - b * (lambda/D) * E[...]). Usable slots per
   instance = min(N, KV capacity / holding-weighted mean reservation); admission waits as in the prefill pool,
-  over D * slots servers.
+  over D * slots servers. With a swap space (DecodeConfig.swap_tokens, corun/kv_swap.py) a request holds the
+  blocks its tokens need, admission bounds the whole sequences by KV + swap space, and the newest requests pause
+  while the running ones' tokens outgrow the KV: usable slots = min(N, (KV + swap) / mean reservation, KV /
+  holding-weighted mean of the tokens a request holds over its steps).
 - TTFT = prefill wait + prefill + decode admission wait + the KV hand-off (the profile's kv_handoff: per request
   and per prompt token; zero where not measured) + up to one step (token 1 streams from the decode node after
   admission and the READ, at a step boundary). The p99 is solved over the samples.
@@ -114,11 +117,22 @@ class DecodeConfig:
     """KV tokens per decode instance (usable blocks * block_size)."""
     max_model_len: int
     block_size: int = CacheConfig.block_size
+    swap_tokens: int = 0
+    """KV tokens the instance's swap space holds in host memory (corun/kv_swap.py): admission bounds the whole
+    sequences by kv_capacity_tokens + swap_tokens, a request holds the blocks its tokens need, and the newest requests
+    pause while the running ones' tokens exceed the KV. 0: every whole sequence reserved in the KV at admission."""
 
     def __post_init__(self):
         for name in ("max_num_seqs", "kv_capacity_tokens", "max_model_len", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.swap_tokens < 0:
+            raise ValueError(f"swap_tokens must be >= 0, got {self.swap_tokens}")
+
+    @property
+    def admission_tokens(self) -> int:
+        """What the whole sequences of the admitted requests may take."""
+        return self.kv_capacity_tokens + self.swap_tokens
 
     def reserved_tokens(self, total_lens) -> np.ndarray:
         """KV reserved at admission: the whole sequence, in whole blocks."""

@@ -8,7 +8,9 @@ What it replays (as the cluster does it):
   one token ends there.
 - Decode instance: FIFO; admits the head while a slot and KV for its whole sequence are free, at step boundaries
   (at once when idle); token 1 streams at admission (KV transfer taken as instantaneous). Each step costs
-  a + b * (total context of the active rows) and gives every active row one token.
+  a + b * (total context of the active rows) and gives every active row one token. With a swap space
+  (DecodeConfig.swap_tokens) admission counts the whole sequences against KV + swap space, and a step runs the
+  oldest requests whose held tokens (block-rounded, through the token it writes) fit the KV; the newer ones pause.
 TTFT = token 1 streamed - arrival; TPOT = (last token - token 1) / (output - 1). The cluster starts empty and
 the longest requests take a while to pile up, so the figures cover only arrivals (and busy time) after a warm-up:
 the longer of warmup_fraction of the arrival span and the longest decode residence seen, at most half the span.
@@ -54,12 +56,15 @@ class SimResult:
 
 
 class SimRequest:
-    __slots__ = ("arrival", "num_input", "num_output", "prefill_s", "reserved", "first_token", "last_token")
+    __slots__ = ("arrival", "num_input", "num_output", "prefill_s", "reserved", "first_token", "last_token",
+                 "steps_done")
 
     def __init__(self, arrival: float, num_input: int, num_output: int, prefill_s: float, reserved: int):
         self.arrival, self.num_input, self.num_output = arrival, num_input, num_output
         self.prefill_s, self.reserved = prefill_s, reserved
         self.first_token = self.last_token = None
+        self.steps_done = 0
+        """With a swap space: decode steps it has had (a paused request has none)."""
 
 
 class PrefillServer:
@@ -70,11 +75,16 @@ class PrefillServer:
 
 
 class DecodeInstance:
-    def __init__(self, kv_capacity_tokens: int):
+    def __init__(self, admission_tokens: int):
         self.waiting: deque[SimRequest] = deque()
         self.num_unfinished = 0
         self.num_running = 0
-        self.free_kv = kv_capacity_tokens
+        self.free_kv = admission_tokens
+        """What admission may still reserve (whole sequences)."""
+        self.admitted: list[SimRequest] = []
+        """With a swap space: the admitted requests, oldest first."""
+        self.stepping_rows: list[SimRequest] = []
+        """With a swap space: the requests the step in flight runs."""
         self.total_context = 0
         """Tokens the next step attends, summed over the running requests."""
         self.finishing: list = []
@@ -89,14 +99,16 @@ class ClusterSim:
             raise ValueError("the simulation needs at least one prefill and one decode instance")
         self.model, self.decode = model, decode
         self.prefill_servers = [PrefillServer() for _ in range(num_prefill)]
-        self.decode_instances = [DecodeInstance(decode.kv_capacity_tokens) for _ in range(num_decode)]
+        self.decode_instances = [DecodeInstance(decode.admission_tokens) for _ in range(num_decode)]
+        self.swap = decode.swap_tokens > 0
         self.events: list = []
         self.order = itertools.count()
         self.now = 0.0
         self.prefill_log: list[tuple[float, float]] = []
         """(start, seconds) of every prefill."""
-        self.step_log: list[tuple[float, float, int, int]] = []
-        """(start, seconds, running requests, reserved KV tokens) of every decode step, all instances."""
+        self.step_log: list[tuple[float, float, int, int, int]] = []
+        """(start, seconds, admitted requests, reserved KV tokens, held KV tokens) of every decode step, all
+        instances (held: the reservations without a swap space)."""
 
     def at(self, time: float, handler, arg) -> None:
         heapq.heappush(self.events, (time, next(self.order), handler, arg))
@@ -143,18 +155,55 @@ class ClusterSim:
             request = instance.waiting.popleft()
             instance.num_running += 1
             instance.free_kv -= request.reserved
+            request.first_token = self.now
+            if self.swap:
+                instance.admitted.append(request)
+                continue
             instance.total_context += request.num_input + 1
             finish_at = instance.num_steps + request.num_output - 1
             heapq.heappush(instance.finishing, (finish_at, next(self.order), request))
-            request.first_token = self.now
 
     def start_step(self, instance: DecodeInstance) -> None:
+        if self.swap:
+            self.start_swap_step(instance)
+            return
         instance.stepping = instance.num_running > 0
         if instance.stepping:
             step_s = float(self.model.decode.seconds(instance.total_context))
-            reserved_kv = self.decode.kv_capacity_tokens - instance.free_kv
-            self.step_log.append((self.now, step_s, instance.num_running, reserved_kv))
+            reserved_kv = self.decode.admission_tokens - instance.free_kv
+            self.step_log.append((self.now, step_s, instance.num_running, reserved_kv, reserved_kv))
             self.at(self.now + step_s, self.finish_step, instance)
+
+    def start_swap_step(self, instance: DecodeInstance) -> None:
+        """The oldest admitted requests whose blocks, through the token the step writes, fit the KV run; the rest
+        wait paused (the oldest always fits: a sample longer than the KV is rejected, split_too_long)."""
+        rows, held, context = [], 0, 0
+        for request in instance.admitted:
+            tokens = request.num_input + 1 + request.steps_done
+            blocks = -(-tokens // self.decode.block_size) * self.decode.block_size
+            if held + blocks > self.decode.kv_capacity_tokens:
+                break
+            rows.append(request)
+            held, context = held + blocks, context + tokens
+        instance.stepping_rows = rows
+        instance.stepping = bool(rows)
+        if rows:
+            step_s = float(self.model.decode.seconds(context))
+            reserved_kv = self.decode.admission_tokens - instance.free_kv
+            self.step_log.append((self.now, step_s, instance.num_running, reserved_kv, held))
+            self.at(self.now + step_s, self.finish_swap_step, instance)
+
+    def finish_swap_step(self, instance: DecodeInstance) -> None:
+        for request in instance.stepping_rows:
+            request.steps_done += 1
+            if request.steps_done == request.num_output - 1:
+                instance.admitted.remove(request)
+                instance.num_running -= 1
+                instance.num_unfinished -= 1
+                instance.free_kv += request.reserved
+                request.last_token = self.now
+        self.admit(instance)
+        self.start_step(instance)
 
     def finish_step(self, instance: DecodeInstance) -> None:
         instance.num_steps += 1
@@ -197,15 +246,17 @@ def simulate(model, workload, decode, num_prefill: int, num_decode: int, num_req
     measured = [r for r in requests if r.arrival >= warmup_s]
     ttfts = [r.first_token - r.arrival for r in measured]
     tpots = [(r.last_token - r.first_token) / (r.num_output - 1) for r in measured if r.num_output > 1]
-    steps = np.array([step[1:] for step in sim.step_log if warmup_s <= step[0] < span]).reshape(-1, 3)
-    seconds, running, reserved_kv = steps.T  # [num_steps] each
+    steps = np.array([step[1:] for step in sim.step_log if warmup_s <= step[0] < span]).reshape(-1, 4)
+    seconds, running, reserved_kv, held_kv = steps.T  # [num_steps] each
     window_s = span - warmup_s
+    kv_busy = float(seconds @ reserved_kv) / (num_decode * decode.admission_tokens * window_s)
+    if decode.swap_tokens:  # NOTE: as capacity_model.kv_utilization
+        kv_busy = max(kv_busy, float(seconds @ held_kv) / (num_decode * decode.kv_capacity_tokens * window_s))
     return SimResult(
         num_prefill, num_decode, len(measured), warmup_s, float(np.quantile(ttfts, QUANTILE)),
         float(np.quantile(tpots, QUANTILE)) if tpots else 0.0, float(seconds.mean()) if len(seconds) else 0.0,
         sum(s for start, s in sim.prefill_log if warmup_s <= start < span) / (num_prefill * window_s),
-        float(seconds @ running) / (num_decode * decode.max_num_seqs * window_s),
-        float(seconds @ reserved_kv) / (num_decode * decode.kv_capacity_tokens * window_s))
+        float(seconds @ running) / (num_decode * decode.max_num_seqs * window_s), kv_busy)
 
 
 def check_plan(plan, model, workload, slo, decode, max_utilization: float = 0.9, num_requests: int = 20000,

@@ -69,6 +69,8 @@ def profile_engine(config, prefill_lengths=None, decode_contexts=None, decode_ro
         max_num_seqs=sched.max_num_seqs, prefill_chunk_size=resolved.prefill_chunk_size,
         prefill_points=tuple(prefill_points), decode_points=tuple(decode_points),
         kv_capacity_tokens=engine.block_manager.num_usable_blocks * config.cache.block_size,
+        swap_capacity_tokens=(engine.scheduler.swap.capacity_blocks if engine.scheduler.swap else 0) *
+        config.cache.block_size,
         max_model_len=sched.max_model_len, block_size=config.cache.block_size,
         source=f"profile_engine: {config.model} {config.dtype} on {config.device}, prefill path "
                f"{engine.runner.prefill_path}",

@@ -19,7 +19,7 @@ from planner.perf_profile import (
     PrefillPoint,
 )
 from planner.plan import SLO, DecodeConfig, Workload, named_workload, plan, read_lengths, split_too_long
-from planner.plan_sim import check_plan, simulate
+from planner.plan_sim import ClusterSim, SimRequest, check_plan, simulate
 from planner.profiling import EngineMeasurer, profile_engine
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
@@ -111,6 +111,44 @@ def test_kv_capacity_limits_long_sequences():
     assert plan(H200_LIKE, workload, SLO(2.0, 0.04), double_kv).num_decode < kv_bound.num_decode
 
 
+def test_a_swap_space_lets_an_instance_hold_what_its_tokens_need():
+    """With a swap space, admission counts whole sequences against KV + swap, and the KV holds what the tokens need:
+    4096 + 2048 tokens hold 5,120 on average over their steps, so 155 rows fit where 129 whole sequences did, one
+    decode instance serves what took two, and the simulation agrees. A swap space too small to admit another
+    sequence changes nothing."""
+    workload, slo = Workload(2.0, ((4096, 2048),)), SLO(2.0, 0.04)
+    swapping = DecodeConfig(256, 796416, 6144, swap_tokens=796416)
+    result = plan(H200_LIKE, workload, slo, swapping)
+    assert result.prediction.usable_slots_per_decode == 796416 // 5120
+    assert result.num_decode < plan(H200_LIKE, workload, slo, H200_DECODE).num_decode
+    runs = check_plan(result, H200_LIKE, workload, slo, swapping, num_requests=4000)
+    assert runs["agrees"] and runs["plan"]["meets_slo"]
+    assert runs["plan"]["decode_kv_utilization"] == pytest.approx(result.prediction.decode_kv_utilization, rel=0.1)
+    tiny_swap = DecodeConfig(256, 796416, 6144, swap_tokens=16)
+    assert plan(H200_LIKE, workload, slo, tiny_swap).prediction.usable_slots_per_decode == 129
+
+
+def test_the_simulation_pauses_the_newest_request_while_the_kv_is_outgrown():
+    """Two 32 + 33-token requests on a KV of 112 tokens and as much swap space: both are admitted (80 + 80 <= 224)
+    and run together until their blocks outgrow the KV; then the newer one waits while the older one runs on. Both
+    finish; the newer one's TPOT is the longer. Inverse: with KV for both, their TPOTs are the same."""
+    def run(kv_tokens: int) -> list[SimRequest]:
+        decode = DecodeConfig(max_num_seqs=4, kv_capacity_tokens=kv_tokens, max_model_len=128, swap_tokens=112)
+        sim = ClusterSim(H200_LIKE, decode, num_prefill=2, num_decode=1)
+        requests = [SimRequest(0.0, 32, 33, 0.01, 80), SimRequest(0.0, 32, 33, 0.01, 80)]
+        sim.run(requests)
+        return requests
+
+    def tpots(requests: list[SimRequest]) -> list[float]:
+        assert all(r.last_token is not None for r in requests)
+        return [(r.last_token - r.first_token) / (r.num_output - 1) for r in requests]
+
+    older, newer = tpots(run(112))
+    assert newer > 1.2 * older
+    older, newer = tpots(run(160))
+    assert newer == pytest.approx(older, rel=0.01)
+
+
 def test_workload_samples_longer_than_the_model_are_rejected_or_split_off():
     decode = DecodeConfig(256, 796416, max_model_len=2048)
     workload = Workload(1.0, ((1000, 100), (2000, 100)))
@@ -157,6 +195,7 @@ def test_profile_engine_on_the_tiny_model(tiny_model_dir, tmp_path):
     assert sorted(p.num_rows for p in profile.decode_points) == [1, 1, 4, 4]
     assert max(p.sum_context for p in profile.decode_points) >= 4 * 96
     assert (profile.max_num_seqs, profile.kv_capacity_tokens) == (4, 63 * 16)
+    assert profile.swap_capacity_tokens == 0  # NOTE: no swap space on CPU (its KV cache is host memory)
     model = PerformanceModel.fit(profile)
     prefill_s, step_s = model.prefill.seconds([8, 64, 128, 159]), model.decode.seconds([0, 100, 600])
     # NOTE: within one chunk the fit may find no per-token cost on a loaded host (8 and 64 tokens equal); more
@@ -178,7 +217,7 @@ def test_cli_prints_the_plan_as_json(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["plan"]["feasible"] and report["plan"]["ratio"] == "1:1"
     assert report["decode_config"] == {"max_num_seqs": 256, "kv_capacity_tokens": 796416, "max_model_len": 6144,
-                                       "block_size": 16}
+                                       "block_size": 16, "swap_tokens": 0}
     assert report["workload"]["num_samples"] + report["workload"]["rejected_samples"] == 500
     assert report["simulation"]["plan"]["meets_slo"] and report["slo"] == {"ttft_p99_s": 1.0, "tpot_p99_s": 0.03}
 
@@ -229,6 +268,7 @@ def test_cli_reads_lengths_files(tmp_path, capsys):
     (("--workload", "nosuch"), "unknown workload 'nosuch'"),
     (("--max-num-seqs", "128"), "measured at N = 256"),
     (("--tpot-p99-ms", "0"), "must be at least 1 ms"),
+    (("--swap-kv-tokens", "-1"), "swap_tokens must be >= 0"),
 ])
 def test_cli_bad_input_is_a_clear_error(tmp_path, capsys, change, message):
     synthetic_profile(H200_LIKE).save(tmp_path / "profile.json")
