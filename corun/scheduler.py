@@ -160,6 +160,8 @@ class Scheduler(SwapPreemption):
         """Oldest first (Request.admission_order)."""
         self.num_preemptions = 0
         self.chunks_let_go_after_copy = []
+        self.short_of_blocks: set[int] = set()
+        """ids of the decoding requests the last grow_running left without their next step's blocks."""
         self._admissions = itertools.count()
         self.waiting_order: Callable[[], Iterable[Request]] | None = None
         """Waiting in the order its prompts may start (fixed_shape's prefill): arrival order (None), unless the owner

@@ -9,7 +9,7 @@ import types
 import pytest
 
 from corun import LLM, SamplingParams
-from corun.kv_swap import HostSwap
+from corun.kv_swap import HostCopy, HostSwap
 from wire.config import MIB, CacheConfig, EngineConfig, SchedulerConfig
 
 LONG = SamplingParams(temperature=0.8, seed=3, max_tokens=100, logprobs=2, ignore_eos=True)
@@ -90,6 +90,33 @@ def test_inverse_blocks_copied_back_out_of_order_change_the_outputs(tiny_model_d
     together = generate(llm, prompts(4))
     assert llm.engine.scheduler.swap.num_blocks_in > 1
     assert together != alone
+
+
+def test_requests_short_of_blocks_wait_a_step_and_exactly_they_do(tiny_model_dir, alone, monkeypatch):
+    """With copies to host memory seen done late (as on CUDA, where they run on a stream of their own; here on their
+    21st look, several steps), a request may find no block free while a copy is under way: it waits. At every step
+    ready_to_step gives exactly the decoding requests whose blocks hold their next step's position (what
+    grow_running recorded is checked against each request's blocks), and the outputs stay bitwise what each request
+    gives alone."""
+    done = HostCopy.done
+
+    def late(part):
+        part.looks = getattr(part, "looks", 0) + 1
+        return part.looks > 20 and done(part)
+    monkeypatch.setattr(HostCopy, "done", late)
+    llm = engine(tiny_model_dir, SMALL_CACHE, SWAP)
+    scheduler = llm.engine.scheduler
+    ready, waited = scheduler.ready_to_step, []
+
+    def checked(decoding):
+        stepping = ready(decoding)
+        assert stepping == [r for r in decoding if len(r.block_ids) >= scheduler.blocks_for_next_step(r)]
+        waited.append(len(decoding) - len(stepping))
+        return stepping
+    scheduler.ready_to_step = checked
+    assert generate(llm, prompts(4)) == alone
+    assert max(waited) > 0  # NOTE: the comparison above met requests short of blocks
+    assert_all_blocks_back(llm)
 
 
 def test_without_swap_space_whole_sequences_are_reserved_and_nothing_is_paused(tiny_model_dir, alone):
