@@ -37,6 +37,13 @@ def blocks_for_next_step(block_manager: BlockManager, request: Request) -> int:
     return block_manager.blocks_needed(min(request.num_tokens + 1, request.max_num_tokens - 1))
 
 
+def may_need_blocks(block_manager: BlockManager, request: Request) -> bool:
+    """Whether a request's blocks may end before the position its next step writes (False: they surely do not).
+    Every step asks it of every running request, an engine's and a decode node's, so blocks_for_next_step, the exact
+    bound, is left for these."""
+    return len(request.block_ids) * block_manager.block_size <= request.num_tokens
+
+
 def move_to_paused(running: list, paused: list, holder, order: Callable) -> bool:
     """A paused holder (an engine's request, a decode node's sample) leaves running for paused, which stays oldest
     first by order; -> whether it was running (a new pause, not a paused one paused further)."""
@@ -125,9 +132,8 @@ class SwapPreemption:
         looked at further (on this repository's 2-core host, 256 decoding requests cost 0.94 ms a step in here and
         ready_to_step when each was)."""
         self.short_of_blocks = set()
-        block_size = self.block_manager.block_size
         decoding, num_preemptions = self.decoding(), self.num_preemptions
-        needing = [r for r in decoding if len(r.block_ids) * block_size <= r.num_tokens]
+        needing = [r for r in decoding if may_need_blocks(self.block_manager, r)]
         for request in sorted(needing, key=lambda r: r.admission_order):
             needed = self.blocks_for_next_step(request) - len(request.block_ids)
             while needed > 0 and request in self.running:

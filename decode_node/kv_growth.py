@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from corun.request import Request
-from corun.swap_preemption import blocks_for_next_step, move_to_paused
+from corun.swap_preemption import blocks_for_next_step, may_need_blocks, move_to_paused
 
 if TYPE_CHECKING:
     from corun.block_manager import BlockManager
@@ -31,7 +31,10 @@ class KVGrowth:
     def ready_to_step(self) -> list[Request]:
         """The running samples whose blocks hold what the next step writes (one may wait a step for blocks that only
         reads in flight hold: grow_running)."""
-        return [s.request for s in self.running if len(s.request.block_ids) >= self.blocks_for_next_step(s.request)]
+        # NOTE: not the engine's record of the samples grow_running left short: a step's tokens read on the host
+        # between the two (schedule) move samples to their next positions
+        return [s.request for s in self.running if not may_need_blocks(self.block_manager, s.request) or
+                len(s.request.block_ids) >= self.blocks_for_next_step(s.request)]
 
     def whole_blocks(self, request: Request) -> int:
         return self.block_manager.blocks_needed(request.max_num_tokens)
@@ -47,7 +50,8 @@ class KVGrowth:
         any), oldest first; where the cache has none left, the newest sample is paused for them. Then a block is kept
         free (or on its way back from a copy) for each running sample, so that the next steps' blocks do not wait
         for a copy: a sample that finds none free waits a step (ready_to_step)."""
-        for sample in sorted(self.running, key=lambda s: s.order):
+        needing = [s for s in self.running if may_need_blocks(self.block_manager, s.request)]
+        for sample in sorted(needing, key=lambda s: s.order):
             if sample not in self.running:  # NOTE: paused below for an older one
                 continue
             request = sample.request
