@@ -128,9 +128,9 @@ class SwapPreemption:
         """Each decoding request, oldest first, gets its next step's blocks, pausing the newest where none are free;
         then a block is kept free (or on its way back) for each decoding request. Those left without their next
         step's blocks are short_of_blocks.
-        NOTE: every step, so only the requests whose blocks end before the position their next step writes are
-        looked at further (on this repository's 2-core host, 256 decoding requests cost 0.94 ms a step in here and
-        ready_to_step when each was)."""
+        NOTE: every step, so only the requests whose blocks may end before the position their next step writes are
+        looked at further: on this repository's 2-core host, 256 decoding requests cost 0.44-0.56 ms a step in here
+        and ready_to_step when each was, 0.20-0.24 ms now (benchmarks/results/cpu_swap_host_time_*.json)."""
         self.short_of_blocks = set()
         decoding, num_preemptions = self.decoding(), self.num_preemptions
         needing = [r for r in decoding if may_need_blocks(self.block_manager, r)]
