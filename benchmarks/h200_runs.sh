@@ -108,7 +108,8 @@ case $part in
     # longest-first rows failed to compile: the sweep's copy read a global in the kernel, since mended). stop 55: the packed prefill kernel launches its query tiles longest first (one grid
     # axis, kv heads innermost; corun/packed_prefill.packed_prefill_tiles), so a long prompt's last tiles do not start
     # when most SMs are idle: the GPU tests of the kernel and the packed graphs, the launch sweep with both orders, then
-    # the prefill figures of issue 20 item 5 before (HEAD's tree, exported to .gl/before) and after, in one call
+    # the prefill figures of issue 20 item 5 before (stop 54's tree: mkdir -p .gl/before && git archive ef0da8c |
+    # tar -x -C .gl/before, carried as .gl) and after, in one call
     timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_kernels.py \
       tests/corun/test_prefill_graphs.py tests/corun/test_multi_chunk_prefill.py tests/corun/test_joined_steps.py \
       -rfE > "$out/gpu_tests.log" 2>&1
