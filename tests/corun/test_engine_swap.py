@@ -119,6 +119,31 @@ def test_requests_short_of_blocks_wait_a_step_and_exactly_they_do(tiny_model_dir
     assert_all_blocks_back(llm)
 
 
+@pytest.mark.parametrize("seed", [0, 6, 7, 9])  # NOTE: seeds whose loads pause (2 and 5 pause none)
+def test_random_loads_with_late_copies_give_each_request_its_bits_alone(tiny_model_dir, seed, monkeypatch):
+    """Random prompts and lengths on small caches, copies to host memory seen done after 0-25 looks: every request
+    gives the tokens and logprobs it gives alone, and every block and host copy comes back. (The comparison can
+    fail: blocks copied back out of order change the outputs, the inverse test above.)"""
+    rng = random.Random(seed)
+    lateness, done = rng.choice([0, 3, 10, 25]), HostCopy.done
+
+    def late(part):
+        part.looks = getattr(part, "looks", 0) + 1
+        return part.looks > lateness and done(part)
+    num_prompts = rng.randint(3, 7)
+    batch = [[rng.randrange(2000) for _ in range(rng.randint(5, 40))] for _ in range(num_prompts)]
+    params = [dataclasses.replace(LONG, seed=rng.randrange(1000), max_tokens=rng.randint(10, 120))
+              for _ in range(num_prompts)]
+    whole = engine(tiny_model_dir, None, 0)
+    alone_outputs = [whole.generate([p], [q])[0].outputs[0] for p, q in zip(batch, params, strict=True)]
+    monkeypatch.setattr(HostCopy, "done", late)
+    llm = engine(tiny_model_dir, rng.choice([13, 17, 21]), SWAP)
+    together = [r.outputs[0] for r in llm.generate(batch, params)]
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert [(o.token_ids, o.logprobs) for o in together] == [(o.token_ids, o.logprobs) for o in alone_outputs]
+    assert_all_blocks_back(llm)
+
+
 def test_without_swap_space_whole_sequences_are_reserved_and_nothing_is_paused(tiny_model_dir, alone):
     """swap_space_bytes 0 (the default on CPU): admission reserves each whole sequence (two of these at once), so
     nothing ever waits for blocks; the outputs are the same."""
