@@ -1,9 +1,11 @@
 """`python -m benchmarks.swap_host_time --model DIR --out FILE`: the host time an engine's swap space costs a decode
-step (corun/swap_preemption.py: prepare_blocks and ready_to_step), with and without a swap space.
+step (corun/swap_preemption.py prepare_blocks, which gives the decoding requests ready to step), with and without a
+swap space.
 
-N requests are prefilled, then the scheduler's two calls are timed over --steps decode steps of N rows. Host time
-only: on a GPU these run while the step in flight computes (async scheduling), so they cost a step nothing until
-they outgrow it.
+N requests are prefilled, then prepare_blocks is timed over --steps decode steps of N rows. Host time only: on a GPU
+it runs while the step in flight computes (async scheduling), so it costs a step nothing until it outgrows it.
+NOTE: the committed results (benchmarks/results/cpu_swap_host_time_*.json) timed prepare_blocks and ready_to_step
+apart, from before stop 55's review folded the second into the first: compare their sum.
 """
 
 from __future__ import annotations
@@ -27,20 +29,15 @@ def host_time(model: str, rows: int, steps: int, swap_mib: int) -> dict:
         engine.add_request(f"r{i}", list(range(5, 37)), params)
     while scheduler.waiting or any(r.is_prefilling for r in scheduler.running):
         engine.step()
-    spent = {"prepare_blocks": 0.0, "ready_to_step": 0.0}
-    prepare, ready = scheduler.prepare_blocks, scheduler.ready_to_step
+    spent = {"prepare_blocks": 0.0}
+    prepare = scheduler.prepare_blocks
 
     def timed_prepare():
         start = time.perf_counter()
-        prepare()
+        ready = prepare()
         spent["prepare_blocks"] += time.perf_counter() - start
-
-    def timed_ready(decoding):
-        start = time.perf_counter()
-        stepping = ready(decoding)
-        spent["ready_to_step"] += time.perf_counter() - start
-        return stepping
-    scheduler.prepare_blocks, scheduler.ready_to_step = timed_prepare, timed_ready
+        return ready
+    scheduler.prepare_blocks = timed_prepare
     for _ in range(steps):
         engine.step()
     return {"swap_space_mib": swap_mib, "rows": len(scheduler.running),

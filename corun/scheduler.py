@@ -160,8 +160,6 @@ class Scheduler(SwapPreemption):
         """Oldest first (Request.admission_order)."""
         self.num_preemptions = 0
         self.chunks_let_go_after_copy = []
-        self.short_of_blocks: set[int] = set()
-        """ids of the decoding requests the last grow_running left without their next step's blocks."""
         self._admissions = itertools.count()
         self.waiting_order: Callable[[], Iterable[Request]] | None = None
         """Waiting in the order its prompts may start (fixed_shape's prefill): arrival order (None), unless the owner
@@ -240,8 +238,7 @@ class FixedShapeScheduler(Scheduler):
         """Set by the owner when its runner verified that a prompt may run several chunks in one forward."""
 
     def schedule(self) -> ScheduledBatch | None:
-        self.prepare_blocks()
-        decoding = self.ready_to_step(self.decoding())
+        decoding = self.prepare_blocks()
         if self.decode_rides_prefill and decoding:
             # NOTE: the pack is every prompt token between two of a decoding request's tokens, so the budget caps it
             chunks = self.prefill_chunks(self.pack_rows_left(0))
@@ -277,8 +274,7 @@ class FixedShapeScheduler(Scheduler):
 class MixedScheduler(Scheduler):
     def schedule(self) -> ScheduledBatch | None:
         budget = self.cfg.max_num_batched_tokens
-        self.prepare_blocks()
-        decodes = self.ready_to_step(self.decoding())[:budget]
+        decodes = self.prepare_blocks()[:budget]
         budget -= len(decodes)
         chunks = []
         for request in [r for r in self.running if r.is_prefilling]:

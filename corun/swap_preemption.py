@@ -66,7 +66,6 @@ class SwapPreemption:
     num_preemptions: int
     chunks_let_go_after_copy: list
     """(HostCopy, the prefix-cache chunks a paused request held): let go once that copy has read their blocks."""
-    short_of_blocks: set[int]
 
     @property
     def grows_on_demand(self) -> bool:
@@ -105,35 +104,30 @@ class SwapPreemption:
         return self.whole_blocks(request) - len(request.block_ids) - swapped
 
     # --- before each step -------------------------------------------------------------------------------------
-    def prepare_blocks(self) -> None:
+    def prepare_blocks(self) -> list[Request]:
         """Blocks copied out go back to the pool, paused requests come back where they fit, and every decoding
-        request gets the blocks its next step writes (the newest paused where the cache has none)."""
+        request gets the blocks its next step writes (the newest paused where the cache has none); -> the decoding
+        requests whose blocks hold what the next step writes (one may wait a step for blocks on their way back from a
+        copy)."""
         if not self.grows_on_demand:
-            return
+            return self.decoding()
         self.free_copied()
         self.resume_paused()
-        self.grow_running()
-
-    def ready_to_step(self, decoding: list[Request]) -> list[Request]:
-        """The decoding requests whose blocks hold what the next step writes (one may wait a step for blocks on their
-        way back from a copy): right after prepare_blocks, all but those its grow_running left short."""
-        if not self.short_of_blocks:
-            return decoding
-        return [r for r in decoding if id(r) not in self.short_of_blocks]
+        short = self.grow_running()
+        return [r for r in self.decoding() if id(r) not in short]
 
     def blocks_for_next_step(self, request: Request) -> int:
         return blocks_for_next_step(self.block_manager, request)
 
-    def grow_running(self) -> None:
+    def grow_running(self) -> set[int]:
         """Each decoding request, oldest first, gets its next step's blocks, pausing the newest where none are free;
-        then a block is kept free (or on its way back) for each decoding request. Those left without their next
-        step's blocks are short_of_blocks.
+        then a block is kept free (or on its way back) for each decoding request. -> the ids of those left without
+        their next step's blocks.
         NOTE: every step, so only the requests whose blocks may end before the position their next step writes are
-        looked at further: on this repository's 2-core host, 256 decoding requests cost 0.44-0.56 ms a step in here
-        and ready_to_step when each was, 0.20-0.24 ms now (benchmarks/results/cpu_swap_host_time_*.json)."""
-        self.short_of_blocks = set()
-        decoding, num_preemptions = self.decoding(), self.num_preemptions
-        needing = [r for r in decoding if may_need_blocks(self.block_manager, r)]
+        looked at further: on this repository's 2-core host, 256 decoding requests cost 0.44-0.56 ms a step when each
+        was, 0.20-0.24 ms since (benchmarks/results/cpu_swap_host_time_*.json)."""
+        short = set()
+        needing = [r for r in self.decoding() if may_need_blocks(self.block_manager, r)]
         for request in sorted(needing, key=lambda r: r.admission_order):
             needed = self.blocks_for_next_step(request) - len(request.block_ids)
             while needed > 0 and request in self.running:
@@ -147,10 +141,11 @@ class SwapPreemption:
                 request.block_ids = request.block_ids + new  # NOTE: replaced, never mutated (step_inputs caches it)
                 needed -= len(new)
             if needed > 0:
-                self.short_of_blocks.add(id(request))
-        num_decoding = len(decoding) if self.num_preemptions == num_preemptions else len(self.decoding())
-        while self.block_manager.num_free_blocks + self.swap.blocks_in_copy < num_decoding and self.pause_newest():
-            num_decoding = len(self.decoding())
+                short.add(id(request))
+        while self.block_manager.num_free_blocks + self.swap.blocks_in_copy < len(self.decoding()) and \
+                self.pause_newest():
+            pass
+        return short
 
     def decoding(self) -> list[Request]:
         return [r for r in self.running if not r.is_prefilling]

@@ -31,7 +31,7 @@ class KVGrowth:
     def ready_to_step(self) -> list[Request]:
         """The running samples whose blocks hold what the next step writes (one may wait a step for blocks that only
         reads in flight hold: grow_running)."""
-        # NOTE: not the engine's record of the samples grow_running left short: a step's tokens read on the host
+        # NOTE: not the engine's way (grow_running telling which it left short): a step's tokens read on the host
         # between the two (schedule) move samples to their next positions
         return [s.request for s in self.running if not may_need_blocks(self.block_manager, s.request) or
                 len(s.request.block_ids) >= self.blocks_for_next_step(s.request)]

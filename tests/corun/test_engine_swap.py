@@ -95,7 +95,7 @@ def test_inverse_blocks_copied_back_out_of_order_change_the_outputs(tiny_model_d
 def test_requests_short_of_blocks_wait_a_step_and_exactly_they_do(tiny_model_dir, alone, monkeypatch):
     """With copies to host memory seen done late (as on CUDA, where they run on a stream of their own; here on their
     21st look, several steps), a request may find no block free while a copy is under way: it waits. At every step
-    ready_to_step gives exactly the decoding requests whose blocks hold their next step's position (what
+    prepare_blocks gives exactly the decoding requests whose blocks hold their next step's position (what
     grow_running recorded is checked against each request's blocks), and the outputs stay bitwise what each request
     gives alone."""
     done = HostCopy.done
@@ -106,14 +106,14 @@ def test_requests_short_of_blocks_wait_a_step_and_exactly_they_do(tiny_model_dir
     monkeypatch.setattr(HostCopy, "done", late)
     llm = engine(tiny_model_dir, SMALL_CACHE, SWAP)
     scheduler = llm.engine.scheduler
-    ready, waited = scheduler.ready_to_step, []
+    prepare, waited = scheduler.prepare_blocks, []
 
-    def checked(decoding):
-        stepping = ready(decoding)
+    def checked():
+        stepping, decoding = prepare(), scheduler.decoding()
         assert stepping == [r for r in decoding if len(r.block_ids) >= scheduler.blocks_for_next_step(r)]
         waited.append(len(decoding) - len(stepping))
         return stepping
-    scheduler.ready_to_step = checked
+    scheduler.prepare_blocks = checked
     assert generate(llm, prompts(4)) == alone
     assert max(waited) > 0  # NOTE: the comparison above met requests short of blocks
     assert_all_blocks_back(llm)
@@ -285,8 +285,9 @@ def test_a_request_never_holds_a_block_for_its_last_token_which_no_step_writes(t
 
     def prepare_and_count():
         nonlocal most
-        prepare()
+        ready = prepare()
         most = max(most, len(request.block_ids))
+        return ready
     eng.scheduler.prepare_blocks = prepare_and_count
     while eng.has_unfinished():
         eng.step()
