@@ -35,6 +35,23 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop56_table)  # stop 56: issue 20's figures at the current code in one call (a new machine, so the table of one
+    # machine): the prefill figures of item 5 and where a 4,096-token prefill's GPU time goes, then the t = 0 rows,
+    # the defaults beside the previous best variants (budget 0, packed T = 2048) and the graph-captured standard
+    nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
+    timeout 100 python3 -m benchmarks.prefill_cost --paths corun --lengths 64,4096 --prefill-chunk-size 4096 \
+      --repeats 3 --out "$out/prefill_cost_stop56.json" > "$out/prefill_cost.log" 2>&1
+    timeout 60 python3 -m benchmarks.prefill_profile --lengths 4096 --repeats 3 --out-dir "$out" > "$out/profile.log" 2>&1
+    timeout 400 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
+      --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
+      --modes corun,corun:prefill_token_budget=0,$PACKED,standard \
+      --out "$out/defaults_stop56.json" > "$out/bench_t0.log" 2>&1 ;;
+  stop56_poisson)  # stop 56, after stop56_table (the same machine if still warm): issue 20's Poisson rows
+    for rate in 16 32; do
+      timeout 200 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+        --num-requests 300 --workloads sharegpt --request-rate $rate --max-seconds 22 --modes corun,standard \
+        --goodput ttft:500 tpot:50 --out "$out/defaults_poisson_${rate}_stop56.json" > "$out/bench_p$rate.log" 2>&1
+    done ;;
   next_after_stop49)  # NOTE: not run as such (stop50_one_call ran its tests and Poisson 32). stop 49 changed the joined forwards after its last measurement (packs below
     # 1,024 rows through the pieces, larger ones eagerly at their exact rows): Poisson ShareGPT-like at 32 and 16 req/s,
     # the defaults against the pieces off and standard (the t = 0 rows: next_after_stop49_t0); first the sizing's
