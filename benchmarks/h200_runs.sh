@@ -46,6 +46,11 @@ case $part in
       --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes corun,corun:prefill_token_budget=0,$PACKED,standard \
       --out "$out/defaults_stop56.json" > "$out/bench_t0.log" 2>&1 ;;
+  stop56_front_door)  # stop 56, issue 21: the front door on this machine against the engine (swap space on since
+    # stop 54, its KV freed before the next engine is built since stop 54's mend): colocated node and 1P1D on one GPU
+    timeout 420 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 4 \
+      --deployments 1p1d,colocated --workloads 1024x2048,sharegpt --out "$out/front_door_stop56.json" \
+      > "$out/front_door.log" 2>&1 ;;
   stop56_poisson)  # stop 56, after stop56_table (the same machine if still warm): issue 20's Poisson rows
     for rate in 16 32; do
       timeout 200 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
