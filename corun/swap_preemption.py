@@ -1,6 +1,6 @@
 """An engine's KV blocks as its requests' tokens need them, the newest requests paused to host memory when the cache
-runs out (the engine's and a colocated node's scheduler, corun/scheduler.py; a decode node's is decode_node/
-kv_growth.py). corun/kv_swap.py says why a copy and never a recompute: a paused request continues on the bits it
+runs out (the engine's and a colocated node's scheduler, corun/scheduler.py; a decode node's, decode_node/
+kv_growth.py, shares each step's growth and the resumes: GrowsOnDemand). corun/kv_swap.py says why a copy and never a recompute: a paused request continues on the bits it
 had.
 
 With a swap space (CacheConfig.swap_space_bytes > 0) a request is admitted with blocks for its prompt and token 1,
@@ -55,9 +55,84 @@ def move_to_paused(running: list, paused: list, holder, order: Callable) -> bool
     return True
 
 
-class SwapPreemption:
+class GrowsOnDemand:
+    """What an engine's scheduler and a decode node do alike with blocks as tokens need them: each step's blocks,
+    oldest holder first, and paused holders back, oldest first. A holder is an engine's request or a decode node's
+    sample (its request, its order, its `swapped` blocks): the subclass says which holders decode and how to pause
+    one (pause_newest), since the engine's and the node's pauses differ (the prefix cache's chunks, the oldest kept)."""
+
+    running: list
+    paused: list
+    """Oldest first."""
+    block_manager: BlockManager
+    swap: HostSwap
+
+    def decoding_holders(self) -> list:
+        raise NotImplementedError
+
+    @staticmethod
+    def request_of(holder) -> Request:
+        raise NotImplementedError
+
+    @staticmethod
+    def order_of(holder) -> int:
+        raise NotImplementedError
+
+    def pause_newest(self) -> bool:
+        raise NotImplementedError
+
+    def blocks_for_next_step(self, request: Request) -> int:
+        return blocks_for_next_step(self.block_manager, request)
+
+    def grow_running(self) -> set[int]:
+        """Each decoding holder, oldest first, gets its next step's blocks, pausing the newest where none are free;
+        then a block is kept free (or on its way back) for each decoding holder, so that the next steps' blocks do not
+        wait for a copy. -> the ids of the holders left without their next step's blocks (they wait a step).
+        NOTE: every step, so only the holders whose blocks may end before the position their next step writes are
+        looked at further: on this repository's 2-core host, 256 decoding requests cost 0.44-0.56 ms a step when each
+        was, 0.20-0.24 ms since (benchmarks/results/cpu_swap_host_time_*.json)."""
+        short = set()
+        needing = [h for h in self.decoding_holders() if may_need_blocks(self.block_manager, self.request_of(h))]
+        for holder in sorted(needing, key=self.order_of):
+            request = self.request_of(holder)
+            needed = self.blocks_for_next_step(request) - len(request.block_ids)
+            while needed > 0 and holder in self.running:
+                if self.block_manager.num_free_blocks == 0 and (self.swap.blocks_in_copy >= needed or
+                                                                 not self.pause_newest()):
+                    break  # NOTE: blocks on their way back from a copy (or held by a node's pulls): it waits a step
+                free = self.block_manager.num_free_blocks
+                if holder not in self.running or free == 0:
+                    break  # NOTE: it was the newest and paused itself; or its blocks come back when the copy ends
+                new = self.block_manager.allocate(min(needed, free) * self.block_manager.block_size)
+                request.block_ids = request.block_ids + new  # NOTE: replaced, never mutated (step_inputs caches it)
+                needed -= len(new)
+            if needed > 0:
+                short.add(id(holder))
+        while self.block_manager.num_free_blocks + self.swap.blocks_in_copy < len(self.decoding_holders()) and \
+                self.pause_newest():
+            pass
+        return short
+
+    def resume_paused(self) -> None:
+        """Paused holders, oldest first, while the cache has room for their blocks, their next step's and a block for
+        each decoding holder's next (grow_running's reserve, lest it pause one at once): copied back (queued before
+        the step that reads them)."""
+        while self.paused:
+            holder = self.paused[0]
+            request, swapped = self.request_of(holder), holder.swapped
+            held = len(request.block_ids) + swapped.num_blocks
+            wanted = swapped.num_blocks + max(0, self.blocks_for_next_step(request) - held) + \
+                len(self.decoding_holders()) + 1
+            if self.block_manager.num_free_blocks < wanted:
+                return
+            self.swap.resume(request, swapped, self.block_manager)
+            holder.swapped = None
+            self.running.append(self.paused.pop(0))
+
+
+class SwapPreemption(GrowsOnDemand):
     """A part of Scheduler (corun/scheduler.py): its running and paused requests (paused oldest first, by
-    Request.admission_order), its block manager and its HostSwap."""
+    Request.admission_order), its block manager and its HostSwap. Its holders are the requests themselves."""
 
     running: list[Request]
     paused: list[Request]
@@ -116,39 +191,19 @@ class SwapPreemption:
         short = self.grow_running()
         return [r for r in self.decoding() if id(r) not in short]
 
-    def blocks_for_next_step(self, request: Request) -> int:
-        return blocks_for_next_step(self.block_manager, request)
-
-    def grow_running(self) -> set[int]:
-        """Each decoding request, oldest first, gets its next step's blocks, pausing the newest where none are free;
-        then a block is kept free (or on its way back) for each decoding request. -> the ids of those left without
-        their next step's blocks.
-        NOTE: every step, so only the requests whose blocks may end before the position their next step writes are
-        looked at further: on this repository's 2-core host, 256 decoding requests cost 0.44-0.56 ms a step when each
-        was, 0.20-0.24 ms since (benchmarks/results/cpu_swap_host_time_*.json)."""
-        short = set()
-        needing = [r for r in self.decoding() if may_need_blocks(self.block_manager, r)]
-        for request in sorted(needing, key=lambda r: r.admission_order):
-            needed = self.blocks_for_next_step(request) - len(request.block_ids)
-            while needed > 0 and request in self.running:
-                free = self.block_manager.num_free_blocks
-                if free == 0 and (self.swap.blocks_in_copy >= needed or not self.pause_newest()):
-                    break  # NOTE: blocks on their way back from a copy: it waits a step
-                free = self.block_manager.num_free_blocks
-                if request not in self.running or free == 0:
-                    break  # NOTE: it was the newest and paused itself; or its blocks come back when the copy ends
-                new = self.block_manager.allocate(min(needed, free) * self.block_manager.block_size)
-                request.block_ids = request.block_ids + new  # NOTE: replaced, never mutated (step_inputs caches it)
-                needed -= len(new)
-            if needed > 0:
-                short.add(id(request))
-        while self.block_manager.num_free_blocks + self.swap.blocks_in_copy < len(self.decoding()) and \
-                self.pause_newest():
-            pass
-        return short
-
     def decoding(self) -> list[Request]:
         return [r for r in self.running if not r.is_prefilling]
+
+    def decoding_holders(self) -> list[Request]:
+        return self.decoding()
+
+    @staticmethod
+    def request_of(holder: Request) -> Request:
+        return holder
+
+    @staticmethod
+    def order_of(holder: Request) -> int:
+        return holder.admission_order
 
     # --- pause and resume -------------------------------------------------------------------------------------
     def pause_newest(self) -> bool:
@@ -159,17 +214,17 @@ class SwapPreemption:
         admitted = [*self.running, *self.paused]
         if self.swap.room == 0 or len(admitted) < 2:
             return False
-        oldest = min(admitted, key=lambda r: r.admission_order)
+        oldest = min(admitted, key=self.order_of)
         victims = [r for r in admitted if r is not oldest and not r.is_prefilling and self.pausable_blocks(r)]
         if not victims:
             return False
-        victim = max(victims, key=lambda r: r.admission_order)
+        victim = max(victims, key=self.order_of)
         victim.swapped = self.swap.pause_tail(victim, self.pausable_blocks(victim), victim.swapped)
         if not victim.block_ids and victim.cached_chunks:
             # NOTE: the chunks' blocks may be reused only once the copy (its newest part: first) has read them
             self.chunks_let_go_after_copy.append((victim.swapped.parts[0], victim.cached_chunks))
             victim.cached_chunks = []
-        self.num_preemptions += move_to_paused(self.running, self.paused, victim, lambda r: r.admission_order)
+        self.num_preemptions += move_to_paused(self.running, self.paused, victim, self.order_of)
         self.free_copied()  # NOTE: on CPU the copy is complete already
         return True
 
@@ -189,22 +244,6 @@ class SwapPreemption:
                 break
             own += 1
         return min(own, room)
-
-    def resume_paused(self) -> None:
-        """Paused requests, oldest first, while the cache has room for their blocks, their next step's and a block for
-        each decoding request's next (grow_running's reserve, lest it pause one at once): copied back (queued before
-        the step that reads them)."""
-        while self.paused:
-            request = self.paused[0]
-            swapped = request.swapped
-            held = len(request.block_ids) + swapped.num_blocks
-            wanted = swapped.num_blocks + max(0, self.blocks_for_next_step(request) - held) + \
-                len(self.decoding()) + 1
-            if self.block_manager.num_free_blocks < wanted:
-                return
-            self.swap.resume(request, swapped, self.block_manager)
-            request.swapped = None
-            self.running.append(self.paused.pop(0))
 
     def free_copied(self) -> None:
         """The blocks whose copies to host memory have completed go back to the pool: a request's own freed, the
