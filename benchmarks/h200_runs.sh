@@ -35,7 +35,8 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop56_table)  # stop 56: issue 20's figures at the current code in one call (a new machine, so the table of one
+  stop56_table)  # NOTE: ran on an H100 80 GB (results/h100_defaults_stop56.json, h100_prefill_cost_stop56.json,
+    # h100_prefill_profile_4096_stop56.txt). stop 56: issue 20's figures at the current code in one call (a new machine, so the table of one
     # machine): the prefill figures of item 5 and where a 4,096-token prefill's GPU time goes, then the t = 0 rows,
     # the defaults beside the previous best variants (budget 0, packed T = 2048) and the graph-captured standard
     nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
@@ -46,12 +47,13 @@ case $part in
       --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes corun,corun:prefill_token_budget=0,$PACKED,standard \
       --out "$out/defaults_stop56.json" > "$out/bench_t0.log" 2>&1 ;;
-  stop56_front_door)  # stop 56, issue 21: the front door on this machine against the engine (swap space on since
+  stop56_front_door)  # NOTE: run inline on the same warm H100 with --workloads 1024x2048 only (the budget left;
+    # results/h100_front_door_stop56.json). stop 56, issue 21: the front door on this machine against the engine (swap space on since
     # stop 54, its KV freed before the next engine is built since stop 54's mend): colocated node and 1P1D on one GPU
     timeout 420 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 12 --num-prompts 4 \
       --deployments 1p1d,colocated --workloads 1024x2048,sharegpt --out "$out/front_door_stop56.json" \
       > "$out/front_door.log" 2>&1 ;;
-  stop56_poisson)  # stop 56, after stop56_table (the same machine if still warm): issue 20's Poisson rows
+  stop56_poisson)  # NOTE: ran on the same H100, warm (results/h100_defaults_poisson_{16,32}_stop56.json). stop 56, after stop56_table (the same machine if still warm): issue 20's Poisson rows
     for rate in 16 32; do
       timeout 200 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
         --num-requests 300 --workloads sharegpt --request-rate $rate --max-seconds 22 --modes corun,standard \
