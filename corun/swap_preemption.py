@@ -1,7 +1,7 @@
 """An engine's KV blocks as its requests' tokens need them, the newest requests paused to host memory when the cache
 runs out (the engine's and a colocated node's scheduler, corun/scheduler.py; a decode node's, decode_node/
-kv_growth.py, shares each step's growth and the resumes: GrowsOnDemand). corun/kv_swap.py says why a copy and never a recompute: a paused request continues on the bits it
-had.
+kv_growth.py, shares each step's growth and the resumes: GrowsOnDemand). corun/kv_swap.py says why a copy and never
+a recompute: a paused request continues on the bits it had.
 
 With a swap space (CacheConfig.swap_space_bytes > 0) a request is admitted with blocks for its prompt and token 1,
 while the whole sequences (prompt + max_tokens) of every admitted request fit the cache and the swap space together;

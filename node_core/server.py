@@ -36,6 +36,10 @@ from wire.node_auth import ClusterKey
 
 IDLE_RECEIVE_MS = 5
 """How long an idle node waits for a message per turn (a busy one only takes what has arrived)."""
+STALLED_RECEIVE_MS = 1
+"""How long a node whose work waits for something outside its loop (a prefill node's prompts for blocks that leases
+hold) waits for a message per turn: what frees the blocks is a message or a transport event its turn polls, so it
+looks at least this often, without spinning a core."""
 
 LOOP_PHASES = ("receive", "schedule", "run", "postprocess", "turns")
 
@@ -222,7 +226,7 @@ class NodeServer:
     def turn(self) -> None:
         loop = self.loop_seconds
         started = time.perf_counter()
-        self.receive(timeout_ms=0 if self.busy() else IDLE_RECEIVE_MS)
+        self.receive(timeout_ms=self.receive_timeout_ms())
         received = time.perf_counter()
         batch = self.schedule()
         scheduled = time.perf_counter()
@@ -273,6 +277,10 @@ class NodeServer:
 
     def busy(self) -> bool:
         raise NotImplementedError
+
+    def receive_timeout_ms(self) -> int:
+        """How long this turn waits for a message: not at all while there is work to run."""
+        return 0 if self.busy() else IDLE_RECEIVE_MS
 
     def schedule(self) -> list:
         raise NotImplementedError

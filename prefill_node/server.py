@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import PrefillChunk, RequestRejected, check_fits_cache, check_request, pack_prefill_chunks
-from node_core.server import NodeServer
+from node_core.server import STALLED_RECEIVE_MS, NodeServer
 from node_core.serving import refusal
 from node_core.tenant_turns import TenantTurns
 from transfer.compat import IncompatiblePeer, check_compatible
@@ -77,10 +77,18 @@ class PrefillServer(NodeServer):
         self.turns = TenantTurns()
         self.prefill_seconds_total = 0.0
         """Seconds of prefill forwards (token 1 sampled included), summed: / num_prefills = per prompt."""
+        self.stalled = False
+        """The last schedule found prompts waiting and none it could start: their blocks are held by leases."""
 
     # --- the loop: schedule -> run -> postprocess -------------------------------------------------------------
     def busy(self) -> bool:
         return bool(self.prefilling or self.waiting)
+
+    def receive_timeout_ms(self) -> int:
+        """NOTE: prompts waiting for blocks wait for a lease to end (a message, or a read seen by after_step's poll):
+        a turn that took only what had arrived spun a core at ~58k turns a second (this repository's 2-core host),
+        most of it in schedule (3.1 s of a 12-s run of 1P1D on one H100: results/h100_front_door_stop56.json)."""
+        return STALLED_RECEIVE_MS if self.stalled else super().receive_timeout_ms()
 
     def run(self, chunks: list[PrefillChunk]) -> list:
         start = time.perf_counter()
@@ -99,9 +107,11 @@ class PrefillServer(NodeServer):
     def schedule(self) -> list[PrefillChunk]:
         """The engine's prefill forward (corun.scheduler.pack_prefill_chunks): the next chunk of the prompts being
         prefilled, then of newly admitted ones (waiting in fair_order, while their prompts' blocks fit)."""
-        return pack_prefill_chunks(self.config.engine.scheduler, self.block_manager,
-                                   [p.request for p in self.prefilling], (p.request for p in self.fair_order()),
-                                   self.admit, multi_chunk=self.runner.multi_chunk_prefill)
+        chunks = pack_prefill_chunks(self.config.engine.scheduler, self.block_manager,
+                                     [p.request for p in self.prefilling], (p.request for p in self.fair_order()),
+                                     self.admit, multi_chunk=self.runner.multi_chunk_prefill)
+        self.stalled = not chunks and bool(self.waiting)
+        return chunks
 
     def fair_order(self) -> list[PendingPrefill]:
         """The waiting prompts in the order they may start: tenant by tenant (node_core/tenant_turns.py)."""

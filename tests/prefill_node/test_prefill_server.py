@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from launch.local import free_port
+from node_core.server import STALLED_RECEIVE_MS
 from prefill_node.server import PrefillServer
 from tests.node_sockets import deliver, router_socket, small_engine
 from wire import protocol
@@ -273,3 +274,31 @@ def test_tenants_bursts_interleave_and_one_tenant_stays_first_come_first_served(
     assert ids(results_in_order(server, router, two)) == ["a1", "b1", "a2", "b2", "a3", "b3"]
     server.step()
     assert not server.turns.last_admitted  # NOTE: tenants with nothing left on the node are forgotten
+
+
+@pytest.mark.parametrize("server", [60.0], indirect=True)  # NOTE: no lease ends by its deadline within the test
+def test_prompts_waiting_for_leased_blocks_wait_for_a_message_and_start_once_one_frees_them(server, router):
+    """A prefill node whose waiting prompts find every block leased waits STALLED_RECEIVE_MS per turn for what frees
+    one (it spun a core at ~58k turns a second before); a lease released by message lets the next prompt start."""
+    params = SamplingParams(temperature=0.6, seed=3, max_tokens=8, ignore_eos=True)
+    for i in range(30):  # NOTE: distinct prompts of 5 blocks each: the 64-block pool leases about 12 of them
+        router.send(protocol.encode(protocol.PrefillRequest(f"w{i}", list(range(10 + i, 90 + i)), params)))
+    deadline = time.monotonic() + 30
+    while not server.stalled and time.monotonic() < deadline:
+        server.step()
+    assert server.stalled and server.waiting and not server.prefilling
+    assert server.receive_timeout_ms() == STALLED_RECEIVE_MS > 0
+    window_s, start, turns = 0.3, time.monotonic(), 0
+    while time.monotonic() - start < window_s:
+        server.step()
+        turns += 1
+    # NOTE: an upper bound: a loaded host makes turns fewer, never more
+    assert turns <= window_s / (STALLED_RECEIVE_MS / 1000) + 10, turns
+    while router.poll(0):  # NOTE: the results of the prompts that ran, each with its KV handle
+        router.recv_multipart()
+    leased = next(iter(server.transport.leases))
+    waiting_before = len(server.waiting)
+    deliver(server, router, protocol.ReleaseKV(leased, "the READ failed"))
+    server.step()
+    assert len(server.waiting) < waiting_before and not server.stalled
+    assert server.receive_timeout_ms() == 0 or not server.busy()
