@@ -35,6 +35,9 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  prefill_gaps)  # stop 56 (prepared): issue 20 item 5, where a 4,096-token prefill's ~5 ms beyond its kernels go
+    # (stop 56's H100: 102.7 ms wall, 97.6 ms of kernels): before the first kernel, between kernels, after the last
+    timeout 200 python3 -m benchmarks.prefill_gaps --length 4096 --out "$out/prefill_gaps.json" > "$out/prefill_gaps.log" 2>&1 ;;
   stop56_table)  # NOTE: ran on an H100 80 GB (results/h100_defaults_stop56.json, h100_prefill_cost_stop56.json,
     # h100_prefill_profile_4096_stop56.txt). stop 56: issue 20's figures at the current code in one call (a new machine, so the table of one
     # machine): the prefill figures of item 5 and where a 4,096-token prefill's GPU time goes, then the t = 0 rows,
