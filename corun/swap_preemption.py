@@ -67,7 +67,8 @@ class GrowsOnDemand:
     block_manager: BlockManager
     swap: HostSwap
 
-    def decoding_holders(self) -> list:
+    def decoding(self) -> list:
+        """The holders that decode (the others prefill or are paused)."""
         raise NotImplementedError
 
     @staticmethod
@@ -92,7 +93,7 @@ class GrowsOnDemand:
         looked at further: on this repository's 2-core host, 256 decoding requests cost 0.44-0.56 ms a step when each
         was, 0.20-0.24 ms since (benchmarks/results/cpu_swap_host_time_*.json)."""
         short = set()
-        needing = [h for h in self.decoding_holders() if may_need_blocks(self.block_manager, self.request_of(h))]
+        needing = [h for h in self.decoding() if may_need_blocks(self.block_manager, self.request_of(h))]
         for holder in sorted(needing, key=self.order_of):
             request = self.request_of(holder)
             needed = self.blocks_for_next_step(request) - len(request.block_ids)
@@ -108,7 +109,7 @@ class GrowsOnDemand:
                 needed -= len(new)
             if needed > 0:
                 short.add(id(holder))
-        while self.block_manager.num_free_blocks + self.swap.blocks_in_copy < len(self.decoding_holders()) and \
+        while self.block_manager.num_free_blocks + self.swap.blocks_in_copy < len(self.decoding()) and \
                 self.pause_newest():
             pass
         return short
@@ -122,7 +123,7 @@ class GrowsOnDemand:
             request, swapped = self.request_of(holder), holder.swapped
             held = len(request.block_ids) + swapped.num_blocks
             wanted = swapped.num_blocks + max(0, self.blocks_for_next_step(request) - held) + \
-                len(self.decoding_holders()) + 1
+                len(self.decoding()) + 1
             if self.block_manager.num_free_blocks < wanted:
                 return
             self.swap.resume(request, swapped, self.block_manager)
@@ -193,9 +194,6 @@ class SwapPreemption(GrowsOnDemand):
 
     def decoding(self) -> list[Request]:
         return [r for r in self.running if not r.is_prefilling]
-
-    def decoding_holders(self) -> list[Request]:
-        return self.decoding()
 
     @staticmethod
     def request_of(holder: Request) -> Request:

@@ -53,7 +53,7 @@ class KVGrowth(GrowsOnDemand):
         if copied:
             self.block_manager.free(copied)
 
-    def decoding_holders(self) -> list[RunningSample]:
+    def decoding(self) -> list[RunningSample]:
         return self.running
 
     @staticmethod

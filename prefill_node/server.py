@@ -86,8 +86,10 @@ class PrefillServer(NodeServer):
 
     def receive_timeout_ms(self) -> int:
         """NOTE: prompts waiting for blocks wait for a lease to end (a message, or a read seen by after_step's poll):
-        a turn that took only what had arrived spun a core at ~58k turns a second (this repository's 2-core host),
-        most of it in schedule (3.1 s of a 12-s run of 1P1D on one H100: results/h100_front_door_stop56.json)."""
+        a turn that took only what had arrived spun a core at 66-68k turns a second on this repository's 2-core host,
+        two thirds of it in schedule (benchmarks/results/cpu_prefill_stall_turns_stop56.json: 870 turns and 0.07
+        CPU-s a second with the wait), and spent 3.1 s of a 12-s 1P1D run on one H100 in schedule
+        (h100_front_door_stop56.json)."""
         return STALLED_RECEIVE_MS if self.stalled else super().receive_timeout_ms()
 
     def run(self, chunks: list[PrefillChunk]) -> list:
