@@ -35,6 +35,16 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop57_gaps_front_door)  # stop 57, one call: where a 4,096-token prefill's time beyond its kernels goes (issue 20
+    # item 5; with the profiler's Chrome trace), then issue 21's front door at the issue's own 20-s cut on 1024x2048
+    # (the 1P1D target's workload; stop 56 ran 12 s), the engine beside both deployments
+    nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
+    timeout 140 python3 -m benchmarks.prefill_gaps --length 4096 --out "$out/prefill_gaps.json" \
+      --trace "$out/prefill_gaps_trace.json" > "$out/prefill_gaps.log" 2>&1
+    gzip "$out/prefill_gaps_trace.json"
+    timeout 440 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 20 --num-prompts 4 \
+      --deployments 1p1d,colocated --workloads 1024x2048 --out "$out/front_door_stop57.json" \
+      > "$out/front_door.log" 2>&1 ;;
   prefill_gaps)  # stop 56 (prepared): issue 20 item 5, where a 4,096-token prefill's ~5 ms beyond its kernels go
     # (stop 56's H100: 102.7 ms wall, 97.6 ms of kernels): before the first kernel, between kernels, after the last
     timeout 200 python3 -m benchmarks.prefill_gaps --length 4096 --out "$out/prefill_gaps.json" > "$out/prefill_gaps.log" 2>&1 ;;

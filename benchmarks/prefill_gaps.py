@@ -68,6 +68,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (no kernels to split)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--trace", default=None, help="also write the profiler's Chrome trace here (gzip it after)")
     args = parser.parse_args()
     config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, scheduler=SchedulerConfig(
         max_num_seqs=256, max_model_len=args.length + 16, prefill_chunk_size=args.length), cache=CacheConfig(
@@ -81,6 +82,8 @@ def main() -> None:
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(args.repeats):
             prefill_once(engine, prompt)
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
     unprofiled = [prefill_once(engine, prompt) for _ in range(args.repeats)]
     # NOTE: kernels and the windows on the profiler's one clock (us): the windows are its CPU ranges named WINDOW
     events = prof.events()
