@@ -35,8 +35,9 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop57_prefill_clocks)  # stop 57: issue 20 item 5's prefill figures with the clock beside them (rested and
-    # back-to-back prefills, the burst and the sustained GEMM rate); on an H200, issue 20's t = 0 table after them
+  stop57_prefill_clocks)  # NOTE: ran on an H100 (results/h100_prefill_cost_stop57.json; no t = 0 table).
+    # stop 57: issue 20 item 5's prefill figures with the clock beside them (rested and back-to-back prefills, the
+    # burst and the sustained GEMM rate); on an H200, issue 20's t = 0 table after them
     nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
     timeout 150 python3 -m benchmarks.prefill_cost --paths corun --lengths 64,4096 --prefill-chunk-size 4096 \
       --repeats 3 --out "$out/prefill_cost_stop57.json" > "$out/prefill_cost.log" 2>&1
@@ -45,10 +46,13 @@ case $part in
         --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
         --modes corun,corun:prefill_token_budget=0,$PACKED,standard --out "$out/defaults_stop57.json" \
         > "$out/bench_t0.log" 2>&1
+    else
+      echo "not an H200: no t = 0 table" > "$out/bench_t0.log"
     fi ;;
-  stop57_gaps_front_door)  # stop 57, one call: where a 4,096-token prefill's time beyond its kernels goes (issue 20
-    # item 5; with the profiler's Chrome trace), then issue 21's front door at the issue's own 20-s cut on 1024x2048
-    # (the 1P1D target's workload; stop 56 ran 12 s), the engine beside both deployments
+  stop57_gaps_front_door)  # NOTE: ran on an H100 (results/h100_prefill_gaps_stop57.json, h100_front_door_stop57.json).
+    # stop 57, one call: where a 4,096-token prefill's time beyond its kernels goes (issue 20 item 5; with the
+    # profiler's Chrome trace), then issue 21's front door at the issue's own 20-s cut on 1024x2048 (the 1P1D
+    # target's workload; stop 56 ran 12 s), the engine beside both deployments
     nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
     timeout 140 python3 -m benchmarks.prefill_gaps --length 4096 --out "$out/prefill_gaps.json" \
       --trace "$out/prefill_gaps_trace.json" > "$out/prefill_gaps.log" 2>&1
