@@ -66,6 +66,7 @@ class GrowsOnDemand:
     """Oldest first."""
     block_manager: BlockManager
     swap: HostSwap
+    num_preemptions: int
 
     def decoding(self) -> list:
         """The holders that decode (the others prefill or are paused)."""
@@ -93,7 +94,8 @@ class GrowsOnDemand:
         looked at further: on this repository's 2-core host, 256 decoding requests cost 0.44-0.56 ms a step when each
         was, 0.20-0.24 ms since (benchmarks/results/cpu_swap_host_time_*.json)."""
         short = set()
-        needing = [h for h in self.decoding() if may_need_blocks(self.block_manager, self.request_of(h))]
+        decoding, num_preemptions = self.decoding(), self.num_preemptions
+        needing = [h for h in decoding if may_need_blocks(self.block_manager, self.request_of(h))]
         for holder in sorted(needing, key=self.order_of):
             request = self.request_of(holder)
             needed = self.blocks_for_next_step(request) - len(request.block_ids)
@@ -109,9 +111,10 @@ class GrowsOnDemand:
                 needed -= len(new)
             if needed > 0:
                 short.add(id(holder))
-        while self.block_manager.num_free_blocks + self.swap.blocks_in_copy < len(self.decoding()) and \
-                self.pause_newest():
-            pass
+        # NOTE: the list is built again only where a pause changed it (a list of every decoding holder, each step)
+        num_decoding = len(decoding) if self.num_preemptions == num_preemptions else len(self.decoding())
+        while self.block_manager.num_free_blocks + self.swap.blocks_in_copy < num_decoding and self.pause_newest():
+            num_decoding = len(self.decoding())
         return short
 
     def resume_paused(self) -> None:
