@@ -35,6 +35,37 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop58_host_trims)  # stop 58: a graph's static inputs in one device block (one pinned staging copy per step instead of
+    # one pinned allocation and copy per input) and a step's sampled rows read back in one copy. The GPU tests of the
+    # graph paths, then the prefill figures before (stop 57's tree in .gl/before) and after, and where a 64-token
+    # prefill's host time goes now
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_prefill_graphs.py \
+      tests/corun/test_async_scheduling.py tests/corun/test_joined_steps.py tests/corun/test_multi_chunk_prefill.py \
+      tests/corun/test_sampling_controls.py tests/corun/test_prompt_logprobs.py -rfE > "$out/gpu_tests.log" 2>&1
+    (cd .gl/before && PYTHONPATH=/tmp/pydeps:. timeout 110 python3 -m benchmarks.prefill_cost --paths corun \
+      --lengths 16,64,4096 --prefill-chunk-size 4096 --repeats 3 \
+      --out "$out/prefill_cost_before_stop58.json" > "$out/prefill_cost_before.log" 2>&1)
+    timeout 110 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64,4096 --prefill-chunk-size 4096 \
+      --repeats 3 --out "$out/prefill_cost_after_stop58.json" > "$out/prefill_cost_after.log" 2>&1
+    timeout 70 python3 -m benchmarks.prefill_gaps --length 64 --out "$out/prefill_gaps_64_stop58.json" \
+      > "$out/prefill_gaps.log" 2>&1 ;;
+  stop58_h200)  # stop 58: issue 20's t = 0 table at the current code, on an H200 only (an H100's figures at this code
+    # are stop 55-57's); exits at once on any other card so that the call costs only its start
+    nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
+    grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_t0.log"; exit 0; }
+    timeout 540 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
+      --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
+      --modes corun,corun:prefill_token_budget=0,$PACKED,standard \
+      --out "$out/defaults_stop58.json" > "$out/bench_t0.log" 2>&1 ;;
+  stop58_h200_poisson)  # stop 58, after stop58_h200 on the same warm H200: issue 20's Poisson rows
+    nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
+    grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_p16.log"; exit 0; }
+    for rate in 16 32; do
+      timeout 250 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+        --num-requests 300 --workloads sharegpt --request-rate $rate --max-seconds 22 --modes corun,standard \
+        --goodput ttft:500 tpot:50 --out "$out/defaults_poisson_${rate}_stop58.json" > "$out/bench_p$rate.log" 2>&1
+    done ;;
   stop57_prefill_clocks)  # NOTE: ran on an H100 (results/h100_prefill_cost_stop57.json; no t = 0 table).
     # stop 57: issue 20 item 5's prefill figures with the clock beside them (rested and back-to-back prefills, the
     # burst and the sustained GEMM rate); on an H200, issue 20's t = 0 table after them

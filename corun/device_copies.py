@@ -9,6 +9,7 @@ memory are queued without waiting; torch's caching host allocator keeps a pinned
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -25,3 +26,68 @@ def copy_into(target: torch.Tensor, source: torch.Tensor) -> None:
     if target.is_cuda and source.device.type == "cpu":
         source = source.pin_memory()
     target.copy_(source, non_blocking=True)
+
+
+class DeviceBlock:
+    """Fixed-shape device tensors kept as views of one device buffer, so that a step's values for all of them go in
+    one host-to-device copy from one pinned staging buffer (load).
+
+    NOTE: a captured graph's static inputs (corun/cuda_graphs.py). Copied one by one, each input cost a pinned
+    allocation and a copy launch: ten inputs took ~0.33 ms of host time before a lone prompt's prefill graph could
+    start (measured on an H100, benchmarks/results/h100_prefill_gaps_trace_stop57.json.gz), time the GPU waits."""
+
+    ALIGN = 16
+    """Bytes: every view starts at a multiple of this, which every dtype's alignment divides."""
+
+    def __init__(self, like: list[torch.Tensor], device: torch.device | str):
+        """One view per tensor of like, on device, of its shape and dtype, holding its values."""
+        self.device = torch.device(device)
+        self.spans: list[tuple[int, int]] = []
+        """(byte offset, bytes) of each view in the buffer."""
+        offset = 0
+        for tensor in like:
+            num_bytes = tensor.numel() * tensor.element_size()
+            self.spans.append((offset, num_bytes))
+            offset += -(-num_bytes // self.ALIGN) * self.ALIGN
+        self.buffer = torch.zeros(offset, dtype=torch.uint8, device=self.device)
+        self.views = [self.buffer[start:start + num_bytes].view(tensor.dtype).view(tensor.shape)
+                      for (start, num_bytes), tensor in zip(self.spans, like, strict=True)]
+        self.load(like)
+
+    def load(self, sources: list[torch.Tensor]) -> None:
+        """views[i].copy_(sources[i]) for every i (each of its view's shape and dtype): the host sources in one copy,
+        queued without waiting for the device; a source already on the device by a copy of its own, after it."""
+        staging = torch.empty(self.buffer.numel(), dtype=torch.uint8,
+                              pin_memory=self.device.type == "cuda")
+        host_bytes = staging.numpy()
+        on_device = []
+        for (start, num_bytes), view, source in zip(self.spans, self.views, sources, strict=True):
+            if source.shape != view.shape or source.dtype != view.dtype:
+                raise ValueError(f"a {source.dtype} {tuple(source.shape)} source for a {view.dtype} "
+                                 f"{tuple(view.shape)} view")
+            if source.device.type == "cpu":
+                host_bytes[start:start + num_bytes] = source.contiguous().numpy().reshape(-1).view(np.uint8)
+            else:
+                on_device.append((view, source))
+        self.buffer.copy_(staging, non_blocking=True)
+        for view, source in on_device:
+            view.copy_(source, non_blocking=True)
+
+
+def read_back(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Host copies of tensors (contiguous, on one device) in one device-to-host copy: their bytes joined on the
+    device, read once, split on the host.
+
+    NOTE: each .tolist() of a device tensor is a synchronising copy of its own; a step's sampled token ids and
+    logprobs read one after the other cost the second ~0.12 ms of host time (measured on an H100,
+    benchmarks/results/h100_prefill_gaps_trace_stop57.json.gz), after the GPU is done."""
+    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())  # NOTE: keeps each view aligned
+    joined = torch.cat([tensors[i].reshape(-1).view(torch.uint8) for i in order]).cpu()
+    host: list[torch.Tensor | None] = [None] * len(tensors)
+    start = 0
+    for i in order:
+        tensor = tensors[i]
+        num_bytes = tensor.numel() * tensor.element_size()
+        host[i] = joined[start:start + num_bytes].view(tensor.dtype).view(tensor.shape)
+        start += num_bytes
+    return host

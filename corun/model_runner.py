@@ -39,6 +39,7 @@ from corun.decode_ahead import (
     tokens_ahead,
 )
 from corun.decode_sizes import equivalent_decode_sizes
+from corun.device_copies import read_back
 from corun.device_facts import resolved_on_device
 from corun.joined_steps import most_rows_through_pieces, runs_through_pieces, verified_joined_shapes
 from corun.kv_cache import PagedKVCache
@@ -424,7 +425,7 @@ class ModelRunner:
 
         def make_static(num_rows: int) -> PrefillPackInputs:
             return build_prefill_pack([], num_rows, num_seqs, self.block_size, self.table_rows,
-                                      whole_prompt=num_seqs == 1).to(self.device)
+                                      whole_prompt=num_seqs == 1).to_static(self.device)
 
         return CapturedGraphs(self.padded_prefill_sizes(), make_static, self.prefill_pack_logits)
 
@@ -437,7 +438,7 @@ class ModelRunner:
             sizes = capture_sizes(self.max_num_seqs)
 
         def make_static(size: int) -> WindowDecodeInputs:
-            return build_window_decode([], size, self.window_blocks, self.block_size).to(self.device)
+            return build_window_decode([], size, self.window_blocks, self.block_size).to_static(self.device)
 
         return CapturedGraphs(sizes, make_static, lambda static: self.window_decode_logits(
             static, self.kv_splits(len(static.input_ids)), self.kv_split_tokens))
@@ -615,10 +616,13 @@ def sample_requests(sampler: Sampler, logits: torch.Tensor, requests: list[Reque
 
 def to_host(out: SamplerOutput, requests: list[Request]) -> tuple[list[int], list[TokenLogprobs | None]]:
     num = len(requests)
-    token_ids, logprobs = out.token_ids[:num].tolist(), out.logprobs[:num].tolist()
-    if out.topk_ids.shape[1] == 0 and all(r.params.logprobs is None for r in requests):
+    wants_top = out.topk_ids.shape[1] > 0 or any(r.params.logprobs is not None for r in requests)
+    rows = [out.token_ids[:num], out.logprobs[:num]]
+    rows += [out.topk_ids[:num], out.topk_logprobs[:num]] if wants_top else []
+    token_ids, logprobs, *top = (t.tolist() for t in read_back(rows))
+    if not wants_top:
         return token_ids, [None] * num
-    top_ids, top_logprobs = out.topk_ids[:num].tolist(), out.topk_logprobs[:num].tolist()
+    top_ids, top_logprobs = top
     results = []
     for i, request in enumerate(requests):
         k = request.params.logprobs

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from corun.attention import AttentionMetadata, RequestSegment, VarlenPrompts
-from corun.device_copies import copy_into
+from corun.device_copies import DeviceBlock, copy_into
 from corun.packed_prefill import PackedPrefillMeta, max_prefill_tiles, packed_prefill_tiles
 from corun.request import Request
 from corun.scheduler import PrefillChunk
@@ -44,12 +44,32 @@ class WindowDecodeInputs:
                                  self.block_tables, self.context_lens, num_kv_splits=num_kv_splits,
                                  kv_split_tokens=kv_split_tokens)
 
+    block: DeviceBlock | None = field(default=None, repr=False, compare=False)
+    """Set on a graph's static inputs (to_static): the tensors are its views, loaded in one copy."""
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.input_ids, self.positions, self.slot_blocks, self.slot_offsets, self.block_tables,
+                self.context_lens]
+
     def copy_to(self, static: WindowDecodeInputs) -> None:
-        for f in fields(self):
-            copy_into(getattr(static, f.name), getattr(self, f.name))
+        copy_all(static.tensors(), self.tensors(), static.block)
 
     def to(self, device) -> WindowDecodeInputs:
-        return WindowDecodeInputs(*(getattr(self, f.name).to(device) for f in fields(self)))
+        return WindowDecodeInputs(*(t.to(device) for t in self.tensors()))
+
+    def to_static(self, device) -> WindowDecodeInputs:
+        """A copy on device whose tensors live in one DeviceBlock (a captured graph's inputs)."""
+        block = DeviceBlock(self.tensors(), device)
+        return WindowDecodeInputs(*block.views, block=block)
+
+
+def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor], block: DeviceBlock | None) -> None:
+    """targets[i].copy_(sources[i]) for every i: through block in one copy when the targets are its views."""
+    if block is not None:
+        block.load(sources)
+        return
+    for target, source in zip(targets, sources, strict=True):
+        copy_into(target, source)
 
 
 def decode_slot(request: Request, block_size: int, ahead: int = 0) -> tuple[int, int, int, int]:
@@ -223,6 +243,8 @@ class PrefillPackInputs:
     """The same chunks as per-request segments, for the SDPA path (CPU); not part of a captured graph."""
     whole_prompt: bool = False
     """Isolated bucketed prefill: at most one chunk, the first of its prompt (AttentionMetadata.whole_prompt)."""
+    block: DeviceBlock | None = field(default=None, repr=False, compare=False)
+    """Set on a graph's static inputs (to_static): the tensors are its views, loaded in one copy."""
 
     def metadata(self, use_kernel: bool) -> AttentionMetadata:
         if self.whole_prompt:
@@ -235,14 +257,21 @@ class PrefillPackInputs:
                 *(self.packed.tensors() if self.packed is not None else ())]
 
     def copy_to(self, static: PrefillPackInputs) -> None:
-        for source, target in zip(self.tensors(), static.tensors(), strict=True):
-            copy_into(target, source)
+        copy_all(static.tensors(), self.tensors(), static.block)
 
     def to(self, device) -> PrefillPackInputs:
         return PrefillPackInputs(self.input_ids.to(device), self.positions.to(device), self.slot_blocks.to(device),
                                  self.slot_offsets.to(device), self.sample_rows.to(device),
                                  None if self.packed is None else self.packed.to(device),
                                  _shifted(self.segments, 0, device), self.whole_prompt)
+
+    def to_static(self, device) -> PrefillPackInputs:
+        """A copy on device whose tensors live in one DeviceBlock (a captured graph's inputs)."""
+        block = DeviceBlock(self.tensors(), device)
+        ids, positions, slot_blocks, slot_offsets, sample_rows, *packed = block.views
+        return PrefillPackInputs(ids, positions, slot_blocks, slot_offsets, sample_rows,
+                                 PackedPrefillMeta(*packed) if packed else None, _shifted(self.segments, 0, device),
+                                 self.whole_prompt, block)
 
 
 def build_prefill_pack(chunks: list[PrefillChunk], num_rows: int, num_seqs: int, block_size: int,
