@@ -49,7 +49,8 @@ case $part in
     timeout 110 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64,4096 --prefill-chunk-size 4096 \
       --repeats 3 --out "$out/prefill_cost_after_stop58.json" > "$out/prefill_cost_after.log" 2>&1
     timeout 70 python3 -m benchmarks.prefill_gaps --length 64 --out "$out/prefill_gaps_64_stop58.json" \
-      > "$out/prefill_gaps.log" 2>&1 ;;
+      --trace "$out/prefill_gaps_64_trace_stop58.json" > "$out/prefill_gaps.log" 2>&1
+    gzip "$out/prefill_gaps_64_trace_stop58.json" ;;
   stop58_h200)  # stop 58: issue 20's t = 0 table at the current code, on an H200 only (an H100's figures at this code
     # are stop 55-57's); exits at once on any other card so that the call costs only its start
     nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
