@@ -101,7 +101,11 @@ class BlockTableRows:
     def table(self, requests: list[Request], num_rows: int) -> np.ndarray:
         if num_rows == 0:
             return np.empty((0, self.window_blocks), dtype=np.int64)
-        return np.stack([self.row(r) for r in requests] + [self.padding] * (num_rows - len(requests)))
+        table = np.empty((num_rows, self.window_blocks), dtype=np.int64)
+        table[len(requests):] = self.padding  # NOTE: one broadcast, not a stack of padding rows (~2x faster)
+        for i, request in enumerate(requests):
+            table[i] = self.row(request)
+        return table
 
 
 def build_window_decode(requests: list[Request], num_rows: int, window_blocks: int, block_size: int,
@@ -220,7 +224,7 @@ def packed_prefill_meta(chunks: list[PrefillChunk], first_row: int, num_seqs: in
     tables = table_rows.table([c.request for c in chunks], num_seqs)
 
     def ints(values):
-        return torch.tensor(values, dtype=torch.int32)
+        return torch.from_numpy(np.asarray(values, dtype=np.int32))  # NOTE: ~3x cheaper than torch.tensor(list)
 
     return PackedPrefillMeta(ints(query_starts), ints(starts), ints(counts), torch.from_numpy(tables),
                              ints(tile_seqs), ints(tile_starts))
