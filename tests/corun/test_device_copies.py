@@ -4,7 +4,7 @@ as copies one by one would put them (CPU here; the GPU tests replay the graphs t
 import pytest
 import torch
 
-from corun.device_copies import DeviceBlock, read_back
+from corun.device_copies import DeviceBlock, read_back, read_joined
 from corun.request import Request
 from corun.scheduler import PrefillChunk
 from corun.step_inputs import BlockTableRows, build_prefill_pack, build_window_decode
@@ -109,7 +109,8 @@ def test_read_back_returns_each_tensor_whole_whatever_the_mix_of_sizes():
         tensors = [torch.randint(0, 2**40, (num,), generator=gen), torch.randn(num, generator=gen),
                    torch.randint(0, 2**40, (num, 5), generator=gen), torch.randn(num, 5, generator=gen),
                    torch.empty(num, 0, dtype=torch.int64)]
-        back = read_back(tensors)
-        for original, copy in zip(tensors, back, strict=True):
-            assert copy.dtype == original.dtype and copy.shape == original.shape
-            assert torch.equal(copy, original)
+        for back in (read_joined(tensors), read_back(tensors)):  # NOTE: a GPU's path (the join), then the CPU's
+            for original, copy in zip(tensors, back, strict=True):
+                assert copy.shape == tuple(original.shape)
+                assert torch.equal(torch.from_numpy(copy.copy()), original)
+                assert copy.tolist() == original.tolist()  # NOTE: what the engine reads
