@@ -35,7 +35,8 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop58_host_trims)  # stop 58: a graph's static inputs in one device block (one pinned staging copy per step instead of
+  stop58_host_trims)  # NOTE: ran on an H100 (results/h100_*_stop58.json; its 64-token trace did not come back, the
+    # traced runs were made inline: results/README.md, stop 58). stop 58: a graph's static inputs in one device block (one pinned staging copy per step instead of
     # one pinned allocation and copy per input) and a step's sampled rows read back in one copy. The GPU tests of the
     # graph paths, then the prefill figures before (stop 57's tree in .gl/before) and after, and where a 64-token
     # prefill's host time goes now
@@ -51,7 +52,7 @@ case $part in
     timeout 70 python3 -m benchmarks.prefill_gaps --length 64 --out "$out/prefill_gaps_64_stop58.json" \
       --trace "$out/prefill_gaps_64_trace_stop58.json" > "$out/prefill_gaps.log" 2>&1
     gzip "$out/prefill_gaps_64_trace_stop58.json" ;;
-  stop58_h200)  # stop 58: issue 20's t = 0 table at the current code, on an H200 only (an H100's figures at this code
+  stop58_h200)  # NOTE: not run (no H200 came at stop 58). stop 58: issue 20's t = 0 table at the current code, on an H200 only (an H100's figures at this code
     # are stop 55-57's); exits at once on any other card so that the call costs only its start
     nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_t0.log"; exit 0; }
@@ -59,7 +60,7 @@ case $part in
       --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes corun,corun:prefill_token_budget=0,$PACKED,standard \
       --out "$out/defaults_stop58.json" > "$out/bench_t0.log" 2>&1 ;;
-  stop58_h200_poisson)  # stop 58, after stop58_h200 on the same warm H200: issue 20's Poisson rows
+  stop58_h200_poisson)  # NOTE: not run (no H200 came). stop 58, after stop58_h200 on the same warm H200: issue 20's Poisson rows
     nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_p16.log"; exit 0; }
     for rate in 16 32; do
