@@ -52,6 +52,28 @@ case $part in
     timeout 70 python3 -m benchmarks.prefill_gaps --length 64 --out "$out/prefill_gaps_64_stop58.json" \
       --trace "$out/prefill_gaps_64_trace_stop58.json" > "$out/prefill_gaps.log" 2>&1
     gzip "$out/prefill_gaps_64_trace_stop58.json" ;;
+  stop58_inline)  # NOTE: as run inline at stop 58 on the warm H100 after stop58_host_trims (results/h100_*_stop58.json;
+    # the traced pair on a fresh start of the same kind, benchmarks/trace_host_ops.py reads the traces)
+    timeout 100 python3 -m benchmarks.prefill_cost --paths corun --lengths 16,64 --prefill-chunk-size 4096 --repeats 5 \
+      --out "$out/prefill_cost_after_first_stop58.json" > "$out/pc_after.log" 2>&1
+    (cd .gl/before && PYTHONPATH=/tmp/pydeps:. timeout 100 python3 -m benchmarks.prefill_cost --paths corun \
+      --lengths 16,64 --prefill-chunk-size 4096 --repeats 5 --out "$out/prefill_cost_before_second_stop58.json" \
+      > "$out/pc_before.log" 2>&1)
+    timeout 260 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 300 \
+      --workloads sharegpt --request-rate 32 --max-seconds 22 --modes corun,standard --goodput ttft:500 tpot:50 \
+      --out "$out/defaults_poisson_32_stop58.json" > "$out/bench_p32.log" 2>&1
+    for tree in before after; do
+      dir=.; [ $tree = before ] && dir=.gl/before
+      (cd $dir && PYTHONPATH=/tmp/pydeps:. timeout 80 python3 -m benchmarks.prefill_gaps --length 64 --repeats 5 \
+        --out "$out/prefill_gaps_64_${tree}_stop58.json" > "$out/gaps_$tree.log" 2>&1)
+    done
+    for tree in before after; do
+      dir=.; [ $tree = before ] && dir=.gl/before
+      (cd $dir && PYTHONPATH=/tmp/pydeps:. timeout 60 python3 -m benchmarks.prefill_gaps --length 64 \
+        --out "$out/prefill_gaps_64_${tree}_traced_stop58.json" --trace "$out/prefill_gaps_64_trace_${tree}_stop58.json" \
+        > "$out/gaps_traced_$tree.log" 2>&1)
+      gzip "$out/prefill_gaps_64_trace_${tree}_stop58.json"
+    done ;;
   stop58_h200)  # NOTE: not run (no H200 came at stop 58). stop 58: issue 20's t = 0 table at the current code, on an H200 only (an H100's figures at this code
     # are stop 55-57's); exits at once on any other card so that the call costs only its start
     nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
