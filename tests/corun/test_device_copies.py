@@ -48,6 +48,9 @@ def test_load_puts_each_source_in_its_view_and_nothing_else_moves():
             assert torch.equal(view, value)
     assert [view.data_ptr() for view in block.views] == views_before  # NOTE: a graph reads these addresses
     assert not torch.equal(block.views[0], first[0])  # inverse: the comparison sees a change of values
+    strided = [torch.arange(10)[::2], *second[1:]]  # NOTE: not contiguous
+    block.load(strided)
+    assert torch.equal(block.views[0], torch.arange(0, 10, 2))
 
 
 @pytest.mark.parametrize("bad", ["shape", "dtype", "count"])
