@@ -36,8 +36,9 @@ class DeviceBlock:
     one host-to-device copy from one pinned staging buffer (load).
 
     NOTE: a captured graph's static inputs (corun/cuda_graphs.py). Copied one by one, each input cost a pinned
-    allocation and a copy launch: ten inputs took ~0.33 ms of host time before a lone prompt's prefill graph could
-    start (measured on an H100, benchmarks/results/h100_prefill_gaps_trace_stop57.json.gz), time the GPU waits."""
+    allocation and a copy launch: eleven inputs took ~0.37 ms of host time before a lone prompt's prefill graph could
+    start, time the GPU waits; in one copy its first kernel started ~0.25 ms sooner (measured on an H100,
+    benchmarks/results/h100_prefill_gaps_64_trace_{before,after}_stop58.json.gz)."""
 
     ALIGN = 16
     """Bytes: every view starts at a multiple of this, which every dtype's alignment divides."""
@@ -80,7 +81,7 @@ class DeviceBlock:
 
 def read_back(tensors: list[torch.Tensor]) -> list[np.ndarray]:
     """Host copies of tensors (on one device) as numpy arrays, in one device-to-host copy: their bytes joined on the
-    device, read once, split on the host (numpy views: torch's slicing cost ~80 us more per step there).
+    device, read once, split on the host with numpy views (torch slices and views cost ~80 us a step on the H100 host).
 
     NOTE: each .tolist() of a device tensor is a synchronising copy of its own; a step's sampled token ids and
     logprobs read one after the other cost the second ~0.12 ms of host time (measured on an H100,
