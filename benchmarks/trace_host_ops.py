@@ -11,7 +11,7 @@ import argparse
 import gzip
 import json
 
-WINDOW = "prefill_window"
+from benchmarks.prefill_gaps import WINDOW
 
 
 def main() -> None:

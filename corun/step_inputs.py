@@ -38,14 +38,13 @@ class WindowDecodeInputs:
     slot_offsets: torch.Tensor
     block_tables: torch.Tensor
     context_lens: torch.Tensor
+    block: DeviceBlock | None = field(default=None, repr=False, compare=False)
+    """Set on a graph's static inputs (to_static): the tensors are its views, loaded in one copy."""
 
     def metadata(self, num_kv_splits: int = 0, kv_split_tokens: int = 0) -> AttentionMetadata:
         return AttentionMetadata(self.slot_blocks, self.slot_offsets, len(self.input_ids),
                                  self.block_tables, self.context_lens, num_kv_splits=num_kv_splits,
                                  kv_split_tokens=kv_split_tokens)
-
-    block: DeviceBlock | None = field(default=None, repr=False, compare=False)
-    """Set on a graph's static inputs (to_static): the tensors are its views, loaded in one copy."""
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.input_ids, self.positions, self.slot_blocks, self.slot_offsets, self.block_tables,
