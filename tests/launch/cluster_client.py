@@ -23,6 +23,10 @@ from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 N = 32
 MAX_MODEL_LEN = 512
 CHUNK = 64
+NODE_START_DEADLINE_S = 300.0
+"""How long a test waits for a node started mid-test (a new process importing torch and loading the model) to
+answer: ~10 s on an idle host, past 90 s on a 2-core host under load (a Ray actor on a second Ray host). It only
+catches a start that never ends; pytest-timeout (600 s) bounds the test."""
 
 
 def engine_config(model_dir: str, **scheduler) -> EngineConfig:

@@ -24,6 +24,7 @@ from tests.conftest import varied_prompts
 from tests.launch.cluster_client import (
     CHUNK,
     MAX_MODEL_LEN,
+    NODE_START_DEADLINE_S,
     child_pids,
     client,
     complete,
@@ -33,7 +34,6 @@ from tests.launch.cluster_client import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # NOTE: one Ray cluster on the host at a time
-RESTART_TIMEOUT_S = 60.0
 """How long a restarted node may take to load and answer (generous: a loaded 2-core host)."""
 
 N = 8
@@ -148,7 +148,7 @@ def test_a_killed_node_process_is_started_again_on_its_actor(cluster_1p1d, coloc
     assert cluster_1p1d.num_restarts == 1
     assert ray.get(decode.actor.pid.remote()) != old_pid
     # NOTE: the new process answers at the old address once it has loaded (slow on a loaded 2-core host)
-    assert {"prefill-0", "decode-0"} <= node_stats(cluster_1p1d, timeout_s=RESTART_TIMEOUT_S).keys()
+    assert {"prefill-0", "decode-0"} <= node_stats(cluster_1p1d, timeout_s=NODE_START_DEADLINE_S).keys()
     assert_serves_colocated_bits(cluster_1p1d, colocated)
 
 
@@ -163,7 +163,7 @@ def test_a_crashed_actor_is_replaced_in_its_bundle_at_the_same_address(cluster_1
     wait_until(lambda: cluster_1p1d.restart_dead_nodes() or cluster_1p1d.num_restarts > restarts, 30,
                "the dead actor was not replaced")
     assert prefill.actor != old_actor and prefill.address == old_address
-    assert {"prefill-0", "decode-0"} <= node_stats(cluster_1p1d, timeout_s=RESTART_TIMEOUT_S).keys()
+    assert {"prefill-0", "decode-0"} <= node_stats(cluster_1p1d, timeout_s=NODE_START_DEADLINE_S).keys()
     assert_serves_colocated_bits(cluster_1p1d, colocated)
 
 

@@ -18,7 +18,15 @@ from launch.cluster import ClusterConfig, free_port
 from launch.local import LocalCluster
 from launch.ray_cluster import RayCluster, RayClusterConfig
 from tests.conftest import varied_prompts
-from tests.launch.cluster_client import child_pids, client, complete, engine_config, node_stats, wait_for_line
+from tests.launch.cluster_client import (
+    NODE_START_DEADLINE_S,
+    child_pids,
+    client,
+    complete,
+    engine_config,
+    node_stats,
+    wait_for_line,
+)
 from wire.auth import bearer_headers
 
 PARAMS = {"temperature": 0.7, "seed": 9, "max_tokens": 24, "logprobs": 2}
@@ -41,7 +49,7 @@ def roles_in_pool(cluster) -> list[tuple[str, str]]:
     return sorted((n["role"], n["node_id"]) for n in scaling.router_admin(cluster.url, "GET")["nodes"])
 
 
-def wait_until_healthy(api_url: str, api_key: str | None = None, timeout_s: float = 60) -> None:
+def wait_until_healthy(api_url: str, api_key: str | None = None, timeout_s: float = NODE_START_DEADLINE_S) -> None:
     """Until every node of the router's pool answers (an added node takes requests from then on)."""
     deadline = time.monotonic() + timeout_s
     while not all(n["healthy"] for n in scaling.router_admin(api_url, "GET", api_key=api_key)["nodes"]):
@@ -62,7 +70,7 @@ def answering(api_url: str, node_id: str) -> bool:
     return any(n["node_id"] == node_id and n["healthy"] for n in nodes)
 
 
-def wait_until_serving(cluster, node_id: str, timeout_s: float = 60) -> None:
+def wait_until_serving(cluster, node_id: str, timeout_s: float = NODE_START_DEADLINE_S) -> None:
     """Until the launcher says the node serves (what `corun scale add` waits for: GET /nodes/ID)."""
     deadline = time.monotonic() + timeout_s
     while (state := scaling.node_state(cluster, node_id)) != (200, {"node_id": node_id, "state": "serving",
