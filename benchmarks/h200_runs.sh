@@ -35,6 +35,24 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop59_h200)  # stop 59: issue 20's t = 0 table at the current code (stop 58's host trims included), H200 only;
+    # exits at once on any other card so that the call costs only its start
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_t0.log"; exit 0; }
+    # NOTE: standard second, so that a run cut by the device time left still holds the defaults against it (the
+    # JSON is written after every workload)
+    timeout ${T0_TIMEOUT_S:-560} python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+      --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
+      --modes corun,standard,corun:prefill_token_budget=0,$PACKED \
+      --out "$out/defaults_stop59.json" > "$out/bench_t0.log" 2>&1 ;;
+  stop59_h200_poisson)  # stop 59, after stop59_h200 on the same warm H200: issue 20's Poisson rows
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_p16.log"; exit 0; }
+    for rate in 16 32; do
+      timeout 270 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+        --num-requests 300 --workloads sharegpt --request-rate $rate --max-seconds 22 --modes corun,standard \
+        --goodput ttft:500 tpot:50 --out "$out/defaults_poisson_${rate}_stop59.json" > "$out/bench_p$rate.log" 2>&1
+    done ;;
   stop58_host_trims)  # NOTE: ran on an H100 (results/h100_*_stop58.json; its 64-token trace did not come back, the
     # traced runs were made inline: results/README.md, stop 58). stop 58: a graph's static inputs in one device block (one pinned staging copy per step instead of
     # one pinned allocation and copy per input) and a step's sampled rows read back in one copy. The GPU tests of the
