@@ -34,7 +34,6 @@ from tests.launch.cluster_client import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # NOTE: one Ray cluster on the host at a time
-"""How long a restarted node may take to load and answer (generous: a loaded 2-core host)."""
 
 N = 8
 PARAMS = {"temperature": 0.7, "seed": 123, "max_tokens": 12, "logprobs": 3}
