@@ -45,7 +45,7 @@ case $part in
       --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes corun,standard,corun:prefill_token_budget=0,$PACKED \
       --out "$out/defaults_stop59.json" > "$out/bench_t0.log" 2>&1 ;;
-  stop59_h200_min)  # NOTE: not run (too little device time was left to start one). stop 59, with the device time left after nine calls that started no machine: issue 20's two rows
+  stop59_h200_min)  # NOTE: not run (too little device time was left to start one). stop 59, with the device time left after ten calls that started no machine: issue 20's two rows
     # nearest a tie (ShareGPT- and RL-rollout-like), the defaults against standard only, H200 only
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_t0.log"; exit 0; }
