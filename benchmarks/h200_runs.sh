@@ -35,7 +35,7 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop59_h200)  # NOTE: not run (eleven calls at stop 59 started no machine). stop 59: issue 20's t = 0 table at the current code (stop 58's host trims included), H200 only;
+  stop59_h200)  # NOTE: not run (eleven calls at stop 59 started no machine for it). stop 59: issue 20's t = 0 table at the current code (stop 58's host trims included), H200 only;
     # exits at once on any other card so that the call costs only its start
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_t0.log"; exit 0; }
@@ -45,7 +45,7 @@ case $part in
       --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes corun,standard,corun:prefill_token_budget=0,$PACKED \
       --out "$out/defaults_stop59.json" > "$out/bench_t0.log" 2>&1 ;;
-  stop59_h200_min)  # NOTE: not run (too little device time was left to start one). stop 59, with the device time left after ten calls that started no machine: issue 20's two rows
+  stop59_h200_min)  # NOTE: not run (too little device time was left to start one). stop 59, with the device time left after eleven calls that started no machine: issue 20's two rows
     # nearest a tie (ShareGPT- and RL-rollout-like), the defaults against standard only, H200 only
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_t0.log"; exit 0; }
