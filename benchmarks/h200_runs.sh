@@ -35,23 +35,18 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop59_h200)  # NOTE: not run (eleven calls at stop 59 started no machine for it). stop 59: issue 20's t = 0 table at the current code (stop 58's host trims included), H200 only;
-    # exits at once on any other card so that the call costs only its start
+  stop59_h200)  # NOTE: not run (twelve calls at stop 59 started no machine; the last three with a lower T0_TIMEOUT_S,
+    # the last of them with T0_WORKLOADS=rl_rollout,sharegpt T0_MODES=corun,standard: the two rows nearest a tie).
+    # stop 59: issue 20's t = 0 table at the current code (stop 58's host trims included), H200 only; exits at once on
+    # any other card so that the call costs only its start
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_t0.log"; exit 0; }
     # NOTE: standard second, so that a run cut by the device time left still holds the defaults against it (the
     # JSON is written after every workload)
     timeout ${T0_TIMEOUT_S:-560} python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
-      --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
-      --modes corun,standard,corun:prefill_token_budget=0,$PACKED \
+      --num-requests 256 --max-seconds 10 --workloads ${T0_WORKLOADS:-sharegpt,burstgpt,rl_rollout,1024x2048} \
+      --modes ${T0_MODES:-corun,standard,corun:prefill_token_budget=0,$PACKED} \
       --out "$out/defaults_stop59.json" > "$out/bench_t0.log" 2>&1 ;;
-  stop59_h200_min)  # NOTE: not run (too little device time was left to start one). stop 59, with the device time left after eleven calls that started no machine: issue 20's two rows
-    # nearest a tie (ShareGPT- and RL-rollout-like), the defaults against standard only, H200 only
-    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
-    grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_t0.log"; exit 0; }
-    timeout ${T0_TIMEOUT_S:-200} python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
-      --num-requests 256 --max-seconds 10 --workloads rl_rollout,sharegpt --modes corun,standard \
-      --out "$out/defaults_min_stop59.json" > "$out/bench_t0.log" 2>&1 ;;
   stop59_h200_poisson)  # NOTE: not run. stop 59, after stop59_h200 on the same warm H200: issue 20's Poisson rows
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_p16.log"; exit 0; }
@@ -98,22 +93,6 @@ case $part in
         --out "$out/prefill_gaps_64_${tree}_traced_stop58.json" --trace "$out/prefill_gaps_64_trace_${tree}_stop58.json" \
         > "$out/gaps_traced_$tree.log" 2>&1)
       gzip "$out/prefill_gaps_64_trace_${tree}_stop58.json"
-    done ;;
-  stop58_h200)  # NOTE: not run (no H200 came at stop 58). stop 58: issue 20's t = 0 table at the current code, on an H200 only (an H100's figures at this code
-    # are stop 55-57's); exits at once on any other card so that the call costs only its start
-    nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
-    grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_t0.log"; exit 0; }
-    timeout 540 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 --num-requests 256 \
-      --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
-      --modes corun,corun:prefill_token_budget=0,$PACKED,standard \
-      --out "$out/defaults_stop58.json" > "$out/bench_t0.log" 2>&1 ;;
-  stop58_h200_poisson)  # NOTE: not run (no H200 came). stop 58, after stop58_h200 on the same warm H200: issue 20's Poisson rows
-    nvidia-smi --query-gpu=name --format=csv,noheader > "$out/gpu.txt"
-    grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_p16.log"; exit 0; }
-    for rate in 16 32; do
-      timeout 250 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
-        --num-requests 300 --workloads sharegpt --request-rate $rate --max-seconds 22 --modes corun,standard \
-        --goodput ttft:500 tpot:50 --out "$out/defaults_poisson_${rate}_stop58.json" > "$out/bench_p$rate.log" 2>&1
     done ;;
   stop57_prefill_clocks)  # NOTE: ran on an H100 (results/h100_prefill_cost_stop57.json; no t = 0 table).
     # stop 57: issue 20 item 5's prefill figures with the clock beside them (rested and back-to-back prefills, the
