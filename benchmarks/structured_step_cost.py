@@ -40,14 +40,12 @@ def use_synthetic_vocabulary() -> None:
     """Benchmark-only: give every Grammars a compiler on the synthetic vocabulary of the model's size."""
     import xgrammar
 
-    def compiler(self: Grammars, vocab_size: int):
-        if vocab_size not in self._compilers:
-            info = xgrammar.TokenizerInfo(synthetic_vocab(vocab_size), xgrammar.VocabType.RAW, vocab_size=vocab_size,
-                                          stop_token_ids=[vocab_size - 1])
-            self._compilers[vocab_size] = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        return self._compilers[vocab_size]
+    def build_compiler(self: Grammars, vocab_size: int):
+        info = xgrammar.TokenizerInfo(synthetic_vocab(vocab_size), xgrammar.VocabType.RAW, vocab_size=vocab_size,
+                                      stop_token_ids=[vocab_size - 1])
+        return xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
 
-    Grammars.compiler = compiler
+    Grammars.build_compiler = build_compiler
 
 
 def run_arm(llm: LLM, constrained: bool, args: argparse.Namespace, rng: random.Random) -> dict:

@@ -6,6 +6,8 @@ hand-off.
 
 Lifecycle of a request (queues; each of its n samples is a request of its own, seed sample_seed(seed, i), as
 LLM.generate splits them):
+  compiling (a structured-output constraint not compiled yet: on a worker thread, node_core/grammar_waits.py)
+      --compiled--> waiting; --does not compile--> ErrorReply(400)
   waiting (tenant by tenant, each one's FIFO: node_core/tenant_turns.py) --a slot and KV blocks for prompt +
       max_tokens free (with a swap space, as the engine admits: corun/engine.py)--> prefilling (alone, one
       chunk per forward, as the engine's fixed_shape mode: bucketed, packed or natural; from the end of the prompt's
@@ -31,7 +33,8 @@ from corun.engine import runs_ahead, without_finished
 from corun.kv_swap import host_swap_for
 from corun.model_runner import SampledToken
 from corun.request import Request
-from corun.scheduler import RequestRejected, ScheduledBatch, check_engine_request, check_samples_fit, make_scheduler
+from corun.scheduler import RequestRejected, ScheduledBatch, check_request, check_samples_fit, make_scheduler
+from node_core.grammar_waits import GrammarWaits
 from node_core.server import NodeServer, run_decode_step
 from node_core.serving import refusal
 from node_core.tenant_turns import TenantTurns
@@ -69,6 +72,9 @@ class ColocatedServer(NodeServer):
             self.scheduler.decode_rides_prefill = True
         if self.runner.multi_chunk_prefill:
             self.scheduler.multi_chunk_prefill = True
+        self.compiling: GrammarWaits[list[Sample]] = GrammarWaits(self.config.engine.model,
+                                                                  self.runner.arch.vocab_size)
+        """A request's samples, while its grammar compiles."""
         self.samples: dict[int, Sample] = {}
         """id(request) -> its sample, while the scheduler holds it."""
         self.turns = TenantTurns()
@@ -84,12 +90,22 @@ class ColocatedServer(NodeServer):
         return self.scheduler.has_unfinished() or self.runner.decode_in_flight is not None
 
     def schedule(self) -> ScheduledBatch | None:
+        self.take_compiled()
         batch = self.scheduler.schedule()
         if self.runner.decode_in_flight is not None and not runs_ahead(self.runner, batch):
             # NOTE: what runs next needs the tokens in flight on the host (or nothing runs): read and stream them
             self.postprocess(ScheduledBatch(), self.read_decode_in_flight())
             batch = without_finished(batch)
         return batch
+
+    def take_compiled(self) -> None:
+        """Requests whose grammar finished compiling are queued; those whose constraint does not compile are
+        refused."""
+        ready, refused = self.compiling.take_finished()
+        for samples in ready:
+            self.queue(samples)
+        for samples, error in refused:
+            self.sockets.reply(samples[0].router, refusal(samples[0].request_id, error))
 
     def waiting_in_turns(self) -> Iterable[Request]:
         """The scheduler's waiting requests in their tenants' turns (node_core/tenant_turns.py)."""
@@ -148,15 +164,23 @@ class ColocatedServer(NodeServer):
                                    sample_seed(message.seed, index), self.eos_token_ids)
                     for index in range(message.params.n)]
         try:
-            check_engine_request(message.request_id, message.prompt_token_ids, params, self.config.engine,
-                                 self.runner.arch.vocab_size)
+            check_request(message.request_id, message.prompt_token_ids, params, self.config.engine,
+                          self.runner.arch.vocab_size, prompt_logprobs_need_fixed_shape=True)
             self.check_fits(message.request_id, requests)
         except RequestRejected as error:
             self.sockets.reply(identity, refusal(message.request_id, error))
             return
-        for index, request in enumerate(requests):
-            self.scheduler.add(request)
-            self.samples[id(request)] = Sample(identity, message.request_id, index, request, message.tenant)
+        samples = [Sample(identity, message.request_id, index, request, message.tenant)
+                   for index, request in enumerate(requests)]
+        if params.structured is None:
+            self.queue(samples)
+        else:
+            self.compiling.add(samples, message.request_id, params.structured, requests)
+
+    def queue(self, samples: list[Sample]) -> None:
+        for sample in samples:
+            self.scheduler.add(sample.request)
+            self.samples[id(sample.request)] = sample
 
     def check_fits(self, request_id: str, requests: list[Request]) -> None:
         """Each sample fits the model and the cache alone, and all of them the slots (they may run together)."""
@@ -166,6 +190,11 @@ class ColocatedServer(NodeServer):
 
     def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
         """Every sample of the request, or only sample message.index."""
+        for samples in self.compiling.items():
+            samples[:] = [s for s in samples if not (s.request_id == message.request_id and
+                                                     message.index in (None, s.index))]
+            if not samples:
+                self.compiling.remove(samples)
         for sample in list(self.samples.values()):
             if sample.request_id == message.request_id and message.index in (None, sample.index):
                 self.scheduler.abort(sample.request)
@@ -184,7 +213,10 @@ class ColocatedServer(NodeServer):
 
     def role_stats(self) -> dict:
         graph = self.runner.decode_graph
-        return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
+        # NOTE: vLLM counts a request waiting for its grammar as waiting
+        return {"num_running": len(self.scheduler.running),
+                "num_waiting": len(self.scheduler.waiting) + len(self.compiling),
+                "num_compiling_grammars": len(self.compiling),
                 "num_paused": len(self.scheduler.paused), "num_preemptions": self.scheduler.num_preemptions,
                 "num_prefill_forwards": self.num_prefill_forwards, "num_decode_steps": self.num_decode_steps,
                 "num_decoded_rows": self.num_decoded_rows, "num_finished": self.num_finished,

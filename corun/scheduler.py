@@ -49,7 +49,9 @@ def check_request(request_id: str, prompt_token_ids: list[int], params, config, 
     SamplingParams.token_ids_named), prompt +
     max_tokens beyond max_model_len, prompt_logprobs beyond max_logprobs (config: an EngineConfig) and, where the
     server schedules by mode (prompt_logprobs_need_fixed_shape: an engine, not a prefill node, which prefills every
-    prompt alone whatever its mode), prompt_logprobs outside fixed_shape mode."""
+    prompt alone whatever its mode), prompt_logprobs outside fixed_shape mode, and a structured-output constraint
+    where the backend has none. The constraint itself compiles later: check_structured, or on a node off its loop
+    (node_core/grammar_waits.py)."""
     if not prompt_token_ids:
         raise RequestRejected(f"request {request_id}: the prompt is empty")
     # NOTE: min and max loop in C: for 4,096 ids ~117 us against the comprehension's ~197 on this repository's 2-core
@@ -70,16 +72,14 @@ def check_request(request_id: str, prompt_token_ids: list[int], params, config, 
     if outside:
         raise RequestRejected(f"request {request_id}: token id {outside[0]} is outside the vocabulary "
                               f"[0, {vocab_size})")
-    if params.structured is not None:
-        check_structured(request_id, params, config, vocab_size)
+    if params.structured is not None and config.backend != "native":
+        raise RequestRejected(f"request {request_id}: structured outputs need the native engine backend")
 
 
 def check_structured(request_id: str, params, config, vocab_size: int) -> None:
-    """The constraint compiles for this model (compiled once, cached for the sampler)."""
+    """The constraint compiles for this model (compiled once, cached for the sampler); blocks while it compiles."""
     from corun.structured import GrammarError, grammars_for
 
-    if config.backend != "native":
-        raise RequestRejected(f"request {request_id}: structured outputs need the native engine backend")
     try:
         grammars_for(config.model).compile(params.structured, vocab_size)
     except GrammarError as error:
@@ -97,11 +97,14 @@ def check_length(request_id: str, num_prompt_tokens: int, max_tokens: int, max_m
 
 def check_engine_request(request_id: str, prompt_token_ids: list[int], params, config, vocab_size: int) -> None:
     """check_request for a colocated engine (the native one or the vLLM one), which also runs one sample per request
-    (LLM.generate splits n samples into requests)."""
+    (LLM.generate splits n samples into requests), and its constraint compiled: add_request refuses one that does
+    not compile, as vLLM's LLM does (the caller's thread waits for it, not a serving loop's)."""
     check_request(request_id, prompt_token_ids, params, config, vocab_size, prompt_logprobs_need_fixed_shape=True)
     if params.n != 1:
         raise RequestRejected(f"request {request_id}: the engine runs one sample per request (LLM.generate "
                               "splits n samples into requests)")
+    if params.structured is not None:
+        check_structured(request_id, params, config, vocab_size)
 
 
 def check_samples_fit(request_id: str, num_samples: int, max_num_seqs: int) -> None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 
@@ -29,6 +31,10 @@ from wire.structured import StructuredOutput, invalid_constraint
 logger = logging.getLogger(__name__)
 MAX_CACHED_GRAMMARS = 256
 BITS_PER_WORD = 32
+COMPILE_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
+"""Threads compiling constraints off a node's loop (vLLM's rule: half the cores). xgrammar releases the GIL while it
+compiles (a 10 s compile here left the loop's thread at most 7 ms between turns), so the loop runs on; more than one,
+so that one client's large schema does not hold another's constrained request behind it."""
 
 
 class GrammarError(ValueError):
@@ -87,49 +93,78 @@ class Grammars:
         self._compiled: OrderedDict[tuple[StructuredOutput, int], object] = OrderedDict()
         self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        """Guards the compiled cache only: never held while a constraint compiles, so that a step's sampler, which
+        looks up its requests' grammars, does not wait for a compile on a worker thread."""
+        self._compiler_lock = threading.Lock()
+        self._workers: ThreadPoolExecutor | None = None
         self._batch = None
 
     def compiler(self, vocab_size: int):
-        if vocab_size not in self._compilers:
-            import transformers
-            import xgrammar
+        with self._compiler_lock:  # NOTE: the first build loads the tokenizer (seconds): once per vocabulary size
+            if vocab_size not in self._compilers:
+                self._compilers[vocab_size] = self.build_compiler(vocab_size)
+            return self._compilers[vocab_size]
 
-            try:
-                tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
-            except (OSError, ValueError) as error:  # NOTE: random-weight presets have no tokenizer
-                raise GrammarError(f"structured outputs need the model's tokenizer: {first_line(error)}") from None
-            info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-            self._compilers[vocab_size] = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        return self._compilers[vocab_size]
+    def build_compiler(self, vocab_size: int):
+        import transformers
+        import xgrammar
+
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        except (OSError, ValueError) as error:  # NOTE: random-weight presets have no tokenizer
+            raise GrammarError(f"structured outputs need the model's tokenizer: {first_line(error)}") from None
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        return xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
 
     def compile(self, spec: StructuredOutput, vocab_size: int):
-        """The compiled constraint (cached); GrammarError when it does not compile."""
+        """The compiled constraint (cached); GrammarError when it does not compile. Blocks while it compiles: a
+        node's loop uses compile_later."""
         key = (spec, vocab_size)
         with self._lock:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
                 return self._compiled[key]
-            compiler = self.compiler(vocab_size)
-            try:
-                compiled = compile_spec(compiler, spec)
-            except (RuntimeError, ValueError, TypeError) as error:
-                reason = first_line(error)
-                raise GrammarError(invalid_constraint(spec.kind, reason), constraint_reason=reason) from None
+        compiler = self.compiler(vocab_size)
+        try:
+            compiled = compile_spec(compiler, spec)
+        except (RuntimeError, ValueError, TypeError) as error:
+            reason = first_line(error)
+            raise GrammarError(invalid_constraint(spec.kind, reason), constraint_reason=reason) from None
+        with self._lock:
             self._compiled[key] = compiled
             if len(self._compiled) > MAX_CACHED_GRAMMARS:
                 self._compiled.popitem(last=False)
-            return compiled
+        return compiled
+
+    def compile_later(self, spec: StructuredOutput, vocab_size: int) -> Future:
+        """compile() on a worker thread: -> its future (done at once where the constraint is cached)."""
+        with self._lock:
+            compiled = self._compiled.get((spec, vocab_size))
+        if compiled is not None:
+            done: Future = Future()
+            done.set_result(compiled)
+            return done
+        if self._workers is None:
+            self._workers = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
+        return self._workers.submit(self.compile, spec, vocab_size)
+
+    def bind(self, request, compiled) -> None:
+        """Give request its matcher of the compiled constraint now, so that its steps never compile (the cache may
+        have let the constraint go by then)."""
+        self._states[request] = GrammarState(self.new_matcher(request, compiled))
+
+    @staticmethod
+    def new_matcher(request, compiled):
+        import xgrammar
+
+        stop_ids = sorted(request.stop_token_ids)
+        return xgrammar.GrammarMatcher(compiled, override_stop_tokens=stop_ids or None)
 
     def state(self, request, vocab_size: int) -> GrammarState:
-        state = self._states.get(request)
-        if state is None:
-            import xgrammar
-
-            stop_ids = sorted(request.stop_token_ids)
-            matcher = xgrammar.GrammarMatcher(self.compile(request.params.structured, vocab_size),
-                                              override_stop_tokens=stop_ids or None)
-            state = self._states[request] = GrammarState(matcher)
-        return state
+        """request's grammar state; one not bound yet (the engine's requests) compiles its constraint here."""
+        if request not in self._states:
+            self.bind(request, self.compile(request.params.structured, vocab_size))
+        return self._states[request]
 
     def bitmask(self, requests: Sequence, num_rows: int, vocab_size: int) -> Tensor | None:
         """int32 [num_rows, words]: row i is requests[i]'s allowed next tokens (all ones for an unconstrained row

@@ -1,6 +1,8 @@
 """Decode server: N fixed slots, KV pulled from prefill nodes (NIXL READs), one fixed-shape decode step, streaming.
 
 Lifecycle of a request (queues; the KV moves by the transport's receiver, self.transport: transfer/transport.py):
+  compiling (a structured-output constraint not compiled yet: on a worker thread, node_core/grammar_waits.py)
+      --compiled--> waiting; --does not compile--> ErrorReply(400)
   waiting (FIFO DecodeRequests) --a slot, KV blocks for the prompt free, and the whole sequences (prompt + max_tokens)
       of all admitted within the KV cache and the swap space (corun/kv_swap.py); none paused--> claiming
   claiming (handshake with the prefill node first, if new: the receiver adds the peer from its payload and times a
@@ -42,6 +44,7 @@ from corun.request import Request
 from corun.scheduler import RequestRejected, allocate_all, check_fits_cache, check_request, check_samples_fit
 from decode_node.jobs import DecodeJob, RunningSample
 from decode_node.kv_growth import KVGrowth
+from node_core.grammar_waits import GrammarWaits
 from node_core.server import NodeServer, run_decode_step
 from node_core.serving import refusal
 from transfer.compat import IncompatiblePeer, check_compatible
@@ -77,6 +80,7 @@ class DecodeServer(KVGrowth, NodeServer):
         super().__init__(config, runs_prefill=False)  # NOTE: its prompts' KV is read from prefill nodes
         self.max_num_seqs = self.config.engine.scheduler.max_num_seqs  # NOTE: resolved (auto: by device)
         self.peers: dict[str, PrefillPeer] = {}
+        self.compiling: GrammarWaits[DecodeJob] = GrammarWaits(self.config.engine.model, self.runner.arch.vocab_size)
         self.waiting: deque[DecodeJob] = deque()
         self.claiming: dict[str, DecodeJob] = {}
         self.transferring: dict[str, DecodeJob] = {}
@@ -99,6 +103,7 @@ class DecodeServer(KVGrowth, NodeServer):
 
     def schedule(self) -> list[Request]:
         """Admit what fits, advance the KV reads; the step decodes every running sample."""
+        self.take_compiled()
         self.free_copied()
         self.resume_paused()
         self.admit()
@@ -121,6 +126,14 @@ class DecodeServer(KVGrowth, NodeServer):
 
     def num_prompt_tokens(self, requests: list[Request]) -> int:
         return 0
+
+    def take_compiled(self) -> None:
+        """Jobs whose grammar finished compiling join the waiting queue; those whose constraint does not compile are
+        refused."""
+        ready, refused = self.compiling.take_finished()
+        self.waiting.extend(ready)
+        for job, error in refused:  # NOTE: it holds no blocks yet
+            self.sockets.reply(job.router, refusal(job.request_id, error))
 
     def admit(self) -> None:
         """FIFO: the head job is admitted when all its samples have a slot and KV blocks for the prompt and token 1, and
@@ -347,12 +360,16 @@ class DecodeServer(KVGrowth, NodeServer):
             self.sockets.reply(identity, refused)
             return
         samples = {first.index: self.new_request(message, first) for first in message.first_tokens}
-        self.waiting.append(DecodeJob(identity, message.request_id, samples, message.kv))
+        job = DecodeJob(identity, message.request_id, samples, message.kv)
+        if message.params.structured is None:
+            self.waiting.append(job)
+        else:
+            self.compiling.add(job, message.request_id, message.params.structured, list(samples.values()))
 
     def holds(self, request_id: str) -> bool:
-        """Whether a job of this id is waiting, claiming, reading or running here."""
-        return request_id in self.claiming or request_id in self.transferring or any(
-            job.request_id == request_id for job in self.waiting) or any(
+        """Whether a job of this id is compiling its grammar, waiting, claiming, reading or running here."""
+        return self.compiling.holds(request_id) or request_id in self.claiming or \
+            request_id in self.transferring or any(job.request_id == request_id for job in self.waiting) or any(
             sample.job.request_id == request_id for sample in [*self.running, *self.paused])
 
     def new_request(self, message: protocol.DecodeRequest, first: protocol.FirstToken) -> Request:
@@ -391,12 +408,14 @@ class DecodeServer(KVGrowth, NodeServer):
     def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
         """Every sample of the request, or only sample message.index."""
         request_id, index = message.request_id, message.index
-        for job in list(self.waiting):
-            if job.request_id == request_id:
-                if index is None or job.samples.keys() == {index}:
-                    self.waiting.remove(job)
-                else:
-                    job.samples.pop(index, None)
+        queued = ((self.compiling.remove, self.compiling.items()), (self.waiting.remove, list(self.waiting)))
+        for remove, jobs in queued:
+            for job in jobs:
+                if job.request_id == request_id:
+                    if index is None or job.samples.keys() == {index}:
+                        remove(job)
+                    else:
+                        job.samples.pop(index, None)
         for job in [*self.claiming.values(), *self.transferring.values()]:
             if job.request_id == request_id:
                 # NOTE: blocks are freed once the claim or read in flight ends
@@ -451,7 +470,9 @@ class DecodeServer(KVGrowth, NodeServer):
 
     def role_stats(self) -> dict:
         graph = self.runner.decode_graph
-        return {"num_running": len(self.running), "num_waiting": len(self.waiting),
+        # NOTE: vLLM counts a request waiting for its grammar as waiting
+        return {"num_running": len(self.running), "num_waiting": len(self.waiting) + len(self.compiling),
+                "num_compiling_grammars": len(self.compiling),
                 "num_claiming": len(self.claiming), "num_transferring": len(self.transferring),
                 "num_decode_steps": self.num_decode_steps,
                 "num_decoded_rows": self.num_decoded_rows, "num_finished": self.num_finished,

@@ -6,6 +6,8 @@ of several prompts in one forward of exactly T rows; a prompt's bits do not depe
 corun/model_runner.py), so the cluster gives what the colocated engine gives with the same settings.
 
 Lifecycle of a request (queues; the leases are the KV transport's sender, self.transport: transfer/leases.py):
+  compiling (a structured-output constraint not compiled yet: on a worker thread, node_core/grammar_waits.py)
+      --compiled--> waiting; --does not compile--> ErrorReply(400)
   waiting (tenant by tenant: fair_order) --KV blocks for the prompt free--> prefilling (one chunk per loop turn;
       alone unless packed; from the end of the prompt's longest cached full-chunk prefix, whose chunks it holds:
       corun/prefix_cache.py)
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import PrefillChunk, RequestRejected, check_fits_cache, check_request, pack_prefill_chunks
+from node_core.grammar_waits import GrammarWaits
 from node_core.server import STALLED_RECEIVE_MS, NodeServer
 from node_core.serving import refusal
 from node_core.tenant_turns import TenantTurns
@@ -71,6 +74,8 @@ class PrefillServer(NodeServer):
 
     def __init__(self, config: NodeConfig):
         super().__init__(config, runs_decode=False)
+        self.compiling: GrammarWaits[PendingPrefill] = GrammarWaits(self.config.engine.model,
+                                                                    self.runner.arch.vocab_size)
         self.waiting: deque[PendingPrefill] = deque()
         self.prefilling: list[PendingPrefill] = []
         self.num_prefills = 0
@@ -109,11 +114,20 @@ class PrefillServer(NodeServer):
     def schedule(self) -> list[PrefillChunk]:
         """The engine's prefill forward (corun.scheduler.pack_prefill_chunks): the next chunk of the prompts being
         prefilled, then of newly admitted ones (waiting in fair_order, while their prompts' blocks fit)."""
+        self.take_compiled()
         chunks = pack_prefill_chunks(self.config.engine.scheduler, self.block_manager,
                                      [p.request for p in self.prefilling], (p.request for p in self.fair_order()),
                                      self.admit, multi_chunk=self.runner.multi_chunk_prefill)
         self.stalled = not chunks and bool(self.waiting)
         return chunks
+
+    def take_compiled(self) -> None:
+        """Prompts whose grammar finished compiling join the waiting queue; those whose constraint does not compile
+        are refused."""
+        ready, refused = self.compiling.take_finished()
+        self.waiting.extend(ready)
+        for pending, error in refused:
+            self.sockets.reply(pending.router, refusal(pending.request.request_id, error))
 
     def fair_order(self) -> list[PendingPrefill]:
         """The waiting prompts in the order they may start: tenant by tenant (node_core/tenant_turns.py)."""
@@ -181,13 +195,17 @@ class PrefillServer(NodeServer):
         except RequestRejected as error:
             self.sockets.reply(identity, refusal(message.request_id, error))
             return
-        self.waiting.append(PendingPrefill(identity, request, tenant=message.tenant))
+        pending = PendingPrefill(identity, request, tenant=message.tenant)
+        if message.params.structured is None:
+            self.waiting.append(pending)
+        else:
+            self.compiling.add(pending, message.request_id, message.params.structured, [request])
 
     def holds(self, request_id: str) -> bool:
         """Whether a request of this id is waiting, prefilling or leased here. NOTE: one aborted mid-prefill does not
         count: nothing names it by its id again (its blocks are freed as its last chunk ends), and a client that
         gave up on it may send its id again at once."""
-        return request_id in self.transport.leases or any(
+        return request_id in self.transport.leases or self.compiling.holds(request_id) or any(
             pending.request.request_id == request_id and not pending.aborted
             for pending in itertools.chain(self.waiting, self.prefilling))
 
@@ -226,6 +244,9 @@ class PrefillServer(NodeServer):
 
     def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
         request_id = message.request_id
+        for pending in self.compiling.items():
+            if pending.request.request_id == request_id:
+                self.compiling.remove(pending)
         for pending in list(self.waiting):
             if pending.request.request_id == request_id:
                 self.waiting.remove(pending)
@@ -247,7 +268,9 @@ class PrefillServer(NodeServer):
 
     def role_stats(self) -> dict:
         leases = self.transport.leases
-        return {"num_prefills": self.num_prefills, "num_waiting": len(self.waiting), "num_leased": len(leases),
+        # NOTE: vLLM counts a request waiting for its grammar as waiting
+        return {"num_prefills": self.num_prefills, "num_waiting": len(self.waiting) + len(self.compiling),
+                "num_compiling_grammars": len(self.compiling), "num_leased": len(leases),
                 "num_claimed": sum(lease.claimed for lease in leases.values()),
                 "num_released_unread": self.transport.num_released_unread,
                 "prefill_seconds_total": round(self.prefill_seconds_total, 6)}

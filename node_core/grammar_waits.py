@@ -1,0 +1,79 @@
+"""Constrained requests that wait on a node while their grammar compiles on a worker thread.
+
+A node checks a request as it arrives, but compiling its structured-output constraint can take seconds: the process's
+first compile also loads the tokenizer (2.45 s on this repository's 2-core host), and a large schema takes seconds
+of its own. Inside the loop that held every running request's steps and the node's pings (under load the router
+gave the node up: a 503). So the constraint compiles off the loop (Grammars.compile_later, as vLLM's structured
+output manager does) and the request waits here, not in the node's queues; each turn the node takes what has
+finished: compiled -> the node's queue (each of its requests bound to the grammar, so no step compiles), refused ->
+a 400. What a request samples does not depend on when its grammar was ready.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from corun.request import Request
+from corun.scheduler import RequestRejected
+from corun.structured import GrammarError, grammars_for
+from wire.structured import StructuredOutput
+
+Item = TypeVar("Item")
+"""What the node queues once the grammar is ready (a decode node's job, a prefill node's pending prompt, ...)."""
+
+
+@dataclass
+class Compiling(Generic[Item]):
+    item: Item
+    request_id: str
+    requests: list[Request]
+    """Whose grammar state starts from the compiled constraint (a request's samples, each a Request of its own)."""
+    compiled: Future
+
+
+class GrammarWaits(Generic[Item]):
+    def __init__(self, model_dir: str, vocab_size: int):
+        self.grammars = grammars_for(model_dir)
+        self.vocab_size = vocab_size
+        self.compiling: list[Compiling[Item]] = []
+
+    def add(self, item: Item, request_id: str, spec: StructuredOutput, requests: list[Request]) -> None:
+        self.compiling.append(Compiling(item, request_id, requests,
+                                        self.grammars.compile_later(spec, self.vocab_size)))
+
+    def take_finished(self) -> tuple[list[Item], list[tuple[Item, RequestRejected]]]:
+        """-> (the items whose grammar compiled, in arrival order; the items whose constraint does not compile, each
+        with its refusal)."""
+        ready: list[Item] = []
+        refused: list[tuple[Item, RequestRejected]] = []
+        still: list[Compiling[Item]] = []
+        for entry in self.compiling:
+            if not entry.compiled.done():
+                still.append(entry)
+                continue
+            try:
+                compiled = entry.compiled.result()
+            except GrammarError as error:
+                refused.append((entry.item, RequestRejected(f"request {entry.request_id}: {error}",
+                                                            constraint_reason=error.constraint_reason)))
+                continue
+            for request in entry.requests:
+                self.grammars.bind(request, compiled)
+            ready.append(entry.item)
+        self.compiling = still
+        return ready, refused
+
+    def remove(self, item: Item) -> None:
+        """An aborted request: nobody waits for its grammar (one compiling goes on, and is cached)."""
+        self.compiling = [entry for entry in self.compiling if entry.item is not item]
+
+    def items(self) -> list[Item]:
+        return [entry.item for entry in self.compiling]
+
+    def holds(self, request_id: str) -> bool:
+        return any(entry.request_id == request_id for entry in self.compiling)
+
+    def __len__(self) -> int:
+        return len(self.compiling)
