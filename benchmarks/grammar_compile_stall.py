@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 
+from benchmarks.report import emit
 from launch.local import LocalCluster, LocalClusterConfig, free_port
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
@@ -117,11 +118,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--out")
     args = parser.parse_args()
-    result = json.dumps(measure(args.model, args.depth), indent=2)
-    print(result)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(result + "\n")
+    emit(measure(args.model, args.depth), args.out)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 
+from benchmarks.report import emit
 from launch.local import LocalCluster, LocalClusterConfig, free_port
 from wire import protocol
 from wire.config import EngineConfig, SchedulerConfig
@@ -79,11 +80,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--out")
     args = parser.parse_args()
-    result = json.dumps(measure(args.model), indent=2)
-    print(result)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(result + "\n")
+    emit(measure(args.model), args.out)
 
 
 if __name__ == "__main__":
