@@ -35,6 +35,18 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop60_any_card)  # NOTE: ran at stop 60 on an H100 (a call naming nvidia-h200 got one; stop59_h200 exits on it):
+    # results/h100_defaults_stop60.json, then on the same warm machine results/h100_defaults_poisson_{16,32}_stop60.json
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    timeout 560 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+      --num-requests 256 --max-seconds 10 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
+      --modes corun,standard,corun:prefill_token_budget=0,$PACKED --out "$out/h100_defaults_stop60.json" \
+      > "$out/bench_t0.log" 2>&1
+    for rate in 16 32; do
+      timeout 260 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+        --num-requests 300 --workloads sharegpt --request-rate $rate --max-seconds 22 --modes corun,standard \
+        --goodput ttft:500 tpot:50 --out "$out/h100_defaults_poisson_${rate}_stop60.json" > "$out/bench_p$rate.log" 2>&1
+    done ;;
   stop59_h200)  # NOTE: not run (twelve calls at stop 59 started no machine; the last three with a lower T0_TIMEOUT_S,
     # the last of them with T0_WORKLOADS=rl_rollout,sharegpt T0_MODES=corun,standard: the two rows nearest a tie).
     # stop 59: issue 20's t = 0 table at the current code (stop 58's host trims included), H200 only; exits at once on

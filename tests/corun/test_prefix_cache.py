@@ -170,13 +170,15 @@ def test_the_cache_is_off_where_mixed_steps_compute_kv(tiny_model_dir):
 # --- the inverse: a hit from KV computed at another shape changes bits ------------------------------------------
 def generated_sequence_kv(llm: LLM, prompt: list[int], max_tokens: int):
     """(prompt + its greedy output, the KV the engine wrote for it: prefill chunks then decode steps) -> the KV of
-    every block, [blocks, layers, 2, block, heads, dim]."""
+    every block, [blocks, layers, 2, block, heads, dim]. NOTE: its blocks as they were before it ended: with a swap
+    space (CUDA's default) a request gets blocks as its tokens need them, not all at admission."""
     engine = llm.engine
     request = engine.add_request("writer", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    engine.step()
-    block_ids = list(request.block_ids)
+    block_ids: list[int] = []
     while engine.has_unfinished():
         engine.step()
+        if len(request.block_ids) > len(block_ids):
+            block_ids = list(request.block_ids)
     return prompt + request.output_token_ids, engine.runner.kv_cache.data[block_ids].clone()
 
 
