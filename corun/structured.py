@@ -32,9 +32,10 @@ logger = logging.getLogger(__name__)
 MAX_CACHED_GRAMMARS = 256
 BITS_PER_WORD = 32
 COMPILE_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
-"""Threads compiling constraints off a node's loop (vLLM's rule: half the cores). xgrammar releases the GIL while it
-compiles (a 10 s compile here left the loop's thread at most 7 ms between turns), so the loop runs on; more than one,
-so that one client's large schema does not hold another's constrained request behind it."""
+"""Threads compiling constraints off a node's loop (vLLM's rule: half the cores, here at most 4). xgrammar releases
+the GIL while it compiles (a 10 s compile on a worker thread left the main thread at most 7 ms between turns on this
+repository's 2-core host), so the loop runs on. Where there are several, one client's large schema does not hold
+another's constrained request behind it; on a 2-core host there is one (the other core runs the loop)."""
 
 
 class GrammarError(ValueError):
