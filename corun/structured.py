@@ -98,6 +98,9 @@ class Grammars:
         looks up its requests' grammars, does not wait for a compile on a worker thread."""
         self._compiler_lock = threading.Lock()
         self._workers: ThreadPoolExecutor | None = None
+        self._pending: dict[tuple[StructuredOutput, int], Future] = {}
+        """Compiles queued or running: requests with the same constraint share one (an evaluation sends every request
+        with the same schema)."""
         self._batch = None
 
     def compiler(self, vocab_size: int):
@@ -138,16 +141,29 @@ class Grammars:
         return compiled
 
     def compile_later(self, spec: StructuredOutput, vocab_size: int) -> Future:
-        """compile() on a worker thread: -> its future (done at once where the constraint is cached)."""
+        """compile() on a worker thread: -> its future (done at once where the constraint is cached; the one already
+        queued or running for the same constraint)."""
+        key = (spec, vocab_size)
         with self._lock:
-            compiled = self._compiled.get((spec, vocab_size))
-        if compiled is not None:
-            done: Future = Future()
-            done.set_result(compiled)
-            return done
-        if self._workers is None:
-            self._workers = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
-        return self._workers.submit(self.compile, spec, vocab_size)
+            compiled = self._compiled.get(key)
+            if compiled is not None:
+                done: Future = Future()
+                done.set_result(compiled)
+                return done
+            if key not in self._pending:
+                if self._workers is None:
+                    self._workers = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
+                self._pending[key] = self._workers.submit(self.compile_pending, spec, vocab_size)
+            return self._pending[key]
+
+    def compile_pending(self, spec: StructuredOutput, vocab_size: int):
+        """compile(), on a worker thread, for compile_later. NOTE: cached (by compile) before it stops being pending,
+        so a request arriving in between finds one or the other."""
+        try:
+            return self.compile(spec, vocab_size)
+        finally:
+            with self._lock:
+                del self._pending[(spec, vocab_size)]
 
     def bind(self, request, compiled) -> None:
         """Give request its matcher of the compiled constraint now, so that its steps never compile (the cache may

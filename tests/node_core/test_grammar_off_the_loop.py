@@ -43,12 +43,14 @@ class GatedCompiles:
         self.held: set[StructuredOutput] = set()
         self.waiting = threading.Event()
         self.release = threading.Event()
+        self.num_held_compiles = 0
         self.refusal: str | None = None
         """Released with a refusal: the held compile then fails with it, as a bad spec's late refusal."""
         real = structured.compile_spec
 
         def compile_spec(compiler, spec):
             if spec in self.held:
+                self.num_held_compiles += 1
                 self.waiting.set()
                 if not self.release.wait(GATE_TIMEOUT_S):
                     raise RuntimeError("the test's gate timed out")
@@ -91,6 +93,12 @@ def until(step, done, what: str):
     while not done():
         step()
         assert time.monotonic() < deadline, what
+
+
+def next_prefill_reply(bench: Bench):
+    """The prefill node's next message to the router, stepping it until one comes."""
+    until(bench.prefill.step, lambda: bench.to_prefill.poll(1), "no reply from the prefill node")
+    return protocol.decode(bench.to_prefill.recv_multipart()[-1])
 
 
 # --- the decode node (and its prefill node beside it) --------------------------------------------------------------
@@ -153,8 +161,7 @@ def test_a_constraint_that_fails_after_its_wait_is_a_400_with_its_reason(bench, 
     until(bench.prefill.step, gate.waiting.is_set, "the prefill node never started the compile")
     assert bench.prefill.holds("bad") and not bench.to_prefill.poll(0)
     gate.open(refusal="no such thing")
-    until(bench.prefill.step, lambda: bench.to_prefill.poll(1), "no reply")
-    reply = protocol.decode(bench.to_prefill.recv_multipart()[-1])
+    reply = next_prefill_reply(bench)
     assert isinstance(reply, protocol.ErrorReply) and (reply.request_id, reply.status) == ("bad", 400)
     assert reply.constraint_reason == "no such thing" and "invalid regex constraint" in reply.message
     assert not bench.prefill.holds("bad")
@@ -171,14 +178,28 @@ def test_a_prefill_node_prefills_and_answers_pings_while_a_grammar_compiles(benc
     assert free.request_id == "free" and not gate.release.is_set()
     assert bench.prefill.stats()["num_compiling_grammars"] == 1
     bench.to_prefill.send(protocol.encode(protocol.Ping(8)))
-    until(bench.prefill.step, lambda: bench.to_prefill.poll(1), "no Pong")
-    assert protocol.decode(bench.to_prefill.recv_multipart()[-1]).nonce == 8
+    assert next_prefill_reply(bench).nonce == 8
     gate.open()
-    until(bench.prefill.step, lambda: bench.to_prefill.poll(1), "no PrefillResult")
-    slow = protocol.decode(bench.to_prefill.recv_multipart()[-1])
+    slow = next_prefill_reply(bench)
     assert slow.request_id == "slow" and slow.first_tokens == reference
     other_prompt = bench.prefilled("other-prompt", params=constrained(), first_id=60)[0].first_tokens
     assert other_prompt != reference, "inverse: the comparison tells bits apart"
+
+
+def test_requests_with_the_same_constraint_share_one_compile(bench, gate):
+    """A burst of requests with one new schema (an evaluation's) compiles it once, not once per request queued behind
+    the others; inverse: once that compile ended (nothing is cached here), the next request compiles again."""
+    gate.hold(REGEX)
+    for i in range(3):
+        bench.to_prefill.send(protocol.encode(protocol.PrefillRequest(f"same-{i}", list(range(30, 50)),
+                                                                      constrained(seed=i))))
+    until(bench.prefill.step, lambda: bench.prefill.stats()["num_compiling_grammars"] == 3, "3 waiting compiles")
+    gate.release.set()
+    results = [next_prefill_reply(bench) for _ in range(3)]
+    assert sorted(r.request_id for r in results) == ["same-0", "same-1", "same-2"]
+    assert gate.num_held_compiles == 1
+    bench.prefilled("later", params=constrained())
+    assert gate.num_held_compiles == 2, "inverse: the counter counts every compile"
 
 
 # --- the colocated node -------------------------------------------------------------------------------------------
