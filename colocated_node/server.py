@@ -175,7 +175,7 @@ class ColocatedServer(NodeServer):
         if params.structured is None:
             self.queue(samples)
         else:
-            self.compiling.add(samples, message.request_id, params.structured, requests)
+            self.compiling.add(samples, message.request_id, params.structured, requests, message.tenant)
 
     def queue(self, samples: list[Sample]) -> None:
         for sample in samples:

@@ -19,13 +19,14 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cache
 
 import torch
 from torch import Tensor
 
+from corun.fair_workers import FairWorkers
 from wire.structured import StructuredOutput, invalid_constraint
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class Grammars:
         """Guards the compiled cache only: never held while a constraint compiles, so that a step's sampler, which
         looks up its requests' grammars, does not wait for a compile on a worker thread."""
         self._compiler_lock = threading.Lock()
-        self._workers: ThreadPoolExecutor | None = None
+        self._workers: FairWorkers | None = None
         self._pending: dict[tuple[StructuredOutput, int], Future] = {}
         """Compiles queued or running: requests with the same constraint share one (an evaluation sends every request
         with the same schema)."""
@@ -140,9 +141,10 @@ class Grammars:
                 self._compiled.popitem(last=False)
         return compiled
 
-    def compile_later(self, spec: StructuredOutput, vocab_size: int) -> Future:
-        """compile() on a worker thread: -> its future (done at once where the constraint is cached; the one already
-        queued or running for the same constraint)."""
+    def compile_later(self, spec: StructuredOutput, vocab_size: int, tenant: str = "") -> Future:
+        """compile() on a worker thread, tenant's compiles taking turns with the other tenants' (corun/fair_workers.py):
+        -> its future (done at once where the constraint is cached; the one already queued or running for the same
+        constraint)."""
         key = (spec, vocab_size)
         with self._lock:
             compiled = self._compiled.get(key)
@@ -152,8 +154,8 @@ class Grammars:
                 return done
             if key not in self._pending:
                 if self._workers is None:
-                    self._workers = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
-                self._pending[key] = self._workers.submit(self.compile_pending, spec, vocab_size)
+                    self._workers = FairWorkers(COMPILE_THREADS, "grammar-compile")
+                self._pending[key] = self._workers.submit(tenant, self.compile_pending, spec, vocab_size)
             return self._pending[key]
 
     def compile_pending(self, spec: StructuredOutput, vocab_size: int):

@@ -364,7 +364,8 @@ class DecodeServer(KVGrowth, NodeServer):
         if message.params.structured is None:
             self.waiting.append(job)
         else:
-            self.compiling.add(job, message.request_id, message.params.structured, list(samples.values()))
+            self.compiling.add(job, message.request_id, message.params.structured, list(samples.values()),
+                               message.tenant)
 
     def holds(self, request_id: str) -> bool:
         """Whether a job of this id is compiling its grammar, waiting, claiming, reading or running here."""

@@ -39,9 +39,11 @@ class GrammarWaits(Generic[Item]):
         self.vocab_size = vocab_size
         self.compiling: list[Compiling[Item]] = []
 
-    def add(self, item: Item, request_id: str, spec: StructuredOutput, requests: list[Request]) -> None:
+    def add(self, item: Item, request_id: str, spec: StructuredOutput, requests: list[Request],
+            tenant: str = "") -> None:
+        """tenant: the router's client of the request, whose compiles take turns with other clients'."""
         self.compiling.append(Compiling(item, request_id, requests,
-                                        self.grammars.compile_later(spec, self.vocab_size)))
+                                        self.grammars.compile_later(spec, self.vocab_size, tenant)))
 
     def take_finished(self) -> tuple[list[Item], list[tuple[Item, RequestRejected]]]:
         """-> (the items whose grammar compiled, in arrival order; the items whose constraint does not compile, each

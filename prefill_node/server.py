@@ -199,7 +199,7 @@ class PrefillServer(NodeServer):
         if message.params.structured is None:
             self.waiting.append(pending)
         else:
-            self.compiling.add(pending, message.request_id, message.params.structured, [request])
+            self.compiling.add(pending, message.request_id, message.params.structured, [request], message.tenant)
 
     def holds(self, request_id: str) -> bool:
         """Whether a request of this id is waiting, prefilling or leased here. NOTE: one aborted mid-prefill does not

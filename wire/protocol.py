@@ -57,6 +57,8 @@ Version history:
   20: GenerateRequest.tenant: a colocated node takes its tenants' waiting prompts in turn, as prefill nodes do.
   21: ErrorReply.constraint_reason: a node's refusal of a structured-output constraint carries the grammar library's
      reason as a field (the router read it back out of the message's text).
+  22: DecodeRequest.tenant: a node compiles its clients' structured-output constraints in turn (corun/fair_workers.py;
+     prefill and colocated nodes had the tenant already).
 
 Not every message travels on zmq: KVReadDone is the notification a decode node's READ of a prefill node's KV ends
 with, carried by the KV transport (kv_done_notification), on which the prefill node frees its copy.
@@ -72,7 +74,7 @@ import msgspec
 from wire.outputs import TokenLogprobs
 from wire.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 
-PROTOCOL_VERSION = 21
+PROTOCOL_VERSION = 22
 
 
 class ProtocolError(ValueError):
@@ -186,6 +188,9 @@ class DecodeRequest(SeededRequest):
     first_tokens: list[FirstToken]
     """The samples to decode (those their first token did not finish), with their first tokens."""
     kv: KVHandle
+    tenant: Id = ""
+    """The client the request is for, as PrefillRequest.tenant: the node compiles its clients' constraints in turn.
+    Changes only when a constraint compiles, never the outputs."""
 
 
 # --- router -> colocated -> router ---------------------------------------------------------------------------

@@ -171,7 +171,7 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
             yield TokenEvent(request_id, [first.token_id], logprobs, first.finish_reason, prefill.prompt_logprobs,
                              first.index, prefill.num_cached_tokens)
     if prefill.kv is not None:
-        decoding = decode_prefilled(pool, prefill_node, routed, prefill, params, is_done, push)
+        decoding = decode_prefilled(pool, prefill_node, routed, prefill, params, is_done, push, tenant)
         async with contextlib.aclosing(decoding) as events:
             async for event in events:
                 yield event
@@ -179,7 +179,7 @@ async def generate_once(pool: NodePool, request_id: str, prompt_token_ids: list[
 
 async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: RoutedRequest, prefill: PrefillResult,
                            params: SamplingParams, is_done: Callable[[int], bool],
-                           push: TokenPush | None = None) -> AsyncIterator[TokenEvent]:
+                           push: TokenPush | None = None, tenant: str = "") -> AsyncIterator[TokenEvent]:
     """The samples the prefill left to decode, on a decode node that reads the prompt's KV from prefill_node.
 
     NOTE: a decode node streams only once it has read the KV (the prefill node freed it then). If this ends before
@@ -188,7 +188,7 @@ async def decode_prefilled(pool: NodePool, prefill_node: NodeClient, routed: Rou
     prefill node's blocks for kv_lease_seconds."""
     request_id, prompt_logprobs = routed.request_id, prefill.prompt_logprobs
     to_decode = [first for first in prefill.first_tokens if first.finish_reason is None]
-    decode_request = DecodeRequest(request_id, routed.prompt_token_ids, params, to_decode, prefill.kv)
+    decode_request = DecodeRequest(request_id, routed.prompt_token_ids, params, to_decode, prefill.kv, tenant=tenant)
     with_prompt = {first.index for first in to_decode}
     kv_read = False
     try:

@@ -14,7 +14,7 @@ from tests.router.fake_nodes import FakeBehaviour, without_tag
 from tests.router.harness import NO_CLIENT_TIMEOUT, RouterHarness, http_request, wait_for
 from tests.router.test_errors import assert_error
 from wire.config import RouterConfig
-from wire.protocol import PrefillRequest
+from wire.protocol import DecodeRequest, PrefillRequest
 
 pytestmark = pytest.mark.timeout(60)
 FIRST, SECOND, OPERATOR_KEY = "sk-first-client", "sk-second-client", "sk-operator"
@@ -141,17 +141,18 @@ def test_a_waiting_request_gets_its_slots_when_an_earlier_one_of_its_client_ends
 
 
 def test_each_clients_prompts_reach_the_prefill_node_as_its_tenant(tiny_model_dir, word_token_ids, keys_file):
-    """The prefill node takes tenants in turn (tests/prefill_node): it must be told each prompt's client, by the
-    name the limits use (a hash of the key: the key itself never leaves the router); without keys, one tenant."""
+    """The prefill node takes tenants in turn (tests/prefill_node), and nodes compile their constraints in turn
+    (corun/fair_workers.py): the prefill and decode nodes must be told each prompt's client, by the name the limits
+    use (a hash of the key: the key itself never leaves the router); without keys, one tenant."""
     with limited_router(tiny_model_dir, word_token_ids, keys_file) as router:
         router.wait_until_healthy()
         for key, request_id in ((FIRST, "first"), (SECOND, "second")):
             router.call(lambda: http_request("POST", router.base_url + "/v1/completions", SHORT,
                                              headers={**bearer(key), "X-Request-Id": request_id}))
-        tenants = {without_tag(m.request_id): m.tenant for m in router.prefill_nodes[0].received
-                   if isinstance(m, PrefillRequest)}
-        assert tenants == {"first-0": client_name(FIRST), "second-0": client_name(SECOND)}
-        assert FIRST not in str(router.prefill_nodes[0].received)
+        expected = {"first-0": client_name(FIRST), "second-0": client_name(SECOND)}
+        for node, kind in ((router.prefill_nodes[0], PrefillRequest), (router.decode_nodes[0], DecodeRequest)):
+            assert {without_tag(m.request_id): m.tenant for m in node.received if isinstance(m, kind)} == expected
+            assert FIRST not in str(node.received)
     with limited_router(tiny_model_dir, word_token_ids, None) as router:
         router.wait_until_healthy()
         router.call(lambda: http_request("POST", router.base_url + "/v1/completions", SHORT))
