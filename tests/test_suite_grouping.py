@@ -6,6 +6,6 @@ import pytest
 
 
 def test_under_loadgroup_this_test_carries_its_module_group(request):
-    if not request.config.getvalue("loadgroup"):
+    if not request.config.getoption("loadgroup", default=False):
         pytest.skip("not run under pytest-xdist's --dist loadgroup")
     assert request.node.nodeid.endswith("@" + request.node.nodeid.split("::")[0].split("@")[0]), request.node.nodeid
