@@ -10,8 +10,10 @@ If the compile ran inside the loop, the first step after its arrival would block
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 
 import pytest
 
@@ -92,7 +94,14 @@ def until(step, done, what: str):
     deadline = time.monotonic() + DEADLINE_S
     while not done():
         step()
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, f"{what}\n{compile_threads()}"
+
+
+def compile_threads() -> str:
+    """Where each compile thread of this process is now (a failure's context: what holds the compiles)."""
+    frames = sys._current_frames()
+    return "\n".join(f"{thread.name}:\n{''.join(traceback.format_stack(frames[thread.ident]))}"
+                     for thread in threading.enumerate() if thread.name.startswith("grammar-compile"))
 
 
 def next_prefill_reply(bench: Bench):
