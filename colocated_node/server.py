@@ -60,6 +60,8 @@ class Sample:
 
 class ColocatedServer(NodeServer):
     role = "colocated"
+    compiling: GrammarWaits[list[Sample]]
+    """A request's samples, while its grammar compiles."""
 
     def __init__(self, config: NodeConfig):
         if config.engine.scheduler.mode != "fixed_shape":
@@ -72,9 +74,6 @@ class ColocatedServer(NodeServer):
             self.scheduler.decode_rides_prefill = True
         if self.runner.multi_chunk_prefill:
             self.scheduler.multi_chunk_prefill = True
-        self.compiling: GrammarWaits[list[Sample]] = GrammarWaits(self.config.engine.model,
-                                                                  self.runner.arch.vocab_size)
-        """A request's samples, while its grammar compiles."""
         self.samples: dict[int, Sample] = {}
         """id(request) -> its sample, while the scheduler holds it."""
         self.turns = TenantTurns()

@@ -99,7 +99,7 @@ class Grammars:
         looks up its requests' grammars, does not wait for a compile on a worker thread."""
         self._compiler_lock = threading.Lock()
         self._workers: FairWorkers | None = None
-        self._pending: dict[tuple[StructuredOutput, int], Future] = {}
+        self._pending: dict[tuple[StructuredOutput, int], PendingCompile] = {}
         """Compiles queued or running: requests with the same constraint share one (an evaluation sends every request
         with the same schema)."""
         self._batch = None
@@ -152,11 +152,27 @@ class Grammars:
                 done: Future = Future()
                 done.set_result(compiled)
                 return done
-            if key not in self._pending:
-                if self._workers is None:
-                    self._workers = FairWorkers(COMPILE_THREADS, "grammar-compile")
-                self._pending[key] = self._workers.submit(tenant, self.compile_pending, spec, vocab_size)
-            return self._pending[key]
+            pending = self._pending.get(key)
+            if pending is not None:
+                pending.num_waiting += 1
+                return pending.future
+            if self._workers is None:
+                self._workers = FairWorkers(COMPILE_THREADS, "grammar-compile")
+            pending = self._pending[key] = PendingCompile(
+                self._workers.submit(tenant, self.compile_pending, spec, vocab_size))
+            return pending.future
+
+    def give_up(self, spec: StructuredOutput, vocab_size: int, future: Future) -> None:
+        """A waiter on compile_later's future leaves (its request aborted, its node closed): a compile nobody waits
+        for any more that has not started is cancelled, so that it takes no turn of the compile threads."""
+        key = (spec, vocab_size)
+        with self._lock:
+            pending = self._pending.get(key)
+            if pending is None or pending.future is not future:
+                return
+            pending.num_waiting -= 1
+            if pending.num_waiting == 0 and future.cancel():
+                del self._pending[key]
 
     def compile_pending(self, spec: StructuredOutput, vocab_size: int):
         """compile(), on a worker thread, for compile_later. NOTE: cached (by compile) before it stops being pending,
@@ -224,6 +240,13 @@ class Grammars:
             else:
                 to_fill[row] = state.matcher
         return to_fill, copies
+
+
+@dataclass
+class PendingCompile:
+    future: Future
+    num_waiting: int = 1
+    """compile_later's callers that wait on it and have not given up."""
 
 
 def only_tokens(token_ids: Sequence[int], num_words: int) -> Tensor:

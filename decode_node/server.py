@@ -75,12 +75,12 @@ class PrefillPeer:
 class DecodeServer(KVGrowth, NodeServer):
     role = "decode"
     transport: KVReceiver
+    compiling: GrammarWaits[DecodeJob]
 
     def __init__(self, config: NodeConfig):
         super().__init__(config, runs_prefill=False)  # NOTE: its prompts' KV is read from prefill nodes
         self.max_num_seqs = self.config.engine.scheduler.max_num_seqs  # NOTE: resolved (auto: by device)
         self.peers: dict[str, PrefillPeer] = {}
-        self.compiling: GrammarWaits[DecodeJob] = GrammarWaits(self.config.engine.model, self.runner.arch.vocab_size)
         self.waiting: deque[DecodeJob] = deque()
         self.claiming: dict[str, DecodeJob] = {}
         self.transferring: dict[str, DecodeJob] = {}

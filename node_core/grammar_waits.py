@@ -28,6 +28,7 @@ Item = TypeVar("Item")
 class Compiling(Generic[Item]):
     item: Item
     request_id: str
+    spec: StructuredOutput
     requests: list[Request]
     """Whose grammar state starts from the compiled constraint (a request's samples, each a Request of its own)."""
     compiled: Future
@@ -42,7 +43,7 @@ class GrammarWaits(Generic[Item]):
     def add(self, item: Item, request_id: str, spec: StructuredOutput, requests: list[Request],
             tenant: str = "") -> None:
         """tenant: the router's client of the request, whose compiles take turns with other clients'."""
-        self.compiling.append(Compiling(item, request_id, requests,
+        self.compiling.append(Compiling(item, request_id, spec, requests,
                                         self.grammars.compile_later(spec, self.vocab_size, tenant)))
 
     def take_finished(self) -> tuple[list[Item], list[tuple[Item, RequestRejected]]]:
@@ -68,8 +69,18 @@ class GrammarWaits(Generic[Item]):
         return ready, refused
 
     def remove(self, item: Item) -> None:
-        """An aborted request: nobody waits for its grammar (one compiling goes on, and is cached)."""
+        """An aborted request: its compile is cancelled if it has not started and no other request waits for it (one
+        running goes on, and is cached)."""
+        leaving = [entry for entry in self.compiling if entry.item is item]
         self.compiling = [entry for entry in self.compiling if entry.item is not item]
+        for entry in leaving:
+            self.grammars.give_up(entry.spec, self.vocab_size, entry.compiled)
+
+    def close(self) -> None:
+        """The node stops: nobody waits for its compiles."""
+        for entry in self.compiling:
+            self.grammars.give_up(entry.spec, self.vocab_size, entry.compiled)
+        self.compiling = []
 
     def items(self) -> list[Item]:
         return [entry.item for entry in self.compiling]

@@ -23,6 +23,7 @@ from corun.models.loader import model_digest
 from corun.request import Request
 from corun.runner_interface import NodeRunner
 from corun.shared_weights import WeightsWatch
+from node_core.grammar_waits import GrammarWaits
 from node_core.liveness import PingsWhileBusy
 from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
 from transfer.compat import KV_LAYOUT, compat_hash, compat_info
@@ -126,6 +127,8 @@ class NodeServer:
         self.loop_seconds = dict.fromkeys(LOOP_PHASES, 0.0)
         """Seconds the loop spent per phase, summed (turns: whole turns, idle waits included): where a node's time
         goes beside its forwards (run: the forward and sampling, as the host waits for them)."""
+        self.compiling = GrammarWaits(config.engine.model, self.runner.arch.vocab_size)
+        """Requests whose structured-output constraint compiles off the loop (the role's own queue item each)."""
         self.model_facts = protocol.ModelFacts(config.engine.scheduler.max_model_len,
                                                self.runner.arch.vocab_size, config.engine.max_logprobs)
         cache = self.block_manager.prefix_cache
@@ -300,6 +303,7 @@ class NodeServer:
         """Timers and releases that do not wait for a forward."""
 
     def close(self) -> None:
+        self.compiling.close()
         self.pings_while_busy.stop()
         self.sockets.close()
         if self.transport is not None:

@@ -71,11 +71,10 @@ class PendingPrefill:
 class PrefillServer(NodeServer):
     role = "prefill"
     transport: KVSender
+    compiling: GrammarWaits[PendingPrefill]
 
     def __init__(self, config: NodeConfig):
         super().__init__(config, runs_decode=False)
-        self.compiling: GrammarWaits[PendingPrefill] = GrammarWaits(self.config.engine.model,
-                                                                    self.runner.arch.vocab_size)
         self.waiting: deque[PendingPrefill] = deque()
         self.prefilling: list[PendingPrefill] = []
         self.num_prefills = 0

@@ -28,6 +28,7 @@ from wire.sampling_params import SamplingParams
 from wire.structured import StructuredOutput
 
 GATE_TIMEOUT_S = 60.0
+VOCAB_SIZE = 2048
 DEADLINE_S = 120.0
 REGEX = StructuredOutput("regex", "(yes|no|maybe)[a-z]{2,6}")
 FREE = SamplingParams(temperature=0.6, seed=5, max_tokens=6, logprobs=2, ignore_eos=True)
@@ -209,6 +210,29 @@ def test_requests_with_the_same_constraint_share_one_compile(bench, gate):
     assert gate.num_held_compiles == 1
     bench.prefilled("later", params=constrained())
     assert gate.num_held_compiles == 2, "inverse: the counter counts every compile"
+
+
+def test_a_compile_nobody_waits_for_any_more_is_cancelled_before_it_starts(tiny_model_dir, gate, monkeypatch):
+    """Aborted requests (or a closed node) leave their queued compiles: the last waiter's give_up cancels one not yet
+    started, so it takes no turn of the compile threads; inverse: one that has started goes on to the end."""
+    monkeypatch.setattr(structured, "COMPILE_THREADS", 1)
+    grammars = structured.Grammars(tiny_model_dir)  # NOTE: its own compile thread, held by the first compile
+    queued = StructuredOutput("regex", "[d-f]{2,5}")
+    gate.hold(REGEX)
+    gate.held.add(queued)
+    running = grammars.compile_later(REGEX, VOCAB_SIZE)
+    assert gate.waiting.wait(GATE_TIMEOUT_S)
+    first, second = grammars.compile_later(queued, VOCAB_SIZE), grammars.compile_later(queued, VOCAB_SIZE)
+    assert first is second
+    grammars.give_up(queued, VOCAB_SIZE, first)
+    assert not first.cancelled(), "another waiter still waits for it"
+    grammars.give_up(queued, VOCAB_SIZE, second)
+    assert first.cancelled()
+    grammars.give_up(REGEX, VOCAB_SIZE, running)
+    gate.open()
+    assert running.result(GATE_TIMEOUT_S) is not None and gate.num_held_compiles == 1
+    again = grammars.compile_later(queued, VOCAB_SIZE)
+    assert again is not first and again.result(GATE_TIMEOUT_S) is not None
 
 
 # --- the colocated node -------------------------------------------------------------------------------------------
