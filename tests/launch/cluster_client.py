@@ -24,9 +24,10 @@ N = 32
 MAX_MODEL_LEN = 512
 CHUNK = 64
 NODE_START_DEADLINE_S = 300.0
-"""How long a test waits for a node started mid-test (a new process importing torch and loading the model) to
-answer: ~10 s on an idle host, past 90 s on a 2-core host under load (a Ray actor on a second Ray host). It only
-catches a start that never ends; pytest-timeout (600 s) bounds the test."""
+"""How long a test waits for a node or a `corun serve` started by the test (new processes importing torch and loading
+the model) to answer: ~10 s on an idle host, past 90 s on a 2-core host under load (a Ray actor on a second Ray host;
+`corun serve --launcher ray` past 120 s at stop 60). It only catches a start that never ends; pytest-timeout (600 s)
+bounds the test."""
 
 
 def engine_config(model_dir: str, **scheduler) -> EngineConfig:
@@ -158,7 +159,7 @@ def start_serve(model_dir: str, port: int, temp_dir: Path) -> subprocess.Popen:
             "--max-model-len", "256", "--kv-cache-mib", "32", "--port", str(port), "--served-model-name", "corun-tiny"]
     env = {**os.environ, "TMPDIR": str(temp_dir)}
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    wait_for_line(process, "CoRun cluster ready", timeout_s=180)
+    wait_for_line(process, "CoRun cluster ready", timeout_s=NODE_START_DEADLINE_S)
     return process
 
 

@@ -17,7 +17,14 @@ import pytest
 
 from launch import scaling
 from launch.local import LocalCluster, LocalClusterConfig, free_port
-from tests.launch.cluster_client import alive, complete, descendants, engine_config, wait_for_line
+from tests.launch.cluster_client import (
+    NODE_START_DEADLINE_S,
+    alive,
+    complete,
+    descendants,
+    engine_config,
+    wait_for_line,
+)
 
 LONG_TOKENS = 1900
 """A stream that outlasts a node's restart on any host: seconds of decoding at N = 32."""
@@ -98,7 +105,7 @@ def test_a_drain_blocks_neither_restarts_nor_sigterm(tiny_model_dir):
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     url, remover, started = f"http://127.0.0.1:{port}", None, []
     try:
-        wait_for_line(serve, "CoRun cluster ready", timeout_s=180)
+        wait_for_line(serve, "CoRun cluster ready", timeout_s=NODE_START_DEADLINE_S)
         started = descendants(serve.pid)
         stream = LongStream(url, "decode-0")
         stream.start()

@@ -87,7 +87,7 @@ def test_corun_serve_on_ray_serves_and_stops_everything_on_sigterm(tiny_model_di
             "--kv-cache-mib", "32", "--port", str(port), "--served-model-name", "corun-tiny"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        wait_for_line(process, "CoRun cluster ready", timeout_s=120)
+        wait_for_line(process, "CoRun cluster ready", timeout_s=NODE_START_DEADLINE_S)
         nodes = node_processes(str(model))
         assert len(nodes) == 2, nodes  # prefill and decode, started by the Ray actors
         head = child_pids(process.pid)  # the router and the local Ray head's processes

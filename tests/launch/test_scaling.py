@@ -148,7 +148,7 @@ def test_corun_scale_adds_and_removes_nodes_of_corun_serve(tiny_model_dir):
                               capture_output=True, text=True, timeout=120, env=env)
 
     try:
-        wait_for_line(serve, "CoRun cluster ready", timeout_s=120)
+        wait_for_line(serve, "CoRun cluster ready", timeout_s=NODE_START_DEADLINE_S)
         without_key = {name: value for name, value in os.environ.items() if name != "VLLM_API_KEY"}
         unauthorized = scale("add", "decode", env=without_key)
         assert unauthorized.returncode == 2 and "API key is required" in unauthorized.stderr

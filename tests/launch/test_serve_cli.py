@@ -14,7 +14,7 @@ import pytest
 from cli.main import main
 from launch.cluster import check_model
 from launch.local import free_port
-from tests.launch.cluster_client import child_pids, wait_for_line
+from tests.launch.cluster_client import NODE_START_DEADLINE_S, child_pids, wait_for_line
 from wire.config import EngineConfig, SchedulerConfig
 
 
@@ -24,7 +24,7 @@ def test_corun_serve_serves_chat_and_stops_everything_on_sigterm(tiny_model_dir)
             "--max-num-seqs", "8", "--max-model-len", "256", "--kv-cache-mib", "32", "--port", str(port)]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        wait_for_line(process, "CoRun cluster ready", timeout_s=120)
+        wait_for_line(process, "CoRun cluster ready", timeout_s=NODE_START_DEADLINE_S)
         children = child_pids(process.pid)
         assert len(children) == 3  # prefill, decode, router
         api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
