@@ -137,7 +137,7 @@ class Grammars:
             raise GrammarError(invalid_constraint(spec.kind, reason), constraint_reason=reason) from None
         with self._lock:
             self._compiled[key] = compiled
-            if len(self._compiled) > MAX_CACHED_GRAMMARS:
+            while len(self._compiled) > MAX_CACHED_GRAMMARS:
                 self._compiled.popitem(last=False)
         return compiled
 
