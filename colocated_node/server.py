@@ -89,22 +89,14 @@ class ColocatedServer(NodeServer):
         return self.scheduler.has_unfinished() or self.runner.decode_in_flight is not None
 
     def schedule(self) -> ScheduledBatch | None:
-        self.take_compiled()
+        for samples in self.take_compiled():
+            self.queue(samples)
         batch = self.scheduler.schedule()
         if self.runner.decode_in_flight is not None and not runs_ahead(self.runner, batch):
             # NOTE: what runs next needs the tokens in flight on the host (or nothing runs): read and stream them
             self.postprocess(ScheduledBatch(), self.read_decode_in_flight())
             batch = without_finished(batch)
         return batch
-
-    def take_compiled(self) -> None:
-        """Requests whose grammar finished compiling are queued; those whose constraint does not compile are
-        refused."""
-        ready, refused = self.compiling.take_finished()
-        for samples in ready:
-            self.queue(samples)
-        for samples, error in refused:
-            self.sockets.reply(samples[0].router, refusal(samples[0].request_id, error))
 
     def waiting_in_turns(self) -> Iterable[Request]:
         """The scheduler's waiting requests in their tenants' turns (node_core/tenant_turns.py)."""
@@ -174,7 +166,7 @@ class ColocatedServer(NodeServer):
         if params.structured is None:
             self.queue(samples)
         else:
-            self.compiling.add(samples, message.request_id, params.structured, requests, message.tenant)
+            self.compiling.add(samples, identity, message.request_id, params.structured, requests, message.tenant)
 
     def queue(self, samples: list[Sample]) -> None:
         for sample in samples:

@@ -103,7 +103,7 @@ class DecodeServer(KVGrowth, NodeServer):
 
     def schedule(self) -> list[Request]:
         """Admit what fits, advance the KV reads; the step decodes every running sample."""
-        self.take_compiled()
+        self.waiting.extend(self.take_compiled())
         self.free_copied()
         self.resume_paused()
         self.admit()
@@ -126,14 +126,6 @@ class DecodeServer(KVGrowth, NodeServer):
 
     def num_prompt_tokens(self, requests: list[Request]) -> int:
         return 0
-
-    def take_compiled(self) -> None:
-        """Jobs whose grammar finished compiling join the waiting queue; those whose constraint does not compile are
-        refused."""
-        ready, refused = self.compiling.take_finished()
-        self.waiting.extend(ready)
-        for job, error in refused:  # NOTE: it holds no blocks yet
-            self.sockets.reply(job.router, refusal(job.request_id, error))
 
     def admit(self) -> None:
         """FIFO: the head job is admitted when all its samples have a slot and KV blocks for the prompt and token 1, and
@@ -364,7 +356,7 @@ class DecodeServer(KVGrowth, NodeServer):
         if message.params.structured is None:
             self.waiting.append(job)
         else:
-            self.compiling.add(job, message.request_id, message.params.structured, list(samples.values()),
+            self.compiling.add(job, identity, message.request_id, message.params.structured, list(samples.values()),
                                message.tenant)
 
     def holds(self, request_id: str) -> bool:

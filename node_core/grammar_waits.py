@@ -27,6 +27,8 @@ Item = TypeVar("Item")
 @dataclass
 class Compiling(Generic[Item]):
     item: Item
+    router: bytes
+    """Who is told if the constraint does not compile."""
     request_id: str
     spec: StructuredOutput
     requests: list[Request]
@@ -40,17 +42,17 @@ class GrammarWaits(Generic[Item]):
         self.vocab_size = vocab_size
         self.compiling: list[Compiling[Item]] = []
 
-    def add(self, item: Item, request_id: str, spec: StructuredOutput, requests: list[Request],
+    def add(self, item: Item, router: bytes, request_id: str, spec: StructuredOutput, requests: list[Request],
             tenant: str = "") -> None:
         """tenant: the router's client of the request, whose compiles take turns with other clients'."""
-        self.compiling.append(Compiling(item, request_id, spec, requests,
+        self.compiling.append(Compiling(item, router, request_id, spec, requests,
                                         self.grammars.compile_later(spec, self.vocab_size, tenant)))
 
-    def take_finished(self) -> tuple[list[Item], list[tuple[Item, RequestRejected]]]:
-        """-> (the items whose grammar compiled, in arrival order; the items whose constraint does not compile, each
-        with its refusal)."""
+    def take_finished(self) -> tuple[list[Item], list[tuple[bytes, str, RequestRejected]]]:
+        """-> (the items whose grammar compiled, in arrival order; (router, request id, refusal) of each whose
+        constraint does not compile: it holds nothing on the node yet)."""
         ready: list[Item] = []
-        refused: list[tuple[Item, RequestRejected]] = []
+        refused: list[tuple[bytes, str, RequestRejected]] = []
         still: list[Compiling[Item]] = []
         for entry in self.compiling:
             if not entry.compiled.done():
@@ -59,8 +61,8 @@ class GrammarWaits(Generic[Item]):
             try:
                 compiled = entry.compiled.result()
             except GrammarError as error:
-                refused.append((entry.item, RequestRejected(f"request {entry.request_id}: {error}",
-                                                            constraint_reason=error.constraint_reason)))
+                refused.append((entry.router, entry.request_id, RequestRejected(
+                    f"request {entry.request_id}: {error}", constraint_reason=error.constraint_reason)))
                 continue
             for request in entry.requests:
                 self.grammars.bind(request, compiled)

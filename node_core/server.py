@@ -25,7 +25,7 @@ from corun.runner_interface import NodeRunner
 from corun.shared_weights import WeightsWatch
 from node_core.grammar_waits import GrammarWaits
 from node_core.liveness import PingsWhileBusy
-from node_core.serving import NodeSockets, compat_fields, engine_fingerprint
+from node_core.serving import NodeSockets, compat_fields, engine_fingerprint, refusal
 from transfer.compat import KV_LAYOUT, compat_hash, compat_info
 from transfer.counters import TransferCounters
 from transfer.transport import KVReceiver, KVSender, make_transport
@@ -301,6 +301,14 @@ class NodeServer:
 
     def after_step(self) -> None:
         """Timers and releases that do not wait for a forward."""
+
+    def take_compiled(self) -> list:
+        """The items (the role's queue entries) whose grammar finished compiling, in arrival order; a constraint that
+        does not compile is refused here."""
+        ready, refused = self.compiling.take_finished()
+        for router, request_id, error in refused:
+            self.sockets.reply(router, refusal(request_id, error))
+        return ready
 
     def close(self) -> None:
         self.compiling.close()

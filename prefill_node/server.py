@@ -113,20 +113,12 @@ class PrefillServer(NodeServer):
     def schedule(self) -> list[PrefillChunk]:
         """The engine's prefill forward (corun.scheduler.pack_prefill_chunks): the next chunk of the prompts being
         prefilled, then of newly admitted ones (waiting in fair_order, while their prompts' blocks fit)."""
-        self.take_compiled()
+        self.waiting.extend(self.take_compiled())
         chunks = pack_prefill_chunks(self.config.engine.scheduler, self.block_manager,
                                      [p.request for p in self.prefilling], (p.request for p in self.fair_order()),
                                      self.admit, multi_chunk=self.runner.multi_chunk_prefill)
         self.stalled = not chunks and bool(self.waiting)
         return chunks
-
-    def take_compiled(self) -> None:
-        """Prompts whose grammar finished compiling join the waiting queue; those whose constraint does not compile
-        are refused."""
-        ready, refused = self.compiling.take_finished()
-        self.waiting.extend(ready)
-        for pending, error in refused:
-            self.sockets.reply(pending.router, refusal(pending.request.request_id, error))
 
     def fair_order(self) -> list[PendingPrefill]:
         """The waiting prompts in the order they may start: tenant by tenant (node_core/tenant_turns.py)."""
@@ -198,7 +190,8 @@ class PrefillServer(NodeServer):
         if message.params.structured is None:
             self.waiting.append(pending)
         else:
-            self.compiling.add(pending, message.request_id, message.params.structured, [request], message.tenant)
+            self.compiling.add(pending, identity, message.request_id, message.params.structured, [request],
+                               message.tenant)
 
     def holds(self, request_id: str) -> bool:
         """Whether a request of this id is waiting, prefilling or leased here. NOTE: one aborted mid-prefill does not
