@@ -26,6 +26,9 @@ class DecodeJob:
     """Samples aborted alone before running (a stop string ended them): freed once the READ is done."""
     claimed_at: float = 0.0
     """When its claim (or the handshake it waits on) was sent."""
+    grammar_ready: bool = True
+    """False while its structured-output constraint compiles: its KV is claimed and read meanwhile, it runs once
+    both are done."""
 
     @property
     def reader(self) -> Request:

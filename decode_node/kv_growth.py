@@ -26,6 +26,7 @@ class KVGrowth(GrowsOnDemand):
     """Oldest first."""
     claiming: dict[str, DecodeJob]
     transferring: dict[str, DecodeJob]
+    awaiting_grammar: dict[str, DecodeJob]
     block_manager: BlockManager
     swap: HostSwap
     num_preemptions: int
@@ -41,9 +42,13 @@ class KVGrowth(GrowsOnDemand):
     def whole_blocks(self, request: Request) -> int:
         return self.block_manager.blocks_needed(request.max_num_tokens)
 
+    def admitted_jobs(self) -> list[DecodeJob]:
+        """Admitted, not running yet: each holds its slots and blocks."""
+        return [*self.claiming.values(), *self.transferring.values(), *self.awaiting_grammar.values()]
+
     def blocks_promised(self) -> int:
         """The blocks the whole sequences of every admitted sample take (corun/kv_swap.py: what admission bounds)."""
-        pulling = [r for job in [*self.claiming.values(), *self.transferring.values()] for r in job.samples.values()]
+        pulling = [r for job in self.admitted_jobs() for r in job.samples.values()]
         admitted = [*pulling, *(sample.request for sample in [*self.running, *self.paused])]
         return sum(self.whole_blocks(r) for r in admitted)
 

@@ -1,14 +1,16 @@
 """Decode server: N fixed slots, KV pulled from prefill nodes (NIXL READs), one fixed-shape decode step, streaming.
 
 Lifecycle of a request (queues; the KV moves by the transport's receiver, self.transport: transfer/transport.py):
-  compiling (a structured-output constraint not compiled yet: on a worker thread, node_core/grammar_waits.py)
-      --compiled--> waiting; --does not compile--> ErrorReply(400)
+  compiling (a structured-output constraint compiling on a worker thread, node_core/grammar_waits.py: beside the
+      queues below, from arrival on, so that the KV is read meanwhile and the prefill node's lease is not spent on
+      the compile) --does not compile--> ErrorReply(400), dropped from whichever queue holds it
   waiting (FIFO DecodeRequests) --a slot, KV blocks for the prompt free, and the whole sequences (prompt + max_tokens)
       of all admitted within the KV cache and the swap space (corun/kv_swap.py); none paused--> claiming
   claiming (handshake with the prefill node first, if new: the receiver adds the peer from its payload and times a
       probe READ; ClaimKV, naming this process) --ClaimReply ok--> transferring
   transferring (READ of its blocks into ours, polled each turn and while a decode step runs) --DONE; the transport
       notifies the prefill node, which frees its copy; token 1 (sampled by prefill) streamed--> running
+      --DONE, its grammar still compiling--> awaiting_grammar --compiled; token 1 streamed--> running
   running (the N-row decode step; one StepTokens per router per step, a TokenEvent per request in it; a block more
       whenever its next token needs one) --stop / length / abort--> finished: slot + blocks free
   running --the cache is out of blocks for a sample's next token, or short of a block free per running sample: the
@@ -21,7 +23,8 @@ Lifecycle of a request (queues; the KV moves by the transport's receiver, self.t
 A DecodeRequest of an id the node holds in any of these is a 409: every later message names the request by its id.
 A request with n samples holds n slots and n KV reservations from admission on; the prompt's KV is read once, into
 the first sample's blocks, and copied to the others' before they run (each sample is then a request of its own).
-Slots in use = claiming + transferring + running + paused <= N, so an admitted request always has a decode row.
+Slots in use = claiming + transferring + awaiting_grammar + running + paused <= N, so an admitted request always has
+a decode row.
 While the host waits for a decode step, the node takes DecodeRequests and the prefill nodes' replies and moves the
 first three queues on (pull_kv_during_step), so a hand-off does not wait for a step to end.
 Async scheduling (corun/decode_ahead.py): a decode step is launched before the previous one's tokens are read and
@@ -84,6 +87,8 @@ class DecodeServer(KVGrowth, NodeServer):
         self.waiting: deque[DecodeJob] = deque()
         self.claiming: dict[str, DecodeJob] = {}
         self.transferring: dict[str, DecodeJob] = {}
+        self.awaiting_grammar: dict[str, DecodeJob] = {}
+        """Read, their constraint still compiling."""
         self.running: list[RunningSample] = []
         self.paused: list[RunningSample] = []
         """Oldest first."""
@@ -103,7 +108,7 @@ class DecodeServer(KVGrowth, NodeServer):
 
     def schedule(self) -> list[Request]:
         """Admit what fits, advance the KV reads; the step decodes every running sample."""
-        self.waiting.extend(self.take_compiled())
+        self.start_compiled(self.take_compiled())
         self.free_copied()
         self.resume_paused()
         self.admit()
@@ -174,8 +179,7 @@ class DecodeServer(KVGrowth, NodeServer):
 
     @property
     def num_seqs_admitted(self) -> int:
-        pulling = [*self.claiming.values(), *self.transferring.values()]
-        return sum(len(job.samples) for job in pulling) + len(self.running) + len(self.paused)
+        return sum(len(job.samples) for job in self.admitted_jobs()) + len(self.running) + len(self.paused)
 
     def postprocess(self, requests: list[Request], sampled: list[SampledToken]) -> None:
         # NOTE: a sample paused since its step was launched still takes that step's token
@@ -325,8 +329,30 @@ class DecodeServer(KVGrowth, NodeServer):
                 self.fail(job, f"prefill node {job.kv.node_id} did not answer the claim of {request_id} within "
                                f"{CLAIM_TIMEOUT_S:g} s")
 
+    def start_compiled(self, jobs: list[DecodeJob]) -> None:
+        """Jobs whose grammar has compiled: those already read run now."""
+        for job in jobs:
+            job.grammar_ready = True
+            if self.awaiting_grammar.get(job.request_id) is job:
+                del self.awaiting_grammar[job.request_id]
+                self.start_running(job)
+
+    def drop_refused(self, job: DecodeJob) -> None:
+        """Its constraint does not compile (the 400 is sent): out of whichever queue holds it, as an abort is."""
+        if job in self.waiting:
+            self.waiting.remove(job)
+        elif self.awaiting_grammar.get(job.request_id) is job:
+            del self.awaiting_grammar[job.request_id]
+            self.release(job)
+        else:  # NOTE: claiming or reading: its blocks are freed once that ends, with no reply (aborted)
+            job.aborted = True
+
     def start_running(self, job: DecodeJob) -> None:
-        """Every other sample gets its own copy of the prompt's KV (the reader's blocks), then all run."""
+        """Every other sample gets its own copy of the prompt's KV (the reader's blocks), then all run; a job whose
+        grammar still compiles waits for it, read."""
+        if not job.grammar_ready:
+            self.awaiting_grammar[job.request_id] = job
+            return
         reader = job.reader
         prompt_blocks = slice(0, self.block_manager.blocks_needed(reader.num_prompt_tokens))
         for request in list(job.samples.values())[1:]:
@@ -353,16 +379,16 @@ class DecodeServer(KVGrowth, NodeServer):
             return
         samples = {first.index: self.new_request(message, first) for first in message.first_tokens}
         job = DecodeJob(identity, message.request_id, samples, message.kv)
-        if message.params.structured is None:
-            self.waiting.append(job)
-        else:
+        if message.params.structured is not None:
+            job.grammar_ready = False
             self.compiling.add(job, identity, message.request_id, message.params.structured, list(samples.values()),
                                message.tenant)
+        self.waiting.append(job)
 
     def holds(self, request_id: str) -> bool:
-        """Whether a job of this id is compiling its grammar, waiting, claiming, reading or running here."""
-        return self.compiling.holds(request_id) or request_id in self.claiming or \
-            request_id in self.transferring or any(job.request_id == request_id for job in self.waiting) or any(
+        """Whether a job of this id is waiting, claiming, reading, awaiting its grammar or running here."""
+        return request_id in self.claiming or request_id in self.transferring or \
+            request_id in self.awaiting_grammar or any(job.request_id == request_id for job in self.waiting) or any(
             sample.job.request_id == request_id for sample in [*self.running, *self.paused])
 
     def new_request(self, message: protocol.DecodeRequest, first: protocol.FirstToken) -> Request:
@@ -401,17 +427,22 @@ class DecodeServer(KVGrowth, NodeServer):
     def on_abort(self, identity: bytes, message: protocol.Abort) -> None:
         """Every sample of the request, or only sample message.index."""
         request_id, index = message.request_id, message.index
-        queued = ((self.compiling.remove, self.compiling.items()), (self.waiting.remove, list(self.waiting)))
-        for remove, jobs in queued:
-            for job in jobs:
-                if job.request_id == request_id:
-                    if index is None or job.samples.keys() == {index}:
-                        remove(job)
-                    else:
-                        job.samples.pop(index, None)
-        for job in [*self.claiming.values(), *self.transferring.values()]:
+        for job in self.compiling.items():
+            if job.request_id == request_id and (index is None or job.samples.keys() == {index}):
+                self.compiling.remove(job)  # NOTE: nobody waits for its grammar any more
+        for job in list(self.waiting):
             if job.request_id == request_id:
-                # NOTE: blocks are freed once the claim or read in flight ends
+                if index is None or job.samples.keys() == {index}:
+                    self.waiting.remove(job)
+                else:
+                    job.samples.pop(index, None)
+        job = self.awaiting_grammar.get(request_id)
+        if job is not None and (index is None or job.samples.keys() == {index}):
+            del self.awaiting_grammar[request_id]
+            self.release(job)
+        for job in self.admitted_jobs():
+            if job.request_id == request_id:
+                # NOTE: blocks are freed once the claim or read in flight ends (or, read, once it would run)
                 if index is None:
                     job.aborted = True
                 else:
@@ -442,6 +473,7 @@ class DecodeServer(KVGrowth, NodeServer):
 
     def fail(self, job: DecodeJob, message: str) -> None:
         logger.error("decode %s: %s", self.config.node_id, message)
+        self.compiling.remove(job)
         self.release(job)
         if not job.aborted:
             self.sockets.reply(job.router, protocol.ErrorReply(job.request_id, 503, message))
@@ -464,7 +496,7 @@ class DecodeServer(KVGrowth, NodeServer):
     def role_stats(self) -> dict:
         graph = self.runner.decode_graph
         # NOTE: vLLM counts a request waiting for its grammar as waiting
-        return {"num_running": len(self.running), "num_waiting": len(self.waiting) + len(self.compiling),
+        return {"num_running": len(self.running), "num_waiting": len(self.waiting) + len(self.awaiting_grammar),
                 "num_compiling_grammars": len(self.compiling),
                 "num_claiming": len(self.claiming), "num_transferring": len(self.transferring),
                 "num_decode_steps": self.num_decode_steps,

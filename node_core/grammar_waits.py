@@ -48,11 +48,11 @@ class GrammarWaits(Generic[Item]):
         self.compiling.append(Compiling(item, router, request_id, spec, requests,
                                         self.grammars.compile_later(spec, self.vocab_size, tenant)))
 
-    def take_finished(self) -> tuple[list[Item], list[tuple[bytes, str, RequestRejected]]]:
-        """-> (the items whose grammar compiled, in arrival order; (router, request id, refusal) of each whose
-        constraint does not compile: it holds nothing on the node yet)."""
+    def take_finished(self) -> tuple[list[Item], list[tuple[Compiling[Item], RequestRejected]]]:
+        """-> (the items whose grammar compiled, in arrival order; each whose constraint does not compile, with its
+        refusal)."""
         ready: list[Item] = []
-        refused: list[tuple[bytes, str, RequestRejected]] = []
+        refused: list[tuple[Compiling[Item], RequestRejected]] = []
         still: list[Compiling[Item]] = []
         for entry in self.compiling:
             if not entry.compiled.done():
@@ -61,8 +61,8 @@ class GrammarWaits(Generic[Item]):
             try:
                 compiled = entry.compiled.result()
             except GrammarError as error:
-                refused.append((entry.router, entry.request_id, RequestRejected(
-                    f"request {entry.request_id}: {error}", constraint_reason=error.constraint_reason)))
+                refused.append((entry, RequestRejected(f"request {entry.request_id}: {error}",
+                                                       constraint_reason=error.constraint_reason)))
                 continue
             for request in entry.requests:
                 self.grammars.bind(request, compiled)

@@ -306,9 +306,14 @@ class NodeServer:
         """The items (the role's queue entries) whose grammar finished compiling, in arrival order; a constraint that
         does not compile is refused here."""
         ready, refused = self.compiling.take_finished()
-        for router, request_id, error in refused:
-            self.sockets.reply(router, refusal(request_id, error))
+        for entry, error in refused:
+            self.sockets.reply(entry.router, refusal(entry.request_id, error))
+            self.drop_refused(entry.item)
         return ready
+
+    def drop_refused(self, item) -> None:
+        """What else the node holds of an item refused (its constraint does not compile): nothing, where the item
+        waits in the compiling queue alone."""
 
     def close(self) -> None:
         self.compiling.close()

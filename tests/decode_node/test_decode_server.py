@@ -117,7 +117,8 @@ class Bench:
 
     def assert_idle(self) -> None:
         decode = self.decode
-        assert not (decode.waiting or decode.claiming or decode.transferring or decode.running)
+        assert not (decode.waiting or decode.claiming or decode.transferring or decode.awaiting_grammar or
+                    decode.running)
         assert decode.block_manager.num_free_blocks == decode.block_manager.num_usable_blocks
 
     def assert_prefill_idle(self, turns: int = 5) -> None:

@@ -165,6 +165,73 @@ def test_a_decode_request_aborted_while_its_grammar_compiles_gets_no_reply_and_i
     bench.assert_idle()
 
 
+def test_a_decode_node_reads_the_kv_while_the_grammar_compiles_so_a_compile_past_the_lease_still_runs(
+        tiny_model_dir, gate):
+    """The decode node claims and reads the prompt's KV while its grammar compiles (the prefill node's lease ends
+    with the read, not with the compile): a compile held past the lease still runs, to the cached bits, once it ends.
+    Compiling before the claim, as at stop 60, spent the lease on the compile: the claim came late (a 503)."""
+    bench = Bench(tiny_model_dir, lease_s=1.0)
+    try:
+        cached = tokens_of(decoded(bench, "reference", constrained()))
+        slow, slow_prompt = bench.prefilled("slow", params=constrained())
+        gate.hold(REGEX)
+        bench.send_decode(slow, slow_prompt, params=constrained())
+        until(bench.step, lambda: "slow" in bench.decode.awaiting_grammar and gate.waiting.is_set(),
+              "the KV was not read during the compile")
+        assert not gate.release.is_set()
+        bench.assert_prefill_idle()  # NOTE: its lease ended with the read
+        time.sleep(1.5)  # NOTE: past the lease
+        assert bench.step(3) == [] and bench.decode.stats()["num_waiting"] == 1
+        gate.open()
+        replies = bench.until(finished, max_turns=2000)
+        assert not any(isinstance(r, protocol.ErrorReply) for r in replies)
+        assert tokens_of(replies) == cached
+        other_prompt = tokens_of(decoded(bench, "other-prompt", constrained(), first_id=60))
+        assert other_prompt[0] != cached[0], "inverse: the comparison tells bits apart"
+        bench.step(3)
+        bench.assert_idle()
+    finally:
+        bench.close()
+
+
+@pytest.mark.parametrize("read_first", [True, False])
+def test_a_decode_request_whose_grammar_fails_late_is_a_400_and_frees_what_it_held(bench, gate, read_first):
+    """Refused once read (its blocks held, awaiting the grammar) or while its claim is in flight (freed when the claim
+    ends, the lease given back): a 400, nothing left behind, and the next request runs."""
+    result, prompt = bench.prefilled("bad", params=constrained())
+    gate.hold(REGEX)
+    bench.send_decode(result, prompt, params=constrained())
+    if read_first:
+        until(bench.step, lambda: "bad" in bench.decode.awaiting_grammar and gate.waiting.is_set(),
+              "the KV was not read during the compile")
+    else:
+        until(bench.decode.step, lambda: "bad" in bench.decode.claiming and gate.waiting.is_set(),
+              "no claim")  # NOTE: no prefill turn: the claim stays in flight
+    gate.open(refusal="no such thing")
+    replies = bench.until(lambda got: any(isinstance(r, protocol.ErrorReply) for r in got))
+    error = next(r for r in replies if isinstance(r, protocol.ErrorReply))
+    assert (error.request_id, error.status, error.constraint_reason) == ("bad", 400, "no such thing")
+    bench.step(5)
+    assert not bench.decode.holds("bad")
+    bench.assert_idle()
+    bench.assert_prefill_idle()
+    bench.send_decode(*bench.prefilled("next"))
+    assert sum(len(e.token_ids) for e in bench.until(finished)) == FREE.max_tokens
+
+
+def test_a_decode_request_aborted_while_read_and_awaiting_its_grammar_frees_its_blocks(bench, gate):
+    result, prompt = bench.prefilled("gone", params=constrained())
+    gate.hold(REGEX)
+    bench.send_decode(result, prompt, params=constrained())
+    until(bench.step, lambda: "gone" in bench.decode.awaiting_grammar, "the KV was not read during the compile")
+    bench.to_decode.send(protocol.encode(protocol.Abort("gone")))
+    until(bench.step, lambda: not bench.decode.holds("gone"), "the abort never reached the request")
+    assert bench.decode.stats()["num_compiling_grammars"] == 0, "its compile is given up"
+    gate.open()
+    assert bench.step(5) == []
+    bench.assert_idle()
+
+
 def test_a_constraint_that_fails_after_its_wait_is_a_400_with_its_reason(bench, gate):
     gate.hold(REGEX)
     bench.to_prefill.send(protocol.encode(protocol.PrefillRequest("bad", list(range(30, 50)), constrained())))
