@@ -35,6 +35,14 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop61_any_card_prefix_cache)  # NOTE: ran at stop 61 on an H100 (a call naming nvidia-h200 got one; stop59_h200 exits
+    # on it): issue 25's figures at the current code, engine and HTTP (1 router, a colocated node). 40,000 MiB of KV:
+    # $PREFIX_CACHE's 60,000 ran out of memory on the H100's 80 GB
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    timeout 380 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
+      --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib 40000 --num-requests 256 --max-seconds 15 \
+      --workloads few_shot,multiple_choice,multi_turn,256x32 --paths engine,http \
+      --out "$out/h100_prefix_cache_stop61.json" > "$out/pc.log" 2>&1 ;;
   stop60_any_card)  # NOTE: ran at stop 60 on an H100 (a call naming nvidia-h200 got one; stop59_h200 exits on it):
     # results/h100_defaults_stop60.json, then on the same warm machine results/h100_defaults_poisson_{16,32}_stop60.json
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
