@@ -47,6 +47,16 @@ class Bench:
         self.decode = DecodeServer(node_config(model_dir, "decode", "decode-a", decode_cache, transfer=transfer))
         self.to_prefill, self.to_decode = self.socket(self.prefill), self.socket(self.decode)
         self.step_messages: list[int] = []
+        self.num_sent_to_router = self.num_received = 0
+        reply = self.decode.sockets.reply
+
+        def counted_reply(identity: bytes, message) -> None:
+            # NOTE: so that step() waits for what was sent: a loaded host may take longer than a poll to cross
+            # loopback, and a test that polled 1 ms missed a message sent during the step (CI)
+            self.num_sent_to_router += 1
+            reply(identity, message)
+
+        self.decode.sockets.reply = counted_reply
 
     @staticmethod
     def socket(server):
@@ -62,23 +72,23 @@ class Bench:
         for _ in range(turns):
             self.prefill.step()
             self.decode.step()
-            while self.to_decode.poll(1):
-                message = protocol.decode(self.to_decode.recv_multipart()[-1])
-                if isinstance(message, protocol.StepTokens):
-                    self.step_messages.append(len(message.events))
-                    replies += message.events
-                else:
-                    replies.append(message)
+            replies += self.receive_sent()
         return replies
 
-    def receive_until(self, done, timeout_s: float = 10.0) -> list:
-        """Keep receiving what the decode node sent the router until done(replies): step() polls 1 ms at a time,
-        and on a loaded host a message sent during the step may not have crossed loopback by then (CI)."""
+    def receive_sent(self, timeout_s: float = 10.0) -> list:
+        """Every message the decode node has sent the router and this bench has not received yet."""
         replies, deadline = [], time.monotonic() + timeout_s
-        while not done(replies) and time.monotonic() < deadline:
-            if self.to_decode.poll(10):
-                message = protocol.decode(self.to_decode.recv_multipart()[-1])
-                replies += message.events if isinstance(message, protocol.StepTokens) else [message]
+        while self.num_received < self.num_sent_to_router:
+            if not self.to_decode.poll(10):
+                assert time.monotonic() < deadline, "a message the decode node sent never arrived"
+                continue
+            message = protocol.decode(self.to_decode.recv_multipart()[-1])
+            self.num_received += 1
+            if isinstance(message, protocol.StepTokens):
+                self.step_messages.append(len(message.events))
+                replies += message.events
+            else:
+                replies.append(message)
         return replies
 
     def prefilled(self, request_id: str, num_tokens: int = 20, params: SamplingParams = PARAMS,
@@ -224,12 +234,6 @@ def test_a_claim_answered_while_a_step_runs_is_read_and_streams_token_1_in_that_
 
     monkeypatch.setattr(bench.decode, "pull_kv_during_step", prefill_answers_during_the_step)
     replies = bench.step()
-
-    def first_stepped(replies):  # NOTE: the step's own message, sent after all the wait sent (one socket keeps order)
-        return any(isinstance(r, protocol.TokenEvent) and r.request_id == "first" for r in replies)
-
-    if not first_stepped(replies):
-        replies += bench.receive_until(first_stepped)
     second_started = any(isinstance(r, protocol.TokenEvent) and r.request_id == "second" for r in replies)
     assert second_started == pulls_during_step
     assert ("second" in bench.decode.claiming) != pulls_during_step
@@ -502,8 +506,7 @@ def test_a_claim_a_dead_prefill_node_never_answers_fails_in_bounded_time(tiny_mo
         replies = []
         for _ in range(400):  # NOTE: the prefill node never steps again: it is dead
             bench.decode.step()
-            while bench.to_decode.poll(1):
-                replies.append(protocol.decode(bench.to_decode.recv_multipart()[-1]))
+            replies += bench.receive_sent()
             if finished(replies):
                 break
         [error] = replies
