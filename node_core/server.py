@@ -238,7 +238,9 @@ class NodeServer:
             self.check_weights()
             ran = time.perf_counter()
             # NOTE: vLLM's count: the prompt tokens the forward computed plus the tokens it sampled
-            self.iteration_tokens.observe(self.num_prompt_tokens(batch) + len(sampled))
+            num_tokens = self.iteration_tokens_of(batch, sampled)
+            if num_tokens:  # NOTE: 0: no forward launched (every row had its last token in flight)
+                self.iteration_tokens.observe(num_tokens)
             self.postprocess(batch, sampled)
             self.free_settled()
             loop["run"] += ran - scheduled
@@ -294,6 +296,11 @@ class NodeServer:
     def num_prompt_tokens(self, batch) -> int:
         """Prompt tokens the forward of batch computes (its chunks'; 0 for a decode step)."""
         raise NotImplementedError
+
+    def iteration_tokens_of(self, batch, sampled: list) -> int:
+        """The tokens the forward launched this turn computes: its prompt tokens and a token per row it samples
+        (vLLM's count per engine step, vllm:iteration_tokens_total)."""
+        return self.num_prompt_tokens(batch) + len(sampled)
 
     def postprocess(self, batch, sampled: list) -> None:
         """After the forward of batch (what schedule() returned), with what it sampled."""

@@ -140,3 +140,17 @@ def test_with_a_swap_space_paused_samples_stream_what_each_request_gives_alone(t
         assert streamed == alone
     finally:
         node.close()
+
+
+def test_each_forward_counts_one_iteration_of_the_tokens_it_computed(server, router):
+    """vllm:iteration_tokens_total: a 10-token request alone is 10 iterations (its prefill's, with token 1; 9 decode
+    steps of one row) of prompt + 10 tokens, however far its decode steps run ahead of the host."""
+    params = SamplingParams(temperature=0.6, seed=3, max_tokens=10, ignore_eos=True)
+    router.send(protocol.encode(protocol.GenerateRequest("counted", list(range(10, 22)), params)))
+    deadline, finished = time.monotonic() + 30, False
+    while not finished or server.busy():
+        server.step()
+        while router.poll(0):
+            finished |= any(e.finish_reason for e in protocol.decode(router.recv_multipart()[-1]).events)
+        assert time.monotonic() < deadline, "the request did not finish"
+    assert (sum(server.iteration_tokens.bucket_counts), server.iteration_tokens.sum) == (10, 12 + 10)

@@ -564,3 +564,18 @@ def test_garbage_gets_an_error_reply_from_both_nodes(bench, data):
         assert isinstance(reply, protocol.ErrorReply) and reply.status == 400
     result, prompt = bench.prefilled("after-garbage")
     assert result.kv is not None
+
+
+def test_each_forward_counts_one_iteration_of_the_tokens_it_computed(bench):
+    """vllm:iteration_tokens_total, as vLLM's test_metrics_counts reads it: a 10-token request is 10 iterations (the
+    prefill's, with the prompt and token 1; 9 decode steps of a row each) of prompt + 10 tokens. A decode step ahead
+    of the host reads the step before's tokens: counted by what it read, the first step counted 0 tokens and the
+    request 11 iterations."""
+    params = dataclasses.replace(PARAMS, max_tokens=10)
+    result, prompt = bench.prefilled("counted", num_tokens=12, params=params)
+    bench.send_decode(result, prompt, params=params)
+    bench.until(finished)
+    bench.step(3)
+    counts = {name: node.iteration_tokens for name, node in (("prefill", bench.prefill), ("decode", bench.decode))}
+    assert (sum(counts["prefill"].bucket_counts), counts["prefill"].sum) == (1, 12 + 1)
+    assert (sum(counts["decode"].bucket_counts), counts["decode"].sum) == (9, 9)
