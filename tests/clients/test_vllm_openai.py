@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDS = sorted((ROOT / "benchmarks" / "results").glob("cpu_vllm_openai_tests*.json"))
 """main's outcomes (cpu_vllm_openai_tests.json) and those of branches that changed them (_BRANCH.json)."""
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.skipif(bool(populate.missing()), reason="vLLM's tests not fetched (python -m "
-                                 "tests.clients.vllm_openai.populate; scripts/setup.sh runs it)")]
+              pytest.mark.skipif(bool(populate.missing()), reason="vLLM's files missing from "
+                                 "tests/clients/vllm_openai/upstream (populate --refetch)")]
 
 
 def test_vllm_s_openai_tests_recorded_as_passing_still_pass(tmp_path):

@@ -1,11 +1,13 @@
 """Lays out the harness's test tree in tests/clients/vllm_openai/vendored/ (git-ignored): vLLM's test files at
-their vLLM paths, fetched from GitHub at the commits sources.json pins, and the shims (shim/) where vLLM's
-tests/utils.py, tests/conftest.py, pytest_asyncio and the few vllm imports would be.
+their vLLM paths, copied from upstream/ (committed: the files as fetched from GitHub at the commits sources.json pins,
+unchanged, with vLLM's LICENSE), and the shims (shim/) where vLLM's tests/utils.py, tests/conftest.py,
+pytest_asyncio and the few vllm imports would be.
 
-    python -m tests.clients.vllm_openai.populate            # fetch what is missing (scripts/setup.sh runs this)
-    python -m tests.clients.vllm_openai.populate --refetch  # fetch every file again
+    python -m tests.clients.vllm_openai.populate            # lay out vendored/ (run.py does it too)
+    python -m tests.clients.vllm_openai.populate --refetch  # fetch every file into upstream/ again (network)
 
-NOTE: vLLM's files are not committed here: they are fetched, unchanged (Apache-2.0, SPDX headers kept).
+NOTE: committed, not fetched at setup: CI has no network, and the check skipped there while the files were fetched.
+vLLM is Apache-2.0 (upstream/LICENSE); each file keeps its SPDX header.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 VENDORED = HERE / "vendored"
+UPSTREAM = HERE / "upstream"
 SHIM = HERE / "shim"
 RAW_URL = "https://raw.githubusercontent.com/{repository}/{commit}/{path}"
 SHIM_PLACES = {"tests_utils.py": "tests/utils.py", "tests_conftest.py": "tests/conftest.py",
@@ -53,16 +56,22 @@ def copy(source: Path, target: Path) -> None:
     shutil.copyfile(source, target)
 
 
-def fetch(repository: str, entry: dict, refetch: bool) -> None:
-    target = VENDORED / entry["path"]
-    if target.exists() and not refetch:
-        return
+def fetch(repository: str, entry: dict) -> None:
     url = RAW_URL.format(repository=repository, **entry)
     with urllib.request.urlopen(url, timeout=30) as reply:
         text = reply.read()
+    target = UPSTREAM / entry["path"]
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(text)
     print(f"fetched {entry['path']} @ {entry['commit'][:12]}")
+
+
+def lay_out() -> None:
+    """vendored/: vLLM's files (from upstream/), the shims, and the packages vLLM's tests import each other by."""
+    for entry in sources()["files"]:
+        copy(UPSTREAM / entry["path"], VENDORED / entry["path"])
+    place_shims()
+    add_packages()
 
 
 def add_packages() -> None:
@@ -72,7 +81,7 @@ def add_packages() -> None:
 
 
 def missing() -> list[str]:
-    return [entry["path"] for entry in sources()["files"] if not (VENDORED / entry["path"]).exists()]
+    return [entry["path"] for entry in sources()["files"] if not (UPSTREAM / entry["path"]).exists()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,15 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = sources()
     failed = []
-    for entry in spec["files"]:
+    for entry in spec["files"] if args.refetch else []:
         try:
-            fetch(spec["repository"], entry, args.refetch)
+            fetch(spec["repository"], entry)
         except OSError as error:
             failed.append(f"{entry['path']}: {error}")
-    place_shims()
-    add_packages()
     for line in failed:
         print(f"not fetched: {line}", file=sys.stderr)
+    if missing():
+        print(f"not in upstream/: {missing()}", file=sys.stderr)
+        return 1
+    lay_out()
     return 1 if failed else 0
 
 

@@ -106,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
     if populate.missing():
-        print(f"missing vendored tests (python -m tests.clients.vllm_openai.populate): {populate.missing()}")
+        print(f"vLLM's files missing from upstream/ (python -m tests.clients.vllm_openai.populate --refetch): "
+              f"{populate.missing()}")
         return 2
-    populate.place_shims()
-    populate.add_packages()
+    populate.lay_out()
     with tempfile.TemporaryDirectory(prefix="corun-vllm-tests-") as work:
         report, output, seconds = run_child(Path(work), args.pytest_args, args.server_repo.resolve())
         if args.log:
