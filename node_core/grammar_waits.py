@@ -4,9 +4,10 @@ A node checks a request as it arrives, but compiling its structured-output const
 first compile also loads the tokenizer (2.45 s on this repository's 2-core host), and a large schema takes seconds
 of its own. Inside the loop that held every running request's steps and the node's pings (under load the router
 gave the node up: a 503). So the constraint compiles off the loop (Grammars.compile_later, as vLLM's structured
-output manager does) and the request waits here, not in the node's queues; each turn the node takes what has
-finished: compiled -> the node's queue (each of its requests bound to the grammar, so no step compiles), refused ->
-a 400. What a request samples does not depend on when its grammar was ready.
+output manager does) and the request waits here; each turn the node takes what has finished: compiled -> the node's
+queue (each of its requests bound to the grammar, so no step compiles), refused -> a 400 (NodeServer.drop_refused).
+A decode node's job is in its queues meanwhile too: its KV is claimed and read while the grammar compiles, and it
+runs once both are done. What a request samples does not depend on when its grammar was ready.
 """
 
 from __future__ import annotations
