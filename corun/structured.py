@@ -37,6 +37,11 @@ COMPILE_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 the GIL while it compiles (a 10 s compile on a worker thread left the main thread at most 7 ms between turns on this
 repository's 2-core host), so the loop runs on. Where there are several, one client's large schema does not hold
 another's constrained request behind it; on a 2-core host there is one (the other core runs the loop)."""
+SPARE_COMPILE_AFTER_S = 2.0
+"""Once every compile thread has compiled one constraint this long, a client with no compile running gets a spare
+thread for its next one (corun/fair_workers.py): a compile cannot be interrupted, and one client's schema that takes
+minutes would otherwise hold every other client's constrained requests behind it."""
+MAX_SPARE_COMPILES = 4
 
 
 class GrammarError(ValueError):
@@ -157,7 +162,8 @@ class Grammars:
                 pending.num_waiting += 1
                 return pending.future
             if self._workers is None:
-                self._workers = FairWorkers(COMPILE_THREADS, "grammar-compile")
+                self._workers = FairWorkers(COMPILE_THREADS, "grammar-compile", SPARE_COMPILE_AFTER_S,
+                                            MAX_SPARE_COMPILES)
             pending = self._pending[key] = PendingCompile(
                 self._workers.submit(tenant, self.compile_pending, spec, vocab_size))
             return pending.future

@@ -302,6 +302,34 @@ def test_a_compile_nobody_waits_for_any_more_is_cancelled_before_it_starts(tiny_
     assert again is not first and again.result(GATE_TIMEOUT_S) is not None
 
 
+def test_another_clients_constraint_compiles_while_one_clients_compile_holds_every_thread(tiny_model_dir, gate,
+                                                                                           monkeypatch):
+    """A compile cannot be interrupted: one client's held compile (a huge schema's minutes) holds the only compile
+    thread, and past SPARE_COMPILE_AFTER_S another client's constraint compiles on a spare; the first client's next
+    constraint still waits (it has a compile running). Inverse: with no spare, the other client's waits too."""
+    monkeypatch.setattr(structured, "COMPILE_THREADS", 1)
+    monkeypatch.setattr(structured, "SPARE_COMPILE_AFTER_S", 0.2)
+    for max_spares in (1, 0):
+        monkeypatch.setattr(structured, "MAX_SPARE_COMPILES", max_spares)
+        grammars = structured.Grammars(tiny_model_dir)
+        own, other = StructuredOutput("regex", "[d-f]{2,5}"), StructuredOutput("regex", "[g-i]{2,5}")
+        gate.hold(REGEX)
+        gate.held.add(own)
+        held = grammars.compile_later(REGEX, VOCAB_SIZE, "hostile")
+        assert gate.waiting.wait(GATE_TIMEOUT_S)
+        same_client = grammars.compile_later(own, VOCAB_SIZE, "hostile")
+        other_client = grammars.compile_later(other, VOCAB_SIZE, "other")
+        if max_spares:
+            assert other_client.result(GATE_TIMEOUT_S) is not None
+        else:
+            time.sleep(1.0)
+            assert not other_client.done()
+        assert not same_client.done() and not held.done()
+        gate.open()
+        assert held.result(GATE_TIMEOUT_S) is not None and same_client.result(GATE_TIMEOUT_S) is not None
+        assert other_client.result(GATE_TIMEOUT_S) is not None
+
+
 # --- the colocated node -------------------------------------------------------------------------------------------
 @pytest.fixture
 def colocated(tiny_model_dir):
