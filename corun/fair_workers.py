@@ -69,21 +69,16 @@ class FairWorkers:
     def _work(self) -> None:
         while True:
             tenant, job = self._next_job()
-            self._run(tenant, job)
+            run(job)
             with self._changed:
                 del self._started[threading.get_ident()]
+                self._ended(tenant)
 
-    def _run(self, tenant: str, job: Job) -> None:
-        future, fn, args = job
-        try:
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args))
-                except BaseException as error:  # NOTE: the waiter gets it, whatever it is; the thread goes on
-                    future.set_exception(error)
-        finally:
-            with self._changed:
-                self._running[tenant] -= 1
+    def _ended(self, tenant: str) -> None:
+        """Under the lock."""
+        self._running[tenant] -= 1
+        if not self._running[tenant]:
+            del self._running[tenant]
 
     # --- spares ---------------------------------------------------------------------------------------------------
     def _watch_for_spare(self) -> None:
@@ -98,7 +93,7 @@ class FairWorkers:
         self._spare_timer.start()
 
     def _tenant_without_running(self) -> str | None:
-        return next((tenant for tenant in self._queues if not self._running[tenant]), None)
+        return next((tenant for tenant in self._queues if tenant not in self._running), None)
 
     def _maybe_start_spare(self) -> None:
         with self._changed:
@@ -114,9 +109,18 @@ class FairWorkers:
             self._watch_for_spare()
 
     def _spare(self, tenant: str, job: Job) -> None:
-        try:
-            self._run(tenant, job)
-        finally:
-            with self._changed:
-                self._num_spares -= 1
-                self._watch_for_spare()
+        run(job)
+        with self._changed:
+            self._ended(tenant)
+            self._num_spares -= 1
+            self._watch_for_spare()
+
+
+def run(job: Job) -> None:
+    future, fn, args = job
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn(*args))
+    except BaseException as error:  # NOTE: the waiter gets it, whatever it is; the thread goes on
+        future.set_exception(error)
