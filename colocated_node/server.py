@@ -82,7 +82,7 @@ class ColocatedServer(NodeServer):
         self.num_prefill_forwards = 0
         self.num_decode_steps = 0
         self.num_decoded_rows = 0
-        self.decode_rows_launched = 0
+        self.rows_launched = 0
         """By the last decode-only step (0: none launched, every row's last token in flight)."""
         self.num_finished = 0
 
@@ -124,7 +124,7 @@ class ColocatedServer(NodeServer):
         sampled, num_rows = run_decode_step(self.runner, batch.decode_requests)
         self.num_decode_steps += num_rows > 0
         self.num_decoded_rows += num_rows
-        self.decode_rows_launched = num_rows
+        self.rows_launched = num_rows
         return sampled
 
     def iteration_tokens_of(self, batch: ScheduledBatch, sampled: list[SampledToken]) -> int:
@@ -132,7 +132,7 @@ class ColocatedServer(NodeServer):
         tokens it read (DecodeServer.iteration_tokens_of)."""
         if batch.prefill_chunks:
             return super().iteration_tokens_of(batch, sampled)
-        return self.decode_rows_launched
+        return self.rows_launched
 
     def num_prompt_tokens(self, batch: ScheduledBatch) -> int:
         return sum(chunk.num_tokens for chunk in batch.prefill_chunks)
