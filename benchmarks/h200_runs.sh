@@ -35,6 +35,13 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop62_host_router_itl)  # stop 62: issue 21's added ITL p99 on a host whose cores the clients need not share with
+    # the router (the 2-core host's 256 streams: 7.1 ms, results/README.md stop 62); the GPU is not used
+    nproc > "$out/nproc.txt"
+    python3 -m cli.main make-tiny-model /tmp/tiny > /dev/null 2>&1
+    timeout 150 python3 -m benchmarks.router_throughput --model /tmp/tiny --routers 1 --streams 256,512,1024 \
+      --workers 4 --seconds 8 --warmup-seconds 2 --out "$out/host_router_itl_stop62.json" \
+      > "$out/router_itl.log" 2>&1 ;;
   stop61_any_card_prefix_cache)  # NOTE: ran at stop 61 on an H100 (a call naming nvidia-h200 got one; stop59_h200 exits
     # on it): issue 25's figures at the current code, engine and HTTP (1 router, a colocated node). 40,000 MiB of KV:
     # $PREFIX_CACHE's 60,000 ran out of memory on the H100's 80 GB
@@ -60,7 +67,9 @@ case $part in
     # stop 59: issue 20's t = 0 table at the current code (stop 58's host trims included), H200 only; exits at once on
     # any other card so that the call costs only its start
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
-    grep -q H200 "$out/gpu.txt" || { echo "not an H200: nothing run" > "$out/bench_t0.log"; exit 0; }
+    # NOTE: stop 62: on another card only the host's router figures (stop62_host_router_itl, about a minute)
+    grep -q H200 "$out/gpu.txt" || { echo "not an H200: only stop62_host_router_itl run" > "$out/bench_t0.log";
+                                      bash "$0" stop62_host_router_itl "$out"; exit 0; }
     # NOTE: standard second, so that a run cut by the device time left still holds the defaults against it (the
     # JSON is written after every workload)
     timeout ${T0_TIMEOUT_S:-560} python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
