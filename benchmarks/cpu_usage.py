@@ -83,6 +83,15 @@ def host_facts() -> dict:
             "kernel": platform.release(), "python": sys.version.split()[0], "git_commit": git_commit()}
 
 
+def listen_overflows() -> int | None:
+    """The host's count of connections its listen queues had no room for (Linux's TcpExt ListenOverflows: each a
+    dropped SYN, which the client retries after 1 s); None where the host does not say."""
+    rows = [line.split() for line in read_lines("/proc/net/netstat") if line.startswith("TcpExt:")]
+    if len(rows) < 2 or "ListenOverflows" not in rows[0]:
+        return None
+    return int(rows[1][rows[0].index("ListenOverflows")])
+
+
 def read_lines(path: str) -> list[str]:
     try:
         with open(path) as f:

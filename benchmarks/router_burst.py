@@ -17,35 +17,42 @@ import sys
 import tempfile
 
 from benchmarks.child_processes import stop_child
-from benchmarks.cpu_usage import host_facts
+from benchmarks.cpu_usage import host_facts, listen_overflows
 from benchmarks.harness import DEFAULT_ARRIVALS, SLOTargets
 from benchmarks.http_bench import run_http_bench
 from benchmarks.router_throughput import read_vocab_size, start_fake_node, start_router, wait_until_healthy
 from launch.cluster import free_port
 from planner.workloads import make_workload
+from wire.config import RouterSettings
 
 FAKE_STEP_MS = 20.0
 MAX_MODEL_LEN = 2048
 
 
-def one_run(args: argparse.Namespace, num_routers: int, client_processes: int, vocab_size: int) -> dict:
+def one_run(args: argparse.Namespace, num_routers: int, client_processes: int, vocab_size: int,
+            listen_backlog: int) -> dict:
     log_dir = tempfile.mkdtemp(prefix="router-burst-")
     prefill = start_fake_node("prefill", vocab_size, FAKE_STEP_MS, log_dir)
     decode = start_fake_node("decode", vocab_size, FAKE_STEP_MS, log_dir)
     port, metrics_dir = free_port("127.0.0.1"), tempfile.mkdtemp(prefix="router-burst-metrics-")
-    settings = argparse.Namespace(model=args.model, streams=[args.num_requests])  # NOTE: start_router's admission
+    # NOTE: streams: start_router's admission
+    settings = argparse.Namespace(model=args.model, streams=[args.num_requests], listen_backlog=listen_backlog)
     routers = [start_router(i, num_routers, port, metrics_dir, settings, prefill, decode, log_dir)
                for i in range(num_routers)]
     try:
         for router in routers:
             wait_until_healthy(router)
         workload = make_workload(args.workload, args.num_requests)
+        overflows_before = listen_overflows()
         report = run_http_bench(f"http://127.0.0.1:{port}", [workload], vocab_size, MAX_MODEL_LEN,
                                 arrivals=DEFAULT_ARRIVALS, slo=SLOTargets(), client_processes=client_processes)
         run = next(iter(report["modes"].values()))[workload.name]
-        return {"routers": num_routers, "client_processes": client_processes, "workload": workload.name,
-                "num_requests": run["num_requests"], "ttft_s": run["ttft_s"], "server_means": run.get("server_means"),
-                "router_cpu_us_per_token": run.get("router_cpu_us_per_token")}
+        overflows_after = listen_overflows()
+        return {"routers": num_routers, "client_processes": client_processes, "listen_backlog": listen_backlog,
+                "workload": workload.name, "num_requests": run["num_requests"], "ttft_s": run["ttft_s"],
+                "server_means": run.get("server_means"), "router_cpu_us_per_token": run.get("router_cpu_us_per_token"),
+                # NOTE: the whole host's count: another program's overflows meanwhile would show here too
+                "host_listen_overflows": None if overflows_before is None else overflows_after - overflows_before}
     finally:
         for router in routers:
             stop_child(router.process)
@@ -60,14 +67,17 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--routers", default="1,2", help="router counts, comma-separated")
     parser.add_argument("--client-processes", default="1,2", help="client process counts, comma-separated")
+    parser.add_argument("--listen-backlogs", default=str(RouterSettings.listen_backlog),
+                        help="the routers' --listen-backlog, comma-separated (a run for each)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     vocab_size = read_vocab_size(args.model)
     runs = []
-    for num_routers in (int(k) for k in args.routers.split(",")):
-        for clients in (int(c) for c in args.client_processes.split(",")):
-            runs.append(one_run(args, num_routers, clients, vocab_size))
-            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+    for backlog in (int(b) for b in args.listen_backlogs.split(",")):
+        for num_routers in (int(k) for k in args.routers.split(",")):
+            for clients in (int(c) for c in args.client_processes.split(",")):
+                runs.append(one_run(args, num_routers, clients, vocab_size, backlog))
+                print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     report = {"benchmark": "router_burst", "command": shlex.join(["python", "-m", "benchmarks.router_burst",
                                                                    *sys.argv[1:]]),
               "host": host_facts(), "runs": runs}

@@ -209,7 +209,8 @@ def start_router(index: int, num_routers: int, port: int, metrics_dir: str, args
     control_port = free_port("127.0.0.1") if num_routers > 1 else None
     several = one_of_several(index, control_port, metrics_dir) if control_port else {}
     router = RouterConfig(model=args.model, prefill_addresses=(prefill.address,), decode_addresses=(decode.address,),
-                          port=port, served_model_name=SERVED_MODEL_NAME, max_pending_requests=max_pending, **several)
+                          port=port, served_model_name=SERVED_MODEL_NAME, max_pending_requests=max_pending,
+                          listen_backlog=getattr(args, "listen_backlog", RouterConfig.listen_backlog), **several)
     url = f"http://127.0.0.1:{port}"
     own_url = url if control_port is None else f"http://127.0.0.1:{control_port}"
     process = start_child(router_argv(router), os.path.join(log_dir, f"router_{index}.log"),

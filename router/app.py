@@ -110,7 +110,8 @@ async def start_site(app: web.Application, host: str, port: int, reuse_port: boo
                            max_line_size=MAX_HEADER_LINE_BYTES, max_field_size=MAX_HEADER_LINE_BYTES,
                            max_headers=MAX_HEADERS, lingering_time=LINGER_S, logger=HTTP_LOGGER)
     await runner.setup()
-    await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
+    await web.TCPSite(runner, host, port, reuse_port=reuse_port or None,
+                      backlog=app[STATE_KEY].config.listen_backlog).start()
     return runner
 
 

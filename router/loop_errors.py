@@ -1,10 +1,10 @@
 """What the router logs of errors it cannot answer: the event loop's (a failed accept()) and aiohttp's (a request
 it could not parse), each kind once with its traceback, then at most once per REPEAT_LOG_S with a count.
 
-Out of file descriptors, asyncio (3.11) retries a listener's accept() up to its backlog (128) times per loop tick,
-calling the exception handler each time and scheduling a retry 1 s later each time: its default handler logged
-59-76 MB of tracebacks in ~40 s (issue 23). aiohttp logs a traceback for each malformed request
-(`Content-Length: abc`), which any client can send.
+Out of file descriptors, asyncio (3.11) retries a listener's accept() up to its backlog (RouterSettings.listen_backlog)
+times per loop tick, calling the exception handler each time and scheduling a retry 1 s later each time: its default
+handler logged 59-76 MB of tracebacks in ~40 s (issue 23, at a backlog of 128). aiohttp logs a traceback for each
+malformed request (`Content-Length: abc`), which any client can send.
 """
 
 from __future__ import annotations

@@ -74,6 +74,17 @@ class RouterHarness:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
 
+    def block_loop(self, seconds: float) -> None:
+        """Hold the harness loop (the router and its fake nodes) for seconds from now, as a router busy with other
+        work holds its own: returns once the hold has begun."""
+        began = threading.Event()
+
+        def hold() -> None:
+            began.set()
+            time.sleep(seconds)
+        self._loop.call_soon_threadsafe(hold)
+        began.wait(CALL_TIMEOUT_S)
+
     def call(self, async_fn: Callable[[], Awaitable], timeout_s: float = CALL_TIMEOUT_S):
         """Run async_fn() on the harness's loop and return its result."""
         return asyncio.run_coroutine_threadsafe(async_fn(), self._loop).result(timeout_s)
