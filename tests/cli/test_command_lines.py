@@ -33,6 +33,7 @@ ROUTER_SETTINGS = dict(served_model_name="served", host="0.0.0.0", port=9000, ma
                        request_timeout_s=1.5, strict_fields=True, trust_request_chat_template=True,
                        api_key="secret-key", enable_node_pinning=True, enable_tokenizer_info_endpoint=True,
                        max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5, parse_timeout_s=4.5,
+                       listen_backlog=64,
                        client_api_keys_file="/keys/clients", max_client_requests=6, max_client_decode_slots=7,
                        max_client_queued_requests=8, routing_policy="prefix_aware", enable_prompt_tokens_details=True)
 CLUSTERS = [

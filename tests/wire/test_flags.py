@@ -61,6 +61,7 @@ ROUTERS = [RouterConfig(model="m", prefill_addresses=("tcp://p:1", "tcp://p:2"),
                         request_timeout_s=1.5, strict_fields=True, trust_request_chat_template=True,
                         api_key="secret-key", enable_node_pinning=True, enable_tokenizer_info_endpoint=True,
                         max_request_bytes=1000, header_timeout_s=2.5, body_timeout_s=3.5, parse_timeout_s=4.5,
+                        listen_backlog=64,
                         client_api_keys_file="/keys/clients", max_client_requests=6, max_client_decode_slots=7,
                         max_client_queued_requests=8, supervisor_pid=1234, routing_policy="prefix_aware",
                         enable_prompt_tokens_details=True)]
@@ -124,7 +125,7 @@ def test_router_flags_keep_their_spellings():
             "--control-port", "--instance-name", "--base-seed", "--request-timeout-s", "--parse-timeout-s",
             "--client-api-keys-file", "--max-client-requests", "--max-client-decode-slots",
             "--max-client-queued-requests", "--supervisor-pid", "--routing-policy",
-            "--enable-prompt-tokens-details"} == options
+            "--enable-prompt-tokens-details", "--listen-backlog"} == options
     argv = config_argv(ROUTERS[0])
     assert "secret-key" not in argv and "/tmp/metrics" not in argv  # NOTE: they travel in the environment
     assert config_environment(ROUTERS[0]) == {"VLLM_API_KEY": "secret-key", "PROMETHEUS_MULTIPROC_DIR": "/tmp/metrics"}
