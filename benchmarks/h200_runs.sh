@@ -35,7 +35,15 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop62_any_card)  # stop 62: on an H200, issue 20's t = 0 table (stop59_h200); on another card, issue 25's HTTP rows
+  stop62_inline_http)  # NOTE: as run inline at stop 62 on the warm H100 right after stop62_any_card: issue 25's HTTP
+    # rows in stop 61's workload order (stop62_any_card ran multiple choice first, and the first workload after the
+    # node starts ran slower): results/h100_prefix_cache_http_stop62.json
+    timeout 330 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
+      --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib 40000 --num-requests 256 --max-seconds 15 \
+      --workloads few_shot,multiple_choice,multi_turn,256x32 --paths http \
+      --out "$out/h100_prefix_cache_http_stop62_b.json" > "$out/pc_b.log" 2>&1 ;;
+  stop62_any_card)  # NOTE: ran at stop 62 on an H100 (results/h100_prefix_cache_http_mc_first_stop62.json,
+    # h100_host_router_itl_stop62.json). stop 62: on an H200, issue 20's t = 0 table (stop59_h200); on another card, issue 25's HTTP rows
     # after the router's listen backlog went from 128 to 2048 (stop 61's H100 HTTP runs had TTFT p99 of 1.1-1.6 s and
     # 3.4 s: the shape of SYN retries), then the host's router figures (stop62_host_router_itl)
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
