@@ -256,6 +256,30 @@ def generated_tokens(router: RouterProcess) -> int:
     raise RuntimeError(f"{router.own_url}/metrics has no vllm:generation_tokens_total")
 
 
+LONG_GC_PAUSE_S = 0.005
+"""A collection pause the report counts apart: about what a 256-row step's dispatch takes on the 2-core host."""
+
+
+def gc_pauses(router: RouterProcess) -> tuple[float, float, float]:
+    """The router's cyclic collections so far, every generation: (count, seconds, count longer than LONG_GC_PAUSE_S),
+    from its corun_router_gc_pause_seconds."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{router.own_url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    count = seconds = within = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == "corun_router_gc_pause_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_count"):
+                    count += sample.value
+                elif sample.name.endswith("_sum"):
+                    seconds += sample.value
+                elif sample.name.endswith("_bucket") and float(sample.labels["le"]) == LONG_GC_PAUSE_S:
+                    within += sample.value
+    return count, seconds, count - within
+
+
 def ask_window(node: FakeNodeProcess) -> dict:
     """What the fake node did since it was last asked."""
     context = zmq.Context.instance()
@@ -312,9 +336,9 @@ def measure_run(routers: list[RouterProcess], prefill: FakeNodeProcess, decode: 
         sleep_until(schedule.window_start)
         ask_window(prefill)  # NOTE: what each fake node did before the window is dropped
         ask_window(decode)
-        before = snapshot(routers, prefill, decode)
+        before, gc_before = snapshot(routers, prefill, decode), [gc_pauses(router) for router in routers]
         sleep_until(schedule.window_end)
-        after = snapshot(routers, prefill, decode)
+        after, gc_after = snapshot(routers, prefill, decode), [gc_pauses(router) for router in routers]
         # NOTE: what a router holds at the window's end: token events it took in and has not streamed yet live there
         router_memory = [memory_mib(router.pid) for router in routers]
         prefill_window, decode_window = ask_window(prefill), ask_window(decode)
@@ -327,8 +351,13 @@ def measure_run(routers: list[RouterProcess], prefill: FakeNodeProcess, decode: 
             if worker.is_alive():
                 worker.kill()
             worker.join(timeout=10)
+    router_gc = [tuple(a - b for a, b in zip(after, before, strict=True))
+                 for before, after in zip(gc_before, gc_after, strict=True)]
     return summarize_run(len(routers), streams, args, before, after, prefill_window, decode_window, tallies,
-                         left_running, router_tokens, router_memory)
+                         left_running, router_tokens, router_memory) | {"router_gc": {
+                             "collections": sum(gc[0] for gc in router_gc),
+                             "pause_seconds": round(sum(gc[1] for gc in router_gc), 4),
+                             f"pauses_over_{LONG_GC_PAUSE_S * 1e3:g}_ms": sum(gc[2] for gc in router_gc)}}
 
 
 def await_messages(results, kind: str, count: int, timeout_s: float) -> list[dict]:

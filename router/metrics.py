@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from router.nodes.client import NodeStatus
 from router.token_tally import StreamedTokenTally
+from wire.gc_heap import NUM_GENERATIONS, CollectionPauses
 from wire.iteration_tokens import ITERATION_TOKENS_BUCKETS
 from wire.iteration_tokens import STAT_KEY as ITERATION_TOKENS_KEY
 from wire.iteration_tokens import read_stat as read_iteration_tokens
@@ -30,6 +31,9 @@ INTER_TOKEN_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 
 REQUEST_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                              240.0, 480.0, 960.0, 1920.0, 7680.0)
 REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+GC_PAUSE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+"""corun_router_gc_pause_seconds: a pause past a few ms holds every stream's next token (a decode step's dispatch
+takes ~5 ms at 256 streams)."""
 MODEL_LABEL = ("model_name",)
 """vLLM labels its engine families model_name and engine; here the router's families carry model_name (the
 served name) and the nodes' families the node instead of the engine (role_label_families)."""
@@ -108,6 +112,13 @@ class RouterMetrics:
         """Where each streamed token is counted (vllm:generation_tokens, vllm:inter_token_latency_seconds)."""
         self.request_success = Counter("vllm:request_success", "Samples finished, by finish reason",
                                        [*MODEL_LABEL, "finished_reason"], registry=self.registry)
+        self.gc_pauses = Histogram("corun_router_gc_pause_seconds", "How long each of the router process' cyclic "
+                                   "garbage collections held its event loop, by generation", ["generation"],
+                                   buckets=GC_PAUSE_BUCKETS_S, registry=self.registry)
+        children = [self.gc_pauses.labels(str(generation)) for generation in range(NUM_GENERATIONS)]
+        self.collection_pauses = CollectionPauses(tuple(children[0]._upper_bounds))
+        """The process' collections, reported at each refresh; started where the router process starts (a test
+        process holds many routers, whose collections are one process')."""
         self.registry.register(NodeStatsCollector(node_statuses, model_name))
 
     def histogram(self, name: str, documentation: str, buckets) -> Histogram:
@@ -127,6 +138,13 @@ class RouterMetrics:
         """This process' gauges as of now (beside other routers, each refreshes its own every REFRESH_S), and its
         tokens counted since the last loop turn."""
         self.streamed_tokens.flush()
+        for generation, counts, total in self.collection_pauses.take():
+            # NOTE: a bulk observe on the histogram's own per-bucket values, as StreamedTokenTally.flush does
+            histogram = self.gc_pauses.labels(str(generation))
+            for index, count in enumerate(counts):
+                if count:
+                    histogram._buckets[index].inc(count)
+            histogram._sum.inc(total)
         self.in_flight.set(self._count_in_flight())
         times = os.times()
         self.cpu_seconds.set(times.user + times.system)

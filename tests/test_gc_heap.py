@@ -1,8 +1,13 @@
 """wire/gc_heap.py: what exists when a process is ready to serve is never walked by a collection again."""
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from wire.gc_heap import CollectionPauses
 
 CHILD = """
 import gc, sys, weakref
@@ -37,3 +42,42 @@ def test_the_startup_heap_is_frozen_and_its_garbage_collected_first():
     assert garbage_freed
     _, _, garbage_freed = frozen("freeze_only")
     assert not garbage_freed  # NOTE: the inverse: a freeze alone keeps the startup's garbage for good
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def collect_taking(pauses: CollectionPauses, clock: FakeClock, generation: int, seconds: float) -> None:
+    """What the collector does around one collection of that generation that took seconds."""
+    pauses._on_collection("start", {"generation": generation})
+    clock.now += seconds
+    pauses._on_collection("stop", {"generation": generation, "collected": 0, "uncollectable": 0})
+
+
+def test_each_collection_counts_in_its_generation_and_the_first_bucket_it_is_within():
+    clock = FakeClock()
+    pauses = CollectionPauses((0.001, 0.01, float("inf")), clock)
+    for generation, seconds in ((0, 0.0005), (0, 0.001), (1, 0.004), (2, 0.5)):  # NOTE: 0.001 is le 0.001
+        collect_taking(pauses, clock, generation, seconds)
+    taken = {generation: (counts, total) for generation, counts, total in pauses.take()}
+    assert taken.keys() == {0, 1, 2}
+    assert taken[0][0] == [2, 0, 0] and taken[0][1] == pytest.approx(0.0015)
+    assert taken[1][0] == [0, 1, 0] and taken[2][0] == [0, 0, 1]
+    assert pauses.take() == []  # NOTE: taken once
+
+
+def test_a_started_tally_sees_the_process_collections_and_a_stopped_one_none():
+    pauses = CollectionPauses((float("inf"),))
+    pauses.start()
+    try:
+        gc.collect(1)
+    finally:
+        pauses.stop()
+    assert [(generation, counts) for generation, counts, _ in pauses.take()] == [(1, [1])]
+    gc.collect(1)
+    assert pauses.take() == []  # NOTE: the inverse: stopped, it counts nothing

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.metrics import INTER_TOKEN_LATENCY_BUCKETS_S, RouterMetrics
+from router.metrics import GC_PAUSE_BUCKETS_S, INTER_TOKEN_LATENCY_BUCKETS_S, RouterMetrics
 from router.token_tally import StreamedTokenTally
 
 # NOTE: every bound itself (Prometheus' le: a gap equal to a bound counts in that bound's bucket), between bounds,
@@ -82,3 +82,26 @@ def test_outside_an_event_loop_each_add_is_written_at_once():
     tally = StreamedTokenTally(tokens, gaps)
     tally.add(3, 0.5)
     assert tokens._value.get() == 3 and gaps._sum.get() == 0.5
+
+
+def test_the_process_collections_reach_metrics_as_observing_each_would():
+    metrics = RouterMetrics(list, lambda: 0, model_name="m")
+    clock = iter([0.0, 0.0004, 1.0, 1.03, 2.0, 2.002])  # NOTE: pauses of 0.4, 30 and 2 ms
+    metrics.collection_pauses._clock = lambda: next(clock)
+    for generation in (0, 1, 0):
+        metrics.collection_pauses._on_collection("start", {"generation": generation})
+        metrics.collection_pauses._on_collection("stop", {"generation": generation})
+    reference = CollectorRegistry()
+    pauses = Histogram("ref", "pauses", ["generation"], buckets=GC_PAUSE_BUCKETS_S, registry=reference)
+    for generation, seconds in ((0, 0.0004), (1, 0.03), (0, 0.002)):
+        pauses.labels(str(generation)).observe(seconds)
+    text = metrics.render().decode()
+    got = {(s.name.removeprefix("corun_router_gc_pause_seconds"), s.labels["generation"], s.labels.get("le")):
+           s.value for family in text_string_to_metric_families(text) for s in family.samples
+           if s.name.startswith("corun_router_gc_pause_seconds") and not s.name.endswith("_created")}
+    expected = {(s.name.removeprefix("ref"), s.labels["generation"], s.labels.get("le")): s.value
+                for family in text_string_to_metric_families(generate_latest(reference).decode())
+                for s in family.samples if not s.name.endswith("_created")}
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-12), key
+    assert got[("_count", "2", None)] == 0  # NOTE: a generation never collected shows, at zero
