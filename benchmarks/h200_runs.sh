@@ -80,7 +80,11 @@ case $part in
         --num-requests 300 --workloads sharegpt --request-rate $rate --max-seconds 22 --modes corun,standard \
         --goodput ttft:500 tpot:50 --out "$out/h100_defaults_poisson_${rate}_stop60.json" > "$out/bench_p$rate.log" 2>&1
     done ;;
-  stop59_h200)  # NOTE: not run (twelve calls at stop 59 started no machine; the last three with a lower T0_TIMEOUT_S,
+  stop59_h200)  # NOTE: ran at stop 62 on an H200, with the device time left: T0_TIMEOUT_S=430
+    # T0_WORKLOADS=sharegpt,rl_rollout T0_MODES=corun,standard,corun:prefill_token_budget=0
+    # (results/h200_defaults_sharegpt_rl_stop62.json), then on the same warm machine T0_TIMEOUT_S=165
+    # T0_WORKLOADS=burstgpt,1024x2048 T0_MODES=corun,standard (h200_defaults_burstgpt_1024_stop62.json).
+    # Not run at stop 59 (twelve calls at stop 59 started no machine; the last three with a lower T0_TIMEOUT_S,
     # the last of them with T0_WORKLOADS=rl_rollout,sharegpt T0_MODES=corun,standard: the two rows nearest a tie).
     # stop 59: issue 20's t = 0 table at the current code (stop 58's host trims included), H200 only; exits at once on
     # any other card so that the call costs only its start
