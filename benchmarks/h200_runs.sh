@@ -35,6 +35,16 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop63_small_decode_sizes)  # NOT RUN YET (written at stop 62, no device time left). Stop 62's H200 ShareGPT-like
+    # tie (0.999x standard, every request finished in both) is its tail: 107 steps of one running request took
+    # 5.35 ms at corun's smallest decode size (16 rows) against 4.98 ms in standard's 1-row graph. The candidates
+    # 1, 2, 4 and 8 (vLLM's and standard mode's smallest graphs) as a variant beside the defaults, then the 8B
+    # determinism suite; if they win and verify, they become auto_decode_step_candidates' (wire/config.py)
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    SMALL=corun:decode_step_sizes=1/2/4/8/16/32/48/64/80/96/112/128/144/160/176/192/208/224/240
+    timeout 400 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+      --num-requests 256 --max-seconds 10 --workloads sharegpt,rl_rollout --modes corun,standard,$SMALL \
+      --out "$out/h200_small_decode_sizes_stop63.json" > "$out/bench_small.log" 2>&1 ;;
   stop62_inline_http)  # NOTE: as run inline at stop 62 on the warm H100 right after stop62_any_card: issue 25's HTTP
     # rows in stop 61's workload order (stop62_any_card ran multiple choice first, and the first workload after the
     # node starts ran slower): results/h100_prefix_cache_http_stop62.json
