@@ -37,7 +37,9 @@ DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:pie
 case $part in
   stop63_small_decode_sizes)  # NOT RUN YET (written at stop 62, no device time left). Stop 62's H200 ShareGPT-like
     # tie (0.999x standard, every request finished in both) is its tail: 107 steps of one running request took
-    # 5.35 ms at corun's smallest decode size (16 rows) against 4.98 ms in standard's 1-row graph. The candidates
+    # 5.35 ms at corun's smallest decode size (16 rows) against 4.98 ms in standard's 1-row graph (stop 41 put the
+    # tail's gap in decode attention, which splits contexts by batch in standard only; this tells the padding's
+    # share apart). The candidates
     # 1, 2, 4 and 8 (vLLM's and standard mode's smallest graphs) as a variant beside the defaults, then the 8B
     # determinism suite; if they win and verify, they become auto_decode_step_candidates' (wire/config.py)
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
