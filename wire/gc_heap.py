@@ -54,7 +54,8 @@ class CollectionPauses:
         if phase == "start":
             self._started = self._clock()
             return
-        seconds, generation = self._clock() - self._started, info["generation"]
+        # NOTE: bounded, should a later CPython name a generation past the three it has had
+        seconds, generation = self._clock() - self._started, min(info["generation"], NUM_GENERATIONS - 1)
         self._counts[generation][bisect_left(self._bounds, seconds)] += 1
         self._sums[generation] += seconds
 
