@@ -228,7 +228,7 @@ class SchedulerConfig:
     H200, Qwen3-8B shape, N = 256: with cuBLAS split-K 128, 160 and 224 only; without it, the default since issue 20's
     eighth round, every candidate from 16 to 240: benchmarks/results/h200_determinism_stop39.json). () = every step at
     N (the paper).
-    auto: auto_decode_step_candidates(N) on CUDA, () on CPU (see resolve_shape_defaults)."""
+    auto: auto_decode_step_candidates(N) on CUDA, CPU_DECODE_SIZE_CANDIDATES below N on CPU (resolve_shape_defaults)."""
     decode_kv_split_tokens: int = 0
     """fixed_shape on CUDA: > 0 cuts each decode row's context into ranges of this many tokens (a multiple of
     DECODE_TILE_TOKENS, the kernel's tile), computed by separate programs and merged in range order, so where the
@@ -392,6 +392,15 @@ def auto_decode_step_candidates(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(sorted({s for s in steps + eighths if 1 <= s < max_num_seqs}))
 
 
+CPU_DECODE_SIZE_CANDIDATES = (1, 2, 4, 8, 16, 24)
+"""Smaller decode steps tried on CPU (below N; each kept only if it reproduces the N-row step's bits). On CPU a padding
+row costs its whole share of the step, so a few running requests decode faster at their own size. Measured on the
+2-core AMD EPYC host (tiny model, N = 32, benchmarks/results/cpu_small_decode_sizes_stop62_*.json; this CPU kept 4, 8,
+16 and 24): 8 requests at once 1.95x (64x32) and 1.52x (256x128) the tok/s of every step at N; 32 requests 1.11x and
+1.00x; 64 requests, where every step runs at N anyway, the same steps (1.01x and 1.29x in two runs, 0.76x in another:
+this host's noise). Start-up: ~0.2 s more on the tiny model."""
+
+
 def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: bool, backend: str,
                            large_gpu: bool = False) -> SchedulerConfig:
     """The one place where 'auto' becomes sizes, by device (explicit values are kept as given). large_gpu: the
@@ -405,10 +414,10 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
     requests of 300 against 296 (mixed 287); a lone short prompt pays the smallest verified size that holds it
     (the ladder starts at 32 rows; it started at 192 until stop 40). Verified smaller decode steps carried
     743 of 962 steps at 128 rows (6.7 ms against 8.3 at 256). On CPU there are no graphs to amortise: padding rows
-    are pure extra work, so prefill runs at natural length, one prompt per forward; a smaller decode step saves
-    little against per-request attention and not every CPU keeps one (an AMX host kept only N), so every step runs
-    at N (measured on a 2-core host, tiny model: benchmarks/results/cpu_defaults.json). The vLLM backend runs none
-    of them (its engine refuses them)."""
+    are pure extra work, so prefill runs at natural length, one prompt per forward, and a decode step of a few
+    requests runs at the smallest of CPU_DECODE_SIZE_CANDIDATES the CPU verifies (not every CPU keeps one: an AMX
+    host kept only N; until stop 62 every CPU step ran at N, from benchmarks/results/cpu_defaults.json, whose 64
+    requests ran every step at N either way). The vLLM backend runs none of them (its engine refuses them)."""
     if sched.is_resolved:
         return sched
     if sched.max_num_seqs is None:  # NOTE: replace() checks explicit decode_step_sizes against it
@@ -435,7 +444,9 @@ def resolve_shape_defaults(sched: SchedulerConfig, device: str, use_cuda_graph: 
                         if i == 0 or DEFAULT_PREFILL_BUCKETS[i - 1] < longest) if wanted else ()
     sizes = sched.decode_step_sizes
     if sizes == AUTO:
-        sizes = auto_decode_step_candidates(sched.max_num_seqs) if fast_cuda else ()
+        on_cpu = device == "cpu" and sched.mode == "fixed_shape" and backend == "native"
+        sizes = (auto_decode_step_candidates(sched.max_num_seqs) if fast_cuda else
+                 tuple(size for size in CPU_DECODE_SIZE_CANDIDATES if size < sched.max_num_seqs) if on_cpu else ())
     pack_sizes = sched.prefill_pack_sizes
     if pack_sizes == AUTO:
         pack_sizes = auto_pack_size_candidates(pack_tokens) if fast_cuda else ()

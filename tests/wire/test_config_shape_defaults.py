@@ -6,6 +6,7 @@ import pytest
 
 from wire.config import (
     AUTO,
+    CPU_DECODE_SIZE_CANDIDATES,
     CPU_MAX_NUM_SEQS,
     DECODE_TILE_TOKENS,
     DEFAULT_BATCHED_TOKENS,
@@ -88,10 +89,17 @@ def test_the_chunk_is_small_only_where_a_prompt_runs_several_chunks_per_forward(
     assert SMALL_PREFILL_CHUNK % 16 == DEFAULT_PREFILL_CHUNK % 16 == 0  # NOTE: whole KV blocks, for the prefix cache
 
 
-def test_cpu_no_graphs_other_modes_and_the_vllm_engine_get_the_papers_shapes():
-    for sched in (resolved(device="cpu"), resolved(use_cuda_graph=False), resolved(mode="mixed"),
-                  resolved(backend="vllm")):
+def test_no_graphs_other_modes_and_the_vllm_engine_get_the_papers_shapes():
+    for sched in (resolved(use_cuda_graph=False), resolved(mode="mixed"), resolved(backend="vllm"),
+                  resolved(device="cpu", mode="mixed")):
         assert (sched.prefill_buckets, sched.decode_step_sizes, sched.prefill_pack_tokens) == ((), (), 0)
+
+
+def test_cpu_prefills_at_natural_length_and_tries_the_small_decode_sizes_below_n():
+    sched = resolved(device="cpu")
+    assert (sched.prefill_buckets, sched.prefill_pack_tokens) == ((), 0)
+    assert sched.decode_step_sizes == tuple(s for s in CPU_DECODE_SIZE_CANDIDATES if s < sched.max_num_seqs)
+    assert resolved(device="cpu", max_num_seqs=4).decode_step_sizes == (1, 2)
 
 
 def test_packed_prefill_takes_no_buckets_but_keeps_decode_candidates():
@@ -135,7 +143,9 @@ def test_the_fingerprint_hashes_the_resolved_shapes(tiny_model_dir):
     from node_core.serving import engine_fingerprint
 
     auto = EngineConfig(model=tiny_model_dir)
-    explicit = EngineConfig(model=tiny_model_dir, scheduler=SchedulerConfig(prefill_buckets=(), decode_step_sizes=()))
+    cpu_sizes = tuple(s for s in CPU_DECODE_SIZE_CANDIDATES if s < CPU_MAX_NUM_SEQS)
+    explicit = EngineConfig(model=tiny_model_dir, scheduler=SchedulerConfig(prefill_buckets=(),
+                                                                            decode_step_sizes=cpu_sizes))
     assert engine_fingerprint(auto.resolved(), "d") == engine_fingerprint(explicit.resolved(), "d")
     bucketed = EngineConfig(model=tiny_model_dir, scheduler=SchedulerConfig(prefill_buckets=(16,)))
     assert engine_fingerprint(bucketed.resolved(), "d") != engine_fingerprint(auto.resolved(), "d")
