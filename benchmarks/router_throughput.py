@@ -268,6 +268,7 @@ def gc_pauses(router: RouterProcess) -> tuple[float, float, float]:
     with urllib.request.urlopen(f"{router.own_url}/metrics", timeout=10) as reply:
         text = reply.read().decode()
     count = seconds = within = 0.0
+    bounds = set()
     for family in text_string_to_metric_families(text):
         if family.name == "corun_router_gc_pause_seconds":
             for sample in family.samples:
@@ -275,8 +276,12 @@ def gc_pauses(router: RouterProcess) -> tuple[float, float, float]:
                     count += sample.value
                 elif sample.name.endswith("_sum"):
                     seconds += sample.value
-                elif sample.name.endswith("_bucket") and float(sample.labels["le"]) == LONG_GC_PAUSE_S:
-                    within += sample.value
+                elif sample.name.endswith("_bucket"):
+                    bounds.add(float(sample.labels["le"]))
+                    within += sample.value if float(sample.labels["le"]) == LONG_GC_PAUSE_S else 0.0
+    if LONG_GC_PAUSE_S not in bounds:  # NOTE: else every pause would count as long
+        raise RuntimeError(f"{router.own_url}/metrics has no corun_router_gc_pause_seconds bucket at "
+                           f"{LONG_GC_PAUSE_S} s")
     return count, seconds, count - within
 
 

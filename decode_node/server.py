@@ -137,9 +137,6 @@ class DecodeServer(KVGrowth, NodeServer):
         test_metrics_counts)."""
         return self.rows_launched
 
-    def num_prompt_tokens(self, requests: list[Request]) -> int:
-        return 0
-
     def admit(self) -> None:
         """FIFO: the head job is admitted when all its samples have a slot and KV blocks for the prompt and token 1, and
         the whole sequences of everything admitted fit the cache and the swap space; never while a sample is paused

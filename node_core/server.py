@@ -294,7 +294,7 @@ class NodeServer:
         raise NotImplementedError
 
     def num_prompt_tokens(self, batch) -> int:
-        """Prompt tokens the forward of batch computes (its chunks'; 0 for a decode step)."""
+        """Prompt tokens the forward of batch computes (its chunks'), for the default iteration_tokens_of."""
         raise NotImplementedError
 
     def iteration_tokens_of(self, batch, sampled: list) -> int:
