@@ -4,6 +4,7 @@
 
 --num-requests K profiles a step of K running requests instead of N: the tail of a t = 0 run, where each mode runs
 the graph it picks for K rows (fixed_shape: its smallest verified decode size; mixed: the next captured size).
+--num-requests 1,8 profiles each count in turn on one engine per mode (requests are added to reach the next count).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=1024)
-    parser.add_argument("--num-requests", type=int, default=None, help="running requests (default: N)")
+    parser.add_argument("--num-requests", default=None,
+                        help="running requests, or ascending counts separated by commas (default: N)")
     parser.add_argument("--modes", default="fixed_shape")
     parser.add_argument("--kernel-profile", action="store_true",
                         help="also run one eager step under torch.profiler and total the GPU time per kernel")
@@ -57,8 +59,12 @@ def main() -> None:
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {}
+    counts = [int(c) for c in args.num_requests.split(",")] if args.num_requests else [args.max_num_seqs]
+    if counts != sorted(counts):
+        parser.error("--num-requests: counts must ascend (requests are only added)")
     for mode in map(canonical_mode_spec, args.modes.split(",")):
-        report[mode] = profile_mode(args, mode, device)  # NOTE: its engine is freed on return: two 8B engines with
+        by_count = profile_mode(args, mode, device, counts)  # NOTE: its engine is freed on return: two 8B engines
+        report[mode] = by_count[0] if len(counts) == 1 else {str(c): r for c, r in zip(counts, by_count)}  # with
         print(mode, json.dumps(report[mode]), flush=True)  # their KV do not fit one GPU
         gc.collect()
         if torch.cuda.is_available():
@@ -66,7 +72,7 @@ def main() -> None:
     emit(report, args.out)
 
 
-def profile_mode(args, mode: str, device: str) -> dict:
+def profile_mode(args, mode: str, device: str, counts: list[int]) -> list[dict]:
     base = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.prompt_len + 256,
                            prefill_chunk_size=args.prompt_len, max_num_batched_tokens=args.prompt_len * 4)
     config = EngineConfig(model=args.model, dtype=args.dtype, device=device, scheduler=scheduler_for(base, mode),
@@ -74,9 +80,17 @@ def profile_mode(args, mode: str, device: str) -> dict:
     engine = LLMEngine(config)
     rng = random.Random(0)
     vocab = engine.runner.model.cfg.vocab_size
-    for i in range(args.num_requests or args.max_num_seqs):
-        engine.add_request(str(i), [rng.randrange(vocab) for _ in range(args.prompt_len)],
-                           SamplingParams(temperature=0.6, seed=i, max_tokens=200, ignore_eos=True))
+    results, added = [], 0
+    for count in counts:
+        for i in range(added, count):
+            engine.add_request(str(i), [rng.randrange(vocab) for _ in range(args.prompt_len)],
+                               SamplingParams(temperature=0.6, seed=i, max_tokens=200, ignore_eos=True))
+        added = count
+        results.append(profile_running(args, engine, device))
+    return results
+
+
+def profile_running(args, engine: LLMEngine, device: str) -> dict:
     while any(r.is_prefilling or not r.output_token_ids for r in engine.scheduler.running) or \
             engine.scheduler.waiting:
         engine.step()

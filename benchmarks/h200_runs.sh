@@ -35,6 +35,26 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop63_tail_steps)  # stop 63: the tail's decode step with few running requests (1, 4, 8; 1,200-token prompts),
+    # engine steps per mode at the graph each picks: standard, the defaults (since stop 63 the candidates 1, 2, 4 and 8
+    # too: stop63_any_card's H100 kept all four) and the defaults before (smallest size 16)
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    timeout 300 python3 -m benchmarks.decode_step_profile --model random:qwen3-8b --num-requests 1,4,8 \
+      --prompt-len 1200 --modes standard,corun,corun:decode_step_sizes=16/32/48/64/80/96/112/128/144/160/176/192/208/224/240 \
+      --out "$out/tail_steps_stop63.json" > "$out/tail_steps.log" 2>&1 ;;
+  stop63_second)  # stop 63's next call: an H200 runs issue 20's Poisson rows (stop59_h200_poisson); another card the
+    # tail's steps (stop63_tail_steps)
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" stop59_h200_poisson "$out"; exit 0; fi
+    bash "$0" stop63_tail_steps "$out" ;;
+  stop63_any_card)  # NOTE: ran at stop 63 on an H100 (two calls naming nvidia-h200 started no machine; this one named
+    # nvidia-h100-x1): results/h100_host_router_itl_stop63.json, h100_small_decode_sizes_stop63.json. stop 63's first call: on an H200, issue 20's Poisson rows (stop59_h200_poisson, never run on an
+    # H200 at the current code); on another card the host's router figures with the GC pause metric
+    # (stop62_host_router_itl), then the small decode sizes' tail question (stop63_small_decode_sizes) on that card
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" stop59_h200_poisson "$out"; exit 0; fi
+    bash "$0" stop62_host_router_itl "$out"
+    bash "$0" stop63_small_decode_sizes "$out" ;;
   stop63_small_decode_sizes)  # NOT RUN YET (written at stop 62, no device time left). Stop 62's H200 ShareGPT-like
     # tie (0.999x standard, every request finished in both) is its tail: 107 steps of one running request took
     # 5.35 ms at corun's smallest decode size (16 rows) against 4.98 ms in standard's 1-row graph (stop 41 put the

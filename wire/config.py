@@ -361,7 +361,10 @@ class SchedulerConfig:
 
 
 DECODE_SIZE_STEP = 16
-"""Decode step candidates are multiples of this (auto_decode_step_candidates)."""
+"""Decode step candidates from this size on are its multiples (auto_decode_step_candidates)."""
+
+SMALL_DECODE_SIZES = (1, 2, 4, 8)
+"""Decode step candidates below DECODE_SIZE_STEP on CUDA: the few rows of a run's tail (stop 63)."""
 
 PACK_SIZE_LADDER = (32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
                     16384)
@@ -380,16 +383,21 @@ def auto_pack_size_candidates(pack_tokens: int) -> tuple[int, ...]:
 
 
 def auto_decode_step_candidates(max_num_seqs: int) -> tuple[int, ...]:
-    """Smaller decode steps worth trying: every multiple of DECODE_SIZE_STEP below N, and every eighth of N from N/2
-    (for N = 256: 16, 32, ..., 240, the sizes mixed mode captures from 16 on). Only those that reproduce the N-row
-    step's bits are kept at start-up, so a generous list costs start-up time and graph memory, never outputs.
+    """Smaller decode steps worth trying: SMALL_DECODE_SIZES, every multiple of DECODE_SIZE_STEP below N, and every
+    eighth of N from N/2 (for N = 256: 1, 2, 4, 8, 16, 32, ..., 240: mixed mode's capture_sizes). Only those that
+    reproduce the N-row step's bits are kept at start-up, so a generous list costs start-up time and graph memory,
+    never outputs.
     NOTE: steps of 16 since issue 20's tenth round. With the earlier set (16, 32, 64, 128, 160, 192, 224) a batch of
     65-127 requests ran at 128 rows: at Poisson ShareGPT-like 32 req/s (H200, 8B shape, one machine,
     benchmarks/results/h200_defaults_poisson_32_stop38.json) 540 of 1,996 steps ran at 128 and 477 at 64, and TPOT
-    p50 was 9.70 ms against mixed mode's 9.07; the H200 kept every size from 16 to 256 there (stop 37)."""
+    p50 was 9.70 ms against mixed mode's 9.07; the H200 kept every size from 16 to 256 there (stop 37).
+    NOTE: 1, 2, 4 and 8 since stop 63. An H100 (8B shape, ShareGPT-like at t = 0, one run,
+    benchmarks/results/h100_small_decode_sizes_stop63.json) kept all four, and the tail's steps of 1, 4 and 8 running
+    requests took 6.87, 6.95 and 7.17 ms at them against 7.00, 7.13 and 7.26 at 16 rows (standard: 6.66, 6.85,
+    7.08); full steps and start-up the same. Stop 38's H200 had kept 4 and 8 and found them no faster."""
     steps = [size for size in range(DECODE_SIZE_STEP, max_num_seqs, DECODE_SIZE_STEP)]
     eighths = [max_num_seqs * k // 8 for k in range(4, 8) if max_num_seqs * k % 8 == 0]
-    return tuple(sorted({s for s in steps + eighths if 1 <= s < max_num_seqs}))
+    return tuple(sorted({s for s in list(SMALL_DECODE_SIZES) + steps + eighths if 1 <= s < max_num_seqs}))
 
 
 CPU_DECODE_SIZE_CANDIDATES = (1, 2, 4, 8, 16, 24)

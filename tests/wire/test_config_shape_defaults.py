@@ -45,7 +45,7 @@ def test_cuda_gets_packed_prefill_at_the_batch_token_budget_with_pack_and_decode
     sched = resolved(max_num_seqs=256, prefill_chunk_size=4096, max_num_batched_tokens=8192, max_model_len=6144)
     assert (sched.prefill_pack_tokens, sched.prefill_buckets) == (8192, ())
     assert sched.prefill_pack_sizes == auto_pack_size_candidates(8192)
-    assert sched.decode_step_sizes == tuple(range(16, 256, 16))  # NOTE: the sizes mixed mode captures from 16
+    assert sched.decode_step_sizes == (1, 2, 4, 8) + tuple(range(16, 256, 16))  # NOTE: mixed mode's graph sizes
     assert resolved(prefill_chunk_size=4096, max_num_batched_tokens=2048).prefill_pack_tokens == 4096  # NOTE: >= chunk
 
 
