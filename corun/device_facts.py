@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from corun.cublas import apply_cublas_split_k
 from corun.models.config import checkpoint_dtype
 from corun.models.context import check_context_length
 from wire.config import AUTO, LARGE_GPU_BYTES, EngineConfig
@@ -30,7 +31,13 @@ def cuda_capability(device: str) -> tuple[int, int] | None:
 
 
 def resolved_on_device(config: EngineConfig) -> EngineConfig:
-    """config.resolved() for the device it names and the checkpoint it loads."""
+    """config.resolved() for the device it names and the checkpoint it loads. The native engine's cuBLAS setting is
+    applied first: the questions below start CUDA, and torch fixes its cuBLAS workspace for the process then.
+    NOTE: until stop 63 the runner applied it after this, so every engine built through LLM(...) and every `corun
+    serve` node ran with split-K on (a warning said so) and kept no decode step below 128 rows on the 8B shape;
+    `corun bench` applied it before its first CUDA call, so the benchmarks measured the default."""
+    if config.device.startswith("cuda") and config.backend == "native":
+        apply_cublas_split_k(config.cublas_split_k)
     check_context_length(config)
     capability = cuda_capability(config.device)
     bfloat16_supported = capability is None or capability >= BFLOAT16_CAPABILITY

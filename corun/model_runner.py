@@ -27,7 +27,6 @@ import torch
 
 from corun.attention import num_sms
 from corun.chunk_invariance import several_chunks_match
-from corun.cublas import apply_cublas_split_k
 from corun.cuda_graphs import CapturedGraphs
 from corun.decode_ahead import (
     DecodeInFlight,
@@ -94,9 +93,7 @@ class ModelRunner:
         a prefill node, which never runs the decode step. Only a runner that does both (the engine, a colocated node)
         runs mixed steps (run_mixed) or joins a decode step to a prefill forward (run_prefill_and_decode).
         weights: its own copy of the weights, or one shared by the nodes on its GPU (corun/shared_weights.py)."""
-        self.config = config = resolved_on_device(config)
-        if config.device.startswith("cuda"):  # NOTE: before the first CUDA call, which fixes cuBLAS's workspace
-            apply_cublas_split_k(config.cublas_split_k)
+        self.config = config = resolved_on_device(config)  # NOTE: applies cublas_split_k before CUDA starts
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.mode = config.scheduler.mode

@@ -47,3 +47,32 @@ def test_the_fingerprint_follows_the_setting_in_effect(clean_env):
     with_split_k = engine_fingerprint(config, "digest")
     apply_cublas_split_k(False)
     assert engine_fingerprint(config, "digest") != with_split_k
+
+
+def test_an_engine_on_cuda_applies_it_before_its_device_questions_start_cuda(clean_env):
+    """resolved_on_device asks the GPU its capability and memory, which starts CUDA (torch's lazy init); every
+    engine and node resolves through it first. Inverse: the vLLM backend leaves the process's setting alone."""
+    from types import SimpleNamespace
+
+    from corun.device_facts import resolved_on_device
+    from wire.config import EngineConfig
+
+    started = []
+
+    def start_cuda(*_):
+        started.append(split_k_in_effect())  # NOTE: what torch would fix for the process now
+        clean_env.setattr(cublas.torch.cuda, "is_initialized", lambda: True)
+        return SimpleNamespace(name="NVIDIA H200", total_memory=140 * 2**30, major=9, minor=0)
+
+    clean_env.setattr(cublas.torch.cuda, "is_available", lambda: True)
+    clean_env.setattr(cublas.torch.cuda, "get_device_properties", start_cuda)
+    clean_env.setattr(cublas.torch.cuda, "get_device_capability", lambda *_: (start_cuda(), (9, 0))[1])
+    resolved_on_device(EngineConfig(model="random:qwen3-8b", device="cuda"))
+    assert started and started[0] is False and not split_k_in_effect()
+
+    for name in NO_WORKSPACE:
+        clean_env.delenv(name, raising=False)
+    clean_env.setattr(cublas.torch.cuda, "is_initialized", lambda: False)
+    started.clear()
+    resolved_on_device(EngineConfig(model="random:qwen3-8b", device="cuda", backend="vllm"))
+    assert started[0] is True
