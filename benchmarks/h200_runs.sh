@@ -35,6 +35,19 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop63_split_k_check)  # stop 63: the split-K fix as a user meets it: the GPU test (LLM(...) in a fresh process), then
+    # `corun serve` started as from a shell (no cuBLAS variables in the environment): its node's decode sizes
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_cublas.py > "$out/split_k_test.log" 2>&1
+    env -u CUBLAS_WORKSPACE_CONFIG -u CUBLASLT_WORKSPACE_SIZE timeout 150 python3 -m cli.main serve \
+      --model random:qwen3-8b --device cuda --prefill 0 --decode 0 --colocated 1 --port 18000 \
+      > "$out/serve.log" 2>&1 &
+    for _ in $(seq 140); do grep -q 'decode steps at' "$out/serve.log" && break; sleep 1; done
+    grep -E 'decode steps at|split|asked after' "$out/serve.log" > "$out/serve_sizes.txt"; kill %1 2>/dev/null; wait ;;
+  stop63_third)  # stop 63's next call: an H200 runs issue 20's Poisson rows; another card the split-K check
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" stop59_h200_poisson "$out"; exit 0; fi
+    bash "$0" stop63_split_k_check "$out" ;;
   stop63_tail_steps)  # stop 63: the tail's decode step with few running requests (1, 4, 8; 1,200-token prompts),
     # engine steps per mode at the graph each picks: standard, the defaults (since stop 63 the candidates 1, 2, 4 and 8
     # too: stop63_any_card's H100 kept all four) and the defaults before (smallest size 16)
@@ -42,7 +55,8 @@ case $part in
     timeout 300 python3 -m benchmarks.decode_step_profile --model random:qwen3-8b --num-requests 1,4,8 \
       --prompt-len 1200 --modes standard,corun,corun:decode_step_sizes=16/32/48/64/80/96/112/128/144/160/176/192/208/224/240 \
       --out "$out/tail_steps_stop63.json" > "$out/tail_steps.log" 2>&1 ;;
-  stop63_second)  # stop 63's next call: an H200 runs issue 20's Poisson rows (stop59_h200_poisson); another card the
+  stop63_second)  # NOTE: ran at stop 63 on an H100 (the call named nvidia-h200): its tail profile found the split-K
+    # bug (results/h100_tail_steps_split_k_on_stop63.json). stop 63's next call: an H200 runs issue 20's Poisson rows (stop59_h200_poisson); another card the
     # tail's steps (stop63_tail_steps)
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     if grep -q H200 "$out/gpu.txt"; then bash "$0" stop59_h200_poisson "$out"; exit 0; fi

@@ -76,3 +76,21 @@ def test_an_engine_on_cuda_applies_it_before_its_device_questions_start_cuda(cle
     started.clear()
     resolved_on_device(EngineConfig(model="random:qwen3-8b", device="cuda", backend="vllm"))
     assert started[0] is True
+
+
+@pytest.mark.gpu
+def test_an_engine_built_in_a_fresh_process_runs_without_split_k():
+    """As a user builds one (LLM(...) in a process that has not touched CUDA): the default is in effect, and the 8B
+    shape's decode sizes below 128 rows, which verify only without split-K, are kept."""
+    import subprocess
+    import sys
+
+    script = ("from corun.llm import LLM; from corun.cublas import split_k_in_effect; "
+              "llm = LLM(model='random:qwen3-8b', device='cuda', max_num_seqs=64, max_model_len=512, "
+              "kv_cache_memory_bytes=2 << 30); "
+              "print(split_k_in_effect(), min(llm.engine.runner.decode_graph.sizes))")
+    env = {name: value for name, value in cublas.os.environ.items() if name not in NO_WORKSPACE}
+    answer = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=400)
+    assert answer.returncode == 0, answer.stderr[-3000:]
+    split_k, smallest = answer.stdout.split()[-2:]
+    assert split_k == "False" and int(smallest) < 128, answer.stdout
