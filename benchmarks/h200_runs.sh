@@ -35,7 +35,11 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop63_split_k_check)  # stop 63: the split-K fix as a user meets it: the GPU test (LLM(...) in a fresh process), then
+  stop63_h200_only)  # stop 63, the device time left (~800 s): issue 20's Poisson rows on an H200; on another card nothing
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    grep -q H200 "$out/gpu.txt" && bash "$0" stop59_h200_poisson "$out" ;;
+  stop63_split_k_check)  # NOTE: ran at stop 63 on an H100: the GPU test passed (results/h100_gpu_tests_split_k_stop63.log);
+    # the serve half did not start (corun serve takes a model directory, not a random: preset). stop 63: the split-K fix as a user meets it: the GPU test (LLM(...) in a fresh process), then
     # `corun serve` started as from a shell (no cuBLAS variables in the environment): its node's decode sizes
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_cublas.py > "$out/split_k_test.log" 2>&1
@@ -44,7 +48,8 @@ case $part in
       > "$out/serve.log" 2>&1 &
     for _ in $(seq 140); do grep -q 'decode steps at' "$out/serve.log" && break; sleep 1; done
     grep -E 'decode steps at|split|asked after' "$out/serve.log" > "$out/serve_sizes.txt"; kill %1 2>/dev/null; wait ;;
-  stop63_third)  # stop 63's next call: an H200 runs issue 20's Poisson rows; another card the split-K check
+  stop63_third)  # NOTE: ran at stop 63 on an H100 (named nvidia-h200): stop63_split_k_check.
+    # stop 63's next call: an H200 runs issue 20's Poisson rows; another card the split-K check
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     if grep -q H200 "$out/gpu.txt"; then bash "$0" stop59_h200_poisson "$out"; exit 0; fi
     bash "$0" stop63_split_k_check "$out" ;;
