@@ -35,6 +35,14 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop63_last)  # stop 63, the device time left (~700 s): on an H200 issue 20's Poisson rows; on another card the t = 0
+    # ShareGPT-like and BurstGPT-like rows at the defaults (now with decode sizes 1, 2, 4, 8) against standard, cut at
+    # 20 s so that ShareGPT-like's tail runs to its end (the 10-s cut ended inside it on an H100)
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" stop59_h200_poisson "$out"; exit 0; fi
+    timeout 420 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+      --num-requests 256 --max-seconds 20 --workloads sharegpt,burstgpt --modes corun,standard \
+      --out "$out/defaults_t0_20s_stop63.json" > "$out/bench_t0.log" 2>&1 ;;
   stop63_h200_only)  # stop 63, the device time left (~800 s): issue 20's Poisson rows on an H200; on another card nothing
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" && bash "$0" stop59_h200_poisson "$out" ;;
