@@ -40,8 +40,8 @@ case $part in
     # 20 s so that ShareGPT-like's tail runs to its end (the 10-s cut ended inside it on an H100)
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     if grep -q H200 "$out/gpu.txt"; then bash "$0" stop59_h200_poisson "$out"; exit 0; fi
-    timeout 330 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
-      --num-requests 256 --max-seconds 20 --workloads sharegpt,burstgpt --modes corun,standard \
+    timeout ${LAST_TIMEOUT_S:-330} python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+      --num-requests 256 --max-seconds 20 --workloads ${LAST_WORKLOADS:-sharegpt,burstgpt} --modes corun,standard \
       --out "$out/defaults_t0_20s_stop63.json" > "$out/bench_t0.log" 2>&1 ;;
   stop63_h200_only)  # stop 63, the device time left (~800 s): issue 20's Poisson rows on an H200; on another card nothing
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
