@@ -47,12 +47,13 @@ case $part in
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" && bash "$0" stop59_h200_poisson "$out" ;;
   stop63_split_k_check)  # NOTE: ran at stop 63 on an H100: the GPU test passed (results/h100_gpu_tests_split_k_stop63.log);
-    # the serve half did not start (corun serve takes a model directory, not a random: preset). stop 63: the split-K fix as a user meets it: the GPU test (LLM(...) in a fresh process), then
+    # the serve half did not start (corun serve takes a model directory, not a random: preset: now make-random-model). stop 63: the split-K fix as a user meets it: the GPU test (LLM(...) in a fresh process), then
     # `corun serve` started as from a shell (no cuBLAS variables in the environment): its node's decode sizes
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/corun/test_cublas.py > "$out/split_k_test.log" 2>&1
+    python3 -m cli.main make-random-model qwen3-8b /tmp/q8 > /dev/null  # NOTE: serve takes a directory (since stop 63)
     env -u CUBLAS_WORKSPACE_CONFIG -u CUBLASLT_WORKSPACE_SIZE timeout 150 python3 -m cli.main serve \
-      --model random:qwen3-8b --device cuda --prefill 0 --decode 0 --colocated 1 --port 18000 \
+      --model /tmp/q8 --device cuda --prefill 0 --decode 0 --colocated 1 --port 18000 \
       > "$out/serve.log" 2>&1 &
     for _ in $(seq 140); do grep -q 'decode steps at' "$out/serve.log" && break; sleep 1; done
     grep -E 'decode steps at|split|asked after' "$out/serve.log" > "$out/serve_sizes.txt"; kill %1 2>/dev/null; wait ;;

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from corun.models.config import random_weights_spec
 from corun.models.context import check_context_length
+from corun.models.presets import RANDOM_PREFIX
 from wire.config import (
     MIB,
     EngineConfig,
@@ -156,6 +157,12 @@ def check_model(engine: EngineConfig) -> None:
 
 def check_model_files(path: str) -> None:
     directory = Path(path)
+    if path.startswith(RANDOM_PREFIX) and not directory.is_dir():
+        # NOTE: a preset has no tokenizer, and the router detokenizes: `corun bench` and LLM(...) take it as ids
+        preset = path.removeprefix(RANDOM_PREFIX)
+        raise FileNotFoundError(f"--model {path}: a preset without a tokenizer (for `corun bench` and LLM(...)); to "
+                                f"serve its shape, write it as a model directory: `corun make-random-model {preset} "
+                                f"DIR`, then --model DIR")
     if not directory.is_dir():
         raise FileNotFoundError(f"--model {path}: no such directory (the built-in tiny model: "
                                 f"`corun make-tiny-model {path}`)")

@@ -58,6 +58,10 @@ def test_a_wrong_model_or_a_busy_port_is_one_line_before_any_node_starts(tiny_mo
     code, lines, _ = serve_errors(["--model", str(tmp_path / "missing")])
     assert code == 2 and lines == [f"corun serve: error: --model {tmp_path / 'missing'}: no such directory (the "
                                    f"built-in tiny model: `corun make-tiny-model {tmp_path / 'missing'}`)"]
+    code, lines, _ = serve_errors(["--model", "random:qwen3-8b"])
+    assert code == 2 and lines == ["corun serve: error: --model random:qwen3-8b: a preset without a tokenizer (for "
+                                   "`corun bench` and LLM(...)); to serve its shape, write it as a model directory: "
+                                   "`corun make-random-model qwen3-8b DIR`, then --model DIR"]
     code, lines, _ = serve_errors(["--model", str(tmp_path)])
     assert code == 2 and lines == [f"corun serve: error: --model {tmp_path}: no config.json, tokenizer.json, "
                                    "*.safetensors there (an HF-format checkpoint directory)"]
