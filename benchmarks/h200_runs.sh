@@ -35,6 +35,14 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop64_determinism)  # NOT RUN YET (written at stop 63, no device time left): the 8B determinism suite (bs1 vs bsN,
+    # needle) at stop 63's defaults, where a lone request decodes in the 1-row graph and the batch in the N-row one
+    # (decode sizes 1, 2, 4, 8 since stop 63), then standard, the inverse; any card (about 4 minutes)
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    timeout 200 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun --out "$out/determinism_small_sizes_stop64.json" > "$out/det.log" 2>&1
+    timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes standard --out "$out/determinism_standard_stop64.json" > "$out/det_standard.log" 2>&1 ;;
   stop63_last)  # stop 63, the device time left (~700 s): on an H200 issue 20's Poisson rows; on another card the t = 0
     # ShareGPT-like and BurstGPT-like rows at the defaults (now with decode sizes 1, 2, 4, 8) against standard, cut at
     # 20 s so that ShareGPT-like's tail runs to its end (the 10-s cut ended inside it on an H100)
