@@ -43,7 +43,9 @@ case $part in
       --modes corun --out "$out/determinism_small_sizes_stop64.json" > "$out/det.log" 2>&1
     timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
       --modes standard --out "$out/determinism_standard_stop64.json" > "$out/det_standard.log" 2>&1 ;;
-  stop63_last)  # stop 63, the device time left (~700 s): on an H200 issue 20's Poisson rows; on another card the t = 0
+  stop63_last)  # NOTE: ran at stop 63 on an H100 (calls named nvidia-h100-x1) with LAST_WORKLOADS=sharegpt
+    # LAST_TIMEOUT_S=250, then burstgpt with 150 on the same warm machine (results/h100_defaults_t0_20s_*_stop63.json).
+    # Not run on an H200: its Poisson branch is what the next H200 should run. stop 63, the device time left (~700 s): on an H200 issue 20's Poisson rows; on another card the t = 0
     # ShareGPT-like and BurstGPT-like rows at the defaults (now with decode sizes 1, 2, 4, 8) against standard, cut at
     # 20 s so that ShareGPT-like's tail runs to its end (the 10-s cut ended inside it on an H100)
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
@@ -51,7 +53,7 @@ case $part in
     timeout ${LAST_TIMEOUT_S:-330} python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
       --num-requests 256 --max-seconds 20 --workloads ${LAST_WORKLOADS:-sharegpt,burstgpt} --modes corun,standard \
       --out "$out/defaults_t0_20s_stop63.json" > "$out/bench_t0.log" 2>&1 ;;
-  stop63_h200_only)  # stop 63, the device time left (~800 s): issue 20's Poisson rows on an H200; on another card nothing
+  stop63_h200_only)  # NOTE: its one call got an H100 and ran nothing. stop 63, the device time left (~800 s): issue 20's Poisson rows on an H200; on another card nothing
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" && bash "$0" stop59_h200_poisson "$out" ;;
   stop63_split_k_check)  # NOTE: ran at stop 63 on an H100: the GPU test passed (results/h100_gpu_tests_split_k_stop63.log);
