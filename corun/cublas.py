@@ -8,7 +8,8 @@ verification then keeps 16-row steps where it kept 128 rows and up with split-K,
 decides which sizes are kept.
 
 torch reads the workspace size once per process, when it makes its first cuBLAS handle, so this is a process-wide
-setting: it is applied when an engine is built, before CUDA starts, and what is in effect goes in the fingerprint.
+setting: it is applied when an engine is built, before CUDA starts (resolved_on_device, corun/device_facts.py, the
+first thing an engine or a node does on its device), and what is in effect goes in the fingerprint.
 NOTE: torch.use_deterministic_algorithms(True) asks for its own workspace settings (:4096:8, :16:8) and may refuse
 cuBLAS calls under this one; CoRun does not need it (its outputs are fixed by shapes), a process that wants it runs
 with cublas_split_k on.
