@@ -17,7 +17,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from router.nodes.client import NodeStatus
-from router.token_tally import StreamedTokenTally
+from router.token_tally import StreamedTokenTally, observe_counts
 from wire.gc_heap import NUM_GENERATIONS, CollectionPauses
 from wire.iteration_tokens import ITERATION_TOKENS_BUCKETS
 from wire.iteration_tokens import STAT_KEY as ITERATION_TOKENS_KEY
@@ -139,12 +139,7 @@ class RouterMetrics:
         tokens counted since the last loop turn."""
         self.streamed_tokens.flush()
         for generation, counts, total in self.collection_pauses.take():
-            # NOTE: a bulk observe on the histogram's own per-bucket values, as StreamedTokenTally.flush does
-            histogram = self.gc_pauses.labels(str(generation))
-            for index, count in enumerate(counts):
-                if count:
-                    histogram._buckets[index].inc(count)
-            histogram._sum.inc(total)
+            observe_counts(self.gc_pauses.labels(str(generation)), counts, total)
         self.in_flight.set(self._count_in_flight())
         times = os.times()
         self.cpu_seconds.set(times.user + times.system)

@@ -54,13 +54,17 @@ class StreamedTokenTally:
             self._generated_tokens.inc(self._num_tokens)
             self._num_tokens = 0
         if any(self._gap_counts):
-            histogram = self._inter_token_latency
-            # NOTE: prometheus_client has no bulk observe: its Histogram keeps a value per bucket (_buckets, not
-            # cumulative) and _sum, the values observe() increments (tests/router/test_token_tally.py compares the
-            # exposition with observe()'s, so a change of those internals fails there)
-            for index, count in enumerate(self._gap_counts):
-                if count:
-                    histogram._buckets[index].inc(count)
-            histogram._sum.inc(self._gap_sum)
+            observe_counts(self._inter_token_latency, self._gap_counts, self._gap_sum)
             self._gap_counts = [0] * len(self._gap_counts)
             self._gap_sum = 0.0
+
+
+def observe_counts(histogram: Histogram, counts: list[int], total: float) -> None:
+    """As many observe() calls as counts holds per bucket (histogram's own bounds), summing to total.
+    NOTE: prometheus_client has no bulk observe: its Histogram keeps a value per bucket (_buckets, not cumulative) and
+    _sum, the values observe() increments (tests/router/test_token_tally.py compares the exposition with observe()'s,
+    for the streamed tokens and the collector's pauses, so a change of those internals fails there)."""
+    for index, count in enumerate(counts):
+        if count:
+            histogram._buckets[index].inc(count)
+    histogram._sum.inc(total)
