@@ -35,6 +35,32 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop64_a)  # stop 64's first call, any card (a call naming nvidia-h200 mostly gets an H100): the 8B determinism
+    # suite at the current defaults (decode sizes 1, 2, 4, 8 since stop 63), then issue 20's Poisson rows (ShareGPT-like,
+    # 16 and 32 req/s, 300 requests, cut at 22 s; defaults against standard)
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    timeout 200 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes corun --out "$out/determinism_small_sizes_stop64.json" > "$out/det.log" 2>&1
+    for rate in 16 32; do
+      timeout 185 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+        --num-requests 300 --workloads sharegpt --request-rate $rate --max-seconds 22 --modes corun,standard \
+        --goodput ttft:500 tpot:50 --out "$out/defaults_poisson_${rate}_stop64.json" > "$out/bench_p$rate.log" 2>&1
+    done ;;
+  stop64_b)  # stop 64's second call, on the same warm machine: issue 20's t = 0 table, defaults against standard
+    # (4 workloads, 256 requests, cut at 20 s so that ShareGPT-like's tail ends inside it), then standard's
+    # determinism run (the suite's inverse)
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    timeout 400 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+      --num-requests 256 --max-seconds 20 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 --modes corun,standard \
+      --out "$out/defaults_t0_stop64.json" > "$out/bench_t0.log" 2>&1
+    timeout 170 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
+      --modes standard --out "$out/determinism_standard_stop64.json" > "$out/det_standard.log" 2>&1 ;;
+  stop64_c)  # stop 64's third call: the corun variants of issue 20's t = 0 table (budget 0, packed T2048) on the same
+    # workloads and cut
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    timeout 560 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
+      --num-requests 256 --max-seconds 20 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
+      --modes corun:prefill_token_budget=0,$PACKED --out "$out/variants_t0_stop64.json" > "$out/bench_v.log" 2>&1 ;;
   stop64_determinism)  # NOT RUN YET (written at stop 63, no device time left): the 8B determinism suite (bs1 vs bsN,
     # needle) at stop 63's defaults, where a lone request decodes in the 1-row graph and the batch in the N-row one
     # (decode sizes 1, 2, 4, 8 since stop 63), then standard, the inverse; any card (about 4 minutes)
