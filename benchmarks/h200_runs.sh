@@ -35,7 +35,8 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop64_a)  # stop 64's first call, any card (a call naming nvidia-h200 mostly gets an H100): the 8B determinism
+  stop64_a)  # NOTE: ran at stop 64 on an H100 (named nvidia-h200): results/h100_determinism_small_sizes_stop64.json,
+    # h100_defaults_poisson_{16,32}_stop64.json. stop 64's first call, any card (a call naming nvidia-h200 mostly gets an H100): the 8B determinism
     # suite at the current defaults (decode sizes 1, 2, 4, 8 since stop 63), then issue 20's Poisson rows (ShareGPT-like,
     # 16 and 32 req/s, 300 requests, cut at 22 s; defaults against standard)
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
@@ -46,7 +47,8 @@ case $part in
         --num-requests 300 --workloads sharegpt --request-rate $rate --max-seconds 22 --modes corun,standard \
         --goodput ttft:500 tpot:50 --out "$out/defaults_poisson_${rate}_stop64.json" > "$out/bench_p$rate.log" 2>&1
     done ;;
-  stop64_b)  # stop 64's second call, on the same warm machine: issue 20's t = 0 table, defaults against standard
+  stop64_b)  # NOTE: ran at stop 64 on the same warm H100: its bench is the corun and standard modes of
+    # results/h100_defaults.json; h100_determinism_standard_stop64.json. stop 64's second call, on the same warm machine: issue 20's t = 0 table, defaults against standard
     # (4 workloads, 256 requests, cut at 20 s so that ShareGPT-like's tail ends inside it), then standard's
     # determinism run (the suite's inverse)
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
@@ -55,13 +57,27 @@ case $part in
       --out "$out/defaults_t0_stop64.json" > "$out/bench_t0.log" 2>&1
     timeout 170 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
       --modes standard --out "$out/determinism_standard_stop64.json" > "$out/det_standard.log" 2>&1 ;;
-  stop64_c)  # stop 64's third call: the corun variants of issue 20's t = 0 table (budget 0, packed T2048) on the same
+  stop64_c)  # NOTE: ran at stop 64 on the same warm H100: the variant modes of results/h100_defaults.json. Then, inline on
+    # the same machine (PYTHONPATH=/tmp/pydeps:.), stop64_inline's commands. stop 64's third call: the corun variants of issue 20's t = 0 table (budget 0, packed T2048) on the same
     # workloads and cut
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     timeout 560 python3 -m cli.main bench --model random:qwen3-8b --device cuda --max-model-len 6144 \
       --num-requests 256 --max-seconds 20 --workloads sharegpt,burstgpt,rl_rollout,1024x2048 \
       --modes corun:prefill_token_budget=0,$PACKED --out "$out/variants_t0_stop64.json" > "$out/bench_v.log" 2>&1 ;;
-  stop64_determinism)  # NOT RUN YET (written at stop 63, no device time left): the 8B determinism suite (bs1 vs bsN,
+  stop64_inline)  # NOTE: as run inline at stop 64 on the warm H100 after stop64_c, one call each: issue 25's table
+    # (engine and HTTP; the 420-s timeout ended it before its HTTP cache-off 256x32 row, so its HTTP rows are in the
+    # log, results/h100_prefix_cache_stop64_http_rows.log, not the JSON), issue 21's front door, then the missing
+    # HTTP 256x32 pair
+    timeout 420 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
+      --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib 40000 --num-requests 256 --max-seconds 15 \
+      --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32 --paths engine,http \
+      --out "$out/h100_prefix_cache_stop64.json" > "$out/pc.log" 2>&1
+    timeout 560 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --out "$out/h100_front_door_stop64.json" > "$out/front_door.log" 2>&1
+    timeout 225 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
+      --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib 40000 --num-requests 256 --max-seconds 15 \
+      --workloads 256x32 --paths http --out "$out/h100_prefix_cache_http_256x32_stop64.json" > "$out/pc2.log" 2>&1 ;;
+  stop64_determinism)  # NOTE: not run as such: stop64_a and stop64_b ran its two halves. Written at stop 63: the 8B determinism suite (bs1 vs bsN,
     # needle) at stop 63's defaults, where a lone request decodes in the 1-row graph and the batch in the N-row one
     # (decode sizes 1, 2, 4, 8 since stop 63), then standard, the inverse; any card (about 4 minutes)
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
