@@ -24,6 +24,7 @@ import json
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Callable
 
 import torch
 
@@ -80,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             report.setdefault("variants", {})[spec] = on_and_off(base, spec, workloads, args.max_seconds)
             save()
     if "http" in paths:
-        report["http"] = through_http(base, workloads, args.max_seconds, args.routers, args.client_processes,
-                                      args.warm_connections)
-        save()
+        def saved_so_far(http: dict) -> None:
+            report["http"] = http
+            save()
+
+        through_http(base, workloads, args.max_seconds, args.routers, args.client_processes, args.warm_connections,
+                     on_workload=saved_so_far)
     print(json.dumps({"speedup": report.get("speedup"), "http": report.get("http", {}).get("speedup"),
                       "variants": {k: v["speedup"] for k, v in report.get("variants", {}).items()},
                       "determinism": report.get("determinism", {}).get("identical")}, indent=2))
@@ -108,19 +112,24 @@ def on_and_off(base: EngineConfig, spec: str, workloads, max_seconds: float | No
 
 def speedups(modes: dict) -> dict:
     """cache_on against cache_off per workload: throughput (output tokens/s; the same requests), TTFT p50, and the
-    hit rate."""
+    hit rate. None where a workload has no cache-off row (yet)."""
     def ratio(a, b):
         return round(a / b, 3) if a is not None and b else None
 
-    return {name: {"throughput_x": ratio(on["output_tok_per_s"], modes["cache_off"][name]["output_tok_per_s"]),
-                   "ttft_p50_x": ratio(on["ttft_s"]["p50"], modes["cache_off"][name]["ttft_s"]["p50"]),
-                   "hit_rate": on["hit_rate"]}
-            for name, on in modes["cache_on"].items()}
+    def speedup(on: dict, off: dict) -> dict:
+        return {"throughput_x": ratio(on["output_tok_per_s"], off.get("output_tok_per_s")),
+                "ttft_p50_x": ratio(on["ttft_s"]["p50"], off.get("ttft_s", {}).get("p50")),
+                "hit_rate": on["hit_rate"]}
+
+    return {name: speedup(on, modes.get("cache_off", {}).get(name, {})) for name, on in modes["cache_on"].items()}
 
 
 # --- through HTTP -------------------------------------------------------------------------------------------------
 def through_http(base: EngineConfig, workloads, max_seconds: float | None, num_routers: int = 1,
-                 client_processes: int | None = None, warm_connections: bool = False) -> dict:
+                 client_processes: int | None = None, warm_connections: bool = False,
+                 on_workload: Callable[[dict], None] | None = None) -> dict:
+    """The workloads through a router and a colocated node, the cache on then off. on_workload gets the report as it
+    stands after each workload (so a run cut short, e.g. by a device call's time limit, still leaves its rows)."""
     from launch.cluster import ClusterConfig, free_port
     from launch.local import LocalCluster
 
@@ -141,7 +150,9 @@ def through_http(base: EngineConfig, workloads, max_seconds: float | None, num_r
                                      label=label, client_processes=client_processes,
                                      warm_connections=warm_connections)
                 report["modes"][label][workload.name] = run["modes"][label][workload.name]
-    report["speedup"] = speedups(report["modes"])
+                report["speedup"] = speedups(report["modes"])
+                if on_workload is not None:
+                    on_workload(report)
     return report
 
 
