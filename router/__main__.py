@@ -18,7 +18,7 @@ from router.api.handlers import STATE_KEY
 from router.app import create_app, create_control_app, start_site
 from wire.config import RouterConfig
 from wire.flags import add_flags, config_from_args
-from wire.gc_heap import freeze_startup_heap
+from wire.gc_heap import freeze_startup_heap, spread_full_collections
 from wire.supervision import end_with_supervisor
 
 logger = logging.getLogger("router")
@@ -47,6 +47,7 @@ async def serve(app: web.Application, config: RouterConfig) -> None:
         if config.control_port is not None:
             control = await start_site(create_control_app(app), config.host, config.control_port)
         freeze_startup_heap()
+        spread_full_collections()
         app[STATE_KEY].metrics.collection_pauses.start()
         logger.info("router %slistening on http://%s:%d (prefill %s, decode %s, colocated %s)",
                     f"{config.instance_name} " if config.instance_name else "", config.host, config.port,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from wire.gc_heap import CollectionPauses
+from wire.gc_heap import FULL_COLLECTION_THRESHOLD, CollectionPauses
 
 CHILD = """
 import gc, sys, weakref
@@ -42,6 +42,34 @@ def test_the_startup_heap_is_frozen_and_its_garbage_collected_first():
     assert garbage_freed
     _, _, garbage_freed = frozen("freeze_only")
     assert not garbage_freed  # NOTE: the inverse: a freeze alone keeps the startup's garbage for good
+
+
+BURST = """
+import gc, sys
+from wire.gc_heap import spread_full_collections
+full = [0]
+gc.callbacks.append(lambda phase, info: full.__setitem__(0, full[0] + (phase == "stop" and info["generation"] == 2)))
+if sys.argv[1] == "spread_full_collections":
+    spread_full_collections()
+in_flight = []
+for request in range(50_000):  # NOTE: a burst: each request's objects live on while later ones arrive
+    in_flight.append([[request] for _ in range(10)])
+print(full[0], *gc.get_threshold())
+"""
+
+
+def full_collections_in_a_burst(how: str) -> tuple[int, list[int]]:
+    out = subprocess.run([sys.executable, "-c", BURST, how], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1]).stdout.split()
+    return int(out[0]), [int(threshold) for threshold in out[1:]]
+
+
+def test_a_burst_of_long_lived_requests_walks_the_heap_in_full_collections_far_less_often():
+    spread, thresholds = full_collections_in_a_burst("spread_full_collections")
+    default, default_thresholds = full_collections_in_a_burst("defaults")
+    assert thresholds == [*default_thresholds[:2], FULL_COLLECTION_THRESHOLD]  # NOTE: young ones as they were
+    # NOTE: the inverse is CPython's default: a full collection every few thousand surviving requests (5 here)
+    assert default >= 3 and spread <= default // 3
 
 
 class FakeClock:
