@@ -89,14 +89,6 @@ case $part in
     timeout 225 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
       --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib 40000 --num-requests 256 --max-seconds 15 \
       --workloads 256x32 --paths http --out "$out/h100_prefix_cache_http_256x32_stop64.json" > "$out/pc2.log" 2>&1 ;;
-  stop64_determinism)  # NOTE: not run as such: stop64_a and stop64_b ran its two halves. Written at stop 63: the 8B determinism suite (bs1 vs bsN,
-    # needle) at stop 63's defaults, where a lone request decodes in the 1-row graph and the batch in the N-row one
-    # (decode sizes 1, 2, 4, 8 since stop 63), then standard, the inverse; any card (about 4 minutes)
-    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
-    timeout 200 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
-      --modes corun --out "$out/determinism_small_sizes_stop64.json" > "$out/det.log" 2>&1
-    timeout 150 python3 -m benchmarks.gpu_determinism --models random:qwen3-8b:bfloat16:256 --num-prompts 16 \
-      --modes standard --out "$out/determinism_standard_stop64.json" > "$out/det_standard.log" 2>&1 ;;
   stop63_last)  # NOTE: ran at stop 63 on an H100 (calls named nvidia-h100-x1) with LAST_WORKLOADS=sharegpt
     # LAST_TIMEOUT_S=250, then burstgpt with 150 on the same warm machine (results/h100_defaults_t0_20s_*_stop63.json).
     # Not run on an H200: its Poisson branch is what the next H200 should run. stop 63, the device time left (~700 s): on an H200 issue 20's Poisson rows; on another card the t = 0
