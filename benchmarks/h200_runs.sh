@@ -35,7 +35,9 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop65_any_card)  # NOT RUN YET (written at stop 64, no device time left): issue 25's HTTP misses at stop 64 (multiple
+  stop65_any_card)  # NOTE: ran at stop 65 on an H100 (named nvidia-h200): results/h100_prefix_cache_http_stop65.json and
+    # h100_prefix_cache_engine_sharegpt_stop65.json. The HTTP run's 300-s timeout ended it before its cache-off
+    # ShareGPT-like and 256x32 rows (a node start is ~50 s); stop65_inline reran them. Written at stop 64: issue 25's HTTP misses at stop 64 (multiple
     # choice's TTFT 0.465x, multi-turn 1.47x, the 2-s 256x32 control 0.980x) again, with ShareGPT-like (random prompts,
     # no shared prefix, ~10 s) as a control long enough to judge 2% by, on the engine too; the HTTP rows are saved
     # after each workload now
@@ -47,6 +49,30 @@ case $part in
     timeout 200 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
       --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib 40000 --num-requests 256 --max-seconds 15 \
       --workloads sharegpt --paths engine --out "$out/prefix_cache_engine_sharegpt_stop65.json" > "$out/pc_engine.log" 2>&1 ;;
+  stop65_inline)  # NOTE: as run inline at stop 65 on the same warm H100 after stop65_any_card (one call), and after
+    # stop65_warm (the second command alone, one call): the control's cache-off row (the 250-s timeout again ended
+    # it before 256x32's: results/h100_prefix_cache_http_control_stop65.json), multiple choice and multi-turn through
+    # 2 routers (h100_prefix_cache_http_routers2_stop65.json), then the multi-turn pair stop65_warm's timeouts cut
+    # (h100_prefix_cache_http_multi_turn_stop65.json)
+    A="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib 40000
+      --num-requests 256 --max-seconds 15"
+    timeout 250 python3 -m benchmarks.prefix_cache $A --workloads sharegpt,256x32 --paths http \
+      --out "$out/pc_http_control_stop65.json" > "$out/pc_ctl.log" 2>&1
+    timeout 300 python3 -m benchmarks.prefix_cache $A --workloads multiple_choice,multi_turn --paths http --routers 2 \
+      --out "$out/pc_http_routers2_stop65.json" > "$out/pc_r2.log" 2>&1
+    timeout 200 python3 -m benchmarks.prefix_cache $A --workloads multi_turn --paths http \
+      --out "$out/pc_http_multi_turn_stop65.json" > "$out/pc_mt.log" 2>&1 ;;
+  stop65_warm)  # NOTE: ran at stop 65 on an H100 (named nvidia-h200): results/h100_prefix_cache_http_{fresh,warm}_stop65.json,
+    # h100_prefix_cache_engine_stop65.json. Both HTTP runs' 170-s timeouts ended them before their cache-off multi-turn
+    # row. stop 65's third call, any card: issue 25's multiple choice and multi-turn through HTTP with fresh
+    # connections (the default) and with the clients' connections opened before each run (--warm-connections: an
+    # evaluation harness's session), then on the engine, all on one machine
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    PC="python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
+      --max-model-len 6144 --kv-cache-mib 40000 --num-requests 256 --max-seconds 15 --workloads multiple_choice,multi_turn"
+    timeout 170 $PC --paths http --out "$out/pc_http_fresh_stop65.json" > "$out/pc_fresh.log" 2>&1
+    timeout 170 $PC --paths http --warm-connections --out "$out/pc_http_warm_stop65.json" > "$out/pc_warm.log" 2>&1
+    timeout 150 $PC --paths engine --out "$out/pc_engine_stop65.json" > "$out/pc_engine.log" 2>&1 ;;
   stop64_a)  # NOTE: ran at stop 64 on an H100 (named nvidia-h200): results/h100_determinism_small_sizes_stop64.json,
     # h100_defaults_poisson_{16,32}_stop64.json. stop 64's first call, any card (a call naming nvidia-h200 mostly gets an H100): the 8B determinism
     # suite at the current defaults (decode sizes 1, 2, 4, 8 since stop 63), then issue 20's Poisson rows (ShareGPT-like,
