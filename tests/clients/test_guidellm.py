@@ -29,8 +29,9 @@ def cluster(tiny_model_dir):
     cluster.stop()
 
 
-def guidellm_run(cluster, model_dir: str, request_format: str, tmp_path: Path) -> dict:
-    """guidellm's JSON report of one concurrent benchmark; its tokenizer (for the synthetic prompts) is the model's."""
+def guidellm_run(cluster, model_dir: str, request_format: str, tmp_path: Path) -> tuple[dict, str]:
+    """guidellm's JSON report of one concurrent benchmark, and the end of what it printed (its log names what it
+    skipped or failed to count); its tokenizer (for the synthetic prompts) is the model's."""
     report = tmp_path / "benchmarks.json"
     argv = [str(GUIDELLM), "run",
             "--backend", f"kind=openai_http,target={cluster.url},model=corun-tiny,request_format={request_format}",
@@ -47,8 +48,9 @@ def guidellm_run(cluster, model_dir: str, request_format: str, tmp_path: Path) -
            # NOTE: one sender process runs the 8 streams (by default one each, every one importing guidellm anew)
            "GUIDELLM__MAX_WORKER_PROCESSES": "1"}
     done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return json.loads(report.read_text())
+    printed = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, printed
+    return json.loads(report.read_text()), printed
 
 
 def prompt_text(body: dict, tokenizer) -> str:
@@ -67,9 +69,12 @@ def test_guidellm_streams_every_request_successfully(cluster, tiny_model_dir, re
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    [benchmark] = guidellm_run(cluster, tiny_model_dir, request_format, tmp_path)["benchmarks"]
+    report, printed = guidellm_run(cluster, tiny_model_dir, request_format, tmp_path)
+    [benchmark] = report["benchmarks"]
     made = benchmark["scheduler_metrics"]["requests_made"]
-    assert made == {"successful": REQUESTS, "errored": 0, "incomplete": 0, "total": REQUESTS}
+    # NOTE: once (stop 65, the whole suite on the 2-core host) the report counted 14 requests, none errored; alone it
+    # has always counted 24. What guidellm printed is kept with a failure so the next one says why.
+    assert made == {"successful": REQUESTS, "errored": 0, "incomplete": 0, "total": REQUESTS}, printed
     assert benchmark["metrics"]["request_concurrency"]["successful"]["max"] == STREAMS
     requests = benchmark["requests"]
     assert not requests["errored"] and not requests["incomplete"] and len(requests["successful"]) == REQUESTS
