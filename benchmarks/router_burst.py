@@ -5,7 +5,9 @@ fake prefill and decode nodes (benchmarks/fake_nodes.py) that answer at once: wh
 nodes' work is the clients' sending and the routers' intake. Each run gives the client's TTFT and the routers' own
 mean TTFT (server_means: from a handler's start to its first token), whose difference is the time before a router's
 handler starts (the client's send, the connection, the HTTP parse backlog). Issue 25 asks multiple choice through
-HTTP for TTFT p50 <= 0.4x cache-off: once the node's work is small, this is what is left.
+HTTP for TTFT p50 <= 0.4x cache-off: once the node's work is small, this is what is left. --connections warm opens
+the clients' connections before the burst, as an evaluation harness's session holds them; fresh (the default) opens
+each with its request.
 """
 
 from __future__ import annotations
