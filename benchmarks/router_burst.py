@@ -28,14 +28,14 @@ from planner.workloads import make_workload
 from wire.config import RouterSettings
 
 FAKE_STEP_MS = 20.0
-CONNECTIONS = {False: "fresh", True: "warm"}
+CONNECTIONS = ("fresh", "warm")
 """fresh: each request opens its connection at t = 0; warm: the clients open them before the run (an evaluation
 harness's session holds its connections: benchmarks/http_clients.py, open_connections)."""
 MAX_MODEL_LEN = 2048
 
 
 def one_run(args: argparse.Namespace, num_routers: int, client_processes: int, vocab_size: int,
-            listen_backlog: int, warm_connections: bool = False) -> dict:
+            listen_backlog: int, connections: str = "fresh") -> dict:
     log_dir = tempfile.mkdtemp(prefix="router-burst-")
     prefill = start_fake_node("prefill", vocab_size, FAKE_STEP_MS, log_dir)
     decode = start_fake_node("decode", vocab_size, FAKE_STEP_MS, log_dir)
@@ -51,11 +51,11 @@ def one_run(args: argparse.Namespace, num_routers: int, client_processes: int, v
         overflows_before = listen_overflows()
         report = run_http_bench(f"http://127.0.0.1:{port}", [workload], vocab_size, MAX_MODEL_LEN,
                                 arrivals=DEFAULT_ARRIVALS, slo=SLOTargets(), client_processes=client_processes,
-                                warm_connections=warm_connections)
+                                warm_connections=connections == "warm")
         run = next(iter(report["modes"].values()))[workload.name]
         overflows_after = listen_overflows()
         return {"routers": num_routers, "client_processes": client_processes, "listen_backlog": listen_backlog,
-                "connections": CONNECTIONS[warm_connections], "workload": workload.name,
+                "connections": connections, "workload": workload.name,
                 "num_requests": run["num_requests"], "ttft_s": run["ttft_s"],
                 "server_means": run.get("server_means"), "router_cpu_us_per_token": run.get("router_cpu_us_per_token"),
                 # NOTE: the whole host's count: another program's overflows meanwhile would show here too
@@ -80,15 +80,15 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     connection_kinds = args.connections.split(",")
-    if any(kind not in CONNECTIONS.values() for kind in connection_kinds):
-        parser.error(f"--connections takes {', '.join(CONNECTIONS.values())}")
+    if any(kind not in CONNECTIONS for kind in connection_kinds):
+        parser.error(f"--connections takes {', '.join(CONNECTIONS)}")
     vocab_size = read_vocab_size(args.model)
     runs = []
     for backlog in (int(b) for b in args.listen_backlogs.split(",")):
         for num_routers in (int(k) for k in args.routers.split(",")):
             for clients in (int(c) for c in args.client_processes.split(",")):
-                for warm in (kind == "warm" for kind in connection_kinds):
-                    runs.append(one_run(args, num_routers, clients, vocab_size, backlog, warm))
+                for kind in connection_kinds:
+                    runs.append(one_run(args, num_routers, clients, vocab_size, backlog, kind))
                     print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     report = {"benchmark": "router_burst", "command": shlex.join(["python", "-m", "benchmarks.router_burst",
                                                                    *sys.argv[1:]]),
