@@ -35,17 +35,30 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop66_http)  # NOT RUN YET (written at stop 65): issue 25's HTTP misses (multiple choice's TTFT p50 0.430-0.466x,
-    # multi-turn 1.37-1.43x at stop 65) through one router over fresh connections, then with the clients' connections
-    # opened first and 2 routers (an evaluation harness's session, the front door scaled out), then the engine, all on
-    # one machine. Each HTTP run needs ~170 s (two node starts of ~50 s): stop 65's 170-s timeouts cut them
+  stop66_order)  # NOTE: stop 66's first call, any card: issue 25's HTTP misses (multiple choice's TTFT p50 0.430-0.466x,
+    # multi-turn 1.37-1.43x at stop 65) with the prompts the prefix cache serves first (corun/waiting_order.py), then
+    # in arrival order (MAX_WAIT_FORWARDS 0 promotes every prompt: the order before), one router, fresh connections,
+    # on one machine. Each HTTP run needs ~170 s (two node starts of ~50 s)
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
     PC="python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
       --max-model-len 6144 --kv-cache-mib 40000 --num-requests 256 --max-seconds 15 --workloads multiple_choice,multi_turn"
-    timeout 230 $PC --paths http --out "$out/pc_http_stop66.json" > "$out/pc_http.log" 2>&1
-    timeout 230 $PC --paths http --warm-connections --routers 2 --out "$out/pc_http_warm_r2_stop66.json" \
-      > "$out/pc_http_warm_r2.log" 2>&1
-    timeout 130 $PC --paths engine --out "$out/pc_engine_stop66.json" > "$out/pc_engine.log" 2>&1 ;;
+    timeout 240 $PC --paths http --out "$out/pc_http_cached_first_stop66.json" > "$out/pc_cached_first.log" 2>&1
+    sed -i 's/^MAX_WAIT_FORWARDS = .*/MAX_WAIT_FORWARDS = 0/' corun/waiting_order.py
+    timeout 240 $PC --paths http --out "$out/pc_http_arrival_order_stop66.json" > "$out/pc_arrival_order.log" 2>&1
+    git checkout corun/waiting_order.py 2>/dev/null || sed -i 's/^MAX_WAIT_FORWARDS = 0/MAX_WAIT_FORWARDS = 16/' \
+      corun/waiting_order.py ;;
+  stop66_more)  # NOTE: stop 66's second call, any card: with the cached first, the clients' connections opened first
+    # and 2 routers (an evaluation harness's session, the front door scaled out), the engine, and the no-shared-prefix
+    # control through HTTP (ShareGPT-like, nothing the cache serves: arrival order)
+    nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
+    PC="python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
+      --max-model-len 6144 --kv-cache-mib 40000 --num-requests 256 --max-seconds 15"
+    timeout 240 $PC --workloads multiple_choice,multi_turn --paths http --warm-connections --routers 2 \
+      --out "$out/pc_http_warm_r2_stop66.json" > "$out/pc_http_warm_r2.log" 2>&1
+    timeout 120 $PC --workloads multiple_choice,multi_turn --paths engine --out "$out/pc_engine_stop66.json" \
+      > "$out/pc_engine.log" 2>&1
+    timeout 200 $PC --workloads sharegpt --paths http --out "$out/pc_http_control_stop66.json" \
+      > "$out/pc_http_control.log" 2>&1 ;;
   stop65_any_card)  # NOTE: ran at stop 65 on an H100 (named nvidia-h200): results/h100_prefix_cache_http_stop65.json and
     # h100_prefix_cache_engine_sharegpt_stop65.json. The HTTP run's 300-s timeout ended it before its cache-off
     # ShareGPT-like and 256x32 rows (a node start is ~50 s); stop65_inline reran them. Written at stop 64: issue 25's HTTP misses at stop 64 (multiple

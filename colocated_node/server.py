@@ -8,7 +8,8 @@ Lifecycle of a request (queues; each of its n samples is a request of its own, s
 LLM.generate splits them):
   compiling (a structured-output constraint not compiled yet: on a worker thread, node_core/grammar_waits.py)
       --compiled--> waiting; --does not compile--> ErrorReply(400)
-  waiting (tenant by tenant, each one's FIFO: node_core/tenant_turns.py) --a slot and KV blocks for prompt +
+  waiting (tenant by tenant, each one's FIFO, prompts the prefix cache serves first: node_core/tenant_turns.py,
+      corun/waiting_order.py) --a slot and KV blocks for prompt +
       max_tokens free (with a swap space, as the engine admits: corun/engine.py)--> prefilling (alone, one
       chunk per forward, as the engine's fixed_shape mode: bucketed, packed or natural; from the end of the prompt's
       longest cached full-chunk prefix, corun/prefix_cache.py)
@@ -101,8 +102,9 @@ class ColocatedServer(NodeServer):
         return batch
 
     def waiting_in_turns(self) -> Iterable[Request]:
-        """The scheduler's waiting requests in their tenants' turns (node_core/tenant_turns.py)."""
-        waiting = self.scheduler.waiting
+        """The scheduler's waiting requests in their tenants' turns (node_core/tenant_turns.py), each tenant's those
+        the prefix cache serves first (corun/waiting_order.py)."""
+        waiting = self.scheduler.cached_first.order(self.scheduler.waiting)
         tenants = {self.samples[id(r)].tenant for r in waiting}
         if len(tenants) < 2:  # NOTE: one tenant's turns are its arrival order
             return waiting

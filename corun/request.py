@@ -53,6 +53,8 @@ class Request:
     """The prompt's full chunks' hash chain (wire/prefix_hash.py), once the prefix cache asked for it."""
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
+    first_seen_forward: int | None = None
+    """The prefill forward count when its node first ordered it while waiting (corun/waiting_order.py)."""
     admission_order: int = -1
     """When it was admitted: with a swap space the newest are paused first, the oldest never (swap_preemption.py)."""
     swapped: SwappedBlocks | None = None

@@ -1,10 +1,11 @@
 """Schedulers: which requests run in the next step.
 
 fixed_shape (paper Algorithms 1 and 2): finish a chunked prefill first; else admit the head of the waiting queue
-alone, while running < N and its whole configured sequence (prompt + max_tokens) fits in the KV cache; else
-one decode step over every decoding request. Without a swap space KV for the whole sequence is reserved at admission
-and nothing is ever preempted; with one (both modes), a request gets blocks as its tokens need them and the newest are
-paused to host memory when the cache runs out, bit for bit (corun/swap_preemption.py).
+(prompts the prefix cache serves first: corun/waiting_order.py) alone, while running < N and its whole configured
+sequence (prompt + max_tokens) fits in the KV cache; else one decode step over every decoding request. Without a
+swap space KV for the whole sequence is reserved at admission and nothing is ever preempted; with one (both modes),
+a request gets blocks as its tokens need them and the newest are paused to host memory when the cache runs out, bit
+for bit (corun/swap_preemption.py).
 Packed prefill (prefill_pack_tokens) fills one forward with the next chunk of several prompts
 instead of one; with a prefill_token_budget a decode step runs once that many prompt tokens were prefilled since
 the last one, so a queue of prompts cannot starve the requests already decoding; with decode_rides_prefill (where
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 from corun.block_manager import BlockManager
 from corun.request import Request, RequestStatus
 from corun.swap_preemption import SwapPreemption
+from corun.waiting_order import CachedFirst
 from wire.config import SchedulerConfig
 
 if TYPE_CHECKING:
@@ -166,9 +168,10 @@ class Scheduler(SwapPreemption):
         self.num_preemptions = 0
         self.chunks_let_go_after_copy = []
         self._admissions = itertools.count()
+        self.cached_first = CachedFirst(block_manager)
         self.waiting_order: Callable[[], Iterable[Request]] | None = None
-        """Waiting in the order its prompts may start (fixed_shape's prefill): arrival order (None), unless the owner
-        (a colocated node: its tenants in turn) sets another.
+        """Waiting in the order its prompts may start (fixed_shape's prefill): cached_first's order of arrival order
+        (None), unless the owner (a colocated node: its tenants in turn) sets another.
         NOTE: not a lambda over self: that cycle kept a deleted engine's scheduler, and through its swap space the
         KV cache, until the garbage collector ran; a second engine in the process then sized its KV beside the
         first's (front_door on an H200, stop 54: 61 rows, 35 pauses)."""
@@ -271,9 +274,12 @@ class FixedShapeScheduler(Scheduler):
     def prefill_chunks(self, max_rows: int | None = None) -> list[PrefillChunk]:
         """Algorithm 1 (and packed prefill): the chunk in progress, else an admissible waiting request's."""
         prefilling = [r for r in self.running if r.is_prefilling]
-        waiting = self.waiting if self.waiting_order is None else self.waiting_order()
-        return pack_prefill_chunks(self.cfg, self.block_manager, prefilling, waiting, self.admit, max_rows,
-                                   self.multi_chunk_prefill)
+        waiting = self.cached_first.order(self.waiting) if self.waiting_order is None else self.waiting_order()
+        chunks = pack_prefill_chunks(self.cfg, self.block_manager, prefilling, waiting, self.admit, max_rows,
+                                     self.multi_chunk_prefill)
+        if chunks:
+            self.cached_first.forward_ran()
+        return chunks
 
 
 class MixedScheduler(Scheduler):
@@ -305,13 +311,14 @@ def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefi
                         waiting: Iterable[Request], admit: Callable[[Request], bool],
                         max_rows: int | None = None, multi_chunk: bool = False) -> list[PrefillChunk]:
     """The prefill forward of a fixed_shape engine and of a prefill node: the next chunk of every prompt being
-    prefilled, then of newly admitted ones (waiting in FIFO order; admit answers False when a request does not fit,
-    which stops admission), while they fit one forward: one chunk alone (isolated), or prefill_pack_tokens rows and
-    prefill_pack_seqs prompts (packed). Chunks are cut at multiples of prefill_chunk_size whatever else is packed,
-    so a prompt's cuts depend on the prompt alone. max_rows caps the pack's rows (the engine's budget while it
-    decodes); the forward then runs at the smallest verified pack size that holds them. multi_chunk: a prompt takes
-    as many of its next chunks as the rows left hold (the runner verified that this changes no bits;
-    SchedulerConfig.multi_chunk_prefill; prompt logprobs are still computed chunk by chunk).
+    prefilled, then of newly admitted ones (waiting in the order given, corun/waiting_order.py; admit answers False
+    when a request does not fit, which stops admission), while they fit one forward: one chunk alone (isolated), or
+    prefill_pack_tokens rows and prefill_pack_seqs prompts (packed). Chunks are cut at multiples of
+    prefill_chunk_size whatever else is packed, so a prompt's cuts depend on the prompt alone. max_rows caps the
+    pack's rows (the engine's budget while it decodes); the forward then runs at the smallest verified pack size
+    that holds them. multi_chunk: a prompt takes as many of its next chunks as the rows left hold (the runner
+    verified that this changes no bits; SchedulerConfig.multi_chunk_prefill; prompt logprobs are still computed
+    chunk by chunk).
     With a prefix cache, the full chunks a piece completes are cached as it is packed (BlockManager.cache_scheduled),
     so a prompt sharing them that is packed later in the same forward is served them (its rows read the K and V the
     forward writes): the 4 continuations of a multiple-choice question, arriving together, prefill in their

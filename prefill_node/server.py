@@ -1,4 +1,5 @@
-"""Prefill server: fixed_shape prefill, tenants in turn (each one's prompts FIFO); token 1 sampled here; KV leased
+"""Prefill server: fixed_shape prefill, tenants in turn (each one's prompts FIFO, those the prefix cache serves
+first); token 1 sampled here; KV leased
 to decode.
 
 Isolated (the paper, and bucketed): one prompt's chunk per forward. Packed (prefill_pack_tokens): the next chunk
@@ -8,9 +9,9 @@ corun/model_runner.py), so the cluster gives what the colocated engine gives wit
 Lifecycle of a request (queues; the leases are the KV transport's sender, self.transport: transfer/leases.py):
   compiling (a structured-output constraint not compiled yet: on a worker thread, node_core/grammar_waits.py)
       --compiled--> waiting; --does not compile--> ErrorReply(400)
-  waiting (tenant by tenant: fair_order) --KV blocks for the prompt free--> prefilling (one chunk per loop turn;
-      alone unless packed; from the end of the prompt's longest cached full-chunk prefix, whose chunks it holds:
-      corun/prefix_cache.py)
+  waiting (tenant by tenant, each one's prompts the prefix cache serves first: fair_order) --KV blocks for the
+      prompt free--> prefilling (one chunk per loop turn; alone unless packed; from the end of the prompt's longest
+      cached full-chunk prefix, whose chunks it holds: corun/prefix_cache.py)
   prefilling --last chunk: token 1 of each of the n samples sampled, PrefillResult to the router--> leased
       (blocks kept until a deadline)
   leased --ClaimKV from a decode node--> claimed (a new deadline, kv_lease_seconds on: decode nodes end their READ
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 from corun.model_runner import SampledToken
 from corun.request import Request
 from corun.scheduler import PrefillChunk, RequestRejected, check_fits_cache, check_request, pack_prefill_chunks
+from corun.waiting_order import CachedFirst
 from node_core.grammar_waits import GrammarWaits
 from node_core.server import STALLED_RECEIVE_MS, NodeServer
 from node_core.serving import refusal
@@ -79,6 +81,7 @@ class PrefillServer(NodeServer):
         self.prefilling: list[PendingPrefill] = []
         self.num_prefills = 0
         self.turns = TenantTurns()
+        self.cached_first = CachedFirst(self.block_manager)
         self.prefill_seconds_total = 0.0
         """Seconds of prefill forwards (token 1 sampled included), summed: / num_prefills = per prompt."""
         self.stalled = False
@@ -117,13 +120,17 @@ class PrefillServer(NodeServer):
         chunks = pack_prefill_chunks(self.config.engine.scheduler, self.block_manager,
                                      [p.request for p in self.prefilling], (p.request for p in self.fair_order()),
                                      self.admit, multi_chunk=self.runner.multi_chunk_prefill)
+        if chunks:
+            self.cached_first.forward_ran()
         self.stalled = not chunks and bool(self.waiting)
         return chunks
 
     def fair_order(self) -> list[PendingPrefill]:
-        """The waiting prompts in the order they may start: tenant by tenant (node_core/tenant_turns.py)."""
+        """The waiting prompts in the order they may start: tenant by tenant (node_core/tenant_turns.py), each
+        tenant's those the prefix cache serves first (corun/waiting_order.py)."""
+        waiting = self.cached_first.order(self.waiting, lambda pending: pending.request)
         active = {p.tenant for p in self.waiting} | {p.tenant for p in self.prefilling}
-        return self.turns.order(list(self.waiting), lambda pending: pending.tenant, active)
+        return self.turns.order(list(waiting), lambda pending: pending.tenant, active)
 
     def admit(self, request: Request) -> bool:
         """NOTE: KV for the prompt alone (its longest cached full-chunk prefix held, the rest new): the decode node

@@ -1,4 +1,5 @@
-"""The colocated server in-process: its waiting prompts start tenant by tenant (each tenant's in arrival order)."""
+"""The colocated server in-process: its waiting prompts start tenant by tenant (each tenant's in arrival order, those
+the prefix cache serves first)."""
 
 import subprocess
 import sys
@@ -77,6 +78,24 @@ def test_one_tenant_stays_first_come_first_served_and_two_take_turns(server, rou
     assert ids(first_tokens_in_order(server, router, one)) == ["d1", "d2", "d3", "d4"]
     two = [generate(f"a{i}", "client-a") for i in range(1, 4)] + [generate(f"b{i}", "client-b") for i in range(1, 4)]
     assert ids(first_tokens_in_order(server, router, two)) == ["a1", "b1", "a2", "b2", "a3", "b3"]
+
+
+def test_a_prompt_the_prefix_cache_serves_passes_a_tenants_earlier_prompts_it_does_not(server, router):
+    """corun/waiting_order.py on a colocated node: a prompt whose 32 of 41 tokens are cached starts before the same
+    tenant's two cold prompts that arrived before it, with the first token it got cold; two tenants still take
+    turns, each one's cached prompt first. Inverse: one tenant's cold prompts keep their arrival order."""
+    def prompt(request_id: str, start: int, tenant: str = "default") -> protocol.GenerateRequest:
+        return protocol.GenerateRequest(request_id, list(range(start, start + 41)), generate("", tenant).params,
+                                        tenant=tenant)
+
+    [cold] = first_tokens_in_order(server, router, [prompt("warm", 10)])
+    events = first_tokens_in_order(server, router, [prompt("cold1", 100), prompt("cold2", 200),
+                                                    prompt("warm-again", 10)])
+    assert ids(events) == ["warm-again", "cold1", "cold2"]
+    assert (events[0].token_ids, events[0].logprobs) == (cold.token_ids, cold.logprobs)
+    two = [prompt("a-cold", 300, "client-a"), prompt("b-cold", 400, "client-b"), prompt("a-warm", 10, "client-a"),
+           prompt("b-warm", 10, "client-b")]
+    assert ids(first_tokens_in_order(server, router, two)) == ["a-warm", "b-warm", "a-cold", "b-cold"]
 
 
 def test_a_node_whose_weights_holder_ended_stops_before_sending_what_its_forward_made(server, router):

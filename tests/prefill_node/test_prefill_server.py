@@ -276,6 +276,26 @@ def test_tenants_bursts_interleave_and_one_tenant_stays_first_come_first_served(
     assert not server.turns.last_admitted  # NOTE: tenants with nothing left on the node are forgotten
 
 
+def test_a_prompt_the_prefix_cache_serves_passes_a_tenants_earlier_prompts_it_does_not(server, router):
+    """corun/waiting_order.py on a prefill node: a prompt whose 32 of 41 tokens are cached starts before the same
+    tenant's two cold prompts that arrived before it; two tenants still take turns, each one's cached prompt first.
+    Its token 1 is the one it got cold. Inverse: a prompt the cache serves 16 of 41 tokens of keeps its place."""
+    [cold] = exchange(server, router, prefill("warm", 41))
+    burst = [prefill("cold1", 41, first_token_id=100), prefill("cold2", 41, first_token_id=200),
+             prefill("warm-again", 41)]
+    results = results_in_order(server, router, burst)
+    assert ids(results) == ["warm-again", "cold1", "cold2"]
+    assert results[0].first_tokens == cold.first_tokens
+    quarter = msgspec.structs.replace(prefill("quarter", 41, first_token_id=300),
+                                      prompt_token_ids=list(range(10, 26)) + list(range(300, 325)))
+    assert ids(results_in_order(server, router, [prefill("cold3", 41, first_token_id=400), quarter])) == \
+        ["cold3", "quarter"]
+    two = [msgspec.structs.replace(prefill(request_id, 41, first_token_id=start), tenant=tenant)
+           for request_id, start, tenant in (("a-cold", 500, "client-a"), ("b-cold", 600, "client-b"),
+                                             ("a-warm", 10, "client-a"), ("b-warm", 10, "client-b"))]
+    assert ids(results_in_order(server, router, two)) == ["a-warm", "b-warm", "a-cold", "b-cold"]
+
+
 @pytest.mark.parametrize("server", [60.0], indirect=True)  # NOTE: no lease ends by its deadline within the test
 def test_prompts_waiting_for_leased_blocks_wait_for_a_message_and_start_once_one_frees_them(server, router):
     """A prefill node whose waiting prompts find every block leased waits STALLED_RECEIVE_MS per turn for what frees

@@ -1,0 +1,107 @@
+"""Waiting prompts the prefix cache serves at least half of start first (corun/waiting_order.py): a multiple-choice
+burst whose questions' choices arrive scattered prefills each question's choices after its context, not behind every
+other context; the order bounds how long a prompt the cache does not serve may wait; and the outputs are those of
+arrival order and of the cache off."""
+
+import pytest
+
+from corun import LLM, SamplingParams, waiting_order
+from corun.block_manager import BlockManager
+from corun.prefix_cache import PrefixCache
+from corun.request import Request
+from corun.waiting_order import CachedFirst
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+
+CHUNK = 16
+PARAMS = SamplingParams(temperature=0.8, seed=7, max_tokens=4, logprobs=3, ignore_eos=True)
+
+
+def request(request_id: str, prompt: list[int]) -> Request:
+    return Request.create(request_id, prompt, PARAMS, seed=0, eos_token_ids=frozenset())
+
+
+def cache_prompt(blocks: BlockManager, prompt: list[int]) -> None:
+    """The prompt's full chunks in the cache, held by nobody."""
+    writer = request("writer", prompt)
+    assert blocks.allocate_request(writer, len(prompt))
+    blocks.cache_scheduled(writer, len(prompt))
+    blocks.release(writer)
+
+
+def test_prompts_the_cache_serves_half_of_go_first_each_group_in_arrival_order():
+    blocks = BlockManager(64, CHUNK, PrefixCache(CHUNK, salt=b"test"))
+    context = list(range(100, 164))  # NOTE: 4 whole chunks
+    cache_prompt(blocks, context)
+    cold = request("cold", list(range(500, 560)))
+    quarter = request("quarter", context[:CHUNK] + list(range(600, 648)))  # NOTE: 16 of 64 tokens cached
+    half = request("half", context[:2 * CHUNK] + list(range(700, 732)))  # NOTE: 32 of 64
+    most = request("most", context + [1, 2])  # NOTE: 64 of 66
+    also_cold = request("also-cold", list(range(800, 820)))
+    order = CachedFirst(blocks).order([cold, quarter, half, most, also_cold])
+    assert [r.request_id for r in order] == ["half", "most", "cold", "quarter", "also-cold"]
+    assert CachedFirst(BlockManager(64, CHUNK)).order([cold, most]) == [cold, most]  # NOTE: no cache: arrival order
+
+
+def test_a_prompt_the_cache_does_not_serve_goes_by_arrival_once_it_waited_long_enough():
+    blocks = BlockManager(64, CHUNK, PrefixCache(CHUNK, salt=b"test"))
+    context = list(range(100, 164))
+    cache_prompt(blocks, context)
+    cold, cached = request("cold", list(range(500, 560))), request("cached", context + [1])
+    order = CachedFirst(blocks)
+    assert order.order([cold, cached]) == [cached, cold]
+    for _ in range(waiting_order.MAX_WAIT_FORWARDS - 1):
+        order.forward_ran()
+    assert order.order([cold, cached]) == [cached, cold]
+    order.forward_ran()
+    assert order.order([cold, cached]) == [cold, cached]
+    assert order.order([request("new-cold", list(range(900, 960))), cached])[0] is cached
+
+
+def engine(model: str, enable_prefix_caching: bool) -> LLM:
+    """Packed prefill, two prompts per forward: a queue of prompts waits behind the two in flight."""
+    return LLM.from_config(EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
+        max_model_len=256, max_num_seqs=16, prefill_chunk_size=CHUNK, prefill_pack_tokens=64, prefill_pack_seqs=2),
+        cache=CacheConfig(num_blocks=256, enable_prefix_caching=enable_prefix_caching)))
+
+
+def scattered_choices() -> list[tuple[str, list[int]]]:
+    """Question a's first choice, then three other questions' first choices (contexts the cache does not hold),
+    then a's other three choices."""
+    def question(name: str, start: int, count: int) -> list[tuple[str, list[int]]]:
+        context = list(range(start, start + 50))  # NOTE: 3 whole chunks, then 2 tokens
+        return [(f"{name}{i}", context + [7 + i, 8 + i]) for i in range(count)]
+
+    return question("a", 400, 1) + question("b", 500, 1) + question("c", 600, 1) + question("d", 700, 1) + \
+        question("a", 400, 4)[1:]
+
+
+def run_burst(llm: LLM, prompts) -> tuple[dict[str, int], dict[str, tuple]]:
+    """Every prompt added at once: each one's step of its first token, and its (token ids, logprobs)."""
+    requests = [llm.engine.add_request(request_id, prompt, PARAMS) for request_id, prompt in prompts]
+    first_step, step = {}, 0
+    while llm.engine.has_unfinished():
+        step += 1
+        for item in llm.engine.step():
+            first_step.setdefault(item.request.request_id, step)
+    return first_step, {r.request_id: (r.output_token_ids, r.output_logprobs) for r in requests}
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("max_wait_forwards", [None, 0, 2], ids=["cached-first", "arrival-order", "waited-long-enough"])
+def test_choices_whose_context_is_cached_pass_contexts_that_arrived_before_them(tiny_model_dir, monkeypatch,
+                                                                                max_wait_forwards):
+    """With the cached first, a's later choices start once a's context is cached, before c's and d's contexts
+    that arrived before them. The inverses: in arrival order (every prompt past its wait) they start after d's;
+    with a wait of 2 forwards, c and d (waiting since the first forward) go by arrival again before a's choices
+    are cached. Each prompt's outputs are the cache-off outputs in every order."""
+    if max_wait_forwards is not None:
+        monkeypatch.setattr(waiting_order, "MAX_WAIT_FORWARDS", max_wait_forwards)
+    prompts = scattered_choices()
+    _, expected = run_burst(engine(tiny_model_dir, False), prompts)
+    steps, served = run_burst(engine(tiny_model_dir, True), prompts)
+    later_choices = [steps[f"a{i}"] for i in (1, 2, 3)]
+    if max_wait_forwards is None:
+        assert max(later_choices) < steps["c0"]
+    else:
+        assert steps["d0"] < min(later_choices)
+    assert served == expected
