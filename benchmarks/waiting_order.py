@@ -1,0 +1,82 @@
+"""`python -m benchmarks.waiting_order --model DIR --out FILE`: when a burst's first tokens come, by the order its
+requests arrive in and the order the node starts them (corun/waiting_order.py).
+
+Every request of a shared-prefix workload (planner/prefix_workloads.py) is added to the engine at once, grouped (a
+question's choices, a conversation's turns, next to each other) or shuffled (as a burst through HTTP arrives), with
+the prompts the prefix cache serves first (the default) or in arrival order (MAX_WAIT_FORWARDS 0 promotes every
+prompt). Packed prefill with several chunks of a prompt per forward, as on CUDA (on this CPU the runner does not
+verify multi-chunk forwards: forced here, which moves bits but not the order). The figure that matters is the step
+of the median request's first token, which the host's speed does not change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+from corun import LLM, waiting_order
+from planner.prefix_workloads import group_prompts, shared_prefix_requests
+from wire.config import CacheConfig, EngineConfig, SchedulerConfig
+from wire.sampling_params import SamplingParams
+
+ORDERS = ("grouped", "shuffled")
+STARTS = ("cached_first", "arrival")
+
+
+def burst(model: str, workload: str, num_requests: int, order: str, start: str, pack_tokens: int) -> dict:
+    rng = random.Random(0)
+    shapes = shared_prefix_requests(workload, num_requests, rng)
+    prompts = group_prompts([(n_in, n_out) for n_in, n_out, _, _ in shapes],
+                            [(group, shared) for _, _, group, shared in shapes], 1000, rng)
+    arrival = list(range(num_requests))
+    if order == "shuffled":
+        random.Random(1).shuffle(arrival)
+    llm = LLM.from_config(EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
+        max_model_len=1024, max_num_seqs=num_requests, prefill_chunk_size=32, prefill_pack_tokens=pack_tokens,
+        prefill_pack_seqs=64), cache=CacheConfig(num_blocks=num_requests * 80)))
+    engine = llm.engine
+    engine.scheduler.multi_chunk_prefill = True
+    max_wait = waiting_order.MAX_WAIT_FORWARDS
+    waiting_order.MAX_WAIT_FORWARDS = max_wait if start == "cached_first" else 0
+    try:
+        for i in arrival:
+            engine.add_request(f"r{i}", prompts[i], SamplingParams(max_tokens=shapes[i][1], temperature=0))
+        first_step, first_s, step, begin = {}, {}, 0, time.perf_counter()
+        while engine.has_unfinished():
+            step += 1
+            for item in engine.step():
+                first_step.setdefault(item.request.request_id, step)
+                first_s.setdefault(item.request.request_id, time.perf_counter() - begin)
+    finally:
+        waiting_order.MAX_WAIT_FORWARDS = max_wait
+    steps, seconds = sorted(first_step.values()), sorted(first_s.values())
+    return {"workload": workload, "order": order, "start": start, "num_requests": num_requests,
+            "prefill_forwards": engine.stats.num_prefill_forwards, "first_token_step_p50": steps[len(steps) // 2],
+            "ttft_s_p50": round(seconds[len(seconds) // 2], 3), "seconds": round(time.perf_counter() - begin, 3)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a checkpoint directory (corun make-tiny-model)")
+    parser.add_argument("--workloads", default="multiple_choice,multi_turn")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--pack-tokens", type=int, default=2048, help="prefill_pack_tokens (rows per forward)")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    runs = [burst(args.model, workload, args.num_requests, order, start, args.pack_tokens)
+            for workload in args.workloads.split(",") for order in ORDERS for start in STARTS]
+    for run in runs:
+        print(json.dumps(run))
+    if args.out:
+        command = "python -m benchmarks.waiting_order " + " ".join(argv)
+        with open(args.out, "w") as out:
+            json.dump({"command": command, "max_wait_forwards": waiting_order.MAX_WAIT_FORWARDS, "runs": runs}, out,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
