@@ -51,6 +51,8 @@ class Request:
     """Full prompt chunks already served by or offered to the prefix cache."""
     chunk_keys: list[bytes] | None = None
     """The prompt's full chunks' hash chain (wire/prefix_hash.py), once the prefix cache asked for it."""
+    first_chunk_key: bytes | None = None
+    """Its first, once a waiting order asked whether the cache holds it (corun/waiting_order.py)."""
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     first_seen_forward: int | None = None
