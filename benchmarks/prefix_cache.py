@@ -39,6 +39,8 @@ from wire.engine_args import add_engine_args, engine_config_from_args
 
 CONTROL = "256x32"
 """No shared prefix: the cache's cost where it cannot hit."""
+CACHE_MODES = {"on": ("cache_on", True), "off": ("cache_off", False)}
+"""--cache's names: each run's label and whether the cache is on."""
 DETERMINISM_PARAMS = SamplingParams(temperature=0.7, seed=11, max_tokens=16, logprobs=5, ignore_eos=True)
 
 
@@ -57,10 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-connections", action="store_true",
                         help="--paths http: the clients open their connections before each run starts, as an "
                              "evaluation harness's session holds them (benchmarks/http_clients.py, open_connections)")
+    parser.add_argument("--cache", default="on,off", help="on, off or both: the cache's settings run, in order (a "
+                        "ratio needs both; one alone measures a change that moves only the other's figures)")
     parser.add_argument("--determinism", action="store_true", help="also cold vs warm bitwise on the engine")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     base = engine_config_from_args(args)
+    cache_modes = [CACHE_MODES[name] for name in args.cache.split(",")]
     workloads = [make_workload(name, args.num_requests, args.seed) for name in args.workloads.split(",")]
     report = {"command": "python -m benchmarks.prefix_cache " + " ".join(sys.argv[1:] if argv is None else argv)}
 
@@ -75,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         save()
     paths = args.paths.split(",")
     if "engine" in paths:
-        report |= on_and_off(base, "fixed_shape", workloads, args.max_seconds)
+        report |= on_and_off(base, "fixed_shape", workloads, args.max_seconds, cache_modes)
         save()
         for spec in filter(None, args.variants.split(",")):
-            report.setdefault("variants", {})[spec] = on_and_off(base, spec, workloads, args.max_seconds)
+            report.setdefault("variants", {})[spec] = on_and_off(base, spec, workloads, args.max_seconds, cache_modes)
             save()
     if "http" in paths:
         def saved_so_far(http: dict) -> None:
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             save()
 
         through_http(base, workloads, args.max_seconds, args.routers, args.client_processes, args.warm_connections,
-                     on_workload=saved_so_far)
+                     on_workload=saved_so_far, cache_modes=cache_modes)
     print(json.dumps({"speedup": report.get("speedup"), "http": report.get("http", {}).get("speedup"),
                       "variants": {k: v["speedup"] for k, v in report.get("variants", {}).items()},
                       "determinism": report.get("determinism", {}).get("identical")}, indent=2))
@@ -97,10 +102,11 @@ def with_cache(config: EngineConfig, enabled: bool) -> EngineConfig:
     return dataclasses.replace(config, cache=dataclasses.replace(config.cache, enable_prefix_caching=enabled))
 
 
-def on_and_off(base: EngineConfig, spec: str, workloads, max_seconds: float | None) -> dict:
+def on_and_off(base: EngineConfig, spec: str, workloads, max_seconds: float | None,
+               cache_modes=tuple(CACHE_MODES.values())) -> dict:
     """The engine at one mode spec, the cache on then off: {"modes": {cache_on, cache_off}, "speedup", ...}."""
     report = {"modes": {}}
-    for label, enabled in (("cache_on", True), ("cache_off", False)):
+    for label, enabled in cache_modes:
         run = run_bench(with_cache(base, enabled), [spec], workloads, max_seconds=max_seconds)
         [mode] = run["modes"]
         report["modes"][label] = run["modes"][mode]
@@ -121,13 +127,14 @@ def speedups(modes: dict) -> dict:
                 "ttft_p50_x": ratio(on["ttft_s"]["p50"], off.get("ttft_s", {}).get("p50")),
                 "hit_rate": on["hit_rate"]}
 
-    return {name: speedup(on, modes.get("cache_off", {}).get(name, {})) for name, on in modes["cache_on"].items()}
+    return {name: speedup(on, modes.get("cache_off", {}).get(name, {}))
+            for name, on in modes.get("cache_on", {}).items()}
 
 
 # --- through HTTP -------------------------------------------------------------------------------------------------
 def through_http(base: EngineConfig, workloads, max_seconds: float | None, num_routers: int = 1,
                  client_processes: int | None = None, warm_connections: bool = False,
-                 on_workload: Callable[[dict], None] | None = None) -> dict:
+                 on_workload: Callable[[dict], None] | None = None, cache_modes=tuple(CACHE_MODES.values())) -> dict:
     """The workloads through a router and a colocated node, the cache on then off. on_workload gets the report as it
     stands after each workload (so a run cut short, e.g. by a device call's time limit, still leaves its rows)."""
     from launch.cluster import ClusterConfig, free_port
@@ -137,7 +144,7 @@ def through_http(base: EngineConfig, workloads, max_seconds: float | None, num_r
     vocab = PRESETS[base.model.removeprefix("random:")]["vocab_size"] if is_random_spec(base.model) else None
     gpus = (base.device.partition(":")[2] or "0",) if base.device.startswith("cuda") else ()
     report = {"deployment": f"corun serve --prefill 0 --decode 0 --colocated 1 --routers {num_routers}", "modes": {}}
-    for label, enabled in (("cache_on", True), ("cache_off", False)):
+    for label, enabled in cache_modes:
         cluster_config = ClusterConfig(with_cache(config, enabled), num_prefill=0, num_decode=0, num_colocated=1,
                                        num_routers=num_routers, port=free_port("127.0.0.1"), colocated_gpus=gpus,
                                        startup_timeout_s=900)

@@ -1,6 +1,8 @@
 """benchmarks/prefix_cache.py through HTTP: a run cut short (a device call's time limit) keeps the rows it made."""
 
-from benchmarks.prefix_cache import speedups, through_http
+import json
+
+from benchmarks.prefix_cache import main, speedups, through_http
 from planner.workloads import Workload
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
 
@@ -30,3 +32,12 @@ def test_a_workload_without_its_cache_off_row_yet_has_no_ratio():
     half = {"output_tok_per_s": 5.0, "ttft_s": {"p50": 1.0}, "hit_rate": 0.0}
     assert speedups({"cache_on": {"w": row}, "cache_off": {"w": half}})["w"] == {
         "throughput_x": 2.0, "ttft_p50_x": 0.5, "hit_rate": 0.5}
+
+
+def test_cache_runs_only_the_settings_named(tiny_model_dir, tmp_path):
+    out = tmp_path / "pc.json"
+    main(["--model", tiny_model_dir, "--num-threads", "1", "--max-model-len", "1024", "--prefill-chunk-size", "64",
+          "--workloads", "multiple_choice", "--num-requests", "4", "--cache", "on", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert sorted(report["modes"]) == ["cache_on"]
+    assert report["speedup"]["multiple_choice"]["throughput_x"] is None
