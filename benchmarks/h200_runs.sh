@@ -35,7 +35,8 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop66_order)  # NOTE: stop 66's first call, any card: issue 25's HTTP misses (multiple choice's TTFT p50 0.430-0.466x,
+  stop66_order)  # NOTE: ran at stop 66 on an H100 (results/h100_prefix_cache_http_{cached_first,arrival_order}_stop66.json).
+    # stop 66's first call, any card: issue 25's HTTP misses (multiple choice's TTFT p50 0.430-0.466x,
     # multi-turn 1.37-1.43x at stop 65) with the prompts the prefix cache serves first (corun/waiting_order.py), then
     # in arrival order (MAX_WAIT_FORWARDS 0 promotes every prompt: the order before), one router, fresh connections,
     # on one machine. Each HTTP run needs ~170 s (two node starts of ~50 s)
@@ -49,7 +50,7 @@ case $part in
       > "$out/pc_arrival_order.log" 2>&1
     git checkout corun/waiting_order.py 2>/dev/null || sed -i 's/^MAX_WAIT_FORWARDS = 0/MAX_WAIT_FORWARDS = 16/' \
       corun/waiting_order.py ;;
-  stop66_more)  # NOTE: stop 66's second call, any card: with the cached first, the clients' connections opened first
+  stop66_more)  # NOTE: NOT RUN (stop 66 had no device time left). Written as stop 66's second call, any card: with the cached first, the clients' connections opened first
     # and 2 routers (an evaluation harness's session, the front door scaled out), the engine, and the no-shared-prefix
     # control through HTTP (ShareGPT-like, nothing the cache serves: arrival order)
     nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader > "$out/gpu.txt"
