@@ -30,7 +30,7 @@ takes 21 forwards: at 8 its median first token came at forward 15, at 16 at 12. 
 burst of 8B-shape prompts takes ~6."""
 SCAN_LIMIT = 1024
 """Waiting prompts ordered per forward (a pack takes fewer: corun/scheduler.py PREFIX_WAIT_SCAN); the rest keep
-arrival order, so a long queue costs a forward nothing more."""
+arrival order, so a long queue costs a forward nothing more. A prompt's wait counts from when it is among them."""
 
 
 class CachedFirst:
