@@ -106,7 +106,7 @@ class ColocatedServer(NodeServer):
         the prefix cache serves first (corun/waiting_order.py)."""
         waiting = self.scheduler.cached_first.order(self.scheduler.waiting)
         tenants = {self.samples[id(r)].tenant for r in waiting}
-        if len(tenants) < 2:  # NOTE: one tenant's turns are its arrival order
+        if len(tenants) < 2:  # NOTE: one tenant's turns are its own order
             return waiting
         prefilling = {self.samples[id(r)].tenant for r in self.scheduler.running if r.is_prefilling}
         return self.turns.order(list(waiting), self.tenant_of, tenants | prefilling)

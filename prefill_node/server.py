@@ -1,6 +1,5 @@
 """Prefill server: fixed_shape prefill, tenants in turn (each one's prompts FIFO, those the prefix cache serves
-first); token 1 sampled here; KV leased
-to decode.
+first); token 1 sampled here; KV leased to decode.
 
 Isolated (the paper, and bucketed): one prompt's chunk per forward. Packed (prefill_pack_tokens): the next chunk
 of several prompts in one forward of exactly T rows; a prompt's bits do not depend on its company (see
