@@ -105,3 +105,18 @@ def test_choices_whose_context_is_cached_pass_contexts_that_arrived_before_them(
     else:
         assert steps["d0"] < min(later_choices)
     assert served == expected
+
+
+def test_only_the_first_scan_limit_waiting_prompts_are_reordered(monkeypatch):
+    """Past SCAN_LIMIT the queue keeps arrival order and is not looked at (a long queue costs a forward nothing
+    more); within it, the cached prompt goes first. Inverse: with a larger limit, the last prompt moves too."""
+    blocks = BlockManager(64, CHUNK, PrefixCache(CHUNK, salt=b"test"))
+    context = list(range(100, 164))
+    cache_prompt(blocks, context)
+    waiting = [request("cold0", list(range(500, 560))), request("cached1", context + [1]),
+               request("cold2", list(range(600, 660))), request("cached3", context + [3])]
+    monkeypatch.setattr(waiting_order, "SCAN_LIMIT", 2)
+    assert [r.request_id for r in CachedFirst(blocks).order(waiting)] == ["cached1", "cold0", "cold2", "cached3"]
+    assert waiting[3].first_seen_forward is None
+    monkeypatch.setattr(waiting_order, "SCAN_LIMIT", 4)
+    assert [r.request_id for r in CachedFirst(blocks).order(waiting)] == ["cached1", "cached3", "cold0", "cold2"]
