@@ -17,33 +17,30 @@ import random
 import sys
 import time
 
+from benchmarks.prefix_cache import vocab_of
 from corun import LLM, waiting_order
-from planner.prefix_workloads import group_prompts, shared_prefix_requests
+from planner.workloads import make_prompts, make_workload
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
-from wire.sampling_params import SamplingParams
 
 ORDERS = ("grouped", "shuffled")
 STARTS = ("cached_first", "arrival")
 
 
 def burst(model: str, workload: str, num_requests: int, order: str, start: str, pack_tokens: int) -> dict:
-    rng = random.Random(0)
-    shapes = shared_prefix_requests(workload, num_requests, rng)
-    prompts = group_prompts([(n_in, n_out) for n_in, n_out, _, _ in shapes],
-                            [(group, shared) for _, _, group, shared in shapes], 1000, rng)
-    arrival = list(range(num_requests))
-    if order == "shuffled":
-        random.Random(1).shuffle(arrival)
-    llm = LLM.from_config(EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
+    config = EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
         max_model_len=1024, max_num_seqs=num_requests, prefill_chunk_size=32, prefill_pack_tokens=pack_tokens,
-        prefill_pack_seqs=64), cache=CacheConfig(num_blocks=num_requests * 80)))
+        prefill_pack_seqs=64), cache=CacheConfig(num_blocks=num_requests * 80))
+    prompts = make_prompts(make_workload(workload, num_requests), vocab_of(config), seed=0)
+    if order == "shuffled":
+        random.Random(1).shuffle(prompts)
+    llm = LLM.from_config(config)
     engine = llm.engine
     engine.scheduler.multi_chunk_prefill = True
     max_wait = waiting_order.MAX_WAIT_FORWARDS
     waiting_order.MAX_WAIT_FORWARDS = max_wait if start == "cached_first" else 0
     try:
-        for i in arrival:
-            engine.add_request(f"r{i}", prompts[i], SamplingParams(max_tokens=shapes[i][1], temperature=0))
+        for prompt in prompts:
+            engine.add_request(*prompt)
         first_step, first_s, step, begin = {}, {}, 0, time.perf_counter()
         while engine.has_unfinished():
             step += 1
