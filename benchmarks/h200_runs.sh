@@ -35,6 +35,28 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
+  stop67_http)  # stop 67's first call, any card: issue 25's whole HTTP table at the current code (the cached-first
+    # order), every workload the issue names plus the ShareGPT-like control, cache on then off, one router, fresh
+    # connections; the KV cache sized to the card (H100: 40000 MiB, H200: 60000)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    kv=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 100000) ? 60000 : 40000}')
+    timeout 330 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
+      --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15 \
+      --workloads multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt --paths http \
+      --out "$out/pc_http_stop67.json" > "$out/pc_http.log" 2>&1
+    timeout 220 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
+      --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15 \
+      --workloads multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt --paths engine \
+      --out "$out/pc_engine_stop67.json" > "$out/pc_engine.log" 2>&1 ;;
+  stop67_again)  # stop 67's second call, on the machine stop67_http left warm: multiple choice and multi-turn
+    # through HTTP twice more (the rows that missed on H100s), for the run-to-run spread
+    kv=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 100000) ? 60000 : 40000}')
+    for run in b c; do
+      timeout 250 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
+        --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15 \
+        --workloads multiple_choice,multi_turn --paths http \
+        --out "$out/pc_http_stop67_$run.json" > "$out/pc_http_$run.log" 2>&1
+    done ;;
   stop66_order)  # NOTE: ran at stop 66 on an H100 (results/h100_prefix_cache_http_{cached_first,arrival_order}_stop66.json).
     # stop 66's first call, any card: issue 25's HTTP misses (multiple choice's TTFT p50 0.430-0.466x,
     # multi-turn 1.37-1.43x at stop 65) with the prompts the prefix cache serves first (corun/waiting_order.py), then
