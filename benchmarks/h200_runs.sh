@@ -48,6 +48,11 @@ case $part in
       --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15 \
       --workloads multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt --paths engine \
       --out "$out/pc_engine_stop67.json" > "$out/pc_engine.log" 2>&1 ;;
+  stop67_front_door)  # stop 67's second call where the first got an H200: issue 21's front door at the current code
+    # (h200_front_door.json is stop 48's); 4 determinism prompts, as stop 64's H100 run, to fit one call
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    timeout 570 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --out "$out/front_door_stop67.json" > "$out/front_door.log" 2>&1 ;;
   stop67_again)  # stop 67's second call, on the machine stop67_http left warm: multiple choice and multi-turn
     # through HTTP twice more (the rows that missed on H100s), for the run-to-run spread
     kv=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 100000) ? 60000 : 40000}')
