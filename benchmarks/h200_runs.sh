@@ -35,7 +35,7 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
 case $part in
-  stop67_http)  # stop 67's first call, any card: issue 25's whole HTTP table at the current code (the cached-first
+  stop67_http)  # NOTE: ran at stop 67 on an H100 (results/h100_prefix_cache_{http,engine}_stop67.json). stop 67's first call, any card: issue 25's whole HTTP table at the current code (the cached-first
     # order), every workload the issue names plus the ShareGPT-like control, cache on then off, one router, fresh
     # connections; the KV cache sized to the card (H100: 40000 MiB, H200: 60000)
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
