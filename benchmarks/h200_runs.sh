@@ -49,15 +49,15 @@ case $part in
       --workloads multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt --paths engine \
       --out "$out/pc_engine_stop67.json" > "$out/pc_engine.log" 2>&1 ;;
   stop67_clients)  # stop 67's last call, any card: is the HTTP rows' intake gap (multiple choice, cache on: the client's
-    # mean TTFT 0.764 s against the router's 0.602 s at stop67_http) the clients or the router? 8 client processes in
-    # place of the default 4 (one per 4 cores), then 2 routers as well (cache on only)
+    # mean TTFT 0.764 s against the router's 0.602 s at stop67_http) the clients or the router? Cache on only (what
+    # device time was left): 8 client processes, then the default 4 (one per 4 cores), on one machine
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
     kv=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 100000) ? 60000 : 40000}')
     PC="python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
       --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15 --workloads multiple_choice,multi_turn
-      --paths http --client-processes 8"
-    timeout 230 $PC --out "$out/pc_http_clients8_stop67.json" > "$out/pc_clients8.log" 2>&1
-    timeout 140 $PC --routers 2 --cache on --out "$out/pc_http_clients8_r2_stop67.json" > "$out/pc_clients8_r2.log" 2>&1 ;;
+      --paths http --cache on"
+    timeout 130 $PC --client-processes 8 --out "$out/pc_http_clients8_stop67.json" > "$out/pc_clients8.log" 2>&1
+    timeout 130 $PC --client-processes 4 --out "$out/pc_http_clients4_stop67.json" > "$out/pc_clients4.log" 2>&1 ;;
   stop67_front_door)  # stop 67's second call where the first got an H200: issue 21's front door at the current code
     # (h200_front_door.json is stop 48's); 4 determinism prompts, as stop 64's H100 run, to fit one call
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
