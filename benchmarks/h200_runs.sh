@@ -56,8 +56,8 @@ case $part in
     PC="python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
       --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15 --workloads multiple_choice,multi_turn
       --paths http --cache on"
-    timeout 130 $PC --client-processes 8 --out "$out/pc_http_clients8_stop67.json" > "$out/pc_clients8.log" 2>&1
-    timeout 130 $PC --client-processes 4 --out "$out/pc_http_clients4_stop67.json" > "$out/pc_clients4.log" 2>&1 ;;
+    timeout 100 $PC --client-processes 8 --out "$out/pc_http_clients8_stop67.json" > "$out/pc_clients8.log" 2>&1
+    timeout 100 $PC --client-processes 4 --out "$out/pc_http_clients4_stop67.json" > "$out/pc_clients4.log" 2>&1 ;;
   stop67_front_door)  # stop 67's second call where the first got an H200: issue 21's front door at the current code
     # (h200_front_door.json is stop 48's); 4 determinism prompts, as stop 64's H100 run, to fit one call
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
