@@ -63,8 +63,8 @@ def burst(model: str, workload: str, num_requests: int, order: str, start: str, 
 
 
 def order_cost(model: str, num_waiting: int, prompt_len: int = 1000, repeats: int = 5) -> dict:
-    """Seconds (the least of `repeats`) CachedFirst.order takes over num_waiting cold prompts: first sight, then
-    again; and what chaining every prompt would take."""
+    """Milliseconds (the least of `repeats`) CachedFirst.order takes over num_waiting prompts the empty cache does not
+    serve: on first sight, then again; and what hashing every prompt's whole chain would take."""
     config = EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
         max_model_len=2048, max_num_seqs=64, prefill_chunk_size=32), cache=CacheConfig(num_blocks=256))
     engine = LLM.from_config(config).engine
