@@ -136,6 +136,16 @@ class BlockManager:
                                                   self.prefix_cache.salt)
         return request.chunk_keys
 
+    def first_chunk_key(self, request: Request) -> bytes:
+        """The key of the request's first full chunk (it has one): the chain's first, or that alone, hashed once, where
+        the chain is not needed yet (a waiting order asking whether the cache holds the prompt's start)."""
+        if request.chunk_keys is not None:
+            return request.chunk_keys[0]
+        if request.first_chunk_key is None:
+            [request.first_chunk_key] = chunk_hash_chain(request.prompt_token_ids, self.prefix_cache.chunk_size,
+                                                         self.prefix_cache.salt, max_chunks=1)
+        return request.first_chunk_key
+
     def logprobs_key(self, request: Request, chunk_index: int) -> tuple[int, int]:
         """CachedChunk.prompt_logprobs' key for the request's chunk: the count asked, the prompt token after it."""
         next_token = request.prompt_token_ids[(chunk_index + 1) * self.prefix_cache.chunk_size]

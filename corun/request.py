@@ -52,7 +52,7 @@ class Request:
     chunk_keys: list[bytes] | None = None
     """The prompt's full chunks' hash chain (wire/prefix_hash.py), once the prefix cache asked for it."""
     first_chunk_key: bytes | None = None
-    """Its first, once a waiting order asked whether the cache holds it (corun/waiting_order.py)."""
+    """Its first alone, while the chain is not needed (BlockManager.first_chunk_key)."""
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     first_seen_forward: int | None = None

@@ -20,7 +20,6 @@ from typing import TypeVar
 
 from corun.block_manager import BlockManager
 from corun.request import Request
-from wire.prefix_hash import chunk_hash_chain
 
 Item = TypeVar("Item")
 
@@ -68,9 +67,6 @@ class CachedFirst:
         # NOTE: the first chunk's key alone (one hash, not the prompt's chain) settles most prompts the cache does not
         # serve: 1,024 waiting prompts of 1,000 tokens are ordered in 2.2 ms on first sight and 0.3 ms after, where
         # chaining them takes 37 ms (benchmarks/results/cpu_waiting_order_stop67.json, order_cost)
-        cache = self.block_manager.prefix_cache
-        if request.first_chunk_key is None:
-            [request.first_chunk_key] = chunk_hash_chain(request.prompt_token_ids, chunk_size, cache.salt, max_chunks=1)
-        if request.first_chunk_key not in cache.chunks:
+        if self.block_manager.first_chunk_key(request) not in self.block_manager.prefix_cache.chunks:
             return False
         return len(self.block_manager.cached_prefix(request)) >= num_chunks_needed

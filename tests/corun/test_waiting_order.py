@@ -120,3 +120,15 @@ def test_only_the_first_scan_limit_waiting_prompts_are_reordered(monkeypatch):
     assert waiting[3].first_seen_forward is None
     monkeypatch.setattr(waiting_order, "SCAN_LIMIT", 4)
     assert [r.request_id for r in CachedFirst(blocks).order(waiting)] == ["cached1", "cached3", "cold0", "cold2"]
+
+
+def test_a_prompt_s_first_chunk_key_alone_is_its_chain_s_first():
+    """The order hashes a waiting prompt's first chunk alone (BlockManager.first_chunk_key); a cached prompt is found
+    by the same key its chain starts with. Inverse: another salt (another model or chunk rule) gives another key."""
+    prompt = list(range(100, 140))
+    blocks = BlockManager(64, CHUNK, PrefixCache(CHUNK, salt=b"test"))
+    alone = request("alone", prompt)
+    assert blocks.first_chunk_key(alone) == blocks.chunk_keys(request("chained", prompt))[0]
+    assert alone.chunk_keys is None  # NOTE: the chain is not hashed for the order
+    other = BlockManager(64, CHUNK, PrefixCache(CHUNK, salt=b"other"))
+    assert other.first_chunk_key(request("salted", prompt)) != blocks.first_chunk_key(alone)
