@@ -34,43 +34,38 @@ PREFIX_CACHE="--model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-s
   --kv-cache-mib 60000 --num-requests 256 --max-seconds 15
   --workloads few_shot,multiple_choice,multi_turn,rl_system_prompt,256x32"  # NOTE: issue 25; chunk and T: the defaults
 DEFAULTS_MODES="corun,corun:prefill_token_budget=0,$PACKED,standard,standard:piecewise_graphs=off"
+card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at issue 25's shape, the KV cache sized to the
+  # card (H100: 40000 MiB, H200: 60000); used unquoted after `timeout`, which cannot run a shell function
+  local kv; kv=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 100000) ? 60000 : 40000}')
+  echo "python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
+    --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
+}
 case $part in
   stop67_http)  # NOTE: ran at stop 67 on an H100 (results/h100_prefix_cache_{http,engine}_stop67.json). stop 67's first call, any card: issue 25's whole HTTP table at the current code (the cached-first
     # order), every workload the issue names plus the ShareGPT-like control, cache on then off, one router, fresh
     # connections; the KV cache sized to the card (H100: 40000 MiB, H200: 60000)
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
-    kv=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 100000) ? 60000 : 40000}')
-    timeout 330 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
-      --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15 \
-      --workloads multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt --paths http \
-      --out "$out/pc_http_stop67.json" > "$out/pc_http.log" 2>&1
-    timeout 220 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
-      --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15 \
-      --workloads multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt --paths engine \
-      --out "$out/pc_engine_stop67.json" > "$out/pc_engine.log" 2>&1 ;;
-  stop67_clients)  # stop 67's last call, any card: is the HTTP rows' intake gap (multiple choice, cache on: the client's
+    ALL=multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt
+    timeout 330 $(card_pc) --workloads $ALL --paths http --out "$out/pc_http_stop67.json" > "$out/pc_http.log" 2>&1
+    timeout 220 $(card_pc) --workloads $ALL --paths engine --out "$out/pc_engine_stop67.json" > "$out/pc_engine.log" 2>&1 ;;
+  stop67_clients)  # NOTE: NOT RUN (stop 67 had no device time left). stop 67's last call, any card: is the HTTP rows' intake gap (multiple choice, cache on: the client's
     # mean TTFT 0.764 s against the router's 0.602 s at stop67_http) the clients or the router? Cache on only (what
     # device time was left): 8 client processes, then the default 4 (one per 4 cores), on one machine
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
-    kv=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 100000) ? 60000 : 40000}')
-    PC="python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 --max-num-seqs 256
-      --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15 --workloads multiple_choice,multi_turn
-      --paths http --cache on"
-    timeout 100 $PC --client-processes 8 --out "$out/pc_http_clients8_stop67.json" > "$out/pc_clients8.log" 2>&1
-    timeout 100 $PC --client-processes 4 --out "$out/pc_http_clients4_stop67.json" > "$out/pc_clients4.log" 2>&1 ;;
-  stop67_front_door)  # stop 67's second call where the first got an H200: issue 21's front door at the current code
+    for clients in 8 4; do
+      timeout 100 $(card_pc) --workloads multiple_choice,multi_turn --paths http --cache on --client-processes $clients \
+        --out "$out/pc_http_clients${clients}_stop67.json" > "$out/pc_clients$clients.log" 2>&1
+    done ;;
+  stop67_front_door)  # NOTE: NOT RUN (stop 67 had no device time left). stop 67's second call where the first got an H200: issue 21's front door at the current code
     # (h200_front_door.json is stop 48's); 4 determinism prompts, as stop 64's H100 run, to fit one call
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
     timeout 570 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
       --out "$out/front_door_stop67.json" > "$out/front_door.log" 2>&1 ;;
-  stop67_again)  # stop 67's second call, on the machine stop67_http left warm: multiple choice and multi-turn
+  stop67_again)  # NOTE: NOT RUN (stop 67 had no device time left). stop 67's second call, on the machine stop67_http left warm: multiple choice and multi-turn
     # through HTTP twice more (the rows that missed on H100s), for the run-to-run spread
-    kv=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 100000) ? 60000 : 40000}')
     for run in b c; do
-      timeout 250 python3 -m benchmarks.prefix_cache --model random:qwen3-8b --device cuda --dtype bfloat16 \
-        --max-num-seqs 256 --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15 \
-        --workloads multiple_choice,multi_turn --paths http \
-        --out "$out/pc_http_stop67_$run.json" > "$out/pc_http_$run.log" 2>&1
+      timeout 250 $(card_pc) --workloads multiple_choice,multi_turn --paths http --out "$out/pc_http_stop67_$run.json" \
+        > "$out/pc_http_$run.log" 2>&1
     done ;;
   stop66_order)  # NOTE: ran at stop 66 on an H100 (results/h100_prefix_cache_http_{cached_first,arrival_order}_stop66.json).
     # stop 66's first call, any card: issue 25's HTTP misses (multiple choice's TTFT p50 0.430-0.466x,
