@@ -41,6 +41,30 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
     --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
 }
 case $part in
+  stop68_table)  # NOTE: stop 68's second call, any card: issue 25's whole table (stop67_http's commands) once nodes take a
+    # burst's requests in while a forward runs (handled_during_forward: GenerateRequest, PrefillRequest)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    ALL=multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt
+    timeout 330 $(card_pc) --workloads $ALL --paths http --out "$out/pc_http_stop68.json" > "$out/pc_http.log" 2>&1
+    timeout 220 $(card_pc) --workloads $ALL --paths engine --out "$out/pc_engine_stop68.json" > "$out/pc_engine.log" 2>&1 ;;
+  stop68_first)  # NOTE: ran at stop 68 on an H100 (the H100 branch: results/h100_prefix_cache_http_clients*_stop68.json). stop 68's first call, any card. On an H200: issue 25's whole table (stop67_http's commands, the
+    # file the issue asks for: h200_prefix_cache.json has stop 39's). On an H100 (stop 67's table is one): where the HTTP
+    # rows' intake gap sits (multiple choice, cache on: the client's mean TTFT 0.764 s against the router's 0.602 s at
+    # stop67_http), cache on only, multiple choice and multi-turn: 8 client processes against the default 4 (one per 4
+    # cores), then 8 with 2 routers
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    if grep -q H200 "$out/gpu.txt"; then
+      ALL=multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt
+      timeout 330 $(card_pc) --workloads $ALL --paths http --out "$out/pc_http_stop68.json" > "$out/pc_http.log" 2>&1
+      timeout 220 $(card_pc) --workloads $ALL --paths engine --out "$out/pc_engine_stop68.json" > "$out/pc_engine.log" 2>&1
+    else
+      for clients in 8 4; do
+        timeout 150 $(card_pc) --workloads multiple_choice,multi_turn --paths http --cache on --client-processes $clients \
+          --out "$out/pc_http_clients${clients}_stop68.json" > "$out/pc_clients$clients.log" 2>&1
+      done
+      timeout 150 $(card_pc) --workloads multiple_choice,multi_turn --paths http --cache on --client-processes 8 \
+        --routers 2 --out "$out/pc_http_clients8_routers2_stop68.json" > "$out/pc_clients8_routers2.log" 2>&1
+    fi ;;
   stop67_http)  # NOTE: ran at stop 67 on an H100 (results/h100_prefix_cache_{http,engine}_stop67.json). stop 67's first call, any card: issue 25's whole HTTP table at the current code (the cached-first
     # order), every workload the issue names plus the ShareGPT-like control, cache on then off, one router, fresh
     # connections; the KV cache sized to the card (H100: 40000 MiB, H200: 60000)

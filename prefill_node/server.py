@@ -254,9 +254,12 @@ class PrefillServer(NodeServer):
         if lease is not None:
             self.free(lease.holder)
 
-    handled_during_forward = frozenset({protocol.ClaimKV})
+    handled_during_forward = frozenset({protocol.ClaimKV, protocol.PrefillRequest})
     """A decode node's claim names a lease that no forward touches: answered while a prefill forward runs, so the
-    hand-off does not wait for it (on_claim changes the lease's state only)."""
+    hand-off does not wait for it (on_claim changes the lease's state only). A new prompt is read, checked and
+    queued meanwhile too (on_prefill touches the waiting queue only, which no forward reads), as vLLM's engine core
+    takes requests in on a thread of its own: a burst's prompts are not taken in between forwards, with the GPU
+    idle."""
     handlers = {protocol.PrefillRequest: on_prefill, protocol.HandshakeRequest: on_handshake,
                 protocol.ClaimKV: on_claim, protocol.ReleaseKV: on_release, protocol.Abort: on_abort,
                 protocol.InstanceGone: on_instance_gone, protocol.Ping: NodeServer.on_ping,

@@ -9,6 +9,7 @@ import zmq
 
 from launch.local import free_port
 from node_core.liveness import BUSY_FORWARD_S
+from colocated_node.server import ColocatedServer
 from prefill_node.server import PrefillServer
 from router.nodes.client import HEALTHY_WITHIN_S
 from wire import protocol
@@ -21,12 +22,12 @@ FORWARD_S = HEALTHY_WITHIN_S + 2
 
 
 def node_with_slow_forwards(model_dir: str, forward_s: float, node_id: str,
-                            server_class=PrefillServer) -> PrefillServer:
-    """A prefill node whose forwards each take forward_s (a long prompt on a loaded host), its loop in a thread
-    (stop_node ends both)."""
+                            server_class=PrefillServer, role: str = "prefill") -> PrefillServer:
+    """A prefill (or role's) node whose prefill forwards each take forward_s (a long prompt on a loaded host), its
+    loop in a thread (stop_node ends both)."""
     engine = EngineConfig(model=model_dir, num_threads=1, cache=CacheConfig(num_blocks=64),
                           scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=256, prefill_chunk_size=64))
-    node = server_class(NodeConfig("prefill", node_id, engine, port=free_port("127.0.0.1")))
+    node = server_class(NodeConfig(role, node_id, engine, port=free_port("127.0.0.1")))
     forward = node.runner.run_prefill
 
     def slow_forward(chunks):
@@ -131,3 +132,67 @@ def test_a_claim_is_answered_while_a_prefill_forward_runs(tiny_model_dir):
     waited = claim_wait(node_with_slow_forwards(tiny_model_dir, CLAIM_FORWARD_S, "prefill-claims",
                                                 PrefillServerClaimingBetweenForwards))
     assert waited > CLAIM_FORWARD_S / 2, "inverse: the claim was answered during the forward without the rule"
+
+
+INTAKE_FORWARD_S = 1.5
+
+
+def taken_in_during_forward(node, first, second, queued) -> bool:
+    """Whether the second request, sent while the first one's forward runs, is queued on the node (queued(node))
+    before that forward ends."""
+    router = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        router.setsockopt(zmq.LINGER, 0)
+        router.connect(node.config.address)
+        router.send(protocol.encode(first))
+        deadline = time.monotonic() + 10
+        while node.forward_started is None:
+            assert time.monotonic() < deadline, "the first request's forward did not start"
+            time.sleep(0.005)
+        started = node.forward_started
+        router.send(protocol.encode(second))
+        while node.forward_started == started and not queued(node):
+            time.sleep(0.005)
+        return node.forward_started == started and queued(node)
+    finally:
+        router.close()
+        stop_node(node)
+
+
+class PrefillServerTakingPromptsBetweenForwards(PrefillServer):
+    handled_during_forward = frozenset({protocol.ClaimKV})
+
+
+class ColocatedServerTakingRequestsBetweenForwards(ColocatedServer):
+    handled_during_forward = frozenset()
+
+
+def generate(request_id: str) -> protocol.GenerateRequest:
+    params = SamplingParams(temperature=0.6, seed=3, max_tokens=8, ignore_eos=True)
+    return protocol.GenerateRequest(request_id, list(range(10, 50)), params)
+
+
+def test_a_prompt_is_taken_in_while_a_prefill_forward_runs(tiny_model_dir):
+    """A burst's prompts are queued while the forward before them runs, not between forwards with the GPU idle.
+    Inverse: a node that takes them in only between forwards queues the prompt after the forward."""
+    def queued(node):
+        return any(pending.request.request_id == "second" for pending in list(node.waiting))
+
+    node = node_with_slow_forwards(tiny_model_dir, INTAKE_FORWARD_S, "prefill-intake")
+    assert taken_in_during_forward(node, prefill("first"), prefill("second"), queued)
+    node = node_with_slow_forwards(tiny_model_dir, INTAKE_FORWARD_S, "prefill-intake",
+                                   PrefillServerTakingPromptsBetweenForwards)
+    assert not taken_in_during_forward(node, prefill("first"), prefill("second"), queued)
+
+
+def test_a_request_is_taken_in_while_a_colocated_forward_runs(tiny_model_dir):
+    """The colocated node's requests too. Inverse: taken in only between forwards, after the forward."""
+    def queued(node):
+        return any(sample.request_id == "second" for sample in list(node.samples.values()))
+
+    node = node_with_slow_forwards(tiny_model_dir, INTAKE_FORWARD_S, "colocated-intake", ColocatedServer,
+                                   role="colocated")
+    assert taken_in_during_forward(node, generate("first"), generate("second"), queued)
+    node = node_with_slow_forwards(tiny_model_dir, INTAKE_FORWARD_S, "colocated-intake",
+                                   ColocatedServerTakingRequestsBetweenForwards, role="colocated")
+    assert not taken_in_during_forward(node, generate("first"), generate("second"), queued)
