@@ -7,9 +7,9 @@ import time
 import pytest
 import zmq
 
+from colocated_node.server import ColocatedServer
 from launch.local import free_port
 from node_core.liveness import BUSY_FORWARD_S
-from colocated_node.server import ColocatedServer
 from prefill_node.server import PrefillServer
 from router.nodes.client import HEALTHY_WITHIN_S
 from wire import protocol
