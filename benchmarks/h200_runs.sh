@@ -41,7 +41,15 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
     --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
 }
 case $part in
-  stop68_table)  # NOTE: stop 68's second call, any card: issue 25's whole table (stop67_http's commands) once nodes take a
+  stop68_rest)  # NOTE: stop 68's third call, any card: what stop68_table's HTTP half left (its 330 s ran out before the
+    # ShareGPT-like control's cache-off row), the control on and off, then multiple choice and multi-turn through HTTP
+    # again (the rows that miss on H100s), for the run-to-run spread
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    timeout 200 $(card_pc) --workloads sharegpt --paths http --out "$out/pc_http_control_stop68.json" \
+      > "$out/pc_http_control.log" 2>&1
+    timeout 170 $(card_pc) --workloads multiple_choice,multi_turn --paths http --out "$out/pc_http_stop68_b.json" \
+      > "$out/pc_http_b.log" 2>&1 ;;
+  stop68_table)  # NOTE: ran at stop 68 on an H100 (results/h100_prefix_cache_{http,engine}_stop68.json; the HTTP half cut at 330 s before the control's cache-off row). stop 68's second call, any card: issue 25's whole table (stop67_http's commands) once nodes take a
     # burst's requests in while a forward runs (handled_during_forward: GenerateRequest, PrefillRequest)
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
     ALL=multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt
