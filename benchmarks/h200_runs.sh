@@ -41,7 +41,12 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
     --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
 }
 case $part in
-  stop68_rest)  # NOTE: stop 68's third call, any card: what stop68_table's HTTP half left (its 330 s ran out before the
+  stop68_control)  # NOTE: stop 68's fourth call, any card: the ShareGPT-like control through HTTP, cache on then off (the
+    # rows stop68_table and stop68_rest ran out of time for; node starts took ~65 s each on stop68_rest's machine)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    timeout 280 $(card_pc) --workloads sharegpt --paths http --out "$out/pc_http_control_stop68.json" \
+      > "$out/pc_http_control.log" 2>&1 ;;
+  stop68_rest)  # NOTE: ran at stop 68 on an H100, both parts cut (node starts of ~65 s): results/h100_prefix_cache_http_{control_stop68,stop68_b}.json hold their cache-on rows. stop 68's third call, any card: what stop68_table's HTTP half left (its 330 s ran out before the
     # ShareGPT-like control's cache-off row), the control on and off, then multiple choice and multi-turn through HTTP
     # again (the rows that miss on H100s), for the run-to-run spread
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
