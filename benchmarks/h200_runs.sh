@@ -41,7 +41,7 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
     --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
 }
 case $part in
-  stop68_control)  # NOTE: stop 68's fourth call, any card: the ShareGPT-like control through HTTP, cache on then off (the
+  stop68_control)  # NOTE: ran at stop 68 on an H200 (results/h200_prefix_cache_http_control_stop68.json). stop 68's fourth call, any card: the ShareGPT-like control through HTTP, cache on then off (the
     # rows stop68_table and stop68_rest ran out of time for; node starts took ~65 s each on stop68_rest's machine)
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
     timeout 280 $(card_pc) --workloads sharegpt --paths http --out "$out/pc_http_control_stop68.json" \
