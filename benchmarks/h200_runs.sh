@@ -41,6 +41,16 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
     --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
 }
 case $part in
+  stop69_timeline)  # NOTE: NOT RUN (written at stop 68, no device time left). Any card: multiple choice and multi-turn
+    # through HTTP, cache on then off, the node logging each prefill forward (--log-prefill-batches), then the engine's
+    # same rows: which forward each burst's median first token comes after, through HTTP and on the engine
+    # (python -m benchmarks.forward_timeline OUT/pc_http_timeline.log OUT/pc_http_timeline_stop69.json). If the card
+    # is an H200, stop68_table after it (issue 25 asks its table on an H200; h200_prefix_cache.json is stop 39's)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    timeout 250 $(card_pc) --workloads multiple_choice,multi_turn --paths http --log-prefill-batches \
+      --out "$out/pc_http_timeline_stop69.json" > "$out/pc_http_timeline.log" 2>&1
+    timeout 120 $(card_pc) --workloads multiple_choice,multi_turn --paths engine --out "$out/pc_engine_stop69.json" \
+      > "$out/pc_engine.log" 2>&1 ;;
   stop68_control)  # NOTE: ran at stop 68 on an H200 (results/h200_prefix_cache_http_control_stop68.json). stop 68's fourth call, any card: the ShareGPT-like control through HTTP, cache on then off (the
     # rows stop68_table and stop68_rest ran out of time for; node starts took ~65 s each on stop68_rest's machine)
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
+import time
 
 import aiohttp
 
@@ -49,21 +50,24 @@ async def run_http_workload_async(url: str, workload: Workload, vocab_size: int,
             try:
                 metrics_before = await scrape(session, url)
                 records, elapsed, truncated = await asyncio.to_thread(clients.run)
+                started_at = clients.started_at
             finally:
                 clients.close()
         else:
             if warm_connections:
                 await open_connections(session, url, min(len(bodies), max_concurrency or len(bodies)))
             metrics_before = await scrape(session, url)
+            started_at = time.monotonic()
             records, elapsed, truncated = await stream_bodies(session, url, bodies, times, max_seconds,
-                                                              max_concurrency)
+                                                              max_concurrency, start=started_at)
         metrics_after = await scrape(session, url)
     result = summarize_http(records, len(workload.lengths), elapsed, arrivals, slo, truncated)
     cpu = router_cpu(router_cpu_seconds(metrics_before), router_cpu_seconds(metrics_after),
                      sum(r.num_tokens for r in records), sum(len(r.chunk_at) for r in records))
     return (result | cpu | prefix_cache_hit_rate(metrics_before, metrics_after)
             | node_loop(metrics_before, metrics_after) | server_means(metrics_before, metrics_after, records)
-            | {"client_processes": client_processes, "warm_connections": warm_connections})
+            | {"client_processes": client_processes, "warm_connections": warm_connections,
+               "started_at_monotonic": round(started_at, 4)})
 
 
 async def stream_workload(session: aiohttp.ClientSession, url: str, workload: Workload, vocab_size: int,

@@ -128,6 +128,8 @@ class ClientProcesses:
         shares = contiguous_shares(len(bodies), max(1, min(num_processes, len(bodies))))
         limit = None if max_concurrency is None else math.ceil(max_concurrency / len(shares))
         self._connections, self._processes = [], []
+        self.started_at: float | None = None
+        """The last run's start instant (time.monotonic(), CLOCK_MONOTONIC: the host's processes share it)."""
         try:
             for share in shares:
                 parent_end, child_end = context.Pipe()
@@ -148,7 +150,7 @@ class ClientProcesses:
     def run(self) -> tuple[list[StreamedRequest], float, bool]:
         """-> (what each request that arrived saw, seconds from the start to the last request's end, whether the run
         was cut at max_seconds)."""
-        start = time.monotonic() + START_DELAY_S
+        self.started_at = start = time.monotonic() + START_DELAY_S
         for connection in self._connections:
             connection.send(start)
         answers = [connection.recv() for connection in self._connections]

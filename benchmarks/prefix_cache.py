@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-connections", action="store_true",
                         help="--paths http: the clients open their connections before each run starts, as an "
                              "evaluation harness's session holds them (benchmarks/http_clients.py, open_connections)")
+    parser.add_argument("--log-prefill-batches", action="store_true",
+                        help="--paths http: the node logs each prefill forward (NodeSettings.log_prefill_batches)")
     parser.add_argument("--cache", default="on,off", help="on, off or both: the cache's settings run, in order (a "
                         "ratio needs both; one alone measures a change that moves only the other's figures)")
     parser.add_argument("--determinism", action="store_true", help="also cold vs warm bitwise on the engine")
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             save()
 
         through_http(base, workloads, args.max_seconds, args.routers, args.client_processes, args.warm_connections,
-                     on_workload=saved_so_far, cache_modes=cache_modes)
+                     on_workload=saved_so_far, cache_modes=cache_modes, log_prefill_batches=args.log_prefill_batches)
     print(json.dumps({"speedup": report.get("speedup"), "http": report.get("http", {}).get("speedup"),
                       "variants": {k: v["speedup"] for k, v in report.get("variants", {}).items()},
                       "determinism": report.get("determinism", {}).get("identical")}, indent=2))
@@ -134,9 +136,11 @@ def speedups(modes: dict) -> dict:
 # --- through HTTP -------------------------------------------------------------------------------------------------
 def through_http(base: EngineConfig, workloads, max_seconds: float | None, num_routers: int = 1,
                  client_processes: int | None = None, warm_connections: bool = False,
-                 on_workload: Callable[[dict], None] | None = None, cache_modes=tuple(CACHE_MODES.values())) -> dict:
+                 on_workload: Callable[[dict], None] | None = None, cache_modes=tuple(CACHE_MODES.values()),
+                 log_prefill_batches: bool = False) -> dict:
     """The workloads through a router and a colocated node, the cache on then off. on_workload gets the report as it
-    stands after each workload (so a run cut short, e.g. by a device call's time limit, still leaves its rows)."""
+    stands after each workload (so a run cut short, e.g. by a device call's time limit, still leaves its rows).
+    log_prefill_batches: the node logs each prefill forward, on the clock of each run's started_at_monotonic."""
     from launch.cluster import ClusterConfig, free_port
     from launch.local import LocalCluster
 
@@ -147,7 +151,7 @@ def through_http(base: EngineConfig, workloads, max_seconds: float | None, num_r
     for label, enabled in cache_modes:
         cluster_config = ClusterConfig(with_cache(config, enabled), num_prefill=0, num_decode=0, num_colocated=1,
                                        num_routers=num_routers, port=free_port("127.0.0.1"), colocated_gpus=gpus,
-                                       startup_timeout_s=900)
+                                       startup_timeout_s=900, log_prefill_batches=log_prefill_batches)
         report["modes"][label] = {}
         with LocalCluster(cluster_config) as cluster:
             for workload in workloads:

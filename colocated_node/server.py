@@ -139,6 +139,15 @@ class ColocatedServer(NodeServer):
     def num_prompt_tokens(self, batch: ScheduledBatch) -> int:
         return sum(chunk.num_tokens for chunk in batch.prefill_chunks)
 
+    def prefill_chunks_of(self, batch: ScheduledBatch) -> list:
+        return batch.prefill_chunks
+
+    def decode_rows_of(self, batch: ScheduledBatch) -> int:
+        return len(batch.decode_requests)
+
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
     def postprocess(self, batch: ScheduledBatch, sampled: list[SampledToken]) -> None:
         self.scheduler.update_from_output(batch)  # NOTE: before a request that ends here lets its blocks go
         step_events: dict[bytes, list[protocol.TokenEvent]] = {}

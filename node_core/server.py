@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import threading
 import time
 import uuid
@@ -34,6 +35,8 @@ from wire.config import EngineConfig, NodeConfig, SharedWeightsConfig, TransferC
 from wire.iteration_tokens import STAT_KEY as ITERATION_TOKENS_KEY
 from wire.iteration_tokens import IterationTokenCounts
 from wire.node_auth import ClusterKey
+
+logger = logging.getLogger(__name__)
 
 IDLE_RECEIVE_MS = 5
 """How long an idle node waits for a message per turn (a busy one only takes what has arrived)."""
@@ -234,9 +237,12 @@ class NodeServer:
         batch = self.schedule()
         scheduled = time.perf_counter()
         if batch:
+            forward_started = time.monotonic()
             sampled = self.run_unlocked(batch)
             self.check_weights()
             ran = time.perf_counter()
+            if self.config.log_prefill_batches:
+                self.log_prefill_forward(batch, forward_started, ran - scheduled)
             # NOTE: vLLM's count: the prompt tokens the forward computed plus the tokens it sampled
             num_tokens = self.iteration_tokens_of(batch, sampled)
             if num_tokens:  # NOTE: 0: no forward launched (every row had its last token in flight)
@@ -249,6 +255,30 @@ class NodeServer:
         loop["receive"] += received - started
         loop["schedule"] += scheduled - received
         loop["turns"] += time.perf_counter() - started
+
+    def log_prefill_forward(self, batch, started: float, seconds: float) -> None:
+        """The prefill batch line (NodeSettings.log_prefill_batches) of a forward that ran prompt chunks."""
+        chunks = self.prefill_chunks_of(batch)
+        if not chunks:
+            return
+        first_pieces = [c for c in chunks if c.start == c.request.num_cached_tokens]
+        logger.info("%s prefill forward at %.4f (monotonic) took %.1f ms: #seq %d (%d new, %d finishing), "
+                    "#token %d, #cached-token %d, #decode-row %d, #queue-req %d", self.config.node_id, started,
+                    seconds * 1e3, len(chunks), len(first_pieces), sum(c.is_last for c in chunks),
+                    sum(c.num_tokens for c in chunks), sum(c.request.num_cached_tokens for c in first_pieces),
+                    self.decode_rows_of(batch), self.num_waiting())
+
+    def prefill_chunks_of(self, batch) -> list:
+        """The prompt chunks a batch (what schedule() returned) runs: none where the role runs no prefill."""
+        return []
+
+    def decode_rows_of(self, batch) -> int:
+        """The decode rows a batch runs beside its prompt chunks."""
+        return 0
+
+    def num_waiting(self) -> int:
+        """Requests waiting to start."""
+        return 0
 
     def check_weights(self) -> None:
         """Where this node maps another's weights: stop (SharedWeightsError) if that node has begun to exit. Called

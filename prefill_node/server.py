@@ -107,6 +107,12 @@ class PrefillServer(NodeServer):
     def num_prompt_tokens(self, chunks: list[PrefillChunk]) -> int:
         return sum(chunk.num_tokens for chunk in chunks)
 
+    def prefill_chunks_of(self, chunks: list[PrefillChunk]) -> list[PrefillChunk]:
+        return chunks
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
     def after_step(self) -> None:
         """The leases that ended: read by their claimer, or past their deadline."""
         for lease in self.transport.poll():

@@ -707,6 +707,10 @@ class NodeSettings:
     and how long a claimed lease waits for its READ to end (a longer wait means a dead or lost claimer)."""
     transfer: TransferConfig = field(default_factory=TransferConfig, metadata=flag(prefix=TRANSFER_FLAG_PREFIX))
     """How the node's KV agent moves blocks (its fields' flags: --kv-...)."""
+    log_prefill_batches: bool = False
+    """Log a line per prefill forward (SGLang's "Prefill batch" line): its prompts, tokens, cached tokens, the queue
+    and the forward's start on the host's monotonic clock, which a benchmark's clients share: where a burst's time
+    goes, forward by forward."""
 
     def __post_init__(self):
         if self.kv_lease_seconds <= 0:

@@ -51,7 +51,7 @@ ENGINES = [EngineConfig(model="m", dtype="bfloat16", device="cuda:1", seed=7, ma
            for scheduler in (PACKED, BUCKETED)]
 NODES = [NodeConfig(role="decode", node_id="decode-3", engine=engine, host="0.0.0.0", port=7001,
                     advertise_host="10.0.0.2", cluster_key_file="/keys/cluster.key", kv_lease_seconds=2.5,
-                    transfer=TRANSFER, supervisor_pid=4321,
+                    transfer=TRANSFER, supervisor_pid=4321, log_prefill_batches=True,
                     weights=SharedWeightsConfig(holding="import", rendezvous="/private/w.msgpack", wait_s=9.5))
          for engine in ENGINES]
 ROUTERS = [RouterConfig(model="m", prefill_addresses=("tcp://p:1", "tcp://p:2"), decode_addresses=("tcp://d:1",),
