@@ -40,7 +40,8 @@ CLUSTERS = [
     ClusterConfig(CUDA, num_prefill=2, num_decode=3, num_colocated=1, num_routers=2, prefill_gpus=("0", "1"),
                   decode_gpus=("2",), colocated_gpus=("3",), prefill_kv_cache_mib=100, decode_kv_cache_mib=200,
                   startup_timeout_s=9.5, drain_timeout_s=8.5, admin_port=8001, admin_max_connections=4,
-                  admin_timeout_s=2.5, share_weights="off", kv_lease_seconds=2.5, transfer=TRANSFER, **ROUTER_SETTINGS),
+                  admin_timeout_s=2.5, share_weights="off", kv_lease_seconds=2.5, log_prefill_batches=True,
+                  transfer=TRANSFER, **ROUTER_SETTINGS),
     ClusterConfig(ENGINES[1], **ROUTER_SETTINGS),
 ]
 """NOTE: colocated servers run the native engine: the second config sets the engine's backend."""
@@ -89,7 +90,7 @@ def test_the_launcher_s_node_command_rebuilds_the_node_config():
     node = config_from_args(NodeConfig, node_arg_parser("decode").parse_args(argv[3:]), role="decode")
     assert node == NodeConfig(role="decode", node_id="decode-2", engine=CUDA, host="0.0.0.0", port=7001,
                               advertise_host="10.0.0.2", cluster_key_file="/keys/k", kv_lease_seconds=2.5,
-                              transfer=TRANSFER, supervisor_pid=os.getpid())
+                              transfer=TRANSFER, supervisor_pid=os.getpid(), log_prefill_batches=True)
 
 
 def serve_args(argv: list[str]) -> argparse.Namespace:
