@@ -3,9 +3,9 @@
 LOG holds the node's lines of a run with --log-prefill-batches (NodeSettings.log_prefill_batches; `python -m
 benchmarks.prefix_cache --paths http --log-prefill-batches` writes them to its output); REPORT is that run's JSON,
 whose rows carry started_at_monotonic (the instant its clients started, on the same host's monotonic clock). For each
-workload row, prints each forward that ran in its window: start and end in seconds from the run's start, its
-prompts (new, finishing), tokens, cached tokens, decode rows and queue, then the client's TTFT p50: which forward
-the median request's first token came after.
+workload row, prints the client's TTFT p50, then each forward that ran in its window: start and end in seconds from
+the run's start, its prompts (new, finishing, and finished so far), tokens, cached tokens, decode rows and queue:
+the forward after which half the requests had their first token is where the p50 falls.
 """
 
 from __future__ import annotations

@@ -237,7 +237,7 @@ class NodeServer:
         batch = self.schedule()
         scheduled = time.perf_counter()
         if batch:
-            forward_started = time.monotonic()
+            forward_started = time.monotonic() if self.config.log_prefill_batches else 0.0
             sampled = self.run_unlocked(batch)
             self.check_weights()
             ran = time.perf_counter()
