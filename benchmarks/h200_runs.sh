@@ -41,6 +41,17 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
     --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
 }
 case $part in
+  stop69_http)  # stop 69's first call, on an H200 (a start that failed made plain calls ask for one): issue 25's whole
+    # table through HTTP (stop68_table's HTTP half, which 330 s cut before the control's cache-off row), the node
+    # logging each prefill forward (for benchmarks.forward_timeline: the log is only read, the rows are the table's)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    ALL=multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt
+    timeout 560 $(card_pc) --workloads $ALL --paths http --log-prefill-batches --out "$out/pc_http_stop69.json" \
+      > "$out/pc_http.log" 2>&1 ;;
+  stop69_engine)  # stop 69's second call, the same card: the table's engine half
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    ALL=multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt
+    timeout 260 $(card_pc) --workloads $ALL --paths engine --out "$out/pc_engine_stop69.json" > "$out/pc_engine.log" 2>&1 ;;
   stop69_timeline)  # NOTE: NOT RUN (written at stop 68, no device time left). Any card: multiple choice and multi-turn
     # through HTTP, cache on then off, the node logging each prefill forward (--log-prefill-batches), then the engine's
     # same rows: which forward each burst's median first token comes after, through HTTP and on the engine

@@ -156,7 +156,10 @@ def decode_slot(request):
 def test_padding_rows_write_no_kv(runner, blocks, path):
     rng = random.Random(11)
     vocab = runner.model.cfg.vocab_size
-    real = [admit(runner, blocks, f"real{i}", random_prompt(rng, vocab), TARGET_PARAMS) for i in range(2)]
+    # NOTE: a count no verified decode size equals, so the step has padding rows on any host (a host whose
+    # numerics verify the size 2 runs 2 requests without padding)
+    num_real = next(count for count in range(1, N) if count not in runner.decode_sizes)
+    real = [admit(runner, blocks, f"real{i}", random_prompt(rng, vocab), TARGET_PARAMS) for i in range(num_real)]
     # make the null block hold garbage, so that a padding write to it is visible as a change
     runner.kv_cache.data[NULL_BLOCK] = torch.randn_like(runner.kv_cache.data[NULL_BLOCK])
     expected_real = {decode_slot(r) for r in real}
