@@ -41,6 +41,11 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
     --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
 }
 case $part in
+  stop69_any)  # stop 69, after waiting prompts that share a first chunk were grouped (corun/waiting_order.py), on
+    # whichever card comes: on an H200 stop69_http (the table, logging forwards), else
+    # stop69_timeline (multiple choice and multi-turn through HTTP with the forward log, then the engine's rows)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" stop69_http "$out"; else bash "$0" stop69_timeline "$out"; fi ;;
   stop69_http)  # stop 69's first call, on an H200 (a start that failed made plain calls ask for one): issue 25's whole
     # table through HTTP (stop68_table's HTTP half, which 330 s cut before the control's cache-off row), the node
     # logging each prefill forward (for benchmarks.forward_timeline: the log is only read, the rows are the table's)

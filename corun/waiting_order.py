@@ -8,6 +8,11 @@ of the work; with the served ones first, each question's choices follow its cont
 arrive grouped. On this repository's host (tiny model, chunk 32, 2,048-row packs, 256 requests added at once in a
 random order) the median multiple-choice request's first token came at forward 19 of 22 in arrival order and at
 forward 12 with the cached first (11 of 21 added grouped); the median multi-turn request's at 14 and 10 of 19.
+Among the rest, prompts that share a first chunk wait next to the first of them that arrived, so that one forward
+computes their context once and serves it to all of them (corun/scheduler.py pack_prefill_chunks): in arrival order
+a forward packs the contexts of the questions that arrived first and reaches few of their choices, which then start
+a forward later, when the burst's median first token comes later too (benchmarks/burst_trickle.py: 256 multiple-
+choice requests trickling in at 0.3-0.8 ms each on an 8B-shape GPU clock).
 A prompt that waited MAX_WAIT_FORWARDS prefill forwards goes by arrival again, however little the cache serves of it,
 so prompts the cache serves cannot starve one it does not (each forward is bounded: SchedulerConfig).
 NOTE: only when a prompt starts changes: a prompt's outputs depend on the prompt alone (corun/model_runner.py).
@@ -49,9 +54,20 @@ class CachedFirst:
         first, later = [], []
         for index, item in enumerate(waiting):
             if index == SCAN_LIMIT:
-                return first + later + list(waiting)[SCAN_LIMIT:]
+                return first + self.grouped(later, request_of) + list(waiting)[SCAN_LIMIT:]
             (first if self.goes_first(request_of(item)) else later).append(item)
-        return first + later if first and later else waiting
+        return first + self.grouped(later, request_of)
+
+    def grouped(self, items: list[Item], request_of: Callable[[Item], Request]) -> list[Item]:
+        """items with the prompts that share a first chunk next to the first of them that arrived."""
+        chunk_size = self.block_manager.prefix_cache.chunk_size
+        groups: dict[object, list[Item]] = {}
+        for item in items:
+            request = request_of(item)
+            has_full_chunk = request.num_prompt_tokens > chunk_size
+            key = self.block_manager.first_chunk_key(request) if has_full_chunk else id(request)
+            groups.setdefault(key, []).append(item)
+        return items if len(groups) == len(items) else [item for group in groups.values() for item in group]
 
     def goes_first(self, request: Request) -> bool:
         if request.first_seen_forward is None:

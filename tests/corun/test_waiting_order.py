@@ -132,3 +132,38 @@ def test_a_prompt_s_first_chunk_key_alone_is_its_chain_s_first():
     assert alone.chunk_keys is None  # NOTE: the chain is not hashed for the order
     other = BlockManager(64, CHUNK, PrefixCache(CHUNK, salt=b"other"))
     assert other.first_chunk_key(request("salted", prompt)) != blocks.first_chunk_key(alone)
+
+
+def test_prompts_sharing_a_first_chunk_wait_next_to_the_first_of_them():
+    """Among the prompts the cache does not serve, those with the same first chunk follow the first of them to
+    arrive (so one forward can compute their context once for all: corun/scheduler.py pack_prefill_chunks); a prompt
+    without a full chunk keeps its place. Inverse: prompts that share nothing keep arrival order."""
+    blocks = BlockManager(64, CHUNK, PrefixCache(CHUNK, salt=b"test"))
+    a, b = list(range(100, 150)), list(range(200, 250))
+    waiting = [request("a0", a + [1]), request("b0", b + [1]), request("short", [5, 6, 7]),
+               request("c0", list(range(300, 350))), request("a1", a + [2]), request("b1", b + [2]),
+               request("a2", a + [3])]
+    order = CachedFirst(blocks).order(waiting)
+    assert [r.request_id for r in order] == ["a0", "a1", "a2", "b0", "b1", "short", "c0"]
+    apart = [request(f"p{i}", list(range(100 * i, 100 * i + 40))) for i in range(1, 5)]
+    assert CachedFirst(blocks).order(apart) == apart
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("max_wait_forwards", [None, 0], ids=["grouped", "arrival-order"])
+def test_a_question_s_scattered_choice_rides_its_context_s_forward(tiny_model_dir, monkeypatch, max_wait_forwards):
+    """Contexts of one chunk, two prompts per forward, a's second choice arriving after b's, c's and d's contexts: it
+    is packed beside a's first, served the context chunk that forward computes, and has its first token before a's
+    first and b's. The inverse: in arrival order (every prompt past its wait) it starts after b's. Each prompt's
+    outputs are the cache-off outputs either way."""
+    if max_wait_forwards is not None:
+        monkeypatch.setattr(waiting_order, "MAX_WAIT_FORWARDS", max_wait_forwards)
+    contexts = {name: list(range(start, start + CHUNK)) for name, start in zip("abcd", (400, 500, 600, 700))}
+    prompts = [(f"{name}0", contexts[name] + [7, 8]) for name in "abcd"] + [("a1", contexts["a"] + [9, 10])]
+    _, expected = run_burst(engine(tiny_model_dir, False), prompts)
+    steps, served = run_burst(engine(tiny_model_dir, True), prompts)
+    if max_wait_forwards is None:
+        assert steps["a1"] < min(steps["a0"], steps["b0"])
+    else:
+        assert steps["b0"] < steps["a1"]
+    assert served == expected
