@@ -85,14 +85,16 @@ def burst(model: str, workload: str, num_requests: int, cache_on: bool, trickle:
 
 
 def ratios(runs: list[dict]) -> dict:
-    """Cache on / cache off TTFT p50 per workload and arrival (at once, or trickling at each intake)."""
+    """Cache on against cache off per workload and arrival (at once, or trickling at each intake): TTFT p50 on / off
+    and throughput on / off (the same requests: seconds off / on)."""
     def key(run):
-        return run["workload"], run["arrival"] + (f"_{run['intake_ms']}ms" if "intake_ms" in run else "")
+        return f"{run['workload']} {run['arrival']}" + (f"_{run['intake_ms']}ms" if "intake_ms" in run else "")
 
-    on = {key(run): run["ttft_s_p50"] for run in runs if run["cache"] == "on"}
-    off = {key(run): run["ttft_s_p50"] for run in runs if run["cache"] == "off"}
-    return {f"{workload} {arrival}": round(on[workload, arrival] / off[workload, arrival], 3)
-            for workload, arrival in on if (workload, arrival) in off}
+    on = {key(run): run for run in runs if run["cache"] == "on"}
+    off = {key(run): run for run in runs if run["cache"] == "off"}
+    return {name: {"ttft_p50_x": round(on[name]["ttft_s_p50"] / off[name]["ttft_s_p50"], 3),
+                   "throughput_x": round(off[name]["seconds"] / on[name]["seconds"], 3)}
+            for name in on if name in off}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     for run in runs:
         print(json.dumps(run))
     report = {"command": "python -m benchmarks.burst_trickle " + " ".join(argv), "clock": dataclasses.asdict(clock),
-              "runs": runs, "ttft_p50_on_over_off": ratios(runs)}
+              "runs": runs, "cache_on_over_off": ratios(runs)}
     if args.out:
         with open(args.out, "w") as out:
             json.dump(report, out, indent=1)
