@@ -41,10 +41,10 @@ class GpuClock:
 
 
 def burst(model: str, workload: str, num_requests: int, cache_on: bool, trickle: bool, intake_ms: float,
-          pack_tokens: int, clock: GpuClock, trace: list | None = None) -> dict:
+          pack_tokens: int, clock: GpuClock, pack_seqs: int = 64) -> dict:
     config = EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
         max_model_len=1024, max_num_seqs=num_requests, prefill_chunk_size=32, prefill_pack_tokens=pack_tokens,
-        prefill_pack_seqs=64), cache=CacheConfig(num_blocks=num_requests * 80, enable_prefix_caching=cache_on))
+        prefill_pack_seqs=pack_seqs), cache=CacheConfig(num_blocks=num_requests * 80, enable_prefix_caching=cache_on))
     prompts = make_prompts(make_workload(workload, num_requests), vocab_of(config), seed=0)
     if trickle:
         random.Random(1).shuffle(prompts)
@@ -61,7 +61,7 @@ def burst(model: str, workload: str, num_requests: int, cache_on: bool, trickle:
         return batch
 
     engine.scheduler.schedule = counted_schedule
-    now, added, sent_at, first_at, forwards = 0.0, 0, {}, {}, 0
+    now, added, sent_at, first_at, forwards = 0.0, 0, {}, {}, []
     while added < len(prompts) or engine.has_unfinished():
         if not engine.has_unfinished():
             now = max(now, arrivals[added])
@@ -72,16 +72,15 @@ def burst(model: str, workload: str, num_requests: int, cache_on: bool, trickle:
         rows.clear()
         sampled = engine.step()
         now += clock.step_ms(rows.get("prefill", 0), rows.get("decode", 0)) / 1e3
-        forwards += bool(rows.get("prefill"))
         for item in sampled:
             first_at.setdefault(item.request.request_id, now)
-        if trace is not None and rows.get("prefill"):
-            trace.append({"end_s": round(now, 4), "rows": rows["prefill"], "arrived": added,
-                          "first_tokens": len(first_at)})
+        if rows.get("prefill"):
+            forwards.append({"end_s": round(now, 4), "rows": rows["prefill"], "arrived": added,
+                             "first_tokens": len(first_at)})
     ttfts = sorted(first_at[rid] - sent_at[rid] for rid in first_at)
     return {"workload": workload, "cache": "on" if cache_on else "off", "arrival": "trickle" if trickle else "at_once",
-            "prefill_forwards": forwards, "ttft_s_p50": round(ttfts[len(ttfts) // 2], 4),
-            "seconds": round(now, 4)}
+            "prefill_forwards": len(forwards), "ttft_s_p50": round(ttfts[len(ttfts) // 2], 4),
+            "seconds": round(now, 4), "prefill_steps": forwards}
 
 
 def ratios(runs: list[dict]) -> dict:
@@ -104,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default="multiple_choice,multi_turn")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--pack-tokens", type=int, default=8192, help="prefill_pack_tokens (CUDA's: 8,192)")
+    parser.add_argument("--pack-seqs", type=int, default=64, help="prefill_pack_seqs (prompts per forward)")
     parser.add_argument("--intake-ms", default="0.5", help="the router's time per request of the burst, "
                         "comma-separated values (a trickled run each)")
     parser.add_argument("--out")
@@ -113,11 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     for workload in args.workloads.split(","):
         for cache_on in (True, False):
-            runs.append(burst(args.model, workload, args.num_requests, cache_on, False, 0.0, args.pack_tokens, clock))
+            runs.append(burst(args.model, workload, args.num_requests, cache_on, False, 0.0, args.pack_tokens, clock,
+                              pack_seqs=args.pack_seqs))
             runs += [{"intake_ms": ms, **burst(args.model, workload, args.num_requests, cache_on, True, ms,
-                                               args.pack_tokens, clock)} for ms in intakes]
+                                               args.pack_tokens, clock, pack_seqs=args.pack_seqs)} for ms in intakes]
     for run in runs:
-        print(json.dumps(run))
+        print(json.dumps({key: value for key, value in run.items() if key != "prefill_steps"}))
     report = {"command": "python -m benchmarks.burst_trickle " + " ".join(argv), "clock": dataclasses.asdict(clock),
               "runs": runs, "cache_on_over_off": ratios(runs)}
     if args.out:

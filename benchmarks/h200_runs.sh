@@ -41,6 +41,16 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
     --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
 }
 case $part in
+  stop70_pack_seqs)  # NOT RUN (written at stop 69, whose device calls got no machine). Any card, after stop69_any:
+    # multiple choice and multi-turn through HTTP at prefill_pack_seqs 128 against the default 64, cache on then off
+    # (benchmarks.burst_trickle --pack-seqs: a grouped burst's third forward holds 64 prompts in 4,891 of 8,192 rows
+    # and the trickled multiple-choice p50 is 0.630 s; at 128, 0.526 s, as added at once). S is in the contract (token
+    # 1 is sampled on exactly S rows): a default to change only with this measured, and the GPU tests run at it
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    for seqs in 128 64; do
+      timeout 270 $(card_pc) --workloads multiple_choice,multi_turn --paths http --prefill-pack-seqs $seqs \
+        --out "$out/pc_http_seqs${seqs}_stop70.json" > "$out/pc_http_seqs${seqs}.log" 2>&1
+    done ;;
   stop69_any)  # stop 69, after waiting prompts that share a first chunk were grouped (corun/waiting_order.py), on
     # whichever card comes: on an H200 stop69_http (the table, logging forwards), else
     # stop69_timeline (multiple choice and multi-turn through HTTP with the forward log, then the engine's rows)

@@ -352,7 +352,8 @@ def measure_run(routers: list[RouterProcess], prefill: FakeNodeProcess, decode: 
         router_tokens = [generated_tokens(router) - before for router, before in zip(routers, router_tokens_before,
                                                                                      strict=True)]
     finally:
-        for worker in workers:
+        # NOTE: only those started: SIGTERM may come while the next one starts, and joining one never started raises
+        for worker in (worker for worker in workers if worker.pid is not None):
             if worker.is_alive():
                 worker.kill()
             worker.join(timeout=10)

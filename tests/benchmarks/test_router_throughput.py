@@ -107,11 +107,53 @@ def test_sigterm_mid_run_stops_every_process(tiny_model_dir):
             stderr += line
         children = wait_for_client_workers(process.pid)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 128 + signal.SIGTERM
+        exit_code = process.wait(timeout=30)
+        stderr += process.stderr.read()
+        assert exit_code == 128 + signal.SIGTERM, stderr
     finally:
         process.kill()
         process.wait()
     assert_gone(child_pids(stderr) + children)
+
+
+def test_a_sigterm_while_the_client_workers_start_unwinds_as_the_sigterm(monkeypatch):
+    """SIGTERM (the benchmark's handler: SystemExit) while the second of two client workers starts: the run unwinds
+    with that exit, having stopped only the worker that started (joining the other raised multiprocessing's
+    AssertionError, which ended the benchmark with 1: test_sigterm_mid_run_stops_every_process on a loaded host)."""
+    import benchmarks.router_throughput as router_throughput
+
+    class Worker:
+        started: list = []
+
+        def __init__(self, **kwargs):
+            self.pid = None
+            self.killed = False
+
+        def start(self):
+            if Worker.started:
+                raise SystemExit(128 + signal.SIGTERM)
+            Worker.started.append(self)
+            self.pid = os.getpid()
+
+        def is_alive(self):
+            return not self.killed
+
+        def kill(self):
+            self.killed = True
+
+        def join(self, timeout=None):
+            if self.pid is None:
+                raise AssertionError("can only join a started process")  # NOTE: multiprocessing's own check
+
+    context = type("Context", (), {"Queue": staticmethod(lambda: None), "Process": Worker})
+    monkeypatch.setattr(router_throughput.multiprocessing, "get_context", lambda method: context)
+    monkeypatch.setattr(router_throughput, "generated_tokens", lambda router: 0)
+    args = router_throughput.parse_args(["--workers", "2"])
+    router = router_throughput.RouterProcess(None, "http://127.0.0.1:1", "http://127.0.0.1:1")
+    with pytest.raises(SystemExit) as exit_info:
+        router_throughput.measure_run([router], None, None, 2, args)
+    assert exit_info.value.code == 128 + signal.SIGTERM
+    assert [worker.killed for worker in Worker.started] == [True]
 
 
 def wait_for_client_workers(pid: int, timeout_s: float = 30.0) -> list[int]:
