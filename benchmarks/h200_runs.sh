@@ -43,8 +43,9 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
 case $part in
   stop70_pack_seqs)  # NOT RUN (written at stop 69, whose device calls got no machine). Any card, after stop69_any:
     # multiple choice and multi-turn through HTTP at prefill_pack_seqs 128 against the default 64, cache on then off
-    # (benchmarks.burst_trickle --pack-seqs: a grouped burst's third forward holds 64 prompts in 4,891 of 8,192 rows
-    # and the trickled multiple-choice p50 is 0.630 s; at 128, 0.526 s, as added at once). S is in the contract (token
+    # (benchmarks.burst_trickle --pack-seqs, intake 0.5 ms: a grouped burst's third forward holds 64 prompts in 4,891
+    # of 8,192 rows and the multiple-choice p50 is 0.630 s; at 128, 0.526 s; at 0.3 and 0.8 ms 128 is no better: 0.526
+    # and 0.516 s against 0.471 and 0.491). S is in the contract (token
     # 1 is sampled on exactly S rows): a default to change only with this measured, and the GPU tests run at it
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
     for seqs in 128 64; do
