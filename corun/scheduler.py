@@ -321,11 +321,12 @@ def pack_prefill_chunks(cfg: SchedulerConfig, block_manager: BlockManager, prefi
     chunk by chunk).
     With a prefix cache, the full chunks a piece completes are cached as it is packed (BlockManager.cache_scheduled),
     so a prompt sharing them that is packed later in the same forward is served them (its rows read the K and V the
-    forward writes): the 4 continuations of a multiple-choice question, arriving together, prefill in their
-    context's forward. A waiting prompt whose next chunk an admitted prompt computes in a later forward waits for it
-    (the requests behind it go first), as does one asking prompt logprobs for a chunk computed in this forward (they
-    are kept with the chunk once the forward ends): admitted then, it is served that chunk from the cache instead
-    of computing it again. Only when a prompt starts changes: a hit gives the bits a cold prefill computes."""
+    forward writes): the 4 continuations of a multiple-choice question, waiting next to each other however they
+    arrived (corun/waiting_order.py), prefill in their context's forward. A waiting prompt whose next chunk an
+    admitted prompt computes in a later forward waits for it (the requests behind it go first), as does one asking
+    prompt logprobs for a chunk computed in this forward (they are kept with the chunk once the forward ends):
+    admitted then, it is served that chunk from the cache instead of computing it again. Only when a prompt starts
+    changes: a hit gives the bits a cold prefill computes."""
     rows_left, max_prompts = cfg.prefill_pack_tokens or cfg.prefill_chunk_size, cfg.prefill_seqs_per_forward
     rows_left = rows_left if max_rows is None else min(rows_left, max_rows)
     chunks = []
