@@ -45,8 +45,9 @@ case $part in
     # multiple choice and multi-turn through HTTP at prefill_pack_seqs 128 against the default 64, cache on then off
     # (benchmarks.burst_trickle --pack-seqs, intake 0.5 ms: a grouped burst's third forward holds 64 prompts in 4,891
     # of 8,192 rows and the multiple-choice p50 is 0.630 s; at 128, 0.526 s; at 0.3 and 0.8 ms 128 is no better: 0.526
-    # and 0.516 s against 0.471 and 0.491). S is in the contract (token
-    # 1 is sampled on exactly S rows): a default to change only with this measured, and the GPU tests run at it
+    # and 0.516 s against 0.471 and 0.491; at 1.1 / 1.5 ms 0.481 / 0.617 s against 0.588 / 0.600). S is in the
+    # contract (token 1 is sampled on exactly S rows): a default to change only with this measured, and the GPU tests
+    # run at it
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
     for seqs in 128 64; do
       timeout 270 $(card_pc) --workloads multiple_choice,multi_turn --paths http --prefill-pack-seqs $seqs \
