@@ -13,13 +13,13 @@ changes the median, not by how much on a card.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
 import sys
 
 from benchmarks.prefix_cache import vocab_of
+from benchmarks.waiting_order import burst_parser
 from corun import LLM
 from planner.workloads import make_prompts, make_workload
 from wire.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -98,11 +98,7 @@ def ratios(runs: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a checkpoint directory (corun make-tiny-model)")
-    parser.add_argument("--workloads", default="multiple_choice,multi_turn")
-    parser.add_argument("--num-requests", type=int, default=256)
-    parser.add_argument("--pack-tokens", type=int, default=8192, help="prefill_pack_tokens (CUDA's: 8,192)")
+    parser = burst_parser(__doc__.split("\n\n")[0], pack_tokens=8192)  # NOTE: CUDA's T
     parser.add_argument("--pack-seqs", type=int, default=64, help="prefill_pack_seqs (prompts per forward)")
     parser.add_argument("--intake-ms", default="0.5", help="the router's time per request of the burst, "
                         "comma-separated values (a trickled run each)")

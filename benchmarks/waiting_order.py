@@ -89,13 +89,19 @@ def timed(work) -> float:
     return time.perf_counter() - begin
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def burst_parser(description: str, pack_tokens: int) -> argparse.ArgumentParser:
+    """The arguments of a benchmark that runs a shared-prefix burst on the engine (this one, burst_trickle.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", required=True, help="a checkpoint directory (corun make-tiny-model)")
     parser.add_argument("--workloads", default="multiple_choice,multi_turn")
     parser.add_argument("--num-requests", type=int, default=256)
-    parser.add_argument("--pack-tokens", type=int, default=2048, help="prefill_pack_tokens (rows per forward)")
+    parser.add_argument("--pack-tokens", type=int, default=pack_tokens, help="prefill_pack_tokens (rows per forward)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = burst_parser(__doc__.split("\n\n")[0], pack_tokens=2048)
     parser.add_argument("--order-cost", type=int, default=0, metavar="N",
                         help="also time the order over N waiting prompts (0: not)")
     parser.add_argument("--out")
