@@ -41,7 +41,9 @@ class GpuClock:
 
 
 def burst(model: str, workload: str, num_requests: int, cache_on: bool, trickle: bool, intake_ms: float,
-          pack_tokens: int, clock: GpuClock, pack_seqs: int = 64) -> dict:
+          pack_tokens: int, clock: GpuClock, pack_seqs: int = 64, ramp_rows: int = 0) -> dict:
+    """ramp_rows: a what-if, not a product setting: the burst's first prefill forwards hold at most ramp_rows,
+    2 x ramp_rows, 4 x ... rows (fewer rows than T run at a verified smaller pack size: the same bits)."""
     config = EngineConfig(model=model, num_threads=1, scheduler=SchedulerConfig(
         max_model_len=1024, max_num_seqs=num_requests, prefill_chunk_size=32, prefill_pack_tokens=pack_tokens,
         prefill_pack_seqs=pack_seqs), cache=CacheConfig(num_blocks=num_requests * 80, enable_prefix_caching=cache_on))
@@ -61,6 +63,8 @@ def burst(model: str, workload: str, num_requests: int, cache_on: bool, trickle:
         return batch
 
     engine.scheduler.schedule = counted_schedule
+    if ramp_rows:
+        ramp_up(engine.scheduler, ramp_rows)
     now, added, sent_at, first_at, forwards = 0.0, 0, {}, {}, []
     while added < len(prompts) or engine.has_unfinished():
         if not engine.has_unfinished():
@@ -83,6 +87,19 @@ def burst(model: str, workload: str, num_requests: int, cache_on: bool, trickle:
             "seconds": round(now, 4), "prefill_steps": forwards}
 
 
+def ramp_up(scheduler, first_rows: int) -> None:
+    """The scheduler's prefill forwards capped at first_rows, then twice that, ... (burst's --ramp-rows)."""
+    prefill_chunks, num_forwards = scheduler.prefill_chunks, [0]
+
+    def capped(max_rows: int | None = None):
+        cap = first_rows << min(num_forwards[0], 16)
+        chunks = prefill_chunks(cap if max_rows is None else min(max_rows, cap))
+        num_forwards[0] += bool(chunks)
+        return chunks
+
+    scheduler.prefill_chunks = capped
+
+
 def ratios(runs: list[dict]) -> dict:
     """Cache on against cache off per workload and arrival (at once, or trickling at each intake): TTFT p50 on / off
     and throughput on / off (the same requests: seconds off / on)."""
@@ -100,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = burst_parser(__doc__.split("\n\n")[0], pack_tokens=8192)  # NOTE: CUDA's T
     parser.add_argument("--pack-seqs", type=int, default=64, help="prefill_pack_seqs (prompts per forward)")
+    parser.add_argument("--ramp-rows", type=int, default=0,
+                        help="a what-if: the first forwards hold at most this many rows, doubling each (0: off)")
     parser.add_argument("--intake-ms", default="0.5", help="the router's time per request of the burst, "
                         "comma-separated values (a trickled run each)")
     parser.add_argument("--out")
@@ -109,10 +128,11 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     for workload in args.workloads.split(","):
         for cache_on in (True, False):
+            shape = {"pack_seqs": args.pack_seqs, "ramp_rows": args.ramp_rows}
             runs.append(burst(args.model, workload, args.num_requests, cache_on, False, 0.0, args.pack_tokens, clock,
-                              pack_seqs=args.pack_seqs))
+                              **shape))
             runs += [{"intake_ms": ms, **burst(args.model, workload, args.num_requests, cache_on, True, ms,
-                                               args.pack_tokens, clock, pack_seqs=args.pack_seqs)} for ms in intakes]
+                                               args.pack_tokens, clock, **shape)} for ms in intakes]
     for run in runs:
         print(json.dumps({key: value for key, value in run.items() if key != "prefill_steps"}))
     report = {"command": "python -m benchmarks.burst_trickle " + " ".join(argv), "clock": dataclasses.asdict(clock),

@@ -32,3 +32,20 @@ def test_a_trickled_burst_s_first_tokens_wait_for_its_arrivals(tiny_model_dir, t
     assert trickled["prefill_steps"][0]["arrived"] < 24
     assert trickled["ttft_s_p50"] >= 0.010 * 12 > runs["on", "at_once"]["ttft_s_p50"]
     assert set(report["cache_on_over_off"]) == {"multiple_choice at_once", "multiple_choice trickle_10.0ms"}
+
+
+def test_the_ramp_what_if_caps_the_first_forwards_and_doubles_the_cap_each():
+    from benchmarks.burst_trickle import ramp_up
+
+    asked = []
+
+    class Scheduler:
+        def prefill_chunks(self, max_rows=None):
+            asked.append(max_rows)
+            return ["chunk"] if max_rows != 3000 else []
+
+    scheduler = Scheduler()
+    ramp_up(scheduler, 1024)
+    for budget in (None, None, 3000, None, None):
+        scheduler.prefill_chunks(budget)
+    assert asked == [1024, 2048, 3000, 4096, 8192]  # NOTE: a forward that ran nothing does not double the cap
