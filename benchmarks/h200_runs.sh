@@ -69,7 +69,7 @@ case $part in
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
     ALL=multiple_choice,multi_turn,few_shot,rl_system_prompt,sharegpt
     timeout 260 $(card_pc) --workloads $ALL --paths engine --out "$out/pc_engine_stop69.json" > "$out/pc_engine.log" 2>&1 ;;
-  stop69_timeline)  # NOTE: NOT RUN (written at stop 68, no device time left). Any card: multiple choice and multi-turn
+  stop69_timeline)  # NOTE: ran at stop 70 on an H100 (results/h100_prefix_cache_{http,engine}_grouped_stop70.json). Any card: multiple choice and multi-turn
     # through HTTP, cache on then off, the node logging each prefill forward (--log-prefill-batches), then the engine's
     # same rows: which forward each burst's median first token comes after, through HTTP and on the engine
     # (python -m benchmarks.forward_timeline OUT/pc_http_timeline.log OUT/pc_http_timeline_stop69.json). If the card
