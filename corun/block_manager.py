@@ -101,7 +101,7 @@ class BlockManager:
         cache = self.prefix_cache
         if cache is None:
             return []
-        hits = cache.longest_prefix(self.chunk_keys(request), (request.num_prompt_tokens - 1) // cache.chunk_size)
+        hits = cache.longest_prefix(self.chunk_keys(request), self.num_servable_chunks(request))
         if request.params.prompt_logprobs is None:
             return hits
         with_logprobs = 0
@@ -126,8 +126,12 @@ class BlockManager:
         if not waiting_on:
             return False
         num_hits = len(self.cached_prefix(request))
-        return num_hits < (request.num_prompt_tokens - 1) // self.prefix_cache.chunk_size and \
+        return num_hits < self.num_servable_chunks(request) and \
             self.chunk_keys(request)[num_hits] in waiting_on
+
+    def num_servable_chunks(self, request: Request) -> int:
+        """The prompt's full chunks a cache hit may serve: all but the one holding its last token (it gives token 1)."""
+        return (request.num_prompt_tokens - 1) // self.prefix_cache.chunk_size
 
     def chunk_keys(self, request: Request) -> list[bytes]:
         """The hash chain of the request's full prompt chunks (computed once per request)."""

@@ -60,12 +60,11 @@ class CachedFirst:
 
     def grouped(self, items: list[Item], request_of: Callable[[Item], Request]) -> list[Item]:
         """items with the prompts that share a first chunk next to the first of them that arrived."""
-        chunk_size = self.block_manager.prefix_cache.chunk_size
         groups: dict[object, list[Item]] = {}
         for item in items:
             request = request_of(item)
-            has_full_chunk = request.num_prompt_tokens > chunk_size
-            key = self.block_manager.first_chunk_key(request) if has_full_chunk else id(request)
+            servable = self.block_manager.num_servable_chunks(request) > 0
+            key = self.block_manager.first_chunk_key(request) if servable else id(request)
             groups.setdefault(key, []).append(item)
         return items if len(groups) == len(items) else [item for group in groups.values() for item in group]
 
@@ -78,7 +77,7 @@ class CachedFirst:
         """The prefix cache holds at least half of the prompt's tokens."""
         chunk_size = self.block_manager.prefix_cache.chunk_size
         num_chunks_needed = -(-request.num_prompt_tokens // (2 * chunk_size))
-        if num_chunks_needed > (request.num_prompt_tokens - 1) // chunk_size:
+        if num_chunks_needed > self.block_manager.num_servable_chunks(request):
             return False
         # NOTE: the first chunk's key alone (one hash, not the prompt's chain) settles most prompts the cache does not
         # serve: 1,024 waiting prompts of 1,000 tokens are ordered in 2.2 ms on first sight and 0.3 ms after, where
