@@ -41,7 +41,16 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
     --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
 }
 case $part in
-  stop70_pack_seqs)  # NOT RUN (written at stop 69, whose device calls got no machine). Any card, after stop69_any:
+  stop71_h200_only)  # stop 71: issue 25's whole table in one call where the card is an H200 (the HTTP half, then the
+    # engine's, each cut by its timeout: rows are written as they finish); on another card nothing (exit 3), so a call
+    # that gets an H100 costs only its start. Node starts took ~55 s through HTTP and a workload ~17 s at stop 70.
+    nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+    grep -q H200 "$out/gpu.txt" || exit 3
+    ALL=multiple_choice,multi_turn,few_shot,sharegpt  # NOTE: rl_system_prompt (no target of its own) left out for time
+    timeout 360 $(card_pc) --workloads $ALL --paths http --log-prefill-batches --out "$out/pc_http_stop71.json" \
+      > "$out/pc_http.log" 2>&1
+    timeout 215 $(card_pc) --workloads $ALL --paths engine --out "$out/pc_engine_stop71.json" > "$out/pc_engine.log" 2>&1 ;;
+  stop70_pack_seqs)  # NOTE: ran at stop 71 on an H100 (results/h100_prefix_cache_http_seqs{64,128}_stop71.json). Any card, after stop69_any:
     # multiple choice and multi-turn through HTTP at prefill_pack_seqs 128 against the default 64, cache on then off
     # (benchmarks.burst_trickle --pack-seqs, intake 0.5 ms: a grouped burst's third forward holds 64 prompts in 4,891
     # of 8,192 rows and the multiple-choice p50 is 0.630 s; at 128, 0.526 s; at 0.3 and 0.8 ms 128 is no better: 0.526
@@ -57,7 +66,8 @@ case $part in
     # whichever card comes: on an H200 stop69_http (the table, logging forwards), else
     # stop69_timeline (multiple choice and multi-turn through HTTP with the forward log, then the engine's rows)
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" stop69_http "$out"; else bash "$0" stop69_timeline "$out"; fi ;;
+    # (stop 71: on another card stop70_pack_seqs, since stop 70 ran stop69_timeline on an H100)
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" stop69_http "$out"; else bash "$0" stop70_pack_seqs "$out"; fi ;;
   stop69_http)  # stop 69's first call, on an H200 (a start that failed made plain calls ask for one): issue 25's whole
     # table through HTTP (stop68_table's HTTP half, which 330 s cut before the control's cache-off row), the node
     # logging each prefill forward (for benchmarks.forward_timeline: the log is only read, the rows are the table's)
