@@ -48,7 +48,7 @@ case $part in
     grep -q H200 "$out/gpu.txt" || { bash "$0" stop71_front_door "$out"; exit; }
     ALL=multiple_choice,multi_turn,few_shot  # NOTE: for time, rl_system_prompt (no target of its own) and the
     # no-shared-prefix control (ShareGPT-like: 1.004x through HTTP on an H200 at stop 68) left out
-    timeout 290 $(card_pc) --workloads $ALL --paths http --log-prefill-batches --out "$out/pc_http_stop71.json" \
+    timeout 270 $(card_pc) --workloads $ALL --paths http --log-prefill-batches --out "$out/pc_http_stop71.json" \
       > "$out/pc_http.log" 2>&1
     timeout 180 $(card_pc) --workloads $ALL --paths engine --out "$out/pc_engine_stop71.json" > "$out/pc_engine.log" 2>&1 ;;
   stop71_front_door)  # stop 71, where stop71_h200_only got another card: issue 21's front door at the current code
