@@ -48,14 +48,16 @@ case $part in
     grep -q H200 "$out/gpu.txt" || { bash "$0" stop71_front_door "$out"; exit; }
     ALL=multiple_choice,multi_turn,few_shot  # NOTE: for time, rl_system_prompt (no target of its own) and the
     # no-shared-prefix control (ShareGPT-like: 1.004x through HTTP on an H200 at stop 68) left out
-    timeout 270 $(card_pc) --workloads $ALL --paths http --log-prefill-batches --out "$out/pc_http_stop71.json" \
+    timeout 250 $(card_pc) --workloads $ALL --paths http --log-prefill-batches --out "$out/pc_http_stop71.json" \
       > "$out/pc_http.log" 2>&1
-    timeout 180 $(card_pc) --workloads $ALL --paths engine --out "$out/pc_engine_stop71.json" > "$out/pc_engine.log" 2>&1 ;;
+    # NOTE: the engine's rows are written only at its end: the two the device time left could hold
+    timeout 110 $(card_pc) --workloads multiple_choice,multi_turn --paths engine --out "$out/pc_engine_stop71.json" \
+      > "$out/pc_engine.log" 2>&1 ;;
   stop71_front_door)  # stop 71, where stop71_h200_only got another card: issue 21's front door at the current code
     # (the last was stop 64's on an H100, before nodes took requests in during forwards at stop 68), on the ShareGPT-like
-    # load (the KV hand-off's figure) and 1024x2048 (1P1D's), trimmed to fit the device time left
-    timeout 470 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
-      --workloads sharegpt,1024x2048 --out "$out/front_door_stop71.json" > "$out/front_door.log" 2>&1 ;;
+    # load (the KV hand-off's figure) and 1024x2048 (1P1D's), 1P1D beside the engine alone: the device time left
+    timeout 350 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+      --workloads sharegpt,1024x2048 --deployments 1p1d --out "$out/front_door_stop71.json" > "$out/front_door.log" 2>&1 ;;
   stop70_pack_seqs)  # NOTE: ran at stop 71 on an H100 (results/h100_prefix_cache_http_seqs{64,128}_stop71.json). Any card, after stop69_any:
     # multiple choice and multi-turn through HTTP at prefill_pack_seqs 128 against the default 64, cache on then off
     # (benchmarks.burst_trickle --pack-seqs, intake 0.5 ms: a grouped burst's third forward holds 64 prompts in 4,891
