@@ -56,7 +56,7 @@ case $part in
   stop71_front_door)  # stop 71, where stop71_h200_only got another card: issue 21's front door at the current code
     # (the last was stop 64's on an H100, before nodes took requests in during forwards at stop 68), on the ShareGPT-like
     # load (the KV hand-off's figure) and 1024x2048 (1P1D's), 1P1D beside the engine alone: the device time left
-    timeout 350 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
+    timeout 270 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
       --workloads sharegpt,1024x2048 --deployments 1p1d --out "$out/front_door_stop71.json" > "$out/front_door.log" 2>&1 ;;
   stop70_pack_seqs)  # NOTE: ran at stop 71 on an H100 (results/h100_prefix_cache_http_seqs{64,128}_stop71.json). Any card, after stop69_any:
     # multiple choice and multi-turn through HTTP at prefill_pack_seqs 128 against the default 64, cache on then off
