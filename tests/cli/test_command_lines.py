@@ -172,8 +172,10 @@ def with_subcommands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentP
     return [parser, *(each for child in nested for each in with_subcommands(child))]
 
 
-OTHER_PROGRAMS_FLAGS = {"--address", "--head", "--num-cpus", "--resources", "--generate", "--port", "--dist"}
-"""Flags the README gives `ray start`, `ray get-auth-token` and pytest (the test command), not a CoRun program."""
+OTHER_PROGRAMS_FLAGS = {"--address", "--head", "--num-cpus", "--resources", "--generate", "--port", "--dist",
+                        "--extra-body"}
+"""Flags the README gives `ray start`, `ray get-auth-token`, pytest (the test command) and `vllm bench serve`, not a
+CoRun program."""
 
 
 def test_every_flag_the_readme_names_is_a_flag_of_a_corun_program():

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.local import LocalCluster, LocalClusterConfig, free_port
-from tests.launch.cluster_client import engine_config
+from tests.launch.cluster_client import start_cluster
 
 GUIDELLM = Path(__file__).resolve().parents[2] / ".venv-guidellm" / "bin" / "guidellm"
 pytestmark = [pytest.mark.slow,
@@ -22,9 +21,7 @@ PROMPT_TOKENS, OUTPUT_TOKENS, STREAMS, REQUESTS = 32, 16, 8, 24
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
     # NOTE: strict: a field guidellm sends that the router does not know is a 400 (an errored request), not ignored
-    config = LocalClusterConfig(engine_config(tiny_model_dir), served_model_name="corun-tiny",
-                                port=free_port("127.0.0.1"), strict_fields=True)
-    cluster = LocalCluster(config).start()
+    cluster = start_cluster(tiny_model_dir, 1, 1, strict_fields=True)
     yield cluster
     cluster.stop()
 

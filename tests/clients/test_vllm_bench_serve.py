@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.local import LocalCluster, LocalClusterConfig, free_port
-from tests.launch.cluster_client import engine_config
+from tests.launch.cluster_client import start_cluster
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 pytestmark = [pytest.mark.slow,
@@ -38,9 +37,8 @@ print("RESULTS " + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
-    config = LocalClusterConfig(engine_config(tiny_model_dir), served_model_name="corun-tiny",
-                                port=free_port("127.0.0.1"), strict_fields=True)
-    cluster = LocalCluster(config).start()
+    # NOTE: strict: a field the client sends that the router does not know is a 400 (a failed request)
+    cluster = start_cluster(tiny_model_dir, 1, 1, strict_fields=True)
     yield cluster
     cluster.stop()
 
