@@ -8,6 +8,7 @@ NOTE: run through vllm.benchmarks.serve in one process: the `vllm` command of th
 distribution named vllm and fails before it starts."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -49,8 +50,9 @@ def bench_runs(cluster, model_dir: str, runs: list[list[str]], tmp_path: Path) -
               "--served-model-name", "corun-tiny", "--dataset-name", "random", "--random-input-len",
               str(INPUT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS), "--num-prompts", str(PROMPTS),
               "--seed", "1", "--ignore-eos", "--temperature", "0.8", "--save-detailed", "--disable-tqdm"]
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "PATH": "/usr/bin:/bin"}
+    # NOTE: another venv's Python: this project's import paths stay out of it
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     done = subprocess.run([str(VLLM_PYTHON), "-c", RUNS, json.dumps(common), json.dumps(runs)], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     printed = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
