@@ -41,9 +41,12 @@ card_pc() {  # NOTE: stop 67's parts: the benchmarks.prefix_cache command at iss
     --max-model-len 6144 --kv-cache-mib $kv --num-requests 256 --max-seconds 15"
 }
 case $part in
-  stop71_h200_only)  # stop 71: issue 25's whole table in one call where the card is an H200 (the HTTP half, then the
-    # engine's, each cut by its timeout: rows are written as they finish); on another card (the
-    # session's last call) stop71_front_door. Node starts took ~55 s through HTTP and a workload ~17 s at stop 70.
+  stop71_h200_only)  # NOTE: NOT RUN on an H200 (stop 71: none came; one call got an H100 and exited, before the
+    # stop71_front_door branch was written; the later calls started no machine). Fitted to stop 71's last device time:
+    # on an H200, issue 25's three shared-prefix workloads through HTTP, then multiple choice and multi-turn on the
+    # engine (each cut by its timeout; the HTTP rows are written as they finish); on another card stop71_front_door.
+    # With a whole session's device time, run stop69_http then stop69_engine instead (the whole table).
+    # Node starts took ~55 s through HTTP and a workload ~17 s at stop 70.
     nvidia-smi --query-gpu=name,clocks.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
     grep -q H200 "$out/gpu.txt" || { bash "$0" stop71_front_door "$out"; exit; }
     ALL=multiple_choice,multi_turn,few_shot  # NOTE: for time, rl_system_prompt (no target of its own) and the
@@ -53,7 +56,7 @@ case $part in
     # NOTE: the engine's rows are written only at its end: the two the device time left could hold
     timeout 110 $(card_pc) --workloads multiple_choice,multi_turn --paths engine --out "$out/pc_engine_stop71.json" \
       > "$out/pc_engine.log" 2>&1 ;;
-  stop71_front_door)  # stop 71, where stop71_h200_only got another card: issue 21's front door at the current code
+  stop71_front_door)  # NOTE: NOT RUN (stop 71 had no device time left). Where stop71_h200_only gets another card: issue 21's front door at the current code
     # (the last was stop 64's on an H100, before nodes took requests in during forwards at stop 68), on the ShareGPT-like
     # load (the KV hand-off's figure) and 1024x2048 (1P1D's), 1P1D beside the engine alone: the device time left
     timeout 270 python3 -m benchmarks.front_door --preset qwen3-8b --max-seconds 15 --num-prompts 4 \
